@@ -1,0 +1,1 @@
+"""GPU-free engine emulator speaking SGLang's HTTP API."""

@@ -1,0 +1,1 @@
+"""Control plane: PrefixCacheFleet models, planners and kopf handlers (imported as prefixfleet.operator)."""

@@ -1,0 +1,1 @@
+"""Data plane: prefix index, routing policies, sidecar and gateway."""

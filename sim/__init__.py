@@ -1,0 +1,1 @@
+"""Discrete-event fleet simulator running the production policy and autoscaler code."""
