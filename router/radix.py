@@ -305,7 +305,7 @@ class RadixTree:
         held = self._pins.get(pin_key, 0)
         if held < 1:
             raise PinError(f"no pin is held on this {len(key) // TOKEN_BYTES}-token sequence")
-        matched, node, depth, path = self._walk(key, namespace)
+        matched, _node, depth, path = self._walk(key, namespace)
         if matched * TOKEN_BYTES != len(key) or (path and depth != path[-1].num_tokens):
             raise RuntimeError("pinned sequence is missing from the tree (internal invariant broken)")
         for p in reversed(path):
@@ -334,8 +334,11 @@ class RadixTree:
     @staticmethod
     def _is_live_entry(entry: tuple[int, int, RadixNode]) -> bool:
         stamp, _, node = entry
-        return node.parent is not None and not node.children and node.pin_count == 0 and (
-            node.last_access == stamp
+        return (
+            node.parent is not None
+            and not node.children
+            and node.pin_count == 0
+            and (node.last_access == stamp)
         )
 
     def _evict(self, needed: int) -> int:

@@ -17,10 +17,7 @@ from .base import (
 from .least_loaded import LeastLoaded
 from .round_robin import RoundRobin
 
-POLICIES: dict[str, type[RoutingPolicy]] = {
-    cls.name: cls
-    for cls in (RoundRobin, LeastLoaded, Affinity)
-}
+POLICIES: dict[str, type[RoutingPolicy]] = {cls.name: cls for cls in (RoundRobin, LeastLoaded, Affinity)}
 
 DEFAULT_POLICY = "affinity"
 

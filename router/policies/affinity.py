@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 
 from .base import Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise
@@ -17,5 +18,5 @@ class Affinity(RoutingPolicy):
         if best.matched_tokens > 0:
             return Decision(best.replica_id, "cache_hit", best.matched_tokens)
         # Nobody has it: a stable hash of the first tokens keeps a new prefix on one replica.
-        chosen = live[hash(request.tokens[:64]) % len(live)]
+        chosen = live[zlib.crc32(request.tokens[:64]) % len(live)]
         return Decision(chosen.replica_id, "no_match", 0)
