@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .affinity import Affinity
+from .affinity_balanced import AffinityBalanced
 from .base import (
     CostModel,
     Decision,
@@ -15,11 +16,15 @@ from .base import (
     RoutingPolicy,
 )
 from .least_loaded import LeastLoaded
+from .preble_e2 import PrebleE2
+from .queue_aware import QueueAware
 from .round_robin import RoundRobin
+from .sglang_cache_aware import SGLangCacheAware
 
 POLICIES: dict[str, type[RoutingPolicy]] = {cls.name: cls for cls in (RoundRobin, LeastLoaded, Affinity)}
 
-DEFAULT_POLICY = "affinity"
+# Chosen by the simulator comparison (docs/policies.md): the policy that wins on every workload.
+DEFAULT_POLICY = "queue_aware"
 
 
 def make_policy(name: str, cost: CostModel | None = None, **params: Any) -> RoutingPolicy:

@@ -1,0 +1,32 @@
+"""prefixroute's bounded affinity: longest cached prefix, unless that replica is too much busier.
+
+The longest-prefix replica wins unless its projected wait exceeds the least-loaded replica's by more
+than ``load_slack_s``; then the least-loaded replica wins. Locality is a preference, not a prison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .base import CostModel, Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise
+
+
+class AffinityBalanced(RoutingPolicy):
+    name = "affinity_balanced"
+    reasons = ("cache_hit", "load_guard", "no_match")
+
+    def __init__(self, cost: CostModel | None = None, load_slack_s: float = 0.05) -> None:
+        super().__init__(cost)
+        if load_slack_s < 0:
+            raise ValueError("load_slack_s must be >= 0")
+        self.load_slack_s = load_slack_s
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
+        live = healthy_or_raise(replicas)
+        least = min(live, key=lambda r: (r.wait_s, r.in_flight))
+        best = max(live, key=lambda r: (r.matched_tokens, -r.wait_s))
+        if best.matched_tokens == 0:
+            return Decision(least.replica_id, "no_match", least.matched_tokens)
+        if best.wait_s - least.wait_s > self.load_slack_s:
+            return Decision(least.replica_id, "load_guard", least.matched_tokens)
+        return Decision(best.replica_id, "cache_hit", best.matched_tokens)
