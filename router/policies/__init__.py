@@ -21,7 +21,18 @@ from .queue_aware import QueueAware
 from .round_robin import RoundRobin
 from .sglang_cache_aware import SGLangCacheAware
 
-POLICIES: dict[str, type[RoutingPolicy]] = {cls.name: cls for cls in (RoundRobin, LeastLoaded, Affinity)}
+POLICIES: dict[str, type[RoutingPolicy]] = {
+    cls.name: cls
+    for cls in (
+        RoundRobin,
+        LeastLoaded,
+        Affinity,
+        AffinityBalanced,
+        SGLangCacheAware,
+        PrebleE2,
+        QueueAware,
+    )
+}
 
 # Chosen by the simulator comparison (docs/policies.md): the policy that wins on every workload.
 DEFAULT_POLICY = "queue_aware"
