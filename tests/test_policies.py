@@ -1,0 +1,171 @@
+"""Routing policies as specifications: each rule, on plain data."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixfleet.router.policies import (
+    DEFAULT_POLICY,
+    POLICIES,
+    CostModel,
+    NoReplicaError,
+    ReplicaState,
+    RouteRequest,
+    make_policy,
+)
+from prefixfleet.router.radix import as_token_bytes
+
+COST = CostModel(prefill_s_per_token=0.001)
+
+
+def req(n: int = 100, start: int = 0, now: float = 0.0) -> RouteRequest:
+    return RouteRequest(as_token_bytes(range(start, start + n)), n, now=now)
+
+
+def rep(rid: int, matched: int = 0, wait: float = 0.0, in_flight: int = 0, **kw) -> ReplicaState:
+    return ReplicaState(rid, matched_tokens=matched, wait_s=wait, in_flight=in_flight, **kw)
+
+
+def test_registry_has_every_policy_and_default():
+    assert set(POLICIES) == {
+        "round_robin",
+        "least_loaded",
+        "affinity",
+        "affinity_balanced",
+        "sglang_cache_aware",
+        "preble_e2",
+        "queue_aware",
+    }
+    assert DEFAULT_POLICY in POLICIES
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown routing policy 'nope'"):
+        make_policy("nope")
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_skips_unhealthy_and_refuses_empty_fleet(name):
+    policy = make_policy(name, COST)
+    sick = ReplicaState(0, matched_tokens=100, healthy=False)
+    ok = rep(1)
+    for _ in range(3):
+        d = policy.choose(req(), [sick, ok])
+        assert d.replica_id == 1
+        assert d.reason in policy.reasons
+        policy.on_routed(req(), d)
+    with pytest.raises(NoReplicaError):
+        policy.choose(req(), [sick])
+
+
+def test_round_robin_rotates():
+    p = make_policy("round_robin", COST)
+    picks = [p.choose(req(), [rep(0), rep(1), rep(2)]).replica_id for _ in range(6)]
+    assert picks == [0, 1, 2, 0, 1, 2]
+
+
+def test_least_loaded_takes_shortest_wait():
+    p = make_policy("least_loaded", COST)
+    assert p.choose(req(), [rep(0, wait=0.3), rep(1, wait=0.1), rep(2, wait=0.2)]).replica_id == 1
+
+
+def test_affinity_ignores_load():
+    p = make_policy("affinity", COST)
+    d = p.choose(req(), [rep(0, matched=10), rep(1, matched=90, wait=100.0)])
+    assert (d.replica_id, d.reason) == (1, "cache_hit")
+
+
+def test_affinity_is_stable_for_a_new_prefix():
+    p = make_policy("affinity", COST)
+    fleet = [rep(0), rep(1), rep(2), rep(3)]
+    assert len({p.choose(req(start=7), fleet).replica_id for _ in range(5)}) == 1
+
+
+def test_affinity_balanced_falls_back_beyond_slack():
+    p = make_policy("affinity_balanced", COST, load_slack_s=0.05)
+    assert p.choose(req(), [rep(0, matched=90, wait=0.04), rep(1)]).replica_id == 0
+    d = p.choose(req(), [rep(0, matched=90, wait=0.06), rep(1)])
+    assert (d.replica_id, d.reason) == (1, "load_guard")
+
+
+def test_sglang_routes_to_owner_of_cached_text_above_threshold():
+    p = make_policy("sglang_cache_aware", COST)
+    fleet = [rep(0), rep(1), rep(2)]
+    first = p.choose(req(100), fleet)
+    p.on_routed(req(100), first)
+    # 100 of 120 tokens known under the first worker: match rate 0.83 > 0.3 -> same worker
+    again = p.choose(req(120), fleet)
+    assert (again.replica_id, again.reason) == (first.replica_id, "cache_hit")
+    # a different prompt has no match: least-loaded worker
+    busy = [rep(0, in_flight=3), rep(1, in_flight=1), rep(2, in_flight=2)]
+    d = p.choose(req(50, start=10_000), busy)
+    assert (d.replica_id, d.reason) == (1, "low_match")
+
+
+def test_sglang_imbalance_needs_both_thresholds():
+    p = make_policy("sglang_cache_aware", COST)
+    fleet = [rep(0), rep(1)]
+    p.on_routed(req(), p.choose(req(), fleet))
+    owner = p.choose(req(), fleet).replica_id
+    other = 1 - owner
+    # abs gap 65 > 64 and 100 > 35*1.5 -> imbalanced -> least loaded even though owner has the text
+    loads = {owner: 100, other: 35}
+    d = p.choose(req(), [rep(i, in_flight=loads[i]) for i in (0, 1)])
+    assert (d.replica_id, d.reason) == (other, "imbalanced")
+    # a gap of 40 is under the absolute threshold: balanced, so the text's owner wins
+    loads = {owner: 140, other: 100}
+    d = p.choose(req(), [rep(i, in_flight=loads[i]) for i in (0, 1)])
+    assert (d.replica_id, d.reason) == (owner, "cache_hit")
+
+
+def test_preble_exploits_when_cached_part_dominates_and_explores_otherwise():
+    p = make_policy("preble_e2", COST)
+    d = p.choose(req(100), [rep(0, matched=80, wait=0.01), rep(1)])
+    assert (d.replica_id, d.reason) == (0, "exploit")
+    d = p.choose(req(100), [rep(0, matched=30, wait=0.2), rep(1)])
+    assert (d.replica_id, d.reason) == (1, "explore")
+
+
+def test_preble_replicates_an_overloaded_hot_prefix():
+    p = make_policy("preble_e2", COST)
+    # holder's TTFT 1.0+0.02 > 2x the cold replica's 0.1
+    d = p.choose(req(100), [rep(0, matched=80, wait=1.0), rep(1)])
+    assert (d.replica_id, d.reason) == (1, "replicate")
+
+
+def test_queue_aware_weighs_saved_prefill_against_wait():
+    p = make_policy("queue_aware", COST, externality=0.0, eviction_weight=0.0)
+    # hit saves 0.09 s of prefill; a 0.05 s longer queue is worth it, a 0.2 s one is not
+    assert p.choose(req(100), [rep(0, matched=90, wait=0.05), rep(1)]).replica_id == 0
+    d = p.choose(req(100), [rep(0, matched=90, wait=0.2), rep(1)])
+    assert (d.replica_id, d.reason) == (1, "load_balance")
+
+
+def test_queue_aware_externality_prefers_less_total_work():
+    greedy = make_policy("queue_aware", COST, externality=0.0, eviction_weight=0.0)
+    frugal = make_policy("queue_aware", COST, externality=1.0, eviction_weight=0.0)
+    fleet = [rep(0, matched=90, wait=0.1), rep(1)]
+    # greedy: 0.1+0.01=0.11 vs 0.1 -> cold replica; with externality the miss costs 0.2 -> hit
+    assert greedy.choose(req(100), fleet).replica_id == 1
+    assert frugal.choose(req(100), fleet).replica_id == 0
+
+
+def test_queue_aware_charges_evicting_a_full_cache():
+    p = make_policy("queue_aware", COST, externality=0.0, eviction_weight=1.0)
+    full = rep(0, wait=0.0, cached_tokens=1000, capacity_tokens=1000)
+    roomy = rep(1, wait=0.05, cached_tokens=0, capacity_tokens=1000)
+    assert p.choose(req(100), [full, roomy]).replica_id == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("affinity_balanced", {"load_slack_s": -1}),
+        ("sglang_cache_aware", {"cache_threshold": 2}),
+        ("preble_e2", {"replicate_factor": 0.5}),
+        ("queue_aware", {"externality": -1}),
+    ],
+)
+def test_bad_policy_parameters_are_refused(name, params):
+    with pytest.raises(ValueError):
+        make_policy(name, COST, **params)
