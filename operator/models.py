@@ -1,0 +1,552 @@
+"""The `PrefixCacheFleet` custom resource as pydantic models: the one source of truth.
+
+The operator validates specs with these models, the CRD YAML (``crds/``, the chart) is generated
+from their JSON schema, and every default lives here — nowhere else. Field names are snake_case in
+Python and camelCase on the wire (``alias_generator=to_camel``); dump with
+``model_dump(by_alias=True, exclude_none=True)``.
+
+Cross-field rules are written twice, side by side in the same class: as a pydantic validator (used
+by the operator, the local fleet and the tests) and as a CEL rule (``x-kubernetes-validations``)
+that the API server enforces on ``kubectl apply``. Both messages name the offending field.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "prefixfleet.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PrefixCacheFleet"
+PLURAL = "prefixcachefleets"
+SINGULAR = "prefixcachefleet"
+SHORT_NAMES: tuple[str, ...] = ("pcf",)
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+# The project's one image: operator, gateway, sidecar and emulator are subcommands of `prefixfleet`.
+PROJECT_IMAGE = "ghcr.io/prefixfleet/prefixfleet:0.1.0"
+
+EngineKind = Literal["sglang", "vllm", "emulator"]
+ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
+
+# Names of the router's routing policies (router/policies). A CRD enum must be static, so the list
+# is spelled out here; a test checks that every registered policy appears in it.
+RoutingPolicyName = Literal[
+    "round_robin",
+    "least_loaded",
+    "affinity",
+    "affinity_balanced",
+    "sglang_cache_aware",
+    "preble_e2",
+    "queue_aware",
+]
+ROUTING_POLICIES: tuple[str, ...] = get_args(RoutingPolicyName)
+# The project's own cost policy (estimated TTFT = wait + prefill of the unmatched suffix).
+DEFAULT_ROUTING_POLICY: RoutingPolicyName = "queue_aware"
+
+# Same grammar as Kubernetes' resource.Quantity (what controller-gen emits for ResourceList).
+_DECIMAL = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+QUANTITY_PATTERN = rf"^(\+|-)?{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_DECIMAL}))?$"
+Quantity = int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]
+
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+
+# Engine defaults that depend on the engine kind. Floating tags: pin a digest/tag in production.
+_DEFAULT_ENGINE_IMAGES: dict[str, str] = {
+    "sglang": "lmsysorg/sglang:latest",
+    "vllm": "vllm/vllm-openai:latest",
+    "emulator": PROJECT_IMAGE,
+}
+_DEFAULT_ENGINE_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000, "emulator": 30000}
+
+
+def default_images() -> dict[str, str]:
+    """Default image per engine kind plus the project's own image (key ``"prefixfleet"``)."""
+    return {**_DEFAULT_ENGINE_IMAGES, "prefixfleet": PROJECT_IMAGE}
+
+
+def default_engine_port(kind: str) -> int:
+    return _DEFAULT_ENGINE_PORTS[kind]
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry (CEL rule evaluated by the API server)."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class CamelModel(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields refused (typos fail loudly)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON form Kubernetes stores (camelCase, no nulls)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ---------------------------------------------------------------- spec
+
+
+class ModelSpec(CamelModel):
+    """The served model. Every field is part of the cache identity: changing any flushes the fleet."""
+
+    name: str = Field(
+        min_length=1,
+        description="Model name or path the engine loads, e.g. meta-llama/Llama-3.1-8B-Instruct.",
+    )
+    revision: str = Field(
+        default="main", min_length=1, description="Model revision (git ref/commit); part of the cache key."
+    )
+    adapter: str | None = Field(
+        default=None, description="LoRA adapter name, if requests use one; part of the cache key."
+    )
+    position_encoding: str | None = Field(
+        default=None, description="Position-encoding configuration (e.g. 'rope'); part of the cache key."
+    )
+    rope_scaling: str | None = Field(
+        default=None, description="RoPE scaling configuration as a string (e.g. JSON); part of the cache key."
+    )
+
+    def identity(self) -> str:
+        """A stable string of everything that makes cached KV reusable; a change invalidates caches."""
+        parts = (
+            self.name,
+            self.revision,
+            self.adapter or "",
+            self.position_encoding or "",
+            self.rope_scaling or "",
+        )
+        return "\x1f".join(parts)
+
+
+class EnvVar(CamelModel):
+    name: str = Field(pattern=ENV_NAME_PATTERN, description="Environment variable name.")
+    value: str | None = Field(default=None, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...), passed through.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(f"env {self.name}: set either value or valueFrom, not both")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.value) && has(self.valueFrom))",
+                    "env: set either value or valueFrom, not both",
+                )
+            ]
+        }
+    )
+
+
+class ResourceRequirements(CamelModel):
+    """Container requests/limits, e.g. ``{"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": 1}``."""
+
+    requests: dict[str, Quantity] = Field(default_factory=dict, description="Resource requests (quantities).")
+    limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits (quantities).")
+
+
+class EngineSpec(CamelModel):
+    """The inference engine each replica pod runs (behind the prefixfleet sidecar)."""
+
+    kind: EngineKind = Field(
+        description="Engine: sglang | vllm | emulator (GPU-free SGLang-compatible emulator)."
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Engine image. Default per kind: sglang lmsysorg/sglang, vllm vllm/vllm-openai,"
+        " emulator the prefixfleet image.",
+    )
+    args: list[str] = Field(
+        default_factory=list, description="Extra engine arguments appended to the generated command."
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Engine HTTP port. Default per kind: sglang 30000, vllm 8000, emulator 30000.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Engine container resources; GPUs as nvidia.com/gpu.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Extra environment variables for the engine container."
+    )
+    pod_template: dict[str, Any] | None = Field(
+        default=None,
+        description="Free-form Pod fields (metadata/spec) merged into every replica pod:"
+        " nodeSelector, tolerations, volumes, ...",
+    )
+
+    @model_validator(mode="after")
+    def _kind_defaults(self) -> EngineSpec:
+        # Kind-dependent defaults cannot be expressed as schema defaults; fill them here, once.
+        if self.image is None:
+            self.image = _DEFAULT_ENGINE_IMAGES[self.kind]
+        if self.port is None:
+            self.port = _DEFAULT_ENGINE_PORTS[self.kind]
+        return self
+
+
+class AutoscalingSpec(CamelModel):
+    """Bounds and targets for the prefix-aware autoscaler (the policy itself lives in the planner)."""
+
+    enabled: bool = Field(
+        default=False, description="Let the operator change spec.replicas within [minReplicas, maxReplicas]."
+    )
+    min_replicas: int = Field(default=1, ge=0, description="Lower bound on replicas when autoscaling.")
+    max_replicas: int = Field(default=4, ge=1, description="Upper bound on replicas when autoscaling.")
+    target_ttft_seconds: float = Field(
+        default=1.0, gt=0, alias="targetTTFTSeconds", description="Time-to-first-token objective per request."
+    )
+    target_queue_depth: float = Field(
+        default=4.0, gt=0, description="Queued requests per replica considered saturated."
+    )
+    scale_up_cooldown_seconds: int = Field(
+        default=60, ge=0, description="Minimum time between two scale-ups."
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=300, ge=0, description="The fleet must be quiet this long before a scale-down."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"spec.autoscaling.minReplicas ({self.min_replicas}) must be <= "
+                f"spec.autoscaling.maxReplicas ({self.max_replicas})"
+            )
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",
+                    ".minReplicas",
+                )
+            ]
+        }
+    )
+
+
+class RouterSpec(CamelModel):
+    """The fleet's gateway (a Deployment + Service: the fleet's endpoint)."""
+
+    replicas: int = Field(default=1, ge=0, description="Gateway replicas.")
+    policy: RoutingPolicyName = Field(default=DEFAULT_ROUTING_POLICY, description="Routing policy.")
+    policy_params: dict[str, float] = Field(
+        default_factory=dict,
+        description="Numeric policy parameters, e.g. {cacheThreshold: 0.3} (policy-specific).",
+    )
+    image: str = Field(default=PROJECT_IMAGE, min_length=1, description="Gateway image.")
+    port: int = Field(default=8080, ge=1, le=65535, description="Gateway HTTP port (also the Service port).")
+    block_tokens: int = Field(
+        default=16, ge=1, description="Tokens per hashed prefix block in replica summaries."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=lambda: ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}),
+        description="Gateway container resources.",
+    )
+
+
+class SidecarSpec(CamelModel):
+    """The prefixfleet sidecar in every replica pod (reverse proxy + prefix summary publisher)."""
+
+    image: str = Field(default=PROJECT_IMAGE, min_length=1, description="Sidecar image.")
+    port: int = Field(default=8100, ge=1, le=65535, description="Sidecar HTTP port (what the gateway calls).")
+    resources: ResourceRequirements = Field(
+        default_factory=lambda: ResourceRequirements(requests={"cpu": "50m", "memory": "64Mi"}),
+        description="Sidecar container resources.",
+    )
+
+
+class SecretKeyRef(CamelModel):
+    name: str = Field(pattern=DNS_SUBDOMAIN_PATTERN, description="Secret name.")
+    key: str = Field(pattern=SECRET_KEY_PATTERN, description="Key inside the Secret.")
+
+
+class RedisSpec(CamelModel):
+    """Where summaries, membership and hot subtrees live.
+
+    Neither ``url`` nor ``secretRef``: the operator's own default Redis (set by the chart).
+    """
+
+    url: str | None = Field(
+        default=None,
+        pattern=r"^(redis|rediss|unix)://",
+        description="Redis URL, e.g. redis://prefixfleet-redis:6379/0.",
+    )
+    secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the full Redis URL (may include the password)."
+    )
+    password_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret key holding the Redis password."
+    )
+    tls: bool = Field(default=False, description="Connect with TLS (rediss://).")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> RedisSpec:
+        if self.url is not None and self.secret_ref is not None:
+            raise ValueError("spec.redis: set either url or secretRef, not both")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.url) && has(self.secretRef))",
+                    "spec.redis: set either url or secretRef, not both",
+                )
+            ]
+        }
+    )
+
+
+class PrometheusSpec(CamelModel):
+    url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="Prometheus base URL for engine metrics; absent means summaries from Redis only.",
+    )
+
+
+class PrewarmSpec(CamelModel):
+    """Pre-warming new replicas with hot prefix subtrees before they take that traffic."""
+
+    enabled: bool = Field(
+        default=True, description="Warm new replicas with hot subtrees before routing them traffic."
+    )
+    top_subtrees: int = Field(
+        default=8, ge=0, description="How many of the hottest subtrees to warm per replica."
+    )
+    max_warmup_requests: int = Field(
+        default=32, ge=0, description="Upper bound on prefill-only warm-up requests per replica."
+    )
+
+
+class AdmissionSpec(CamelModel):
+    min_prefix_tokens: int = Field(
+        default=16, ge=0, description="Ignore prefix matches shorter than this many tokens."
+    )
+    admit_after_seen_count: int = Field(
+        default=2, ge=1, description="Cache a prefix only after it was seen this many times."
+    )
+
+
+class CacheIdentitySpec(CamelModel):
+    tenant_isolation: bool = Field(
+        default=False, description="With isolation on, two tenants never share a prefix node."
+    )
+    salt: str | None = Field(
+        default=None, min_length=1, description="Extra salt mixed into every prefix hash."
+    )
+    admission: AdmissionSpec = Field(default_factory=AdmissionSpec, description="Prefix admission control.")
+
+
+class FleetSpec(CamelModel):
+    """``spec`` of a PrefixCacheFleet."""
+
+    model: ModelSpec = Field(description="The served model (cache identity).")
+    engine: EngineSpec = Field(description="The inference engine of every replica.")
+    replicas: int = Field(
+        default=1, ge=0, description="Desired engine replicas (the scale subresource's spec.replicas)."
+    )
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Autoscaler bounds and targets."
+    )
+    router: RouterSpec = Field(
+        default_factory=RouterSpec, description="The gateway in front of the replicas."
+    )
+    sidecar: SidecarSpec = Field(default_factory=SidecarSpec, description="The per-replica sidecar.")
+    redis: RedisSpec = Field(default_factory=RedisSpec, description="Shared state store.")
+    prometheus: PrometheusSpec = Field(
+        default_factory=PrometheusSpec, description="Metrics source for the autoscaler."
+    )
+    prewarm: PrewarmSpec = Field(default_factory=PrewarmSpec, description="Pre-warming of new replicas.")
+    cache_identity: CacheIdentitySpec = Field(
+        default_factory=CacheIdentitySpec, description="Cache key and tenancy."
+    )
+
+    @model_validator(mode="after")
+    def _replicas_within_bounds(self) -> FleetSpec:
+        a = self.autoscaling
+        if a.enabled and not a.min_replicas <= self.replicas <= a.max_replicas:
+            raise ValueError(
+                f"spec.replicas ({self.replicas}) must be within "
+                f"spec.autoscaling.minReplicas ({a.min_replicas}) "
+                f"and spec.autoscaling.maxReplicas ({a.max_replicas}) when autoscaling is enabled"
+            )
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.autoscaling) || !has(self.autoscaling.enabled) || !self.autoscaling.enabled"
+                    " || (self.replicas >= self.autoscaling.minReplicas"
+                    " && self.replicas <= self.autoscaling.maxReplicas)",
+                    "spec.replicas must be within spec.autoscaling.minReplicas and"
+                    " spec.autoscaling.maxReplicas when autoscaling is enabled",
+                    ".replicas",
+                )
+            ]
+        }
+    )
+
+
+# ---------------------------------------------------------------- status
+
+ConditionType = Literal["Ready", "Progressing", "Degraded"]
+CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
+
+
+class Condition(CamelModel):
+    """A Kubernetes-style condition; ``reason`` is CamelCase, ``message`` is for humans."""
+
+    type: ConditionType
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class HotPrefix(CamelModel):
+    """A hot prefix subtree, by hash only: never raw prompt text."""
+
+    hash: str = Field(min_length=1, description="Hex hash of the prefix node.")
+    tokens: int = Field(ge=0, description="Prefix length in tokens.")
+    rate: float = Field(ge=0, description="Decayed request rate (requests/s).")
+    holders: list[str] = Field(default_factory=list, description="Replica pods that hold it.")
+
+
+class FleetStatus(CamelModel):
+    """``status`` of a PrefixCacheFleet.
+
+    Extra keys are kept: kopf stores its handler progress under ``status.kopf``.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    observed_generation: int | None = Field(default=None, ge=0)
+    replicas: int = Field(
+        default=0, ge=0, description="Replica pods that exist (the scale subresource's status.replicas)."
+    )
+    ready_replicas: int = Field(default=0, ge=0)
+    selector: str | None = Field(
+        default=None, description="Label selector of the replica pods (for the scale subresource)."
+    )
+    conditions: list[Condition] = Field(default_factory=list)
+    router_endpoint: str | None = Field(default=None, description="URL of the fleet's gateway Service.")
+    hit_rate: float | None = Field(
+        default=None, ge=0, le=1, description="Fleet prefix-cache hit rate (token-weighted)."
+    )
+    hot_prefixes: list[HotPrefix] = Field(default_factory=list)
+    last_scale_time: datetime | None = None
+    last_scale_reason: str | None = None
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+
+class PrefixCacheFleet(CamelModel):
+    """A whole object as the API server returns it (metadata kept as a plain dict)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    api_version: Literal["prefixfleet.io/v1alpha1"] = API_VERSION
+    kind: Literal["PrefixCacheFleet"] = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: FleetSpec
+    status: FleetStatus | None = None
+
+
+class InvalidFleetSpec(ValueError):
+    """A spec the models refuse; ``str()`` is one line per problem, each naming its field."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def describe_validation_error(exc: ValidationError, root: str = "spec") -> list[str]:
+    """``spec.engine.kind: Input should be 'sglang', ...`` — one line per pydantic error."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        path = ".".join([root, *(str(p) for p in err["loc"] if not _is_union_branch(p))])
+        msg = err["msg"].removeprefix("Value error, ")
+        # Our cross-field messages already start with the full field path; don't repeat it.
+        lines.append(msg if msg.startswith(root + ".") else f"{path}: {msg}")
+    return list(dict.fromkeys(lines))
+
+
+def _is_union_branch(part: object) -> bool:
+    # pydantic adds the union member tried ("int", "constrained-str") to the location.
+    return part in ("int", "str", "constrained-str", "function-after[_kind_defaults(), EngineSpec]")
+
+
+def validate_spec(spec: dict[str, Any]) -> FleetSpec:
+    """Validate a ``spec`` dict (camelCase, as stored by Kubernetes) or raise :class:`InvalidFleetSpec`."""
+    try:
+        return FleetSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise InvalidFleetSpec(describe_validation_error(exc)) from None
+
+
+__all__ = [
+    "API_VERSION",
+    "CONDITION_TYPES",
+    "CRD_NAME",
+    "DEFAULT_ROUTING_POLICY",
+    "ENGINE_KINDS",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "PROJECT_IMAGE",
+    "ROUTING_POLICIES",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "AdmissionSpec",
+    "AutoscalingSpec",
+    "CacheIdentitySpec",
+    "Condition",
+    "EngineSpec",
+    "EnvVar",
+    "FleetSpec",
+    "FleetStatus",
+    "HotPrefix",
+    "InvalidFleetSpec",
+    "ModelSpec",
+    "PrefixCacheFleet",
+    "PrewarmSpec",
+    "PrometheusSpec",
+    "RedisSpec",
+    "ResourceRequirements",
+    "RouterSpec",
+    "SecretKeyRef",
+    "SidecarSpec",
+    "default_engine_port",
+    "default_images",
+    "describe_validation_error",
+    "validate_spec",
+]
