@@ -219,7 +219,7 @@ class RadixTree:
             raise ValueError(
                 f"sequence of {n_tokens} tokens exceeds the cache capacity of {self.capacity_tokens} tokens"
             )
-        matched, node, depth, path = self._walk(key, namespace, create=True)
+        matched, node, depth, path = self._walk(key, namespace)
         new_tokens = n_tokens - matched
         overflow = self.cached_tokens + new_tokens - self.capacity_tokens
         if overflow > 0:
@@ -234,6 +234,8 @@ class RadixTree:
                     f"cannot cache {new_tokens} new tokens: {self.cached_tokens}/{self.capacity_tokens} "
                     f"tokens in use, {self.pinned_tokens} pinned and {protected} on the extended path"
                 )
+        if namespace not in self._roots:  # created only now, so a refused insert adds no namespace
+            node = self.root(namespace)
         self._clock += 1
         now = self._clock
         if depth < node.num_tokens and node.parent is not None and (new_tokens > 0 or pin):
@@ -343,11 +345,11 @@ class RadixTree:
 
     def _evict(self, needed: int) -> int:
         freed = 0
-        heap = self._heap
         while freed < needed:
-            if not heap:
+            # Re-read ``self._heap`` every round: pushing a parent below may compact (rebind) it.
+            if not self._heap:
                 raise CacheFullError(f"cannot free {needed - freed} more tokens: nothing evictable")
-            entry = heapq.heappop(heap)
+            entry = heapq.heappop(self._heap)
             if not self._is_live_entry(entry):
                 continue
             node = entry[2]
