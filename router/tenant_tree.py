@@ -83,9 +83,7 @@ class TenantTree:
             node = child
         if matched_node is None:
             return 0, None
-        owners = [
-            (ts, t) for t, ts in matched_node.tenants.items() if live is None or t in live
-        ]
+        owners = [(ts, t) for t, ts in matched_node.tenants.items() if live is None or t in live]
         if not owners:
             return 0, None
         return pos // TOKEN_BYTES, max(owners, key=lambda o: o[0])[1]
