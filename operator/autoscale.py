@@ -1,0 +1,364 @@
+"""The autoscaling plan: scale and pre-warm for hot prefix subtrees, remove the least valuable replica.
+
+``plan_scale(observed, policy, memory) -> ScalePlan`` is a pure function over plain data. The
+simulator, the local fleet and the kopf timer all build a :class:`FleetObservation` from their own
+sources (simulated trees, Redis summaries, Prometheus) and execute the returned plan.
+
+Why prefix-aware: a fleet-wide average (what an HPA on queue depth sees) hides a hot subtree whose
+few holders are drowning while the rest idle. Adding a cold replica does not help that subtree until
+the router moves its traffic there, and the first requests it gets are full-price prefills. So the
+planner (1) looks at each hot subtree's holders, (2) first replicates the subtree onto an idle
+existing replica, (3) scales up only when none is idle, pre-warming the new replica with exactly the
+subtrees it is added for, and (4) on scale-down removes the replica whose cache is worth least:
+the prefixes only it holds × their request rate × what they cost to recompute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+ReplicaPhase = Literal["starting", "warming", "ready", "draining"]
+ScalerMode = Literal["fixed_max", "uniform", "prefix_aware", "prefix_aware_prewarm"]
+SCALER_MODES: tuple[str, ...] = ("fixed_max", "uniform", "prefix_aware", "prefix_aware_prewarm")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaObservation:
+    replica_id: str
+    phase: ReplicaPhase
+    in_flight: int = 0
+    queued: int = 0
+    est_wait_s: float = 0.0  # how long a request arriving now would wait before its prefill starts
+    cached_tokens: int = 0
+    capacity_tokens: int = 0
+    created_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SubtreeObservation:
+    """A hot prefix subtree of the fleet view (see ``hot_subtrees``)."""
+
+    subtree_id: str  # hash of the prefix at the subtree's root: never raw text
+    tokens: int  # prefix length at the root
+    rate_rps: float  # decayed request rate through the root
+    holders: frozenset[str]  # replicas that have the root cached
+
+
+@dataclass(frozen=True, slots=True)
+class FleetObservation:
+    now_s: float
+    replicas: tuple[ReplicaObservation, ...]
+    subtrees: tuple[SubtreeObservation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePolicy:
+    """The knobs (from the PrefixCacheFleet spec); defaults live in the operator's models."""
+
+    mode: ScalerMode = "prefix_aware_prewarm"
+    min_replicas: int = 1
+    max_replicas: int = 8
+    target_ttft_s: float = 1.0
+    target_queue_per_replica: float = 4.0  # uniform mode: like an HPA on sglang:num_queue_reqs
+    scale_up_cooldown_s: float = 15.0
+    scale_down_stabilization_s: float = 60.0
+    max_step_up: int = 2
+    hot_rate_rps: float = 0.5  # subtrees below this rate are not worth a replica
+    saturation: float = 0.7  # holders are saturated when their best wait exceeds this × target
+    idle: float = 0.2  # a replica is idle below this × target wait
+    prewarm_subtrees: int = 4  # subtrees pre-warmed per replica
+    prefill_s_per_token: float = 0.0000333
+
+    def __post_init__(self) -> None:
+        if self.mode not in SCALER_MODES:
+            raise ValueError(f"scaler mode must be one of {', '.join(SCALER_MODES)}, got {self.mode!r}")
+        if not 0 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"minReplicas ({self.min_replicas}) must be between 0 and maxReplicas ({self.max_replicas})"
+            )
+        if self.target_ttft_s <= 0:
+            raise ValueError("targetTTFTSeconds must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerMemory:
+    """What the planner must remember between rounds (returned in every plan, passed back in)."""
+
+    last_scale_up_s: float | None = None
+    last_scale_down_s: float | None = None
+    calm_since_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prewarm:
+    target: str  # an existing replica id, or "new-<i>" for the i-th replica this plan adds
+    subtree_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ScalePlan:
+    desired_replicas: int
+    add: int = 0
+    prewarm: tuple[Prewarm, ...] = ()
+    drain: tuple[str, ...] = ()  # stop sending new requests; delete once idle
+    remove: tuple[str, ...] = ()  # drained and idle: delete now
+    reason: str = "steady"
+    memory: PlannerMemory = field(default_factory=PlannerMemory)
+
+    @property
+    def is_noop(self) -> bool:
+        return not (self.add or self.prewarm or self.drain or self.remove)
+
+
+def subtree_value(subtree: SubtreeObservation, prefill_s_per_token: float) -> float:
+    """Prefill seconds per second the fleet saves by keeping this subtree cached."""
+    return subtree.rate_rps * subtree.tokens * prefill_s_per_token
+
+
+def choose_victim(
+    replicas: Sequence[ReplicaObservation],
+    subtrees: Sequence[SubtreeObservation],
+    prefill_s_per_token: float,
+) -> str | None:
+    """The ready replica whose cache is worth least to the fleet.
+
+    Worth = Σ over subtrees it *alone* holds of rate × recompute cost (a prefix another replica also
+    holds survives the removal). Ties: fewer requests in flight (shorter drain), then the newest.
+    """
+    candidates = [r for r in replicas if r.phase == "ready"]
+    if not candidates:
+        return None
+    unique_value = {r.replica_id: 0.0 for r in candidates}
+    for s in subtrees:
+        if len(s.holders) == 1:
+            (holder,) = s.holders
+            if holder in unique_value:
+                unique_value[holder] += subtree_value(s, prefill_s_per_token)
+    victim = min(candidates, key=lambda r: (unique_value[r.replica_id], r.in_flight, -r.created_s))
+    return victim.replica_id
+
+
+def _clamp(n: int, policy: ScalePolicy) -> int:
+    return max(policy.min_replicas, min(policy.max_replicas, n))
+
+
+def _cooled(last: float | None, now: float, cooldown: float) -> bool:
+    return last is None or now - last >= cooldown
+
+
+def plan_scale(
+    observed: FleetObservation, policy: ScalePolicy, memory: PlannerMemory | None = None
+) -> ScalePlan:
+    """Decide replica count, pre-warming and scale-down victims for one control round."""
+    memory = memory or PlannerMemory()
+    remove = tuple(r.replica_id for r in observed.replicas if r.phase == "draining" and r.in_flight == 0)
+    draining = sum(1 for r in observed.replicas if r.phase == "draining")
+    active = [r for r in observed.replicas if r.phase != "draining"]
+    n = len(active)
+    base = ScalePlan(desired_replicas=n, remove=remove, memory=memory)
+
+    # Bounds first: they hold in every mode, whatever the load says.
+    if n < policy.min_replicas:
+        return replace(
+            base,
+            desired_replicas=policy.min_replicas,
+            add=policy.min_replicas - n,
+            reason=f"below minReplicas ({n} < {policy.min_replicas})",
+        )
+    if n > policy.max_replicas:
+        excess = n - policy.max_replicas
+        victims = _victims(active, observed.subtrees, policy, excess)
+        return replace(
+            base,
+            desired_replicas=policy.max_replicas,
+            drain=victims,
+            reason=f"above maxReplicas ({n} > {policy.max_replicas})",
+        )
+    if policy.mode == "fixed_max":
+        add = policy.max_replicas - n
+        return replace(
+            base,
+            desired_replicas=policy.max_replicas,
+            add=add,
+            reason="fixed at maxReplicas" if add else "steady",
+        )
+    if draining and n <= policy.min_replicas:
+        return base
+    if policy.mode == "uniform":
+        return _plan_uniform(observed, policy, memory, base, active)
+    return _plan_prefix_aware(observed, policy, memory, base, active)
+
+
+def _victims(
+    active: Sequence[ReplicaObservation],
+    subtrees: Sequence[SubtreeObservation],
+    policy: ScalePolicy,
+    count: int,
+) -> tuple[str, ...]:
+    chosen: list[str] = []
+    pool = list(active)
+    for _ in range(count):
+        victim = choose_victim(pool, subtrees, policy.prefill_s_per_token)
+        if victim is None:
+            break
+        chosen.append(victim)
+        pool = [r for r in pool if r.replica_id != victim]
+        # Once a holder leaves, a subtree it shared may become unique to another replica.
+        subtrees = [replace(s, holders=s.holders - {victim}) for s in subtrees]
+    return tuple(chosen)
+
+
+def _plan_uniform(
+    observed: FleetObservation,
+    policy: ScalePolicy,
+    memory: PlannerMemory,
+    base: ScalePlan,
+    active: Sequence[ReplicaObservation],
+) -> ScalePlan:
+    """Queue-depth target, like an HPA/KEDA on ``num_queue_reqs``: blind to which prefix is hot."""
+    now = observed.now_s
+    n = len(active)
+    queued = sum(r.queued for r in active)
+    desired = _clamp(math.ceil(queued / policy.target_queue_per_replica), policy)
+    if desired > n and _cooled(memory.last_scale_up_s, now, policy.scale_up_cooldown_s):
+        add = min(desired - n, policy.max_step_up)
+        return replace(
+            base,
+            desired_replicas=n + add,
+            add=add,
+            memory=replace(memory, last_scale_up_s=now, calm_since_s=None),
+            reason=f"queue {queued} > {policy.target_queue_per_replica:g}/replica × {n}",
+        )
+    if desired < n:
+        return _maybe_scale_down(
+            observed,
+            policy,
+            memory,
+            base,
+            active,
+            f"queue {queued} fits {n - 1} replicas",
+            prefix_aware=False,
+        )
+    return replace(base, memory=replace(memory, calm_since_s=None))
+
+
+def _plan_prefix_aware(
+    observed: FleetObservation,
+    policy: ScalePolicy,
+    memory: PlannerMemory,
+    base: ScalePlan,
+    active: Sequence[ReplicaObservation],
+) -> ScalePlan:
+    now = observed.now_s
+    n = len(active)
+    by_id = {r.replica_id: r for r in active}
+    ready = [r for r in active if r.phase == "ready"]
+    pending = [r for r in active if r.phase in ("starting", "warming")]
+    saturated_wait = policy.saturation * policy.target_ttft_s
+    idle_wait = policy.idle * policy.target_ttft_s
+    hot = sorted(
+        (s for s in observed.subtrees if s.rate_rps >= policy.hot_rate_rps),
+        key=lambda s: subtree_value(s, policy.prefill_s_per_token),
+        reverse=True,
+    )
+    starved: list[SubtreeObservation] = []
+    for s in hot:
+        holders = [by_id[h] for h in s.holders if h in by_id and by_id[h].phase != "draining"]
+        if any(h.phase in ("starting", "warming") for h in holders):
+            continue  # help is already on its way
+        if not holders or min(h.est_wait_s for h in holders) > saturated_wait:
+            starved.append(s)
+    fleet_busy = bool(ready) and min(r.est_wait_s for r in ready) > saturated_wait
+
+    if starved or fleet_busy:
+        prewarm: list[Prewarm] = []
+        idle = sorted((r for r in ready if r.est_wait_s < idle_wait), key=lambda r: r.est_wait_s)
+        still_starved: list[SubtreeObservation] = []
+        for s in starved:
+            helper = next((r for r in idle if r.replica_id not in s.holders), None)
+            if helper is not None and policy.mode == "prefix_aware_prewarm":
+                prewarm.append(Prewarm(helper.replica_id, (s.subtree_id,)))
+                idle.remove(helper)
+            else:
+                still_starved.append(s)
+        need = math.ceil(len(still_starved) / max(policy.prewarm_subtrees, 1))
+        if fleet_busy:
+            need = max(need, 1)
+        add = min(need, policy.max_step_up, policy.max_replicas - n)
+        if pending:
+            add = 0  # don't stack scale-ups before the last one has landed
+        if add and _cooled(memory.last_scale_up_s, now, policy.scale_up_cooldown_s):
+            if policy.mode == "prefix_aware_prewarm":
+                for i in range(add):
+                    chunk = still_starved[i * policy.prewarm_subtrees : (i + 1) * policy.prewarm_subtrees]
+                    chunk = chunk or hot[: policy.prewarm_subtrees]
+                    if chunk:
+                        prewarm.append(Prewarm(f"new-{i}", tuple(s.subtree_id for s in chunk)))
+            why = (
+                f"{len(starved)} hot subtree(s) saturated (holders wait > {saturated_wait:.2f}s)"
+                if starved
+                else f"every replica waits > {saturated_wait:.2f}s"
+            )
+            return replace(
+                base,
+                desired_replicas=n + add,
+                add=add,
+                prewarm=tuple(prewarm),
+                memory=replace(memory, last_scale_up_s=now, calm_since_s=None),
+                reason=f"scale up by {add}: {why}",
+            )
+        if prewarm:
+            return replace(
+                base,
+                prewarm=tuple(prewarm),
+                memory=replace(memory, calm_since_s=None),
+                reason=f"replicate {len(prewarm)} hot subtree(s) onto idle replicas",
+            )
+        reason = "saturated, at maxReplicas" if n >= policy.max_replicas else "saturated, waiting"
+        return replace(base, memory=replace(memory, calm_since_s=None), reason=reason)
+
+    if ready and max(r.est_wait_s for r in ready) < idle_wait and not pending:
+        return _maybe_scale_down(
+            observed, policy, memory, base, active, "every replica idle", prefix_aware=True
+        )
+    return replace(base, memory=replace(memory, calm_since_s=None))
+
+
+def _maybe_scale_down(
+    observed: FleetObservation,
+    policy: ScalePolicy,
+    memory: PlannerMemory,
+    base: ScalePlan,
+    active: Sequence[ReplicaObservation],
+    why: str,
+    *,
+    prefix_aware: bool,
+) -> ScalePlan:
+    """Remove one replica after a stable quiet period (the hysteresis that prevents flapping)."""
+    now = observed.now_s
+    n = len(active)
+    calm_since = memory.calm_since_s if memory.calm_since_s is not None else now
+    memory = replace(memory, calm_since_s=calm_since)
+    if n <= policy.min_replicas:
+        return replace(base, memory=memory, reason="quiet, at minReplicas")
+    if now - calm_since < policy.scale_down_stabilization_s or not _cooled(
+        memory.last_scale_up_s, now, policy.scale_down_stabilization_s
+    ):
+        return replace(base, memory=memory, reason=f"quiet for {now - calm_since:.0f}s ({why})")
+    if prefix_aware:
+        victim = choose_victim(active, observed.subtrees, policy.prefill_s_per_token)
+    else:  # a cache-blind scaler removes the newest ready replica, as a ReplicaSet would
+        ready = [r for r in active if r.phase == "ready"]
+        victim = max(ready, key=lambda r: r.created_s).replica_id if ready else None
+    if victim is None:
+        return replace(base, memory=memory, reason="quiet, no ready replica to remove")
+    return replace(
+        base,
+        desired_replicas=n - 1,
+        drain=(victim,),
+        memory=PlannerMemory(memory.last_scale_up_s, now, None),
+        reason=f"scale down: {why} for {now - calm_since:.0f}s; drain {victim}",
+    )

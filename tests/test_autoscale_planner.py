@@ -1,0 +1,196 @@
+"""plan_scale and choose_victim on plain data: every decision branch."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixfleet.operator.autoscale import (
+    FleetObservation,
+    PlannerMemory,
+    ReplicaObservation,
+    ScalePolicy,
+    SubtreeObservation,
+    choose_victim,
+    plan_scale,
+)
+
+P = 0.001  # prefill seconds per token, to keep the arithmetic readable
+
+
+def policy(**kw) -> ScalePolicy:
+    base = dict(
+        min_replicas=1,
+        max_replicas=6,
+        target_ttft_s=1.0,
+        prefill_s_per_token=P,
+        scale_up_cooldown_s=10,
+        scale_down_stabilization_s=30,
+    )
+    base.update(kw)
+    return ScalePolicy(**base)
+
+
+def rep(
+    rid: str,
+    wait: float = 0.0,
+    phase: str = "ready",
+    in_flight: int = 0,
+    queued: int = 0,
+    created: float = 0.0,
+) -> ReplicaObservation:
+    return ReplicaObservation(
+        rid, phase, in_flight=in_flight, queued=queued, est_wait_s=wait, created_s=created
+    )
+
+
+def sub(sid: str, holders: set[str], rate: float = 5.0, tokens: int = 2000) -> SubtreeObservation:
+    return SubtreeObservation(sid, tokens, rate, frozenset(holders))
+
+
+def obs(replicas, subtrees=(), now=100.0) -> FleetObservation:
+    return FleetObservation(now, tuple(replicas), tuple(subtrees))
+
+
+def test_below_min_adds_replicas():
+    plan = plan_scale(obs([]), policy(min_replicas=2))
+    assert (plan.add, plan.desired_replicas) == (2, 2)
+    assert "below minReplicas" in plan.reason
+
+
+def test_above_max_drains_least_valuable():
+    reps = [rep("a"), rep("b"), rep("c")]
+    plan = plan_scale(obs(reps, [sub("s", {"a"}), sub("t", {"b"})]), policy(max_replicas=2))
+    assert plan.drain == ("c",)
+    assert "above maxReplicas" in plan.reason
+
+
+def test_fixed_max_always_fills_to_max():
+    plan = plan_scale(obs([rep("a")]), policy(mode="fixed_max", max_replicas=4))
+    assert plan.add == 3
+    assert plan_scale(obs([rep(x) for x in "abcd"]), policy(mode="fixed_max", max_replicas=4)).is_noop
+
+
+def test_drained_idle_replicas_are_removed_busy_ones_wait():
+    plan = plan_scale(
+        obs([rep("a"), rep("b", phase="draining"), rep("c", phase="draining", in_flight=2)]), policy()
+    )
+    assert plan.remove == ("b",)
+
+
+def test_hot_subtree_saturated_scales_up_even_when_fleet_average_is_fine():
+    # holder "a" waits 2 s; the other three idle: average wait 0.5 s would not alarm an HPA
+    reps = [rep("a", wait=2.0), rep("b", wait=0.5), rep("c", wait=0.5), rep("d", wait=0.5)]
+    plan = plan_scale(obs(reps, [sub("hot", {"a"})]), policy())
+    assert plan.add == 1
+    assert [(p.target, p.subtree_ids) for p in plan.prewarm] == [("new-0", ("hot",))]
+    assert "saturated" in plan.reason
+    assert plan.memory.last_scale_up_s == 100.0
+
+
+def test_idle_replica_is_prewarmed_instead_of_adding_one():
+    reps = [rep("a", wait=2.0), rep("b", wait=0.0)]
+    plan = plan_scale(obs(reps, [sub("hot", {"a"})]), policy())
+    assert plan.add == 0
+    assert [(p.target, p.subtree_ids) for p in plan.prewarm] == [("b", ("hot",))]
+    assert "replicate" in plan.reason
+
+
+def test_without_prewarm_scales_up_cold():
+    reps = [rep("a", wait=2.0), rep("b", wait=0.0)]
+    plan = plan_scale(obs(reps, [sub("hot", {"a"})]), policy(mode="prefix_aware"))
+    assert plan.add == 1 and plan.prewarm == ()
+
+
+def test_cold_subtree_below_hot_rate_is_ignored():
+    reps = [rep("a", wait=2.0), rep("b", wait=0.5)]
+    assert plan_scale(obs(reps, [sub("cool", {"a"}, rate=0.1)]), policy()).add == 0
+
+
+def test_scale_up_respects_cooldown_and_pending_replicas():
+    reps = [rep("a", wait=2.0), rep("b", wait=0.5)]
+    hot = [sub("hot", {"a"})]
+    cooling = plan_scale(obs(reps, hot), policy(), PlannerMemory(last_scale_up_s=95.0))
+    assert cooling.add == 0 and "waiting" in cooling.reason
+    pending = plan_scale(obs([*reps, rep("n", phase="starting")], hot), policy())
+    assert pending.add == 0
+
+
+def test_subtree_with_a_warming_holder_is_not_starved():
+    reps = [rep("a", wait=2.0), rep("w", phase="warming")]
+    assert plan_scale(obs(reps, [sub("hot", {"a", "w"})]), policy()).add == 0
+
+
+def test_never_above_max():
+    reps = [rep(x, wait=5.0) for x in "abc"]
+    plan = plan_scale(obs(reps, [sub(f"s{i}", {"a"}) for i in range(20)]), policy(max_replicas=3))
+    assert plan.add == 0 and plan.reason == "saturated, at maxReplicas"
+
+
+def test_step_is_bounded():
+    reps = [rep("a", wait=5.0)]
+    plan = plan_scale(obs(reps, [sub(f"s{i}", {"a"}) for i in range(40)]), policy(max_step_up=2))
+    assert plan.add == 2
+    assert len(plan.prewarm) == 2
+
+
+def test_whole_fleet_busy_scales_up_without_hot_subtrees():
+    plan = plan_scale(obs([rep("a", wait=3.0), rep("b", wait=3.0)]), policy())
+    assert plan.add == 1 and "every replica waits" in plan.reason
+
+
+def test_scale_down_only_after_stable_quiet_period():
+    reps = [rep("a"), rep("b"), rep("c")]
+    subs = [sub("x", {"a"}), sub("y", {"b"}, rate=1.0), sub("z", {"c"}, rate=9.0)]
+    first = plan_scale(obs(reps, subs, now=100), policy())
+    assert first.drain == () and first.memory.calm_since_s == 100
+    early = plan_scale(obs(reps, subs, now=120), policy(), first.memory)
+    assert early.drain == () and "quiet for 20s" in early.reason
+    late = plan_scale(obs(reps, subs, now=131), policy(), first.memory)
+    assert late.drain == ("b",)  # the replica whose unique prefixes are worth least
+    assert late.memory.calm_since_s is None and late.memory.last_scale_down_s == 131
+
+
+def test_load_interrupts_the_quiet_period():
+    reps = [rep("a"), rep("b")]
+    calm = plan_scale(obs(reps, now=100), policy())
+    busy = plan_scale(obs([rep("a", wait=0.5), rep("b")], now=110), policy(), calm.memory)
+    assert busy.memory.calm_since_s is None
+
+
+def test_never_below_min():
+    plan = plan_scale(obs([rep("a")], now=1000), policy(min_replicas=1), PlannerMemory(calm_since_s=0))
+    assert plan.drain == () and "minReplicas" in plan.reason
+
+
+def test_uniform_follows_queue_depth_and_removes_newest():
+    up = plan_scale(obs([rep("a", queued=10), rep("b", queued=10)]), policy(mode="uniform"))
+    assert up.add == 2 and "queue" in up.reason
+    reps = [rep("a", created=1), rep("b", created=5), rep("c", created=3)]
+    down = plan_scale(obs(reps, now=200), policy(mode="uniform"), PlannerMemory(calm_since_s=100))
+    assert down.drain == ("b",)
+
+
+def test_choose_victim_counts_only_unique_prefixes():
+    reps = [rep("a"), rep("b"), rep("c", in_flight=1)]
+    subs = [sub("shared", {"a", "b"}, rate=100.0), sub("mine", {"b"}, rate=1.0), sub("c1", {"c"}, rate=1.0)]
+    # "a" holds only a shared prefix: removing it loses nothing
+    assert choose_victim(reps, subs, P) == "a"
+    assert choose_victim([rep("x", phase="warming")], subs, P) is None
+
+
+def test_choose_victim_ties_prefer_short_drain_then_newest():
+    assert choose_victim([rep("a", in_flight=3), rep("b", in_flight=1)], [], P) == "b"
+    assert choose_victim([rep("a", created=1), rep("b", created=9)], [], P) == "b"
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"min_replicas": 5, "max_replicas": 2}, "minReplicas"),
+        ({"mode": "magic"}, "mode"),
+        ({"target_ttft_s": 0}, "TTFT"),
+    ],
+)
+def test_bad_policy_is_refused_naming_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        policy(**kw)
