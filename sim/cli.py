@@ -1,0 +1,196 @@
+"""`prefixfleet sim`: compare routing policies on a workload, or reproduce the seed lab's table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prefixfleet.cli import UsageError
+from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
+
+from .engine import SERVICE_MODELS, ServiceConfig
+from .lab import reproduce_lab
+from .report import format_table, summarize, write_plot
+from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
+from .workloads import WORKLOADS, Workload, build_workload
+
+SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sim",
+        help="simulate a fleet: compare routing policies on a workload",
+        description=(
+            "Discrete-event fleet simulation running the real routing policies. With only --workload, "
+            "the workload runs at its acceptance settings; flags override them."
+        ),
+    )
+    p.add_argument("--workload", metavar="W", help=f"one of: {', '.join(WORKLOADS)}")
+    p.add_argument("--reproduce", choices=["lab"], help="reproduce a published comparison instead")
+    p.add_argument("--policies", default="all", help="'all' or a comma-separated list (default: all)")
+    p.add_argument("--replicas", type=int, help="number of replicas (default: the workload's)")
+    p.add_argument("--cache-tokens", type=int, help="radix cache capacity per replica in tokens")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--service", choices=SERVICE_MODELS, help="service model (default: the workload's)")
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"service-model parameter, repeatable ({', '.join(sorted(SERVICE_KEYS))})",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="workload_settings",
+        metavar="KEY=VALUE",
+        help="workload setting, repeatable (e.g. num_requests=500, limit=1000, speedup=2, block_tokens=32)",
+    )
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    p.set_defaults(func=run)
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"{what} {item!r} must look like KEY=VALUE")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def _policy_names(spec: str) -> list[str]:
+    if spec.strip() == "all":
+        return list(POLICIES)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--policies is empty; use 'all' or a comma-separated list")
+    for name in names:
+        if name not in POLICIES:
+            raise UsageError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)} or 'all'")
+    return names
+
+
+def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
+    rec = dict(workload.recommended)
+    replicas = args.replicas if args.replicas is not None else rec.pop("replicas", 4)
+    cache = args.cache_tokens if args.cache_tokens is not None else rec.pop("cache_tokens", 4000)
+    rec.pop("replicas", None)
+    rec.pop("cache_tokens", None)
+    if replicas <= 0:
+        raise UsageError(f"--replicas must be positive, got {replicas}")
+    if cache <= 0:
+        raise UsageError(f"--cache-tokens must be positive, got {cache}")
+    if args.service:
+        rec["service"] = args.service
+    for key, value in _pairs(args.engine, "--engine").items():
+        if key not in SERVICE_KEYS:
+            raise UsageError(
+                f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
+            )
+        field_type = type(ServiceConfig.__dataclass_fields__[key].default)
+        try:
+            rec[key] = field_type(value)
+        except ValueError:
+            raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
+    try:
+        return FleetConfig(replicas, cache, ServiceConfig(**rec))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def run_reproduce(args: argparse.Namespace) -> int:
+    report = reproduce_lab()
+    lines = [
+        "seed lab burst (4 replicas, 9216-token caches, prefill 0.025 ms/token, lookup 0.0015 ms/token, "
+        "queue drains 14 ms per arrival)",
+        f"{'policy':<16}{'hit ratio':>10}{'mean ms':>10}{'max ms':>10}{'max reqs':>10}{'evicted':>10}",
+    ]
+    for name, m in report["policies"].items():
+        lines.append(
+            f"{name:<16}{m['cache_hit_ratio']:>10.4f}{m['mean_ttft_ms']:>10.2f}{m['max_ttft_ms']:>10.2f}"
+            f"{m['max_replica_requests']:>10}{m['total_evicted_tokens']:>10}"
+        )
+    print("\n".join(lines))
+    if args.json:
+        _write_json(args.json, report)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.reproduce:
+        if args.workload:
+            raise UsageError("use either --workload or --reproduce, not both")
+        return run_reproduce(args)
+    if not args.workload:
+        raise UsageError(f"--workload is required (one of: {', '.join(WORKLOADS)}) unless --reproduce lab")
+    names = _policy_names(args.policies)
+    try:
+        workload = build_workload(args.workload, seed=args.seed, **_pairs(args.workload_settings, "--set"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    fleet = _fleet(args, workload)
+    cost = fleet.service.cost
+    runs: list[RunResult] = []
+    metrics: dict[str, dict[str, Any]] = {}
+    for name in names:
+        started = time.perf_counter()
+        run_result = simulate(workload.requests, make_policy(name, cost), fleet, progress=args.progress)
+        metrics[name] = summarize(run_result)
+        metrics[name]["sim_seconds"] = round(time.perf_counter() - started, 3)
+        runs.append(run_result)
+    ideal = simulate_ideal(workload.requests, fleet)
+    metrics["ideal"] = summarize(ideal)
+    runs.append(ideal)
+    unique_tokens = metrics["ideal"]["prefill_tokens"]
+    settings = {
+        "seed": args.seed,
+        "replicas": fleet.replicas,
+        "cache_tokens": fleet.cache_tokens,
+        **fleet.service.as_dict(),
+        "requests": len(workload.requests),
+        "prompt_tokens": workload.total_prompt_tokens,
+        "distinct_prompt_tokens": unique_tokens,
+        "working_set_over_one_cache": round(unique_tokens / fleet.cache_tokens, 2),
+        "duration_s": round(workload.requests[-1].arrival_s, 3) if workload.requests else 0.0,
+        "workload": workload.settings,
+        "ideal": "policies.ideal: no waiting, fleet-wide infinite cache (a bound no policy can beat)",
+    }
+    title = (
+        f"{workload.name}: {len(workload.requests)} requests, {fleet.replicas} replicas × "
+        f"{fleet.cache_tokens} cache tokens, service {fleet.service.service}"
+    )
+    print(format_table(title, metrics, DEFAULT_POLICY))
+    if args.json:
+        _write_json(
+            args.json,
+            {
+                "workload": workload.name,
+                "settings": settings,
+                "default_policy": DEFAULT_POLICY,
+                "policies": metrics,
+            },
+        )
+    if args.plot:
+        try:
+            write_plot(args.plot, title, runs, metrics)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.plot}: {exc.strerror}") from None
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,327 @@
+"""Service models of one simulated replica: how long prefill takes and when a request's first token comes.
+
+Two models behind one small interface (:class:`ReplicaModel`):
+
+* ``fifo`` — prefixroute's model. One FIFO server per replica; a request's prefill takes
+  ``uncached × prefill_s_per_token + cached × cached_s_per_token (+ overhead)`` and starts when the
+  replica is free; TTFT = queue wait + prefill. As in prefixroute, the replica's cache is consulted and
+  the full prompt inserted *when the request is routed* (its KV is committed to that replica), so a
+  request queued behind another of its tenant already counts as a hit. Decode is not modelled.
+* ``batched`` — continuous batching (vLLM/SGLang style). Each engine step runs decode for every
+  request past prefill plus chunks of pending prefills within a token budget; the step takes
+  ``decode_base_s + decode_s_per_seq × decoding + prefill tokens × prefill_s_per_token``. At most
+  ``max_running`` requests run; admission matches and inserts the prompt *pinned*, so a running
+  request's prefix is never evicted, and a request that cannot get cache room waits. TTFT = end of
+  the step that finishes its prefill; the pin is released when its last output token is decoded.
+
+The simulator reads each replica only through :meth:`ReplicaModel.view`, which builds the
+:class:`~prefixfleet.router.policies.ReplicaState` a policy is allowed to see.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from prefixfleet.router.policies import CostModel, ReplicaState, RouteRequest
+from prefixfleet.router.radix import TOKEN_BYTES, CacheFullError, RadixTree
+
+SERVICE_MODELS = ("fifo", "batched")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """Engine timing and scheduling parameters shared by every replica of a simulated fleet."""
+
+    service: str = "fifo"
+    prefill_s_per_token: float = 0.0001
+    cached_s_per_token: float = 0.0
+    request_overhead_s: float = 0.0
+    # batched only
+    max_running: int = 64
+    step_token_budget: int = 8192  # prefill-chunk + decode tokens per engine step
+    decode_base_s: float = 0.008  # one forward pass with a tiny batch
+    decode_s_per_seq: float = 0.0001  # extra per decoding sequence in the batch
+
+    def __post_init__(self) -> None:
+        if self.service not in SERVICE_MODELS:
+            raise ValueError(
+                f"unknown service model {self.service!r}; choose from {', '.join(SERVICE_MODELS)}"
+            )
+        for name in ("prefill_s_per_token", "cached_s_per_token", "request_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.max_running <= 0 or self.step_token_budget <= 0:
+            raise ValueError("max_running and step_token_budget must be positive")
+
+    @property
+    def cost(self) -> CostModel:
+        return CostModel(self.prefill_s_per_token, self.cached_s_per_token, self.request_overhead_s)
+
+    def compute_s(self, total: int, matched: int) -> float:
+        return (
+            self.request_overhead_s
+            + (total - matched) * self.prefill_s_per_token
+            + matched * self.cached_s_per_token
+        )
+
+    def unloaded_ttft_s(self, total: int, matched: int) -> float:
+        """TTFT on an otherwise idle replica: the floor the ``ideal`` bound uses."""
+        if self.service == "fifo":
+            return self.compute_s(total, matched)
+        steps = max(1, math.ceil((total - matched) / self.step_token_budget))
+        return self.compute_s(total, matched) + steps * self.decode_base_s
+
+    def as_dict(self) -> dict[str, Any]:
+        keys = ["service", "prefill_s_per_token", "cached_s_per_token", "request_overhead_s"]
+        if self.service == "batched":
+            keys += ["max_running", "step_token_budget", "decode_base_s", "decode_s_per_seq"]
+        return {k: getattr(self, k) for k in keys}
+
+
+class Job:
+    """One request inside the simulator (never shown to a policy)."""
+
+    __slots__ = (
+        "arrival_s",
+        "est_uncached",
+        "finish_s",
+        "index",
+        "matched",
+        "output_left",
+        "pin_tokens",
+        "prefill_left",
+        "replica",
+        "start_s",
+        "tokens",
+        "total",
+        "ttft_s",
+    )
+
+    def __init__(self, index: int, arrival_s: float, tokens: bytes, output_tokens: int) -> None:
+        self.index = index
+        self.arrival_s = arrival_s
+        self.tokens = tokens
+        self.total = len(tokens) // TOKEN_BYTES
+        self.output_left = max(1, output_tokens)
+        self.matched = 0
+        self.prefill_left = 0
+        self.est_uncached = self.total
+        self.replica = -1
+        self.start_s = math.nan
+        self.ttft_s = math.nan
+        self.finish_s = math.nan
+        self.pin_tokens = b""
+
+
+def _cacheable(tokens: bytes, capacity: int) -> bytes:
+    """A prompt longer than the whole cache keeps only its first ``capacity`` tokens."""
+    return tokens if len(tokens) <= capacity * TOKEN_BYTES else tokens[: capacity * TOKEN_BYTES]
+
+
+class ReplicaModel:
+    """Common part: identity, cache, counters. Subclasses implement the service discipline."""
+
+    def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
+        self.replica_id = replica_id
+        self.tree = RadixTree(capacity_tokens)
+        self.config = config
+        self.routed = 0
+
+    def view(self, request: RouteRequest) -> ReplicaState:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def accept(self, job: Job, now: float) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def next_event_s(self) -> float | None:
+        """Time of this replica's next internal event, or None when it has none pending."""
+        return None
+
+    def on_event(self, now: float) -> list[Job]:
+        """Process the internal event due at ``now``; return jobs that finished."""
+        return []
+
+
+class FifoReplica(ReplicaModel):
+    def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
+        super().__init__(replica_id, capacity_tokens, config)
+        self.free_at = 0.0
+        self._active: deque[Job] = deque()  # routed, prefill not finished, in start order
+        self._active_uncached = 0
+
+    def _expire(self, now: float) -> None:
+        active = self._active
+        while active and active[0].finish_s <= now:
+            self._active_uncached -= active.popleft().prefill_left
+
+    def view(self, request: RouteRequest) -> ReplicaState:
+        now = request.now
+        self._expire(now)
+        queued = sum(1 for j in self._active if j.start_s > now) if self._active else 0
+        pending = self._active_uncached
+        if self._active and self._active[0].start_s <= now:  # the head is part-way through prefill
+            head = self._active[0]
+            span = head.finish_s - head.start_s
+            if span > 0:
+                pending -= int(head.prefill_left * (now - head.start_s) / span)
+        return ReplicaState(
+            replica_id=self.replica_id,
+            matched_tokens=self.tree.matched_tokens(request.tokens),
+            cached_tokens=self.tree.cached_tokens,
+            capacity_tokens=self.tree.capacity_tokens,
+            in_flight=len(self._active),
+            queued=queued,
+            pending_prefill_tokens=pending,
+            wait_s=max(0.0, self.free_at - now),
+        )
+
+    def accept(self, job: Job, now: float) -> None:
+        self._expire(now)
+        cfg = self.config
+        result = self.tree.insert(_cacheable(job.tokens, self.tree.capacity_tokens))
+        job.matched = result.matched_tokens
+        job.prefill_left = job.total - job.matched
+        job.start_s = max(now, self.free_at)
+        job.finish_s = job.start_s + cfg.compute_s(job.total, job.matched)
+        job.ttft_s = job.finish_s - job.arrival_s
+        self.free_at = job.finish_s
+        self._active.append(job)
+        self._active_uncached += job.prefill_left
+        self.routed += 1
+
+
+class BatchedReplica(ReplicaModel):
+    def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
+        super().__init__(replica_id, capacity_tokens, config)
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []
+        self._step_end: float | None = None
+        self._step_chunks: list[tuple[Job, int]] = []
+        self._step_decodes: list[Job] = []
+        self._waiting_uncached = 0  # routing-time estimate for jobs not yet admitted
+
+    # -- what a policy may see ----------------------------------------------------------------
+
+    def view(self, request: RouteRequest) -> ReplicaState:
+        cfg = self.config
+        now = request.now
+        running_prefill = sum(j.prefill_left for j in self._running if j.prefill_left > 0)
+        pending = running_prefill + self._waiting_uncached
+        decoding = sum(1 for j in self._running if j.prefill_left == 0)
+        step_overhead = cfg.decode_base_s + cfg.decode_s_per_seq * decoding
+        per_step = max(cfg.step_token_budget - decoding, 1)
+        drain = pending * cfg.prefill_s_per_token + math.ceil(pending / per_step) * step_overhead
+        occupancy = len(self._running) + len(self._waiting)
+        slot_wait = 0.0
+        if occupancy >= cfg.max_running:
+            # This request needs (occupancy - max_running + 1) running requests to finish first.
+            need = occupancy - cfg.max_running + 1
+            left = sorted(j.output_left for j in self._running)
+            kth = left[min(need, len(left)) - 1] if left else 0
+            slot_wait = kth * step_overhead * max(1.0, need / max(len(left), 1))
+        in_step = max(0.0, self._step_end - now) if self._step_end is not None else 0.0
+        return ReplicaState(
+            replica_id=self.replica_id,
+            matched_tokens=self.tree.matched_tokens(request.tokens),
+            cached_tokens=self.tree.cached_tokens,
+            capacity_tokens=self.tree.capacity_tokens,
+            in_flight=occupancy,
+            queued=len(self._waiting),
+            pending_prefill_tokens=pending,
+            wait_s=in_step + max(drain, slot_wait),
+        )
+
+    # -- service ------------------------------------------------------------------------------
+
+    def accept(self, job: Job, now: float) -> None:
+        self._waiting.append(job)
+        self._waiting_uncached += job.est_uncached
+        self.routed += 1
+        if self._step_end is None:
+            self._start_step(now)
+
+    def next_event_s(self) -> float | None:
+        return self._step_end
+
+    def _admit(self, now: float) -> None:
+        cfg = self.config
+        while self._waiting and len(self._running) < cfg.max_running:
+            job = self._waiting[0]
+            key = _cacheable(job.tokens, self.tree.capacity_tokens)
+            try:
+                result = self.tree.insert(key, pin=True)
+            except CacheFullError:
+                break  # no room while running requests hold their prefixes: wait for one to finish
+            self._waiting.popleft()
+            self._waiting_uncached -= job.est_uncached
+            job.pin_tokens = key
+            job.matched = result.matched_tokens
+            job.prefill_left = job.total - job.matched
+            job.start_s = now
+            self._running.append(job)
+
+    def _start_step(self, now: float) -> None:
+        cfg = self.config
+        admitted_before = len(self._running)
+        self._admit(now)
+        if not self._running:
+            self._step_end = None
+            return
+        decodes = [j for j in self._running if j.prefill_left == 0 and not math.isnan(j.ttft_s)]
+        budget = cfg.step_token_budget - len(decodes)
+        chunks: list[tuple[Job, int]] = []
+        prefill_tokens = 0
+        for job in self._running:
+            if not math.isnan(job.ttft_s):
+                continue
+            take = min(job.prefill_left, max(budget, 0))
+            if take == 0 and job.prefill_left > 0:
+                break  # budget spent; later jobs wait in admission order
+            chunks.append((job, take))
+            budget -= take
+            prefill_tokens += take
+        fixed = sum(
+            cfg.request_overhead_s + j.matched * cfg.cached_s_per_token
+            for j in self._running[admitted_before:]
+        )
+        duration = (
+            cfg.decode_base_s
+            + cfg.decode_s_per_seq * len(decodes)
+            + prefill_tokens * cfg.prefill_s_per_token
+            + fixed
+        )
+        self._step_chunks = chunks
+        self._step_decodes = decodes
+        self._step_end = now + duration
+
+    def on_event(self, now: float) -> list[Job]:
+        finished: list[Job] = []
+        for job, take in self._step_chunks:
+            job.prefill_left -= take
+            if job.prefill_left == 0:
+                job.ttft_s = now - job.arrival_s  # the step that ends prefill emits the first token
+                job.output_left -= 1
+        for job in self._step_decodes:
+            job.output_left -= 1
+        still: list[Job] = []
+        for job in self._running:
+            if job.output_left <= 0:
+                job.finish_s = now
+                self.tree.release_pin(job.pin_tokens)
+                finished.append(job)
+            else:
+                still.append(job)
+        self._running = still
+        self._step_chunks, self._step_decodes = [], []
+        self._step_end = None
+        if self._running or self._waiting:
+            self._start_step(now)
+        return finished
+
+
+def make_replica(replica_id: int, capacity_tokens: int, config: ServiceConfig) -> ReplicaModel:
+    cls = FifoReplica if config.service == "fifo" else BatchedReplica
+    return cls(replica_id, capacity_tokens, config)

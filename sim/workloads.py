@@ -1,0 +1,450 @@
+"""Request streams for the fleet simulator (and the live load generator), deterministic by seed.
+
+Every generator returns a :class:`Workload`: requests sorted by arrival, each with its prompt as
+encoded token bytes (:func:`prefixfleet.router.radix.as_token_bytes`), plus the generator's settings
+and the fleet settings it is meant to be judged at (``recommended``).
+
+Token ids are drawn from a counter pushed through a bijection of [0, 2**32), so two segments share a
+token only when a generator reuses the segment on purpose: the prefix structure is exactly the one
+described, never an accident of random ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from prefixfleet.router.radix import TOKEN_BYTES, as_token_bytes
+
+_MASK32 = 0xFFFFFFFF
+_MIX = 0x9E3779B1  # odd, so multiplication is a bijection mod 2**32
+_SALT = 0x5BD1E995
+
+
+def _token_id(counter: int) -> int:
+    return ((counter * _MIX) & _MASK32) ^ _SALT
+
+
+def token_ids(start: int, count: int) -> array:
+    """``count`` distinct token ids for counter values ``start .. start+count-1``."""
+    return array("I", [_token_id(c) for c in range(start, start + count)])
+
+
+class TokenSpace:
+    """Hands out fresh, never-repeating token segments (one counter per workload)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self._next = start
+
+    def fresh(self, count: int) -> bytes:
+        ids = token_ids(self._next, count)
+        self._next += count
+        return as_token_bytes(ids)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    arrival_s: float  # seconds from the start of the workload
+    tokens: bytes  # prompt, little-endian uint32 token ids
+    output_tokens: int
+    group: str  # tenant / session / prefix group, for per-group statistics
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens) // TOKEN_BYTES
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: list[WorkloadRequest]  # sorted by arrival
+    settings: dict[str, Any] = field(default_factory=dict)  # generator parameters, for the record
+    recommended: dict[str, Any] = field(default_factory=dict)  # fleet settings it is judged at
+
+    @property
+    def total_prompt_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.requests)
+
+
+def _poisson_arrivals(rng: random.Random, count: int, rate_rps: float) -> list[float]:
+    t = 0.0
+    out = []
+    for _ in range(count):
+        t += rng.expovariate(rate_rps)
+        out.append(t)
+    return out
+
+
+def _zipf_weights(n: int, exponent: float) -> list[float]:
+    return [1.0 / (rank**exponent) for rank in range(1, n + 1)]
+
+
+def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> dict[str, Any]:
+    unknown = sorted(set(overrides) - set(base))
+    if unknown:
+        raise ValueError(
+            f"workload {workload!r} has no setting {unknown[0]!r}; settings: {', '.join(sorted(base))}"
+        )
+    merged = dict(base)
+    for key, value in overrides.items():
+        default = base[key]
+        try:
+            if isinstance(default, bool):
+                merged[key] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
+            elif isinstance(default, int):
+                merged[key] = int(value)
+            elif isinstance(default, float):
+                merged[key] = float(value)
+            else:
+                merged[key] = value
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"workload {workload!r} setting {key!r} must be a number, got {value!r}"
+            ) from None
+    return merged
+
+
+def _require_positive(settings: dict[str, Any], workload: str, *keys: str) -> None:
+    for key in keys:
+        if not settings[key] > 0:
+            raise ValueError(f"workload {workload!r} setting {key!r} must be positive, got {settings[key]!r}")
+
+
+# -- prefixroute ------------------------------------------------------------------------------------
+
+# Calibrated so our fifo simulation lands in the neighbourhood of prefixroute's published table
+# (RR 182.9 ms mean / 56.3% hit; affinity 17.7 ms / 85.7%) at 4 replicas × 4000-token caches and
+# 10k prefill tokens/s: twelve tenant prefixes of 600-1000 tokens (~9.6k tokens, 2.4× one cache),
+# 50-130-token user turns, Zipf exponent 1.3, 85 requests/s (round robin keeps replicas ~80% busy).
+PREFIXROUTE_DEFAULTS: dict[str, Any] = {
+    "num_requests": 4000,
+    "tenants": 12,
+    "zipf_exponent": 1.3,
+    "rate_rps": 85.0,
+    "prefix_tokens_min": 600,
+    "prefix_tokens_max": 1000,
+    "turn_tokens_min": 50,
+    "turn_tokens_max": 130,
+    "output_tokens": 64,
+}
+PREFIXROUTE_FLEET: dict[str, Any] = {
+    "replicas": 4,
+    "cache_tokens": 4000,
+    "service": "fifo",
+    "prefill_s_per_token": 0.0001,
+    "cached_s_per_token": 0.0,
+}
+
+
+def prefixroute_workload(seed: int = 0, **overrides: Any) -> Workload:
+    """Multi-tenant trace: Zipf tenant popularity, Poisson arrivals, per-tenant prefix + unique turn."""
+    s = _merge(PREFIXROUTE_DEFAULTS, overrides, "prefixroute")
+    _require_positive(s, "prefixroute", "num_requests", "tenants", "rate_rps", "prefix_tokens_min")
+    rng = random.Random(seed)
+    space = TokenSpace()
+    prefixes = [
+        space.fresh(rng.randint(s["prefix_tokens_min"], s["prefix_tokens_max"])) for _ in range(s["tenants"])
+    ]
+    weights = _zipf_weights(s["tenants"], s["zipf_exponent"])
+    arrivals = _poisson_arrivals(rng, s["num_requests"], s["rate_rps"])
+    tenants = rng.choices(range(s["tenants"]), weights=weights, k=s["num_requests"])
+    requests = [
+        WorkloadRequest(
+            t,
+            prefixes[tenant] + space.fresh(rng.randint(s["turn_tokens_min"], s["turn_tokens_max"])),
+            s["output_tokens"],
+            f"tenant{tenant}",
+        )
+        for t, tenant in zip(arrivals, tenants, strict=True)
+    ]
+    return Workload("prefixroute", requests, s, dict(PREFIXROUTE_FLEET))
+
+
+# -- lab burst --------------------------------------------------------------------------------------
+
+LAB_BURST_DEFAULTS: dict[str, Any] = {
+    "prefix_tokens": 4096,
+    "suffix_tokens": 256,
+    "interleaved_requests": 16,
+    "burst_requests": 16,
+    # The lab's queues drain 14 ms per arrival, i.e. one arrival every 14 ms.
+    "interarrival_s": 0.014,
+    "output_tokens": 32,
+}
+LAB_BURST_FLEET: dict[str, Any] = {
+    "replicas": 4,
+    "cache_tokens": 9216,
+    "service": "fifo",
+    "prefill_s_per_token": 0.000025,
+    "cached_s_per_token": 0.0000015,
+}
+
+
+def lab_burst_token_lists(
+    prefix_tokens: int = 4096, suffix_tokens: int = 256, interleaved: int = 16, burst: int = 16
+) -> list[list[int]]:
+    """The seed lab's prompts with its own token ids: tenant t's prefix is 10000(t+1) + i."""
+    prefixes = [list(range(10_000 * (t + 1), 10_000 * (t + 1) + prefix_tokens)) for t in range(4)]
+    out = []
+    for step in range(interleaved):
+        suffix = range(100_000 + step * suffix_tokens, 100_000 + (step + 1) * suffix_tokens)
+        out.append(prefixes[(step * 3 + 1) % 4] + list(suffix))
+    for b in range(burst):
+        suffix = range(200_000 + b * suffix_tokens, 200_000 + (b + 1) * suffix_tokens)
+        out.append(prefixes[0] + list(suffix))
+    return out
+
+
+def lab_burst_workload(seed: int = 0, **overrides: Any) -> Workload:
+    """4 tenant prefixes, 16 interleaved requests (tenant (step*3+1)%4), then 16 on tenant 0.
+
+    Deterministic regardless of ``seed`` (the lab's workload has no randomness).
+    """
+    s = _merge(LAB_BURST_DEFAULTS, overrides, "lab-burst")
+    _require_positive(s, "lab-burst", "prefix_tokens", "suffix_tokens", "interarrival_s")
+    prompts = lab_burst_token_lists(
+        s["prefix_tokens"], s["suffix_tokens"], s["interleaved_requests"], s["burst_requests"]
+    )
+    groups = [f"tenant{(step * 3 + 1) % 4}" for step in range(s["interleaved_requests"])]
+    groups += ["tenant0"] * s["burst_requests"]
+    requests = [
+        WorkloadRequest(i * s["interarrival_s"], as_token_bytes(p), s["output_tokens"], g)
+        for i, (p, g) in enumerate(zip(prompts, groups, strict=True))
+    ]
+    return Workload("lab-burst", requests, s, dict(LAB_BURST_FLEET))
+
+
+# -- SGLang generated-shared-prefix ----------------------------------------------------------------
+
+GSP_DEFAULTS: dict[str, Any] = {
+    "groups": 64,
+    "prompts_per_group": 16,
+    "system_prompt_tokens": 2048,
+    "question_tokens": 128,
+    "output_tokens": 256,
+    "rate_rps": 16.0,
+}
+# 64 × 2048 = 131k tokens of system prompts: 3.2× one 40k-token cache, 0.8× the fleet's.
+GSP_FLEET: dict[str, Any] = {
+    "replicas": 4,
+    "cache_tokens": 40_000,
+    "service": "fifo",
+    "prefill_s_per_token": 0.00004,
+    "cached_s_per_token": 0.0,
+}
+
+
+def gsp_workload(seed: int = 0, **overrides: Any) -> Workload:
+    """SGLang bench_serving's generated-shared-prefix: groups share a system prompt, unique questions."""
+    s = _merge(GSP_DEFAULTS, overrides, "gsp")
+    _require_positive(s, "gsp", "groups", "prompts_per_group", "rate_rps")
+    rng = random.Random(seed)
+    space = TokenSpace()
+    systems = [space.fresh(s["system_prompt_tokens"]) for _ in range(s["groups"])]
+    prompts = [
+        (g, systems[g] + space.fresh(s["question_tokens"]))
+        for g in range(s["groups"])
+        for _ in range(s["prompts_per_group"])
+    ]
+    rng.shuffle(prompts)  # groups interleaved at random, as bench_serving sends them
+    arrivals = _poisson_arrivals(rng, len(prompts), s["rate_rps"])
+    requests = [
+        WorkloadRequest(t, tokens, s["output_tokens"], f"group{g}")
+        for t, (g, tokens) in zip(arrivals, prompts, strict=True)
+    ]
+    return Workload("gsp", requests, s, dict(GSP_FLEET))
+
+
+# -- multi-turn chat --------------------------------------------------------------------------------
+
+CHAT_DEFAULTS: dict[str, Any] = {
+    "sessions": 240,
+    "system_prompts": 4,
+    "system_prompt_tokens": 1024,
+    "turns_min": 2,
+    "turns_max": 10,
+    "user_tokens_min": 32,
+    "user_tokens_max": 256,
+    "answer_tokens_min": 64,
+    "answer_tokens_max": 384,
+    "session_rate_rps": 1.5,
+    "think_time_s": 6.0,
+}
+CHAT_FLEET: dict[str, Any] = {
+    "replicas": 4,
+    "cache_tokens": 32_000,
+    "service": "fifo",
+    "prefill_s_per_token": 0.00004,
+    "cached_s_per_token": 0.0,
+}
+
+
+def chat_workload(seed: int = 0, **overrides: Any) -> Workload:
+    """Interleaved multi-turn sessions; each turn's prompt = previous prompt + answer + new message."""
+    s = _merge(CHAT_DEFAULTS, overrides, "chat")
+    _require_positive(s, "chat", "sessions", "system_prompts", "session_rate_rps", "turns_min")
+    rng = random.Random(seed)
+    space = TokenSpace()
+    systems = [space.fresh(s["system_prompt_tokens"]) for _ in range(s["system_prompts"])]
+    starts = _poisson_arrivals(rng, s["sessions"], s["session_rate_rps"])
+    requests = []
+    for session, start in enumerate(starts):
+        history = systems[rng.randrange(s["system_prompts"])]
+        t = start
+        for _turn in range(rng.randint(s["turns_min"], s["turns_max"])):
+            prompt = history + space.fresh(rng.randint(s["user_tokens_min"], s["user_tokens_max"]))
+            answer = rng.randint(s["answer_tokens_min"], s["answer_tokens_max"])
+            requests.append(WorkloadRequest(t, prompt, answer, f"session{session}"))
+            history = prompt + space.fresh(answer)  # the answer becomes part of the next prompt
+            t += rng.expovariate(1.0 / s["think_time_s"]) if s["think_time_s"] > 0 else 0.0
+    requests.sort(key=lambda r: r.arrival_s)
+    return Workload("chat", requests, s, dict(CHAT_FLEET))
+
+
+# -- Mooncake trace replay --------------------------------------------------------------------------
+
+TRACE_DEFAULTS: dict[str, Any] = {
+    "speedup": 1.0,  # divide timestamps by this
+    "limit": 0,  # first N requests; 0 = all
+    "block_tokens": 512,  # tokens each hash id expands to (shrink to scale prompts down)
+    "trace_block_tokens": 512,  # the block size the file was written with
+    "path": "",
+}
+# The Mooncake synthetic trace: 3,993 requests over 1,022 s, mean input 15.3k tokens, ~65% of tokens
+# reusable with an infinite cache. 8 replicas × 128k tokens hold ~1/3 of its distinct blocks.
+TRACE_FLEET: dict[str, Any] = {
+    "replicas": 8,
+    "cache_tokens": 131_072,
+    "service": "fifo",
+    "prefill_s_per_token": 0.0001,
+    "cached_s_per_token": 0.0,
+}
+
+
+def _block_tokens(block_id: int, block_tokens: int) -> bytes:
+    """Same ids as :func:`token_ids` for the block's counter range, vectorised (traces are large)."""
+    counters = np.arange(block_id * block_tokens, (block_id + 1) * block_tokens, dtype=np.uint64)
+    ids = ((counters * np.uint64(_MIX)) & np.uint64(_MASK32)) ^ np.uint64(_SALT)
+    return ids.astype("<u4").tobytes()
+
+
+def _trace_error(path: str, lineno: int, what: str) -> ValueError:
+    return ValueError(f"trace {path} line {lineno}: {what}")
+
+
+def _parse_trace_line(
+    path: str, lineno: int, line: str, max_block_id: int
+) -> tuple[float, int, int, list[int]]:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise _trace_error(path, lineno, f"not valid JSON ({exc.msg})") from None
+    if not isinstance(obj, dict):
+        raise _trace_error(path, lineno, "expected a JSON object")
+    for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+        if key not in obj:
+            raise _trace_error(path, lineno, f"missing {key!r}")
+    ts, n_in, n_out, ids = obj["timestamp"], obj["input_length"], obj["output_length"], obj["hash_ids"]
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
+        raise _trace_error(path, lineno, f"timestamp must be a non-negative number of ms, got {ts!r}")
+    if isinstance(n_in, bool) or not isinstance(n_in, int) or n_in <= 0:
+        raise _trace_error(path, lineno, f"input_length must be a positive integer, got {n_in!r}")
+    if isinstance(n_out, bool) or not isinstance(n_out, int) or n_out < 0:
+        raise _trace_error(path, lineno, f"output_length must be a non-negative integer, got {n_out!r}")
+    if not isinstance(ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h <= max_block_id for h in ids
+    ):
+        raise _trace_error(path, lineno, f"hash_ids must be a list of integers in [0, {max_block_id}]")
+    return float(ts), n_in, n_out, ids
+
+
+def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
+    """Replay a Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
+
+    Each hash id expands to ``block_tokens`` deterministic token ids derived from the id (the last
+    block truncated in proportion), so two requests share exactly as many tokens as their hash_ids
+    agree from the start × ``block_tokens``. ``seed`` is unused: a trace is already one sample.
+    """
+    s = _merge(TRACE_DEFAULTS, {**overrides, "path": path}, "trace")
+    _require_positive(s, "trace", "speedup", "block_tokens", "trace_block_tokens")
+    if s["limit"] < 0:
+        raise ValueError(f"workload 'trace' setting 'limit' must be >= 0, got {s['limit']}")
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"trace file not found: {path}")
+    block, file_block = s["block_tokens"], s["trace_block_tokens"]
+    max_block_id = (2**32 // block) - 1  # keeps every block's counter range disjoint
+    blocks: dict[int, bytes] = {}
+    rows = []
+    with file.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            ts, n_in, n_out, ids = _parse_trace_line(path, lineno, line, max_block_id)
+            if len(ids) != math.ceil(n_in / file_block):
+                raise _trace_error(
+                    path,
+                    lineno,
+                    f"{len(ids)} hash_ids do not cover input_length {n_in} in {file_block}-token blocks "
+                    f"(expected {math.ceil(n_in / file_block)})",
+                )
+            rows.append((ts, n_in, n_out, ids))
+            if s["limit"] and len(rows) >= s["limit"]:
+                break
+    if not rows:
+        raise ValueError(f"trace {path} has no requests")
+    rows.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
+    t0 = rows[0][0]
+    requests = []
+    for ts, n_in, n_out, ids in rows:
+        last_len = n_in - (len(ids) - 1) * file_block
+        last_scaled = max(1, round(last_len * block / file_block))
+        parts = []
+        for h in ids:
+            data = blocks.get(h)
+            if data is None:
+                data = blocks[h] = _block_tokens(h, block)
+            parts.append(data)
+        parts[-1] = parts[-1][: last_scaled * TOKEN_BYTES]
+        requests.append(
+            WorkloadRequest(
+                (ts - t0) / 1000.0 / s["speedup"], b"".join(parts), max(n_out, 1), f"root{ids[0]}"
+            )
+        )
+    return Workload(f"trace:{path}", requests, s, dict(TRACE_FLEET))
+
+
+# -- registry ---------------------------------------------------------------------------------------
+
+GENERATORS: dict[str, Callable[..., Workload]] = {
+    "prefixroute": prefixroute_workload,
+    "lab-burst": lab_burst_workload,
+    "gsp": gsp_workload,
+    "chat": chat_workload,
+}
+WORKLOADS: list[str] = [*GENERATORS, "trace:PATH"]
+
+
+def build_workload(spec: str, *, seed: int = 0, **overrides: Any) -> Workload:
+    """Build a workload by name (``prefixroute``, ``lab-burst``, ``gsp``, ``chat`` or ``trace:PATH``).
+
+    Raises ``ValueError`` with a one-line message for an unknown name or setting, a missing trace
+    file or a malformed trace line.
+    """
+    if spec.startswith("trace:"):
+        path = spec[len("trace:") :]
+        if not path:
+            raise ValueError("trace workload needs a path: trace:PATH")
+        return trace_workload(path, seed=seed, **overrides)
+    generator = GENERATORS.get(spec)
+    if generator is None:
+        raise ValueError(f"unknown workload {spec!r}; choose from {', '.join(WORKLOADS)}")
+    return generator(seed=seed, **overrides)
