@@ -1,0 +1,124 @@
+"""`prefixfleet emulator`: run one GPU-free engine speaking SGLang's HTTP API until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from .config import DEFAULT_MODEL, EmulatorConfig
+
+_DEFAULTS = EmulatorConfig()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "emulator",
+        help="run a GPU-free engine emulator (SGLang HTTP API, radix cache, prefill/decode timing model)",
+        description=(
+            "A GPU-free LLM engine speaking SGLang's HTTP API: a radix KV cache of fixed capacity, a "
+            "serial chunked prefill queue whose time grows with uncached tokens, batched decode, "
+            "sglang:* Prometheus metrics. See docs/emulator.md."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--port", type=int, required=True, help="TCP port to listen on (0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="served model name")
+    p.add_argument("--model-revision", default=_DEFAULTS.model_revision, help="model revision")
+    p.add_argument("--cache-tokens", type=int, default=_DEFAULTS.cache_tokens, help="KV pool size in tokens")
+    p.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=_DEFAULTS.prefill_tokens_per_s,
+        help="prefill speed for uncached tokens",
+    )
+    p.add_argument(
+        "--decode-tokens-per-s",
+        type=float,
+        default=1.0 / _DEFAULTS.decode_step_s,
+        help="decode speed of one request at batch size 1 (one step = 1/D s; steps grow mildly with batch)",
+    )
+    p.add_argument("--max-running", type=int, default=_DEFAULTS.max_running, help="max running requests")
+    p.add_argument(
+        "--chunk-tokens", type=int, default=_DEFAULTS.chunk_tokens, help="uncached tokens per prefill pass"
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=_DEFAULTS.time_scale,
+        help="speed-up: every modelled duration is divided by this (reported latencies stay modelled)",
+    )
+    p.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        default=None,
+        help="longest accepted prompt (default: min(65536, cache tokens - 1))",
+    )
+    p.add_argument(
+        "--max-new-tokens-limit",
+        type=int,
+        default=_DEFAULTS.max_new_tokens_limit,
+        help="largest accepted max_new_tokens / max_tokens",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
+    from prefixfleet.cli import UsageError
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {args.port}")
+    if not args.decode_tokens_per_s > 0:
+        raise UsageError(f"--decode-tokens-per-s must be positive, got {args.decode_tokens_per_s}")
+    try:
+        return EmulatorConfig(
+            model=args.model,
+            model_revision=args.model_revision,
+            cache_tokens=args.cache_tokens,
+            prefill_tokens_per_s=args.prefill_tokens_per_s,
+            decode_step_s=1.0 / args.decode_tokens_per_s,
+            max_running=args.max_running,
+            chunk_tokens=args.chunk_tokens,
+            time_scale=args.time_scale,
+            max_prompt_tokens=args.max_prompt_tokens,
+            max_new_tokens_limit=args.max_new_tokens_limit,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def serve(config: EmulatorConfig, host: str, port: int) -> None:
+    from .server import EmulatorServer
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = EmulatorServer(config, host, port)
+    await server.start()
+    # One parseable line for supervisors that start us with --port 0.
+    print(f"prefixfleet emulator {config.model} listening on {server.url}", file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        print("prefixfleet emulator stopped", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from prefixfleet.cli import UsageError
+
+    config = config_from_args(args)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        asyncio.run(serve(config, args.host, args.port))
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    return 0

@@ -1,0 +1,347 @@
+"""Request parsing and response shapes of SGLang's native and OpenAI-compatible APIs (pure).
+
+Parsers turn a decoded JSON body into plain calls or raise :class:`BadRequest` naming the field;
+builders turn :class:`~prefixfleet.emulator.runner.Snapshot` values into the JSON SGLang returns.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from prefixfleet.tokenizer import render_chat, tokenize
+
+from .runner import Snapshot
+
+DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang's sampling-params default
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's /v1/completions default
+DEFAULT_CHAT_MAX_TOKENS = 128
+MAX_BATCH = 256
+
+
+class BadRequest(ValueError):
+    """A client error: answered with ``status`` and a JSON error naming ``param``."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_prompt_tokens: int
+    max_new_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A parsed request: one or more prompts to run, and how to answer."""
+
+    prompts: tuple[array, ...]
+    max_new_tokens: tuple[int, ...]
+    rids: tuple[str | None, ...]
+    stream: bool
+    batch: bool  # answer with a list (SGLang) / several choices (OpenAI)
+    include_usage: bool = False
+    model: str | None = None
+
+
+def error_body(message: str, param: str | None, status: int) -> dict[str, object]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}, "object": "error"}
+
+
+# -- field validation ------------------------------------------------------------------------------
+
+
+def _obj(body: object) -> Mapping[str, object]:
+    if not isinstance(body, Mapping):
+        raise BadRequest("the request body must be a JSON object", "body")
+    return body
+
+
+def _bool(body: Mapping[str, object], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"{name} must be a boolean", name)
+    return value
+
+
+def _int(value: object, name: str, limit: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise BadRequest(f"{name} must be an integer", name)
+    if value < 0:
+        raise BadRequest(f"{name} must not be negative, got {value}", name)
+    if value > limit:
+        raise BadRequest(f"{name} must be at most {limit}, got {value}", name)
+    return value
+
+
+def _token_ids(value: object, name: str) -> array:
+    if not isinstance(value, list):
+        raise BadRequest(f"{name} must be a list of token ids", name)
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32:
+            raise BadRequest(f"{name}[{i}] must be an integer token id in [0, 2**32)", name)
+    return array("I", value)
+
+
+def _check_prompt(tokens: array, name: str, limits: Limits) -> array:
+    if len(tokens) == 0:
+        raise BadRequest(f"{name} must not be empty", name)
+    if len(tokens) > limits.max_prompt_tokens:
+        raise BadRequest(
+            f"{name} is {len(tokens)} tokens long; this engine accepts at most {limits.max_prompt_tokens}",
+            name,
+        )
+    return tokens
+
+
+def _stream_usage(body: Mapping[str, object]) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, Mapping):
+        raise BadRequest("stream_options must be an object", "stream_options")
+    value = options.get("include_usage", False)
+    if not isinstance(value, bool):
+        raise BadRequest("stream_options.include_usage must be a boolean", "stream_options.include_usage")
+    return value
+
+
+# -- SGLang native /generate -------------------------------------------------------------------
+
+
+def parse_generate(body: object, limits: Limits) -> Call:
+    body = _obj(body)
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise BadRequest("exactly one of text or input_ids must be given", "text")
+    prompts: list[array]
+    if text is not None:
+        if isinstance(text, str):
+            prompts, batch = [tokenize(text)], False
+        elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
+            prompts, batch = [tokenize(t) for t in text], True
+        else:
+            raise BadRequest("text must be a string or a non-empty list of strings", "text")
+        name = "text"
+    else:
+        if isinstance(input_ids, list) and input_ids and all(isinstance(x, list) for x in input_ids):
+            prompts = [_token_ids(x, "input_ids") for x in input_ids]
+            batch = True
+        else:
+            prompts, batch = [_token_ids(input_ids, "input_ids")], False
+        name = "input_ids"
+    if len(prompts) > MAX_BATCH:
+        raise BadRequest(f"{name} holds {len(prompts)} prompts; at most {MAX_BATCH} per request", name)
+    for p in prompts:
+        _check_prompt(p, name, limits)
+
+    params = body.get("sampling_params", {})
+    if params is None:
+        params = {}
+    if isinstance(params, list):
+        if not batch or len(params) != len(prompts):
+            raise BadRequest("a list of sampling_params needs one entry per prompt", "sampling_params")
+        param_list = params
+    else:
+        param_list = [params] * len(prompts)
+    max_new: list[int] = []
+    for sp in param_list:
+        if not isinstance(sp, Mapping):
+            raise BadRequest("sampling_params must be an object", "sampling_params")
+        value = sp.get("max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS)
+        if value is None:
+            value = DEFAULT_GENERATE_MAX_NEW_TOKENS
+        max_new.append(_int(value, "sampling_params.max_new_tokens", limits.max_new_tokens))
+
+    rid = body.get("rid")
+    if rid is None:
+        rids: list[str | None] = [None] * len(prompts)
+    elif isinstance(rid, str) and not batch:
+        rids = [rid]
+    elif (
+        isinstance(rid, list) and batch and len(rid) == len(prompts) and all(isinstance(r, str) for r in rid)
+    ):
+        rids = list(rid)
+    else:
+        raise BadRequest("rid must be a string (or a list of strings, one per prompt)", "rid")
+    if len({r for r in rids if r is not None}) != sum(r is not None for r in rids):
+        raise BadRequest("rid values must be unique", "rid")
+    return Call(tuple(prompts), tuple(max_new), tuple(rids), _bool(body, "stream"), batch)
+
+
+def generate_object(snap: Snapshot, text: str, index: int | None = None) -> dict[str, object]:
+    meta: dict[str, object] = {
+        "id": snap.rid,
+        "prompt_tokens": snap.prompt_tokens,
+        "completion_tokens": snap.completion_tokens,
+        "cached_tokens": snap.cached_tokens,
+        "finish_reason": {"type": "length", "length": snap.completion_tokens} if snap.finished else None,
+        "e2e_latency": round(snap.e2e_latency, 6),
+    }
+    out: dict[str, object] = {"text": text, "meta_info": meta}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+# -- OpenAI-compatible ---------------------------------------------------------------------------
+
+
+def _max_tokens(body: Mapping[str, object], default: int, limits: Limits) -> int:
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is not None:
+            return _int(value, name, limits.max_new_tokens)
+    return default
+
+
+def _common_openai(body: Mapping[str, object]) -> tuple[bool, bool, str | None]:
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise BadRequest("only n=1 is supported", "n")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("model must be a string", "model")
+    stream = _bool(body, "stream")
+    return stream, _stream_usage(body), model
+
+
+def parse_completion(body: object, limits: Limits) -> Call:
+    body = _obj(body)
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise BadRequest("prompt is required", "prompt")
+    if isinstance(prompt, str):
+        prompts, batch = [tokenize(prompt)], False
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts, batch = [tokenize(p) for p in prompt], True
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        prompts, batch = [_token_ids(p, "prompt") for p in prompt], True
+    elif isinstance(prompt, list) and prompt:
+        prompts, batch = [_token_ids(prompt, "prompt")], False
+    else:
+        raise BadRequest("prompt must be a string, a list of strings or a list of token ids", "prompt")
+    if len(prompts) > MAX_BATCH:
+        raise BadRequest(f"prompt holds {len(prompts)} prompts; at most {MAX_BATCH} per request", "prompt")
+    for p in prompts:
+        _check_prompt(p, "prompt", limits)
+    if body.get("echo"):
+        raise BadRequest("echo is not supported by the emulator", "echo")
+    stream, usage, model = _common_openai(body)
+    max_new = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, limits)
+    return Call(
+        tuple(prompts), (max_new,) * len(prompts), (None,) * len(prompts), stream, batch, usage, model
+    )
+
+
+def parse_chat(body: object, limits: Limits) -> Call:
+    body = _obj(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list", "messages")
+    try:
+        text = render_chat(messages)
+    except ValueError as exc:
+        raise BadRequest(str(exc), "messages") from None
+    prompt = _check_prompt(tokenize(text), "messages", limits)
+    stream, usage, model = _common_openai(body)
+    max_new = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, limits)
+    return Call((prompt,), (max_new,), (None,), stream, False, usage, model)
+
+
+def usage_object(snaps: list[Snapshot]) -> dict[str, object]:
+    prompt = sum(s.prompt_tokens for s in snaps)
+    completion = sum(s.completion_tokens for s in snaps)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in snaps)},
+    }
+
+
+def completion_response(
+    response_id: str, model: str, created: int, snaps: list[Snapshot], texts: list[str]
+) -> dict[str, object]:
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"index": i, "text": t, "logprobs": None, "finish_reason": s.finish_reason}
+            for i, (s, t) in enumerate(zip(snaps, texts, strict=True))
+        ],
+        "usage": usage_object(snaps),
+    }
+
+
+def completion_chunk(
+    response_id: str, model: str, created: int, index: int, delta: str, finish_reason: str | None
+) -> dict[str, object]:
+    return {
+        "id": response_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": index, "text": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def chat_response(response_id: str, model: str, created: int, snap: Snapshot, text: str) -> dict[str, object]:
+    return {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": snap.finish_reason,
+            }
+        ],
+        "usage": usage_object([snap]),
+    }
+
+
+def chat_chunk(
+    response_id: str, model: str, created: int, delta: Mapping[str, object], finish_reason: str | None
+) -> dict[str, object]:
+    return {
+        "id": response_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}],
+    }
+
+
+def usage_chunk(
+    response_id: str, model: str, created: int, obj: str, snaps: list[Snapshot]
+) -> dict[str, object]:
+    return {
+        "id": response_id,
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_object(snaps),
+    }
+
+
+def unix_now() -> int:
+    return int(time.time())

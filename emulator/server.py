@@ -1,0 +1,483 @@
+"""aiohttp web server exposing one :class:`EngineRunner` through SGLang's HTTP API.
+
+In-process use (tests, other components)::
+
+    async with EmulatorServer(EmulatorConfig(time_scale=50)) as server:
+        ...  # server.url is "http://127.0.0.1:<free port>"
+
+or ``server = await start_emulator(config, port=0)`` ... ``await server.stop()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from prefixfleet import __version__ as prefixfleet_version
+
+from .config import EmulatorConfig
+from .engine import RequestRejected
+from .metrics import CONTENT_TYPE, EngineMetrics
+from .protocol import (
+    BadRequest,
+    Call,
+    Limits,
+    chat_chunk,
+    chat_response,
+    completion_chunk,
+    completion_response,
+    error_body,
+    generate_object,
+    parse_chat,
+    parse_completion,
+    parse_generate,
+    unix_now,
+    usage_chunk,
+)
+from .runner import EngineRunner, EngineStopped, RequestHandle, Snapshot
+
+log = logging.getLogger("prefixfleet.emulator")
+
+ENGINE_KEY = web.AppKey("engine", EngineRunner)
+SERVER_INFO_KEY = web.AppKey("server_info", dict)
+HEALTH_GENERATE_TIMEOUT_S = 20.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json_error(message: str, param: str | None, status: int) -> web.Response:
+    return web.json_response(error_body(message, param, status), status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure becomes a JSON answer; the server keeps serving."""
+    try:
+        return await handler(request)
+    except BadRequest as exc:
+        return _json_error(exc.message, exc.param, exc.status)
+    except RequestRejected as exc:
+        return _json_error(str(exc), "input", 400)
+    except EngineStopped as exc:
+        return _json_error(str(exc), None, 503)
+    except web.HTTPException as exc:
+        if exc.status >= 400 and exc.content_type != "application/json":
+            return _json_error(exc.reason, None, exc.status)
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error serving %s %s", request.method, request.path)
+        return _json_error("internal error in the emulator (see its log)", None, 500)
+
+
+async def _read_json(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest(
+            f"request body exceeds the limit of {request.app[ENGINE_KEY].config.max_body_bytes} bytes",
+            "body",
+            413,
+        ) from None
+    if not raw.strip():
+        raise BadRequest("request body is empty; expected a JSON object", "body")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}", "body") from None
+
+
+def _limits(engine: EngineRunner) -> Limits:
+    cfg = engine.config
+    return Limits(max_prompt_tokens=int(cfg.max_prompt_tokens or 0), max_new_tokens=cfg.max_new_tokens_limit)
+
+
+def _submit(engine: EngineRunner, call: Call) -> list[RequestHandle]:
+    """Submit every prompt of a call, all or none."""
+    for prompt, max_new in zip(call.prompts, call.max_new_tokens, strict=True):
+        engine.check_fits(len(prompt), max_new)
+    handles: list[RequestHandle] = []
+    try:
+        for prompt, max_new, rid in zip(call.prompts, call.max_new_tokens, call.rids, strict=True):
+            handles.append(engine.submit(prompt, max_new, rid))
+    except Exception:
+        for h in handles:
+            h.abort()
+        raise
+    return handles
+
+
+def _abort_unfinished(handles: list[RequestHandle]) -> None:
+    for h in handles:
+        if h.request.finished_at is None:
+            h.abort()
+
+
+async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, Snapshot]]:
+    """Updates of several requests as they happen, tagged with the request's index."""
+    if len(handles) == 1:
+        async for snap in handles[0].updates():
+            yield 0, snap
+        return
+    queue: asyncio.Queue[tuple[int, Snapshot | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, handle: RequestHandle) -> None:
+        try:
+            async for snap in handle.updates():
+                await queue.put((i, snap))
+            await queue.put((i, None))
+        except Exception as exc:
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(handles)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _sse_response(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+    await response.prepare(request)
+    return response
+
+
+async def _send(response: web.StreamResponse, obj: object) -> None:
+    await response.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+
+async def _send_done(response: web.StreamResponse) -> None:
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+
+
+# -- SGLang native -------------------------------------------------------------------------------
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    call = parse_generate(await _read_json(request), _limits(engine))
+    handles = _submit(engine, call)
+    try:
+        if not call.stream:
+            snaps = await asyncio.gather(*(h.result() for h in handles))
+            objs = [
+                generate_object(s, h.text(s.completion_tokens), i if call.batch else None)
+                for i, (s, h) in enumerate(zip(snaps, handles, strict=True))
+            ]
+            return web.json_response(objs if call.batch else objs[0])
+        response = await _sse_response(request)
+        try:
+            async for i, snap in _merged(handles):
+                obj = generate_object(
+                    snap, handles[i].text(snap.completion_tokens), i if call.batch else None
+                )
+                await _send(response, obj)
+        except EngineStopped as exc:
+            await _send(response, error_body(str(exc), None, 503))
+        await _send_done(response)
+        return response
+    finally:
+        _abort_unfinished(handles)
+
+
+async def health(request: web.Request) -> web.Response:
+    if not request.app[ENGINE_KEY].running:
+        return web.Response(status=503, text="engine not running")
+    return web.Response(text="")
+
+
+async def health_generate(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    if not engine.running:
+        return web.Response(status=503, text="engine not running")
+    handle = engine.submit([0], 1)
+    try:
+        await asyncio.wait_for(handle.result(), HEALTH_GENERATE_TIMEOUT_S)
+    except (TimeoutError, EngineStopped):
+        return web.Response(status=503, text="engine did not generate in time")
+    finally:
+        _abort_unfinished([handle])
+    return web.Response(text="")
+
+
+def _server_info_static(cfg: EmulatorConfig) -> dict[str, object]:
+    # Field names follow SGLang's server args so tools that read them keep working.
+    return {
+        "model_path": cfg.model,
+        "tokenizer_path": cfg.model,
+        "served_model_name": cfg.model,
+        "revision": cfg.model_revision,
+        "max_total_num_tokens": cfg.cache_tokens,
+        "chunked_prefill_size": cfg.chunk_tokens,
+        "max_prefill_tokens": cfg.chunk_tokens,
+        "max_running_requests": cfg.max_running,
+        "context_length": int(cfg.max_prompt_tokens or 0) + cfg.max_new_tokens_limit,
+        "max_req_input_len": cfg.max_prompt_tokens,
+        "page_size": 1,
+        "tp_size": 1,
+        "dp_size": 1,
+        "schedule_policy": "fcfs",
+        "disable_radix_cache": False,
+        "is_embedding": False,
+        "version": f"prefixfleet-emulator-{prefixfleet_version}",
+        "prefixfleet_version": prefixfleet_version,
+        "engine": "prefixfleet-emulator",
+        "emulator": cfg.as_dict(),
+    }
+
+
+async def server_info(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    stats = engine.stats()
+    info = dict(request.app[SERVER_INFO_KEY])
+    info["internal_states"] = [
+        {
+            "last_gen_throughput": stats.gen_throughput,
+            "num_running_reqs": stats.num_running,
+            "num_queue_reqs": stats.num_waiting,
+            "token_usage": stats.token_usage,
+            "cache_hit_rate": stats.cache_hit_rate,
+            "cached_tokens_in_tree": stats.cached_tokens_in_tree,
+        }
+    ]
+    return web.json_response(info)
+
+
+async def model_info(request: web.Request) -> web.Response:
+    cfg = request.app[ENGINE_KEY].config
+    return web.json_response(
+        {
+            "model_path": cfg.model,
+            "tokenizer_path": cfg.model,
+            "is_generation": True,
+            "served_model_name": cfg.model,
+            "weight_version": cfg.model_revision,
+            "preferred_sampling_params": None,
+        }
+    )
+
+
+async def get_load(request: web.Request) -> web.Response:
+    stats = request.app[ENGINE_KEY].stats()
+    return web.json_response(
+        [
+            {
+                "dp_rank": 0,
+                "num_reqs": stats.num_running + stats.num_waiting,
+                "num_running_reqs": stats.num_running,
+                "num_waiting_reqs": stats.num_waiting,
+                "num_tokens": stats.num_used_tokens,
+            }
+        ]
+    )
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    if engine.flush():
+        return web.Response(text="Cache flushed.\n")
+    stats = engine.stats()
+    return web.Response(
+        status=400,
+        text=(
+            f"Cache not flushed: {stats.num_running} running and {stats.num_waiting} waiting requests. "
+            "Retry when the engine is idle.\n"
+        ),
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    engine = request.app[ENGINE_KEY]
+    engine.refresh_metrics()
+    body = engine.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+# -- OpenAI-compatible ---------------------------------------------------------------------------
+
+
+async def list_models(request: web.Request) -> web.Response:
+    cfg = request.app[ENGINE_KEY].config
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": cfg.model,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "prefixfleet",
+                    "root": cfg.model,
+                    "max_model_len": int(cfg.max_prompt_tokens or 0) + cfg.max_new_tokens_limit,
+                }
+            ],
+        }
+    )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    call = parse_completion(await _read_json(request), _limits(engine))
+    model, created, response_id = engine.config.model, unix_now(), ""
+    handles = _submit(engine, call)
+    response_id = "cmpl-" + handles[0].rid
+    try:
+        if not call.stream:
+            snaps = list(await asyncio.gather(*(h.result() for h in handles)))
+            texts = [h.text(s.completion_tokens) for s, h in zip(snaps, handles, strict=True)]
+            return web.json_response(completion_response(response_id, model, created, snaps, texts))
+        response = await _sse_response(request)
+        sent = [0] * len(handles)
+        finals: dict[int, Snapshot] = {}
+        try:
+            async for i, snap in _merged(handles):
+                text = handles[i].text(snap.completion_tokens)
+                delta, sent[i] = text[sent[i] :], len(text)
+                if snap.finished:
+                    finals[i] = snap
+                await _send(
+                    response, completion_chunk(response_id, model, created, i, delta, snap.finish_reason)
+                )
+            if call.include_usage:
+                ordered = [finals[i] for i in sorted(finals)]
+                await _send(response, usage_chunk(response_id, model, created, "text_completion", ordered))
+        except EngineStopped as exc:
+            await _send(response, error_body(str(exc), None, 503))
+        await _send_done(response)
+        return response
+    finally:
+        _abort_unfinished(handles)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    call = parse_chat(await _read_json(request), _limits(engine))
+    model, created = engine.config.model, unix_now()
+    handles = _submit(engine, call)
+    handle = handles[0]
+    response_id = "chatcmpl-" + handle.rid
+    try:
+        if not call.stream:
+            snap = await handle.result()
+            content = handle.text(snap.completion_tokens)[1:]  # a message has no leading space
+            return web.json_response(chat_response(response_id, model, created, snap, content))
+        response = await _sse_response(request)
+        sent = 1  # skip the leading space of the continuation
+        first = True
+        try:
+            async for _, snap in _merged(handles):
+                text = handle.text(snap.completion_tokens)
+                delta: dict[str, object] = {"content": text[sent:]}
+                sent = max(sent, len(text))
+                if first:
+                    delta = {"role": "assistant", **delta}
+                    first = False
+                await _send(response, chat_chunk(response_id, model, created, delta, snap.finish_reason))
+                if snap.finished and call.include_usage:
+                    await _send(
+                        response, usage_chunk(response_id, model, created, "chat.completion.chunk", [snap])
+                    )
+        except EngineStopped as exc:
+            await _send(response, error_body(str(exc), None, 503))
+        await _send_done(response)
+        return response
+    finally:
+        _abort_unfinished(handles)
+
+
+# -- assembly ------------------------------------------------------------------------------------
+
+
+def build_app(engine: EngineRunner) -> web.Application:
+    app = web.Application(middlewares=[_errors], client_max_size=engine.config.max_body_bytes)
+    app[ENGINE_KEY] = engine
+    app[SERVER_INFO_KEY] = _server_info_static(engine.config)
+    r = app.router
+    r.add_get("/health", health)
+    r.add_get("/health_generate", health_generate)
+    for path in ("/get_server_info", "/server_info"):
+        r.add_get(path, server_info)
+    for path in ("/get_model_info", "/model_info"):
+        r.add_get(path, model_info)
+    r.add_get("/get_load", get_load)
+    r.add_get("/metrics", metrics)
+    r.add_get("/v1/models", list_models)
+    r.add_post("/generate", generate)
+    r.add_post("/v1/completions", completions)
+    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_route("GET", "/flush_cache", flush_cache)
+    r.add_route("POST", "/flush_cache", flush_cache)
+    return app
+
+
+class EmulatorServer:
+    """One emulated engine serving HTTP; ``port=0`` picks a free port (see :attr:`url`)."""
+
+    def __init__(self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.config = config
+        self.host = host
+        self.port = port
+        self.engine = EngineRunner(config, EngineMetrics(config.model))
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> EmulatorServer:
+        await self.engine.start()
+        runner = web.AppRunner(
+            build_app(self.engine), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+        )
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            await self.engine.stop()
+            raise
+        self._runner = runner
+        for addr in runner.addresses:
+            if isinstance(addr, tuple) and len(addr) >= 2:
+                self.port = int(addr[1])
+                break
+        log.info("emulator %s serving on %s", self.config.model, self.url)
+        return self
+
+    async def stop(self) -> None:
+        await self.engine.stop()  # fails in-flight requests so streaming handlers end promptly
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            with contextlib.suppress(Exception):
+                await runner.cleanup()
+
+    async def __aenter__(self) -> EmulatorServer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+async def start_emulator(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> EmulatorServer:
+    """Start an emulator in this event loop; stop it with ``await server.stop()``."""
+    return await EmulatorServer(config, host, port).start()
