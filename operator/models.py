@@ -12,6 +12,7 @@ that the API server enforces on ``kubectl apply``. Both messages name the offend
 
 from __future__ import annotations
 
+import inspect
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
@@ -174,7 +175,9 @@ class EngineSpec(CamelModel):
         " emulator the prefixfleet image.",
     )
     args: list[str] = Field(
-        default_factory=list, description="Extra engine arguments appended to the generated command."
+        default_factory=list,
+        max_length=512,
+        description="Extra engine arguments appended to the generated command.",
     )
     port: int | None = Field(
         default=None,
@@ -187,7 +190,9 @@ class EngineSpec(CamelModel):
         description="Engine container resources; GPUs as nvidia.com/gpu.",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, description="Extra environment variables for the engine container."
+        default_factory=list,
+        max_length=256,
+        description="Extra environment variables for the engine container.",
     )
     pod_template: dict[str, Any] | None = Field(
         default=None,
@@ -255,7 +260,7 @@ class RouterSpec(CamelModel):
     policy: RoutingPolicyName = Field(default=DEFAULT_ROUTING_POLICY, description="Routing policy.")
     policy_params: dict[str, float] = Field(
         default_factory=dict,
-        description="Numeric policy parameters, e.g. {cacheThreshold: 0.3} (policy-specific).",
+        description="Numeric parameters of the policy by snake_case name, e.g. {cache_threshold: 0.3}.",
     )
     image: str = Field(default=PROJECT_IMAGE, min_length=1, description="Gateway image.")
     port: int = Field(default=8080, ge=1, le=65535, description="Gateway HTTP port (also the Service port).")
@@ -266,6 +271,27 @@ class RouterSpec(CamelModel):
         default_factory=lambda: ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}),
         description="Gateway container resources.",
     )
+
+    @model_validator(mode="after")
+    def _known_policy_params(self) -> RouterSpec:
+        # Parameters are the policy's constructor keywords; refuse typos here rather than at the gateway.
+        from prefixfleet.router.policies import POLICIES, make_policy
+
+        policy_cls = POLICIES.get(self.policy)
+        if policy_cls is None or not self.policy_params:
+            return self
+        known = [p for p in inspect.signature(policy_cls.__init__).parameters if p not in ("self", "cost")]
+        for name in self.policy_params:
+            if name not in known:
+                raise ValueError(
+                    f"spec.router.policyParams.{name}: unknown parameter of policy {self.policy!r}; "
+                    f"known: {', '.join(known) or 'none'}"
+                )
+        try:
+            make_policy(self.policy, None, **self.policy_params)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"spec.router.policyParams: {exc}") from None
+        return self
 
 
 class SidecarSpec(CamelModel):
@@ -436,7 +462,7 @@ class HotPrefix(CamelModel):
     hash: str = Field(min_length=1, description="Hex hash of the prefix node.")
     tokens: int = Field(ge=0, description="Prefix length in tokens.")
     rate: float = Field(ge=0, description="Decayed request rate (requests/s).")
-    holders: list[str] = Field(default_factory=list, description="Replica pods that hold it.")
+    holders: list[str] = Field(default_factory=list, max_length=256, description="Replica pods that hold it.")
 
 
 class FleetStatus(CamelModel):
@@ -455,12 +481,16 @@ class FleetStatus(CamelModel):
     selector: str | None = Field(
         default=None, description="Label selector of the replica pods (for the scale subresource)."
     )
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     router_endpoint: str | None = Field(default=None, description="URL of the fleet's gateway Service.")
     hit_rate: float | None = Field(
         default=None, ge=0, le=1, description="Fleet prefix-cache hit rate (token-weighted)."
     )
-    hot_prefixes: list[HotPrefix] = Field(default_factory=list)
+    hot_prefixes: list[HotPrefix] = Field(default_factory=list, max_length=100)
     last_scale_time: datetime | None = None
     last_scale_reason: str | None = None
 

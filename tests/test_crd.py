@@ -1,0 +1,243 @@
+"""The PrefixCacheFleet CRD: generated from the models, structural, and refusing nonsense by name."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from prefixfleet.operator import models
+from prefixfleet.operator.crd import build_crd, crd_paths, render_crd_yaml
+from prefixfleet.operator.crd_admission import admission_errors, apply_defaults, crd_schema
+from prefixfleet.router.policies import POLICIES
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+K8S_VERSION = "1.33.0"
+
+
+def fleet(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"model": {"name": "m"}, "engine": {"kind": "emulator"}}
+    base.update(spec)
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": "f", "namespace": "default"},
+        "spec": base,
+    }
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return build_crd()
+
+
+# ------------------------------------------------------------------ generation and drift
+
+
+@pytest.mark.parametrize("path", crd_paths(ROOT), ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_crd_is_what_the_models_generate(path: Path) -> None:
+    assert path.exists(), f"{path} missing: run `prefixfleet operator crd -o {path}`"
+    assert path.read_text() == render_crd_yaml(), (
+        f"{path.relative_to(ROOT)} drifted from operator/models.py: "
+        f"run `prefixfleet operator crd -o {path.relative_to(ROOT)}`"
+    )
+
+
+def test_cli_prints_the_same_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixfleet.cli import main
+
+    assert main(["operator", "crd"]) == 0
+    assert capsys.readouterr().out == render_crd_yaml()
+
+
+def test_cli_refuses_an_output_in_a_missing_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prefixfleet.cli import main
+
+    assert main(["operator", "crd", "--output", str(tmp_path / "nope" / "crd.yaml")]) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+def test_crd_is_a_valid_kubernetes_object(crd: dict[str, Any]) -> None:
+    assert kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+
+
+def test_crd_names_scope_and_subresources(crd: dict[str, Any]) -> None:
+    spec = crd["spec"]
+    assert crd["metadata"]["name"] == "prefixcachefleets.prefixfleet.io"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["kind"] == "PrefixCacheFleet"
+    assert spec["names"]["shortNames"] == ["pcf"]
+    (version,) = spec["versions"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {
+        "status": {},
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Desired"] == ".spec.replicas"
+    assert columns["Ready"] == ".status.readyReplicas"
+    assert columns["Hit rate"] == ".status.hitRate"
+    assert columns["Policy"] == ".spec.router.policy"
+    assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def _walk(node: Any, path: str = ""):
+    if isinstance(node, dict):
+        yield path, node
+        for key, sub in node.get("properties", {}).items():
+            yield from _walk(sub, f"{path}.{key}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                yield from _walk(node[key], f"{path}[{key}]")
+
+
+def test_schema_is_structural(crd: dict[str, Any]) -> None:
+    """Kubernetes refuses non-structural schemas; check the rules pydantic's output would break."""
+    for path, node in _walk(crd_schema(crd)):
+        where = path or "<root>"
+        assert "$ref" not in node and "title" not in node and "$defs" not in node, where
+        assert "allOf" not in node and "oneOf" not in node, where
+        if "anyOf" in node:
+            assert node.get("x-kubernetes-int-or-string") is True, f"{where}: anyOf only as int-or-string"
+            assert node["anyOf"] == [{"type": "integer"}, {"type": "string"}], where
+            assert "type" not in node, where
+        else:
+            assert "type" in node or node.get("x-kubernetes-preserve-unknown-fields"), f"{where}: no type"
+        assert not ("properties" in node and "additionalProperties" in node), where
+        assert node.get("additionalProperties") is not False, where
+        assert node.get("default", 0) is not None, f"{where}: null default"
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, where
+
+
+def test_quantities_are_int_or_string_and_free_form_objects_are_preserved(crd: dict[str, Any]) -> None:
+    spec = crd_schema(crd)["properties"]["spec"]["properties"]
+    requests = spec["engine"]["properties"]["resources"]["properties"]["requests"]
+    assert requests["additionalProperties"]["x-kubernetes-int-or-string"] is True
+    assert spec["engine"]["properties"]["podTemplate"]["x-kubernetes-preserve-unknown-fields"] is True
+    # kopf keeps its progress in status.kopf: it must survive pruning
+    assert crd_schema(crd)["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_enums_carry_every_engine_kind_and_policy(crd: dict[str, Any]) -> None:
+    spec = crd_schema(crd)["properties"]["spec"]["properties"]
+    assert spec["engine"]["properties"]["kind"]["enum"] == ["sglang", "vllm", "emulator"]
+    assert spec["router"]["properties"]["policy"]["enum"] == list(models.ROUTING_POLICIES)
+    # every policy the router registers can be chosen in a fleet (and vice versa)
+    assert set(POLICIES) == set(models.ROUTING_POLICIES)
+
+
+def test_schema_defaults_equal_the_model_defaults(crd: dict[str, Any]) -> None:
+    """What the API server fills in is what the operator would assume: one source of defaults."""
+    obj = fleet()
+    defaulted = apply_defaults(crd_schema(crd), obj)["spec"]
+    from_models = models.FleetSpec.model_validate(obj["spec"]).to_wire()
+    # kind-dependent defaults (engine image and port) are filled by the models only
+    for key in ("image", "port"):
+        from_models["engine"].pop(key)
+    assert defaulted == from_models
+
+
+# ------------------------------------------------------------------ examples
+
+
+def test_there_is_an_example_per_engine_kind() -> None:
+    kinds = {yaml.safe_load(p.read_text())["spec"]["engine"]["kind"] for p in EXAMPLES}
+    assert kinds == set(models.ENGINE_KINDS)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_passes_the_crd_schema_and_the_models(path: Path, crd: dict[str, Any]) -> None:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert docs, f"{path.name} is empty"
+    for obj in docs:
+        assert admission_errors(crd, obj) == []
+        models.PrefixCacheFleet.model_validate(obj)
+
+
+# ------------------------------------------------------------------ refusing nonsense, by name
+
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("negative replicas", {"replicas": -1}, "spec.replicas"),
+    ("unknown engine kind", {"engine": {"kind": "tgi"}}, "spec.engine.kind"),
+    ("unknown policy", {"router": {"policy": "random"}}, "spec.router.policy"),
+    ("min above max", {"autoscaling": {"minReplicas": 5, "maxReplicas": 2}}, "spec.autoscaling.minReplicas"),
+    (
+        "replicas outside the autoscaling bounds",
+        {"replicas": 9, "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4}},
+        "spec.replicas",
+    ),
+    (
+        "a fractional GPU",
+        {"engine": {"kind": "sglang", "resources": {"limits": {"nvidia.com/gpu": 0.5}}}},
+        "gpu",
+    ),
+    (
+        "a quantity that is no quantity",
+        {"engine": {"kind": "vllm", "resources": {"requests": {"memory": "lots"}}}},
+        "spec.engine.resources.requests.memory",
+    ),
+    (
+        "two Redis URLs",
+        {"redis": {"url": "redis://r:6379", "secretRef": {"name": "s", "key": "url"}}},
+        "spec.redis",
+    ),
+    ("a port out of range", {"router": {"port": 70000}}, "spec.router.port"),
+    ("a misspelt field", {"replica": 3}, "spec.replica"),
+    ("no model", {"model": None}, "spec.model"),
+]
+
+
+@pytest.mark.parametrize(("spec", "field"), [(s, f) for _, s, f in INVALID], ids=[n for n, _, _ in INVALID])
+def test_crd_refuses_nonsense_naming_the_field(spec: dict[str, Any], field: str, crd: dict[str, Any]) -> None:
+    obj = fleet(**spec)
+    if spec.get("model", "") is None:
+        del obj["spec"]["model"]
+    problems = admission_errors(crd, obj)
+    assert problems, f"accepted: {spec}"
+    assert any(field in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("spec", "field"), [(s, f) for _, s, f in INVALID], ids=[n for n, _, _ in INVALID])
+def test_models_refuse_nonsense_naming_the_field(spec: dict[str, Any], field: str) -> None:
+    body = copy.deepcopy(fleet(**spec)["spec"])
+    if body.get("model", "") is None:
+        del body["model"]
+    with pytest.raises(models.InvalidFleetSpec) as err:
+        models.validate_spec(body)
+    assert field in str(err.value)
+
+
+def test_status_with_kopf_progress_and_conditions_is_accepted(crd: dict[str, Any]) -> None:
+    obj = fleet()
+    obj["status"] = {
+        "kopf": {"progress": {"create_fleet": {"started": "2026-01-01T00:00:00Z"}}},
+        "replicas": 2,
+        "readyReplicas": 1,
+        "selector": "prefixfleet.io/fleet=f",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "ReplicasNotReady",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+        "hotPrefixes": [{"hash": "9f2c", "tokens": 512, "rate": 3.5, "holders": ["f-0"]}],
+        "hitRate": 0.8,
+    }
+    assert admission_errors(crd, obj) == []
+    status = models.FleetStatus.model_validate(obj["status"])
+    assert status.condition("Ready").reason == "ReplicasNotReady"
+    assert status.to_wire()["kopf"] == obj["status"]["kopf"]
