@@ -74,6 +74,14 @@ class EngineMetrics:
             registry=reg,
             buckets=E2E_BUCKETS,
         )
+        # Create the labelled series now so every name is exposed (at 0) before the first request.
+        for metric in (
+            self.num_running_reqs, self.num_queue_reqs, self.num_used_tokens, self.token_usage,
+            self.cache_hit_rate, self.gen_throughput, self.cached_tokens_in_tree, self.prompt_tokens,
+            self.generation_tokens, self.cached_tokens, self.num_requests, self.num_aborted_requests,
+            self.ttft, self.itl, self.e2e,
+        ):  # fmt: skip
+            self._l(metric)
 
     def _l(self, metric: Gauge | Counter | Histogram) -> Gauge | Counter | Histogram:
         return metric.labels(model_name=self.model_name)

@@ -1,0 +1,230 @@
+"""The emulator's scheduler model, driven on a virtual clock (pure: no I/O, no wall time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefixfleet.emulator.config import EmulatorConfig
+from prefixfleet.emulator.engine import (
+    EngineModel,
+    RequestRejected,
+    RequestState,
+    make_request,
+    run_until_idle,
+)
+
+
+def config(**overrides: object) -> EmulatorConfig:
+    base: dict[str, object] = dict(cache_tokens=10_000, chunk_tokens=2_048, max_running=8)
+    base.update(overrides)
+    return EmulatorConfig(**base)  # type: ignore[arg-type]
+
+
+def output_ids(n: int, salt: int = 7) -> list[int]:
+    return [10_000_000 + salt * 100_000 + i for i in range(n)]
+
+
+def submit(model: EngineModel, rid: str, prompt: list[int], max_new: int, now: float = 0.0):
+    request = make_request(rid, prompt, max_new, output_ids(max_new, hash(rid) % 90), now)
+    model.submit(request)
+    return request
+
+
+def ttft(request) -> float:
+    return request.first_token_at - request.arrival
+
+
+SHARED = list(range(1, 3001))  # a 3000-token system prompt
+
+
+def test_repeated_prompt_is_served_from_cache_and_its_first_token_comes_sooner():
+    model = EngineModel(config())
+    cold = submit(model, "cold", [*SHARED, 5001, 5002], 4)
+    now, _ = run_until_idle(model, 0.0)
+    warm = submit(model, "warm", [*SHARED, 6001, 6002, 6003], 4, now)
+    run_until_idle(model, now)
+
+    assert cold.cached_tokens == 0
+    assert warm.cached_tokens == len(SHARED)  # exactly the shared prefix, not the differing suffix
+    assert ttft(warm) < ttft(cold)
+
+
+def test_fully_repeated_prompt_counts_every_prompt_token_as_cached():
+    model = EngineModel(config())
+    prompt = list(range(100, 600))
+    submit(model, "a", prompt, 2)
+    now, _ = run_until_idle(model, 0.0)
+    again = submit(model, "b", prompt, 2, now)
+    run_until_idle(model, now)
+    assert again.cached_tokens == len(prompt)
+
+
+def test_generated_tokens_extend_the_cache_so_the_next_turn_hits_them():
+    model = EngineModel(config())
+    first = submit(model, "turn1", list(range(1, 401)), 30)
+    now, _ = run_until_idle(model, 0.0)
+    history = list(range(1, 401)) + output_ids(30, hash("turn1") % 90)
+    second = submit(model, "turn2", [*history, 777, 778], 5, now)
+    run_until_idle(model, now)
+    assert first.generated == 30
+    assert second.cached_tokens == len(history)
+
+
+def test_long_uncached_prompt_is_prefilled_in_chunks():
+    model = EngineModel(config(chunk_tokens=1_000))
+    request = submit(model, "long", list(range(1, 3501)), 1)
+    passes = 0
+    now = 0.0
+    while (it := model.plan(now)) is not None:
+        passes += 1
+        assert sum(p.new_tokens for p in it.prefill) <= 1_000
+        now += it.duration
+        model.commit(it, now)
+    assert passes == 4  # 1000 + 1000 + 1000 + 500
+    assert request.state is RequestState.FINISHED
+
+
+def test_waiting_requests_are_admitted_first_come_first_served():
+    model = EngineModel(config(chunk_tokens=1_000))
+    order = [submit(model, f"r{i}", list(range(i * 10_000, i * 10_000 + 900)), 3) for i in range(4)]
+    run_until_idle(model, 0.0)
+    starts = [r.prefill_started_at for r in order]
+    firsts = [r.first_token_at for r in order]
+    assert starts == sorted(starts)
+    # 900-token prompts in 1000-token passes: each pass finishes one prompt and starts the next
+    # with the leftover budget (chunked prefill), so first tokens come one pass apart, in order.
+    assert firsts == sorted(firsts) and len(set(firsts)) == 4
+    assert order[1].prefill_started_at == order[0].prefill_started_at
+
+
+def test_decode_runs_as_one_batch_step_per_iteration():
+    model = EngineModel(config())
+    a = submit(model, "a", list(range(1, 50)), 6)
+    b = submit(model, "b", list(range(100, 150)), 6)
+    now = 0.0
+    first = model.plan(now)
+    assert {p.request.rid for p in first.prefill} == {"a", "b"}  # both fit in one prefill pass
+    now += first.duration
+    model.commit(first, now)
+    step = model.plan(now)
+    assert step.prefill == () and {r.rid for r in step.decode} == {"a", "b"}
+    assert step.duration == pytest.approx(model.config.decode_seconds(2))
+    now += step.duration
+    model.commit(step, now)
+    assert a.generated == b.generated == 2
+
+
+def test_prefill_only_request_finishes_after_prefill_and_leaves_its_prompt_cached():
+    model = EngineModel(config())
+    warm = submit(model, "warm", SHARED, 0)
+    now, events = run_until_idle(model, 0.0)
+    assert warm.state is RequestState.FINISHED and warm.generated == 0
+    assert [(p.first, p.finished, p.new_tokens) for _, p in events] == [(True, True, 0)]
+    assert model.tree.matched_tokens(SHARED) == len(SHARED)
+    later = submit(model, "later", [*SHARED, 42], 1, now)
+    run_until_idle(model, now)
+    assert later.cached_tokens == len(SHARED)
+
+
+def test_least_recently_used_prefixes_are_evicted_when_the_cache_is_full():
+    model = EngineModel(config(cache_tokens=2_000, chunk_tokens=2_048))
+    a, b, c = list(range(1, 801)), list(range(10_001, 10_801)), list(range(20_001, 20_801))
+    now = 0.0
+    for rid, prompt in (("a", a), ("b", b), ("a-again", a), ("c", c)):
+        submit(model, rid, prompt, 1, now)
+        now, _ = run_until_idle(model, now)
+        assert model.tree.cached_tokens <= 2_000
+    # "b" was least recently used when "c" needed room; "a" was refreshed by its repeat.
+    assert model.tree.matched_tokens(b) < len(b)
+    assert model.tree.matched_tokens(a) == len(a)
+    assert model.tree.matched_tokens(c) == len(c)
+
+
+def test_a_running_requests_prefix_is_never_evicted_and_newcomers_wait_for_memory():
+    model = EngineModel(config(cache_tokens=2_000, chunk_tokens=2_048))
+    first = submit(model, "first", list(range(1, 1_201)), 20)
+    second = submit(model, "second", list(range(50_000, 51_200)), 20)  # cannot fit beside the first
+    now = 0.0
+    while first.state is not RequestState.FINISHED:
+        it = model.plan(now)
+        now += it.duration
+        model.commit(it, now)
+        if first.state is not RequestState.FINISHED:
+            assert model.tree.matched_tokens(first.prompt) == first.prompt_tokens
+            assert second.state is RequestState.WAITING
+    run_until_idle(model, now)
+    assert second.prefill_started_at >= first.finished_at
+    assert second.state is RequestState.FINISHED
+
+
+def test_running_request_cap_holds_back_extra_requests():
+    model = EngineModel(config(max_running=2))
+    reqs = [submit(model, f"r{i}", list(range(i * 1000 + 1, i * 1000 + 11)), 5) for i in range(3)]
+    it = model.plan(0.0)
+    assert [p.request.rid for p in it.prefill] == ["r0", "r1"]
+    assert reqs[2].state is RequestState.WAITING
+    model.commit(it, it.duration)
+    run_until_idle(model, it.duration)
+    assert all(r.state is RequestState.FINISHED for r in reqs)
+
+
+def test_flush_is_refused_while_requests_run_and_empties_the_cache_when_idle():
+    model = EngineModel(config())
+    submit(model, "busy", SHARED, 3)
+    assert model.flush() is False
+    now, _ = run_until_idle(model, 0.0)
+    assert model.tree.cached_tokens > 0
+    assert model.flush() is True
+    assert model.tree.cached_tokens == 0
+    again = submit(model, "again", SHARED, 1, now)
+    run_until_idle(model, now)
+    assert again.cached_tokens == 0
+
+
+def test_abort_releases_the_pin_and_the_reservation():
+    model = EngineModel(config())
+    victim = submit(model, "victim", SHARED, 50)
+    it = model.plan(0.0)
+    model.commit(it, it.duration)
+    assert model.tree.pinned_tokens == len(SHARED) and model.reserved_decode_tokens == 50
+    assert model.abort("victim") is True
+    assert victim.state is RequestState.ABORTED
+    assert model.tree.pinned_tokens == 0 and model.reserved_decode_tokens == 0
+    assert model.abort("victim") is False
+    assert model.plan(it.duration) is None
+
+
+def test_requests_that_can_never_fit_are_rejected_up_front():
+    model = EngineModel(config(cache_tokens=1_000))
+    with pytest.raises(RequestRejected, match="exceeds the KV cache capacity"):
+        submit(model, "huge", list(range(1, 990)), 100)
+    with pytest.raises(RequestRejected, match="at least one token"):
+        submit(model, "empty", [], 1)
+    submit(model, "dup", [1, 2, 3], 1)
+    with pytest.raises(RequestRejected, match="already in use"):
+        submit(model, "dup", [4, 5], 1)
+
+
+def test_stats_report_queue_usage_and_hit_rate():
+    model = EngineModel(config(max_running=1))
+    submit(model, "a", SHARED, 3)
+    submit(model, "b", SHARED, 3)
+    it = model.plan(0.0)
+    stats = model.stats(0.0)
+    assert (stats.num_running, stats.num_waiting) == (1, 1)
+    assert stats.num_used_tokens >= len(SHARED) and 0 < stats.token_usage <= 1
+    model.commit(it, it.duration)
+    now, _ = run_until_idle(model, it.duration)
+    stats = model.stats(now)
+    assert (stats.num_running, stats.num_waiting) == (0, 0)
+    assert stats.cache_hit_rate == pytest.approx(0.5)  # second request fully cached, first cold
+    assert stats.gen_throughput > 0
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("cache_tokens", 0), ("time_scale", 0.0), ("chunk_tokens", -1), ("prefill_tokens_per_s", float("inf"))],
+)
+def test_config_rejects_nonsense_naming_the_field(field: str, value: object):
+    with pytest.raises(ValueError, match=field):
+        EmulatorConfig(**{field: value})  # type: ignore[arg-type]
