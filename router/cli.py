@@ -1,0 +1,243 @@
+"""`prefixfleet router sidecar|gateway`: run the data-plane services."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+from .blockhash import DEFAULT_BLOCK_TOKENS
+from .keys import DEFAULT_FLEET, validate_fleet_name
+from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
+from .records import validate_worker_id
+from .requests import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_TOKENS
+from .summary import DEFAULT_MAX_BLOCKS
+
+
+def _usage_error(message: str) -> Exception:
+    from prefixfleet.cli import UsageError
+
+    return UsageError(message)
+
+
+def register(subparsers: Any) -> None:
+    router = subparsers.add_parser("router", help="run the data plane: sidecar (per engine) or gateway")
+    sub = router.add_subparsers(dest="router_command", metavar="SERVICE", required=True)
+
+    sc = sub.add_parser("sidecar", help="reverse proxy in front of one engine; publishes its cache summary")
+    sc.add_argument(
+        "--engine", required=True, metavar="URL", help="engine base URL, e.g. http://127.0.0.1:30000"
+    )
+    sc.add_argument("--redis", metavar="URL", help="Redis URL (redis://host:port/db); omit to only proxy")
+    sc.add_argument("--port", type=int, required=True)
+    sc.add_argument("--host", default="127.0.0.1")
+    sc.add_argument("--worker-id", default="", metavar="ID", help="default: <hostname>-<port>")
+    sc.add_argument(
+        "--advertise-url", default="", metavar="URL", help="URL gateways use (default http://host:port)"
+    )
+    sc.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME", help="Redis key namespace pf:<NAME>:")
+    sc.add_argument(
+        "--publish-interval",
+        type=float,
+        default=0.25,
+        metavar="S",
+        help="seconds between load publishes (summary published when changed)",
+    )
+    sc.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
+    sc.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="mirror capacity; default: the engine's max_total_num_tokens",
+    )
+    sc.add_argument(
+        "--self-register",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write this worker into the fleet's members hash (off when an operator does)",
+    )
+    sc.add_argument("--model", default=None, help="cache identity: model name (default: from the engine)")
+    sc.add_argument(
+        "--revision", default=None, help="cache identity: model revision (default: from the engine)"
+    )
+    sc.add_argument("--adapter", default="", help="cache identity: adapter (LoRA) name")
+    sc.add_argument("--max-summary-blocks", type=int, default=DEFAULT_MAX_BLOCKS, metavar="N")
+    sc.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N")
+    sc.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N")
+    sc.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=DEFAULT_PREFILL_TOKENS_PER_S,
+        help="initial prefill-rate estimate (then measured from streamed requests)",
+    )
+    sc.add_argument("--log-level", default="INFO")
+    sc.set_defaults(func=run_sidecar)
+
+    gw = sub.add_parser("gateway", help="OpenAI/SGLang-compatible entry point routing by prefix and load")
+    gw.add_argument("--redis", metavar="URL", help="Redis URL; optional when static --worker URLs are given")
+    gw.add_argument("--port", type=int, required=True)
+    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME")
+    gw.add_argument(
+        "--policy", default=None, metavar="NAME", help="routing policy (default: the project's default)"
+    )
+    gw.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="static worker (sidecar or engine) URL; repeatable",
+    )
+    gw.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
+    gw.add_argument("--refresh-interval", type=float, default=0.2, metavar="S")
+    gw.add_argument(
+        "--dead-after",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="drop a worker whose heartbeat has not advanced for this long",
+    )
+    gw.add_argument(
+        "--overlay-ttl",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="how long this gateway remembers where it sent a prefix (until a summary shows it)",
+    )
+    gw.add_argument("--max-retries", type=int, default=3)
+    gw.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N")
+    gw.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N")
+    gw.add_argument("--prefill-tokens-per-s", type=float, default=DEFAULT_PREFILL_TOKENS_PER_S)
+    gw.add_argument("--log-level", default="INFO")
+    gw.set_defaults(func=run_gateway)
+
+
+def _check_common(args: argparse.Namespace) -> None:
+    if not 0 < args.port < 65536:
+        raise _usage_error(f"--port must be in 1..65535, got {args.port}")
+    if args.redis is not None and not args.redis.startswith(("redis://", "rediss://", "unix://")):
+        raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    if args.block_tokens < 1:
+        raise _usage_error(f"--block-tokens must be positive, got {args.block_tokens}")
+    if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
+        raise _usage_error("--max-body-bytes and --max-prompt-tokens must be positive")
+    if args.prefill_tokens_per_s <= 0:
+        raise _usage_error("--prefill-tokens-per-s must be positive")
+    try:
+        validate_fleet_name(args.fleet)
+    except ValueError as exc:
+        raise _usage_error(f"--fleet: {exc}") from None
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _check_url(flag: str, url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise _usage_error(f"{flag} must be an http:// or https:// URL, got {url!r}")
+    return url.rstrip("/")
+
+
+def run_sidecar(args: argparse.Namespace) -> int:
+    from .sidecar import SidecarConfig, serve
+
+    _check_common(args)
+    engine = _check_url("--engine", args.engine)
+    if args.advertise_url:
+        _check_url("--advertise-url", args.advertise_url)
+    if args.worker_id:
+        try:
+            validate_worker_id(args.worker_id)
+        except ValueError as exc:
+            raise _usage_error(f"--worker-id: {exc}") from None
+    if args.publish_interval <= 0:
+        raise _usage_error("--publish-interval must be positive")
+    if args.cache_tokens is not None and args.cache_tokens < 1:
+        raise _usage_error("--cache-tokens must be positive")
+    if args.max_summary_blocks < 1:
+        raise _usage_error("--max-summary-blocks must be positive")
+    config = SidecarConfig(
+        engine_url=engine,
+        redis_url=args.redis,
+        port=args.port,
+        host=args.host,
+        worker_id=args.worker_id,
+        advertise_url=args.advertise_url,
+        fleet=args.fleet,
+        publish_interval_s=args.publish_interval,
+        block_tokens=args.block_tokens,
+        cache_tokens=args.cache_tokens,
+        self_register=args.self_register,
+        model=args.model,
+        revision=args.revision,
+        adapter=args.adapter,
+        max_summary_blocks=args.max_summary_blocks,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+    )
+    try:
+        config.resolved_worker_id()
+    except ValueError as exc:
+        raise _usage_error(f"--worker-id: {exc}") from None
+    return _run(serve(config))
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from .gateway import GatewayConfig, serve
+    from .policies import DEFAULT_POLICY, POLICIES
+
+    _check_common(args)
+    policy = args.policy or DEFAULT_POLICY
+    if policy not in POLICIES:
+        raise _usage_error(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
+    workers = tuple(_check_url("--worker", w) for w in args.worker)
+    if not args.redis and not workers:
+        raise _usage_error("give --redis URL, or at least one --worker URL")
+    for flag, value in (
+        ("--refresh-interval", args.refresh_interval),
+        ("--dead-after", args.dead_after),
+        ("--overlay-ttl", args.overlay_ttl),
+    ):
+        if value <= 0:
+            raise _usage_error(f"{flag} must be positive")
+    if args.max_retries < 0:
+        raise _usage_error("--max-retries must not be negative")
+    config = GatewayConfig(
+        port=args.port,
+        redis_url=args.redis,
+        host=args.host,
+        fleet=args.fleet,
+        policy=policy,
+        workers=workers,
+        block_tokens=args.block_tokens,
+        refresh_interval_s=args.refresh_interval,
+        dead_after_s=args.dead_after,
+        overlay_ttl_s=args.overlay_ttl,
+        max_retries=args.max_retries,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+    )
+    return _run(serve(config))
+
+
+def _run(main: Coroutine[Any, Any, None]) -> int:
+    """Run a service until SIGINT/SIGTERM, then shut it down cleanly (deregistering from Redis)."""
+
+    async def runner() -> None:
+        task = asyncio.ensure_future(main)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(runner())
+    except OSError as exc:  # e.g. the port is taken
+        raise _usage_error(str(exc)) from None
+    return 0

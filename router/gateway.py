@@ -1,0 +1,467 @@
+"""The gateway: an OpenAI/SGLang-compatible entry point that routes each request by prefix and load.
+
+Per request: validate and tokenize (:mod:`.requests`), score every routable worker from the fleet
+view (summaries + load from Redis, plus this gateway's own recent sends, :mod:`.view`), let the
+policy choose, forward to the worker's sidecar and stream the answer back. A worker that refuses the
+connection or dies before answering is skipped and the request re-sent elsewhere; a stream that
+already started ends with an SSE error event instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from .blockhash import DEFAULT_BLOCK_TOKENS
+from .gateway_metrics import GatewayMetrics
+from .keys import DEFAULT_FLEET, FleetKeys
+from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
+from .policies import DEFAULT_POLICY, CostModel, NoReplicaError, RouteRequest, RoutingPolicy, make_policy
+from .proxying import (
+    HOP_BY_HOP,
+    RETRYABLE_HEADER,
+    WORKER_HEADER,
+    forward_headers,
+    json_error,
+    sse_error_event,
+)
+from .requests import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    GENERATE_PATHS,
+    BadRequest,
+    InferenceRequest,
+    parse_inference_request,
+)
+from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, FleetView, WorkerView
+
+log = logging.getLogger("prefixfleet.gateway")
+_RETRY_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    port: int
+    redis_url: str | None = None
+    host: str = "127.0.0.1"
+    fleet: str = DEFAULT_FLEET
+    policy: str = DEFAULT_POLICY
+    workers: tuple[str, ...] = ()
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    refresh_interval_s: float = 0.2
+    dead_after_s: float = DEFAULT_DEAD_AFTER_S
+    overlay_ttl_s: float = DEFAULT_OVERLAY_TTL_S
+    max_retries: int = 3
+    health_interval_s: float = 2.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
+    upstream_timeout_s: float | None = None  # whole-request limit; None = unlimited (long generations)
+
+
+class _Retryable(Exception):
+    """The worker failed before the client saw anything: safe to send the request elsewhere."""
+
+
+class _WarnOnce:
+    """Log a repeated warning at most once a minute (malformed Redis records recur every refresh)."""
+
+    def __init__(self, period_s: float = 60.0) -> None:
+        self.period_s = period_s
+        self._last: dict[str, float] = {}
+
+    def __call__(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last.get(message, float("-inf")) >= self.period_s:
+            self._last[message] = now
+            log.warning("%s", message)
+            if len(self._last) > 1000:
+                self._last.clear()
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        if not config.redis_url and not config.workers:
+            raise ValueError("a gateway needs --redis or at least one --worker")
+        self.config = config
+        self.keys = FleetKeys(config.fleet)
+        self.cost = CostModel(prefill_s_per_token=1.0 / config.prefill_tokens_per_s)
+        self.policy: RoutingPolicy = make_policy(config.policy, self.cost)
+        self.view = FleetView(
+            block_tokens=config.block_tokens,
+            dead_after_s=config.dead_after_s,
+            overlay_ttl_s=config.overlay_ttl_s,
+            default_prefill_tokens_per_s=config.prefill_tokens_per_s,
+        )
+        for url in config.workers:
+            self.view.add_static(url)
+        self.metrics = GatewayMetrics()
+        self.session: aiohttp.ClientSession | None = None
+        self.redis: aioredis.Redis | None = None
+        self.redis_ok = True
+        self._warn = _WarnOnce()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app["gateway"] = self
+        for path in GENERATE_PATHS:
+            app.router.add_post(path, self.handle_generate)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/livez", self.handle_livez)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/prefixfleet/view", self.handle_view)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, sock_connect=2),
+            auto_decompress=False,
+        )
+        if self.config.redis_url:
+            self.redis = aioredis.from_url(
+                self.config.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+            )
+            with contextlib.suppress(Exception):
+                await self.refresh_once()  # route on a real view from the first request
+            self._tasks.append(asyncio.create_task(self._refresh_loop()))
+        if self.config.workers:
+            self._tasks.append(asyncio.create_task(self._health_loop()))
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+        if self.session is not None:
+            await self.session.close()
+
+    # -- fleet view maintenance ------------------------------------------------------------------
+
+    async def refresh_once(self) -> None:
+        assert self.redis is not None
+        members = await self.redis.hgetall(self.keys.members)
+        ids = [k.decode() if isinstance(k, bytes) else k for k in members]
+        loads = await self.redis.mget([self.keys.load(w) for w in ids]) if ids else []
+        members_s = {wid: members[k] for wid, k in zip(ids, members, strict=True)}
+        result = self.view.apply_snapshot(members_s, dict(zip(ids, loads, strict=True)), time.monotonic())
+        for message in result.warnings:
+            self._warn(message)
+        if result.need_summaries:
+            raws = await self.redis.mget([self.keys.summary(w) for w in result.need_summaries])
+            for wid, raw in zip(result.need_summaries, raws, strict=True):
+                warning = self.view.apply_summary(wid, raw)
+                if warning:
+                    self._warn(warning)
+        for wid in result.removed:
+            self.policy.on_replica_removed(wid)
+            self.metrics.forget_worker(wid)
+        self._after_refresh()
+
+    def _after_refresh(self) -> None:
+        wall = time.time()
+        now = time.monotonic()
+        self.view.prune_overlays(wall)
+        routable = {w.worker_id for w in self.view.routable(now)}
+        self.metrics.workers.labels("routable").set(len(routable))
+        self.metrics.workers.labels("unroutable").set(len(self.view.workers) - len(routable))
+        rates = []
+        for w in self.view.workers.values():
+            unreported = sum(1 for s in w.sends.values() if w.load is None or s.sent_at > w.load.ts)
+            self.metrics.worker_in_flight.labels(w.worker_id).set(
+                (w.load.in_flight if w.load else 0) + unreported
+            )
+            if w.summary is not None:
+                self.metrics.summary_staleness.labels(w.worker_id).set(
+                    max(wall - w.summary.generated_at, 0.0)
+                )
+            if w.load is not None and w.load.prefill_tokens_per_s > 0:
+                rates.append(w.load.prefill_tokens_per_s)
+        if rates:
+            # Keep the policy's token->seconds conversion in the same units as the measured waits.
+            rate = statistics.median(rates)
+            current = 1.0 / self.cost.prefill_s_per_token
+            if abs(rate - current) > 0.1 * current:
+                self.cost = dataclasses.replace(self.cost, prefill_s_per_token=1.0 / rate)
+                self.policy.cost = self.cost
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            try:
+                await self.refresh_once()
+                self.metrics.redis_up.set(1)
+                if not self.redis_ok:
+                    log.warning("redis reachable again: fleet view refreshing")
+                    self.redis_ok = True
+            except (aioredis.RedisError, OSError, TimeoutError) as exc:
+                self.metrics.redis_up.set(0)
+                if self.redis_ok:
+                    log.warning("redis unavailable (%s): routing on the last view", exc)
+                    self.redis_ok = False
+            except Exception:  # a bug must not stop the refresh loop
+                log.exception("fleet view refresh failed")
+            await asyncio.sleep(self.config.refresh_interval_s)
+
+    async def _health_loop(self) -> None:
+        """Health-check static workers (sidecar workers report their engine's health themselves)."""
+        assert self.session is not None
+        while True:
+            for w in [w for w in self.view.workers.values() if w.static]:
+                try:
+                    async with self.session.get(
+                        f"{w.url}/health", timeout=aiohttp.ClientTimeout(total=2)
+                    ) as resp:
+                        await resp.read()
+                        w.healthy = resp.status == 200
+                except (aiohttp.ClientError, OSError, TimeoutError):
+                    w.healthy = False
+            await asyncio.sleep(self.config.health_interval_s)
+
+    # -- request handling ------------------------------------------------------------------------
+
+    def _answer(self, endpoint: str, response: web.StreamResponse, started: float) -> web.StreamResponse:
+        self.metrics.requests.labels(endpoint, str(response.status)).inc()
+        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        return response
+
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        endpoint = request.path
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.errors.labels("bad_request").inc()
+            return self._answer(
+                endpoint,
+                json_error(413, f"request body exceeds {self.config.max_body_bytes} bytes", param="body"),
+                started,
+            )
+        try:
+            parsed = parse_inference_request(endpoint, body, max_prompt_tokens=self.config.max_prompt_tokens)
+        except BadRequest as exc:
+            self.metrics.errors.labels("bad_request").inc()
+            return self._answer(endpoint, json_error(exc.status, str(exc), param=exc.param), started)
+        response = await self._route_and_forward(request, body, parsed, started)
+        return self._answer(endpoint, response, started)
+
+    def _decide(
+        self, parsed: InferenceRequest, excluded: set[str]
+    ) -> tuple[WorkerView, list[int], int] | None:
+        t0 = time.perf_counter()
+        now = time.monotonic()
+        wall = time.time()
+        workers = [w for w in self.view.routable(now) if w.worker_id not in excluded]
+        if not workers:
+            return None
+        hashes = self.view.request_hashes(parsed.token_bytes, parsed.tenant_salt, workers)
+        rows = self.view.replica_states(workers, hashes, parsed.num_tokens, wall)
+        route = RouteRequest(
+            tokens=parsed.token_bytes,
+            num_tokens=parsed.num_tokens,
+            now=wall,
+            namespace=parsed.tenant_salt,
+            max_new_tokens=parsed.max_new_tokens,
+        )
+        try:
+            decision = self.policy.choose(route, rows)
+        except NoReplicaError:
+            return None
+        self.policy.on_routed(route, decision)
+        chosen = self.view.workers[str(decision.replica_id)]
+        row = next(r for r in rows if r.replica_id == decision.replica_id)
+        key = (chosen.identity_seed(self.view.default_seed), chosen.block_tokens(self.view.block_tokens))
+        chain = hashes[key]
+        self.metrics.decision_latency.observe(time.perf_counter() - t0)
+        self.metrics.decisions.labels(self.policy.name, decision.reason).inc()
+        self.metrics.matched_ratio.observe(
+            row.matched_tokens / parsed.num_tokens if parsed.num_tokens else 0.0
+        )
+        return chosen, chain, parsed.num_tokens - row.matched_tokens
+
+    async def _route_and_forward(
+        self, request: web.Request, body: bytes, parsed: InferenceRequest, started: float
+    ) -> web.StreamResponse:
+        excluded: set[str] = set()
+        last_error = "no worker is available"
+        for attempt in range(self.config.max_retries + 1):
+            picked = self._decide(parsed, excluded)
+            if picked is None:
+                break
+            worker, chain, uncached = picked
+            if attempt:
+                self.metrics.retries.inc()
+            handle = self.view.record_send(worker.worker_id, chain, uncached, time.time())
+            try:
+                return await self._forward(request, body, parsed, worker, started)
+            except _Retryable as exc:
+                last_error = f"worker {worker.worker_id} failed: {exc}"
+                log.info("%s; retrying elsewhere", last_error)
+                self.view.mark_failed(worker.worker_id, time.monotonic())
+                for h in chain:
+                    worker.overlay.pop(h, None)
+                excluded.add(worker.worker_id)
+            finally:
+                self.view.record_done(worker.worker_id, handle)
+        kind = "no_worker" if not excluded else "upstream"
+        self.metrics.errors.labels(kind).inc()
+        return json_error(503, last_error, kind="service_unavailable")
+
+    async def _forward(
+        self,
+        request: web.Request,
+        body: bytes,
+        parsed: InferenceRequest,
+        worker: WorkerView,
+        started: float,
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        try:
+            upstream = await self.session.post(
+                f"{worker.url}{request.path_qs}",
+                data=body,
+                headers=forward_headers(request.headers),
+                allow_redirects=False,
+            )
+        except _RETRY_ERRORS as exc:
+            raise _Retryable(exc.__class__.__name__) from exc
+        except TimeoutError:
+            self.metrics.errors.labels("timeout").inc()
+            return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
+        async with upstream:
+            headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+            headers[WORKER_HEADER] = worker.worker_id
+            is_stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            if not is_stream:
+                try:
+                    data = await upstream.read()
+                except _RETRY_ERRORS as exc:
+                    raise _Retryable(exc.__class__.__name__) from exc
+                if upstream.status in (502, 503) and upstream.headers.get(RETRYABLE_HEADER):
+                    raise _Retryable(f"HTTP {upstream.status} from its sidecar")
+                if upstream.status >= 500:
+                    self.metrics.errors.labels("upstream").inc()
+                return web.Response(status=upstream.status, body=data, headers=headers)
+            return await self._stream(request, upstream, headers, started)
+
+    async def _stream(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, headers: dict[str, str], started: float
+    ) -> web.StreamResponse:
+        chunks = upstream.content.iter_any()
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            raise _Retryable("stream closed before its first byte") from None
+        except _RETRY_ERRORS as exc:
+            raise _Retryable(exc.__class__.__name__) from exc
+        if first.startswith(b'data: {"error"') and b"upstream_disconnected" in first:
+            raise _Retryable("engine died before its first byte")  # the sidecar's error event
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        await response.write(first)
+        self.metrics.ttft.observe(time.perf_counter() - started)
+        try:
+            async for chunk in chunks:
+                await response.write(chunk)
+        except _RETRY_ERRORS as exc:
+            if isinstance(exc, ConnectionResetError) and request.transport is None:
+                return response  # the client went away: nothing left to tell it
+            self.metrics.errors.labels("stream_cut").inc()
+            with contextlib.suppress(ConnectionError):
+                await response.write(sse_error_event(f"worker stream ended early: {exc.__class__.__name__}"))
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    async def handle_models(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        assert self.session is not None
+        for w in self.view.routable(time.monotonic()):
+            try:
+                async with self.session.get(
+                    f"{w.url}/v1/models", timeout=aiohttp.ClientTimeout(total=5)
+                ) as up:
+                    data = await up.read()
+                    if up.status < 500:
+                        headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+                        return self._answer(
+                            "/v1/models", web.Response(status=up.status, body=data, headers=headers), started
+                        )
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                continue
+        self.metrics.errors.labels("no_worker").inc()
+        return self._answer("/v1/models", json_error(503, "no worker is available"), started)
+
+    async def handle_health(self, _request: web.Request) -> web.Response:
+        routable = len(self.view.routable(time.monotonic()))
+        body = {
+            "status": "ok" if routable else "no_workers",
+            "routable_workers": routable,
+            "workers": len(self.view.workers),
+            "redis_ok": self.redis_ok if self.redis else None,
+        }
+        return web.json_response(body, status=200 if routable else 503)
+
+    async def handle_livez(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def handle_metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_view(self, _request: web.Request) -> web.Response:
+        """The gateway's fleet view as JSON (no hashes, no prompts): for operators and tests."""
+        now = time.monotonic()
+        wall = time.time()
+        routable = {w.worker_id for w in self.view.routable(now)}
+        out = []
+        for w in self.view.workers.values():
+            out.append(
+                {
+                    "worker_id": w.worker_id,
+                    "url": w.url,
+                    "static": w.static,
+                    "state": w.state,
+                    "routable": w.worker_id in routable,
+                    "healthy": w.healthy,
+                    "in_flight": w.load.in_flight if w.load else None,
+                    "pending_prefill_tokens": w.load.pending_prefill_tokens if w.load else None,
+                    "summary_version": w.summary.version if w.summary else None,
+                    "summary_blocks": len(w.summary.blocks) if w.summary else 0,
+                    "summary_age_s": round(wall - w.summary.generated_at, 3) if w.summary else None,
+                    "overlay_blocks": len(w.overlay),
+                }
+            )
+        return web.json_response({"policy": self.policy.name, "redis_ok": self.redis_ok, "workers": out})
+
+
+async def serve(config: GatewayConfig) -> None:
+    gateway = Gateway(config)
+    runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info("gateway on %s:%d, policy %s, fleet %s", config.host, config.port, config.policy, config.fleet)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,48 @@
+"""Redis key layout of one fleet (documented in docs/redis.md). Every key starts with ``pf:{fleet}:``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_FLEET = "default"
+_FLEET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def validate_fleet_name(fleet: str) -> str:
+    if not _FLEET_NAME.match(fleet):
+        raise ValueError(
+            f"fleet name {fleet!r} must be 1-63 characters of letters, digits, '_', '.' or '-' "
+            "starting with a letter or digit"
+        )
+    return fleet
+
+
+@dataclass(frozen=True, slots=True)
+class FleetKeys:
+    fleet: str = DEFAULT_FLEET
+
+    def __post_init__(self) -> None:
+        validate_fleet_name(self.fleet)
+
+    @property
+    def prefix(self) -> str:
+        return f"pf:{self.fleet}:"
+
+    @property
+    def members(self) -> str:
+        """HASH worker_id -> member JSON (url, state, model, revision, ...)."""
+        return f"{self.prefix}members"
+
+    def summary(self, worker_id: str) -> str:
+        """STRING (binary summary v1, TTL'd)."""
+        return f"{self.prefix}summary:{worker_id}"
+
+    def load(self, worker_id: str) -> str:
+        """STRING (load JSON, small, frequent, TTL'd): the worker's heartbeat."""
+        return f"{self.prefix}load:{worker_id}"
+
+    @property
+    def events(self) -> str:
+        """Pub/sub channel: change notices (member joined/left/changed state)."""
+        return f"{self.prefix}events"

@@ -1,0 +1,119 @@
+"""A sidecar's mirror of its engine's prefix cache (pure state; the sidecar feeds it, publishes it).
+
+The sidecar sees every prompt its engine serves, so inserting each admitted prompt into a radix tree
+of the engine's capacity reproduces the engine's radix cache closely (same LRU policy). Where the
+engine reports ``cached_tokens`` lower than the mirror predicted for a request that ran alone, the
+engine holds less than the mirror thinks; the mirror then evicts the difference from its LRU end.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+from collections import deque
+from collections.abc import Callable
+
+from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, salted_seed
+from .radix import CacheFullError, RadixTree
+from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, HotPrefix, Summary, build_summary
+
+_TICK_SAMPLES = 4096
+
+
+class CacheMirror:
+    def __init__(
+        self,
+        capacity_tokens: int,
+        identity: CacheIdentity,
+        *,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        clock: Callable[[], float],
+    ) -> None:
+        self.tree = RadixTree(capacity_tokens)
+        self.identity = identity
+        self.identity_seed = identity.seed()
+        self.block_tokens = block_tokens
+        self._clock = clock
+        self.changes = 0  # bumped on every mutation: a summary is rebuilt only when it moved
+        # (tree tick, unix time) samples to turn the tree's logical recency into wall time
+        self._ticks: deque[tuple[int, float]] = deque(maxlen=_TICK_SAMPLES)
+        self.hot_prefixes: dict[int, HotPrefix] = {}
+
+    def namespace_seed(self, namespace: object) -> int:
+        return salted_seed(self.identity_seed, namespace if isinstance(namespace, str) else None)
+
+    def admit(self, token_bytes: bytes, namespace: str | None) -> int:
+        """Record a prompt sent to the engine; return how many of its tokens the mirror had cached."""
+        matched = self.tree.matched_tokens(token_bytes, namespace)
+        if matched * 4 == len(token_bytes):
+            self.tree.match_prefix(token_bytes, namespace)  # a full hit: only recency and hits move
+        else:
+            # longer than the whole cache, or pinned: the engine cannot keep it either
+            with contextlib.suppress(ValueError, CacheFullError):
+                self.tree.insert(token_bytes, namespace)
+            self.changes += 1
+        node = self.tree.match_prefix(token_bytes, namespace, touch=False).node
+        self._ticks.append((node.last_access, self._clock()))
+        return matched
+
+    def correct(self, predicted_tokens: int, reported_cached_tokens: int, *, ran_alone: bool) -> int:
+        """Reconcile with the engine's report for one request; return tokens evicted from the mirror."""
+        if not ran_alone or reported_cached_tokens >= predicted_tokens:
+            return 0
+        # Another request's prefill may still have been running when this one arrived; only a
+        # request that ran alone is trustworthy evidence that the engine dropped cached tokens.
+        missing = predicted_tokens - reported_cached_tokens
+        evictable = self.tree.cached_tokens - self.tree.pinned_tokens
+        try:
+            freed = self.tree.evict(min(missing, evictable)) if evictable > 0 else 0
+        except CacheFullError:
+            return 0
+        if freed:
+            self.changes += 1
+        return freed
+
+    def flush(self) -> None:
+        self.tree.clear()
+        self.hot_prefixes = {}
+        self.changes += 1
+
+    def resize(self, capacity_tokens: int) -> None:
+        """Adopt the engine's real capacity (learned after start); shrinking evicts LRU blocks."""
+        if capacity_tokens == self.tree.capacity_tokens or capacity_tokens <= 0:
+            return
+        if self.tree.cached_tokens > capacity_tokens:
+            self.tree.evict(self.tree.cached_tokens - capacity_tokens)
+        self.tree.capacity_tokens = capacity_tokens
+        self.changes += 1
+
+    def wall_time_of(self, tick: int) -> float:
+        if not self._ticks:
+            return self._clock()
+        ticks = [t for t, _ in self._ticks]
+        i = bisect.bisect_left(ticks, tick)
+        if i >= len(ticks):
+            return self._ticks[-1][1]
+        return self._ticks[i][1]
+
+    def summary(
+        self,
+        *,
+        worker: str,
+        version: int,
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        hot_k: int = DEFAULT_HOT_K,
+    ) -> Summary:
+        summary, hot = build_summary(
+            self.tree,
+            worker=worker,
+            version=version,
+            now=self._clock(),
+            identity_seed=self.identity_seed,
+            block_tokens=self.block_tokens,
+            namespace_seed=self.namespace_seed,
+            wall_time_of=self.wall_time_of,
+            max_blocks=max_blocks,
+            hot_k=hot_k,
+        )
+        self.hot_prefixes = hot
+        return summary

@@ -1,0 +1,77 @@
+"""HTTP reverse-proxy plumbing shared by the sidecar and the gateway (aiohttp, no routing logic)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+# Connection-scoped headers never forwarded (RFC 9110 §7.6.1) plus ones aiohttp recomputes.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",  # upstream answers uncompressed so bytes can be inspected and re-chunked
+        "content-encoding",
+    }
+)
+RETRYABLE_HEADER = "X-Prefixfleet-Retryable"
+WORKER_HEADER = "X-Prefixfleet-Worker"
+_CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+
+
+def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def json_error(
+    status: int, message: str, *, kind: str | None = None, param: str | None = None, retryable: bool = False
+) -> web.Response:
+    kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    headers = {RETRYABLE_HEADER: "1"} if retryable else None
+    return web.json_response(body, status=status, headers=headers)
+
+
+def sse_error_event(message: str, kind: str = "upstream_disconnected") -> bytes:
+    """An SSE event that ends a stream cut short: OpenAI-style error object on a data line."""
+    payload = {"error": {"message": message, "type": kind, "code": 502}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def find_cached_tokens(data: bytes) -> int | None:
+    """The engine's ``cached_tokens`` (SGLang meta_info or OpenAI usage details) if the bytes hold one."""
+    found = _CACHED_TOKENS.findall(data)
+    return int(found[-1]) if found else None
+
+
+def output_text(path: str, body: bytes) -> str | None:
+    """The generated text of a non-streaming response (the engine caches prompt + output)."""
+    try:
+        obj: Any = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    try:
+        if path == "/generate":
+            item = obj[0] if isinstance(obj, list) else obj
+            text = item.get("text")
+        elif path == "/v1/completions":
+            text = obj["choices"][0].get("text")
+        else:
+            text = obj["choices"][0]["message"].get("content")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return text if isinstance(text, str) else None

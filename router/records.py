@@ -1,0 +1,129 @@
+"""Small JSON records a sidecar keeps in Redis next to its summary: membership and load (format v1)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .summary import SummaryError
+
+RECORD_VERSION = 1
+WORKER_STATES = ("ready", "warming", "draining")
+_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+
+
+def validate_worker_id(worker_id: str) -> str:
+    if not isinstance(worker_id, str) or not _WORKER_ID.match(worker_id):
+        raise ValueError(
+            f"worker id {worker_id!r} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'"
+        )
+    return worker_id
+
+
+def validate_state(state: object) -> str:
+    if state not in WORKER_STATES:
+        raise ValueError(f"state must be one of {', '.join(WORKER_STATES)}, got {state!r}")
+    return state  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """``members`` hash value: how to reach a worker and what cache identity it serves."""
+
+    url: str
+    state: str = "ready"
+    model: str = ""
+    revision: str = ""
+    adapter: str = ""
+    block_tokens: int = 16
+    registered_at: float = 0.0
+    v: int = RECORD_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """``load:{worker}`` value, published every interval; its ``seq`` advancing is the heartbeat."""
+
+    seq: int  # increases on every publish (liveness judged on the reader's own clock)
+    ts: float  # unix seconds when published
+    state: str
+    engine_ok: bool
+    in_flight: int
+    queued: int  # requests not yet past prefill (no first byte seen)
+    pending_prefill_tokens: int
+    prefill_tokens_per_s: float
+    cached_tokens: int
+    capacity_tokens: int
+    summary_version: int
+    v: int = RECORD_VERSION
+
+
+def encode_record(record: MemberRecord | LoadReport) -> str:
+    return json.dumps(asdict(record), separators=(",", ":"))
+
+
+def _load_json(raw: str | bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+        raise SummaryError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise SummaryError(f"{what} must be a JSON object")
+    if obj.get("v") != RECORD_VERSION:
+        raise SummaryError(f"{what}: unsupported record version {obj.get('v')!r}")
+    return obj
+
+
+def _typed(
+    obj: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str, default: Any = None
+) -> Any:
+    value = obj.get(name, default)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise SummaryError(f"{what}: field {name!r} missing or of the wrong type")
+    if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+        raise SummaryError(f"{what}: field {name!r} must not be negative")
+    return value
+
+
+def decode_member(raw: str | bytes) -> MemberRecord:
+    what = "member record"
+    obj = _load_json(raw, what)
+    url = _typed(obj, "url", str, what)
+    if not url.startswith(("http://", "https://")):
+        raise SummaryError(f"{what}: url must start with http:// or https://")
+    state = _typed(obj, "state", str, what, "ready")
+    if state not in WORKER_STATES:
+        raise SummaryError(f"{what}: unknown state {state!r}")
+    return MemberRecord(
+        url=url.rstrip("/"),
+        state=state,
+        model=_typed(obj, "model", str, what, ""),
+        revision=_typed(obj, "revision", str, what, ""),
+        adapter=_typed(obj, "adapter", str, what, ""),
+        block_tokens=_typed(obj, "block_tokens", int, what, 16),
+        registered_at=float(_typed(obj, "registered_at", (int, float), what, 0.0)),
+    )
+
+
+def decode_load(raw: str | bytes) -> LoadReport:
+    what = "load record"
+    obj = _load_json(raw, what)
+    state = _typed(obj, "state", str, what)
+    if state not in WORKER_STATES:
+        raise SummaryError(f"{what}: unknown state {state!r}")
+    return LoadReport(
+        seq=_typed(obj, "seq", int, what),
+        ts=float(_typed(obj, "ts", (int, float), what)),
+        state=state,
+        engine_ok=_typed(obj, "engine_ok", bool, what),
+        in_flight=_typed(obj, "in_flight", int, what),
+        queued=_typed(obj, "queued", int, what),
+        pending_prefill_tokens=_typed(obj, "pending_prefill_tokens", int, what),
+        prefill_tokens_per_s=float(_typed(obj, "prefill_tokens_per_s", (int, float), what)),
+        cached_tokens=_typed(obj, "cached_tokens", int, what),
+        capacity_tokens=_typed(obj, "capacity_tokens", int, what),
+        summary_version=_typed(obj, "summary_version", int, what),
+    )

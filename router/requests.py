@@ -1,0 +1,167 @@
+"""Parse and validate an inference request body into what routing needs (pure; no I/O).
+
+Both the gateway and the sidecar see the same bytes and must derive the same tokens: prompts are
+tokenized with :mod:`prefixfleet.tokenizer` (chat messages via ``render_chat``), explicit token ids
+are taken as they are. A batch (list of prompts) is routed by its first prompt.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prefixfleet.tokenizer import render_chat, tokenize
+
+from .radix import as_token_bytes
+
+GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+DEFAULT_MAX_PROMPT_TOKENS = 262144
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+class BadRequest(ValueError):
+    """A request the client must fix; carries the HTTP status and the offending field."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.status}}
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    path: str
+    token_bytes: bytes  # little-endian uint32 ids (radix tree edge format)
+    num_tokens: int
+    stream: bool
+    max_new_tokens: int
+    tenant_salt: str | None  # cache-isolation salt (vLLM's ``cache_salt``), None = shared
+    model: str | None
+
+
+def _int_field(obj: Mapping[str, Any], name: str, where: str = "") -> int | None:
+    value = obj.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"field '{where}{name}' must be an integer", param=f"{where}{name}")
+    if value < 0:
+        raise BadRequest(f"field '{where}{name}' must not be negative", param=f"{where}{name}")
+    return value
+
+
+def _token_ids(value: list[Any], param: str) -> bytes:
+    for i, t in enumerate(value):
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _MAX_TOKEN_ID:
+            raise BadRequest(f"{param}[{i}] must be a token id (integer in [0, 2**32))", param=param)
+    return as_token_bytes(value)
+
+
+def _prompt_tokens(value: Any, param: str) -> bytes:
+    """Tokens of a prompt field: a string, a list of token ids, or a batch (first element routes)."""
+    if isinstance(value, str):
+        return as_token_bytes(tokenize(value))
+    if isinstance(value, list):
+        if not value:
+            raise BadRequest(f"field '{param}' must not be empty", param=param)
+        first = value[0]
+        if isinstance(first, str):
+            if not all(isinstance(p, str) for p in value):
+                raise BadRequest(f"field '{param}' must be a list of strings, not a mix", param=param)
+            return as_token_bytes(tokenize(first))
+        if isinstance(first, list):
+            if not all(isinstance(p, list) for p in value):
+                raise BadRequest(f"field '{param}' must be a list of token-id lists, not a mix", param=param)
+            return _token_ids(first, f"{param}[0]")
+        return _token_ids(value, param)
+    raise BadRequest(
+        f"field '{param}' must be a string, a list of strings or a list of token ids", param=param
+    )
+
+
+def parse_inference_request(
+    path: str,
+    body: bytes,
+    *,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+) -> InferenceRequest:
+    """Validate ``body`` for ``path`` (one of :data:`GENERATE_PATHS`); raise :class:`BadRequest`."""
+    try:
+        obj = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("request body must be a JSON object")
+    stream = obj.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("field 'stream' must be a boolean", param="stream")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("field 'model' must be a string", param="model")
+    salt = obj.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadRequest("field 'cache_salt' must be a string", param="cache_salt")
+
+    if path == "/generate":
+        text, ids = obj.get("text"), obj.get("input_ids")
+        if (text is None) == (ids is None):
+            raise BadRequest("exactly one of the fields 'text' and 'input_ids' is required", param="text")
+        tokens = _prompt_tokens(text, "text") if text is not None else _prompt_tokens(ids, "input_ids")
+        sampling = obj.get("sampling_params") or {}
+        if not isinstance(sampling, dict):
+            raise BadRequest("field 'sampling_params' must be an object", param="sampling_params")
+        max_new = _int_field(sampling, "max_new_tokens", "sampling_params.")
+    elif path == "/v1/completions":
+        if "prompt" not in obj:
+            raise BadRequest("field 'prompt' is required", param="prompt")
+        tokens = _prompt_tokens(obj["prompt"], "prompt")
+        max_new = _int_field(obj, "max_tokens")
+    elif path == "/v1/chat/completions":
+        messages = obj.get("messages")
+        if messages is None:
+            raise BadRequest("field 'messages' is required", param="messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("field 'messages' must be a non-empty list of messages", param="messages")
+        try:
+            text = render_chat(messages)
+        except ValueError as exc:
+            raise BadRequest(str(exc), param="messages") from None
+        tokens = as_token_bytes(tokenize(text))
+        max_new = _int_field(obj, "max_completion_tokens")
+        if max_new is None:
+            max_new = _int_field(obj, "max_tokens")
+    else:
+        raise BadRequest(f"unknown generation endpoint {path}", status=404)
+
+    num_tokens = len(tokens) // 4
+    if num_tokens > max_prompt_tokens:
+        raise BadRequest(
+            f"prompt has {num_tokens} tokens; at most {max_prompt_tokens} are accepted",
+            status=413,
+            param="prompt",
+        )
+    return InferenceRequest(
+        path=path,
+        token_bytes=tokens,
+        num_tokens=num_tokens,
+        stream=stream,
+        max_new_tokens=max_new if max_new is not None else 16,
+        tenant_salt=salt or None,
+        model=model,
+    )
+
+
+def token_array(req: InferenceRequest) -> array:
+    out = array("I")
+    out.frombytes(req.token_bytes)
+    return out

@@ -1,0 +1,519 @@
+"""The sidecar: a reverse proxy in front of one engine that publishes what the engine has cached.
+
+Every path is forwarded to the engine. Generation requests are also tokenized, mirrored into the
+worker's prefix tree (:class:`~.mirror.CacheMirror`) and tracked for load (:class:`~.loadtrack.LoadTracker`);
+their responses stream through chunk by chunk. A publisher task writes the load record every
+interval and the summary whenever the tree changed, and keeps the member record registered. Redis
+being down never stops proxying: publishing backs off and one warning is logged per outage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from prefixfleet.tokenizer import tokenize
+
+from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
+from .keys import DEFAULT_FLEET, FleetKeys
+from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
+from .mirror import CacheMirror
+from .proxying import (
+    HOP_BY_HOP,
+    find_cached_tokens,
+    forward_headers,
+    json_error,
+    output_text,
+    sse_error_event,
+)
+from .radix import as_token_bytes
+from .records import LoadReport, MemberRecord, encode_record, validate_state, validate_worker_id
+from .requests import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    GENERATE_PATHS,
+    BadRequest,
+    InferenceRequest,
+    parse_inference_request,
+)
+from .summary import DEFAULT_MAX_BLOCKS, encode_summary
+
+log = logging.getLogger("prefixfleet.sidecar")
+DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports max_total_num_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    engine_url: str
+    redis_url: str | None
+    port: int
+    host: str = "127.0.0.1"
+    worker_id: str = ""
+    advertise_url: str = ""
+    fleet: str = DEFAULT_FLEET
+    publish_interval_s: float = 0.25
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    cache_tokens: int | None = None  # None: ask the engine (/get_server_info max_total_num_tokens)
+    self_register: bool = True
+    model: str | None = None  # None: ask the engine
+    revision: str | None = None
+    adapter: str = ""
+    max_summary_blocks: int = DEFAULT_MAX_BLOCKS
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
+    record_ttl_s: float = 10.0  # load/summary keys expire this long after the last publish
+
+    def resolved_worker_id(self) -> str:
+        wid = self.worker_id or f"{socket.gethostname().split('.')[0]}-{self.port}"
+        return validate_worker_id(wid)
+
+    def resolved_advertise_url(self) -> str:
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        return f"http://{host}:{self.port}"
+
+
+@dataclass(slots=True)
+class _EngineInfo:
+    model: str = ""
+    revision: str = ""
+    capacity_tokens: int | None = None
+    known: bool = False
+
+
+@dataclass(slots=True)
+class SidecarState:
+    """Mutable state of one running sidecar (owned by its app; no module globals)."""
+
+    config: SidecarConfig
+    worker_id: str
+    url: str
+    mirror: CacheMirror
+    load: LoadTracker
+    state: str = "ready"
+    engine_ok: bool = False
+    engine: _EngineInfo = field(default_factory=_EngineInfo)
+    summary_version: int = 0
+    published_changes: int = -1
+    load_seq: int = 0
+    redis_ok: bool = True
+    state_changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Sidecar:
+    """Owns the sidecar's state, its HTTP session to the engine and its Redis client."""
+
+    def __init__(self, config: SidecarConfig) -> None:
+        self.config = config
+        capacity = config.cache_tokens or DEFAULT_CACHE_TOKENS
+        identity = CacheIdentity(config.model or "", config.revision or "", config.adapter)
+        self.s = SidecarState(
+            config=config,
+            worker_id=config.resolved_worker_id(),
+            url=config.resolved_advertise_url(),
+            mirror=CacheMirror(capacity, identity, block_tokens=config.block_tokens, clock=time.time),
+            load=LoadTracker(config.prefill_tokens_per_s),
+        )
+        self.keys = FleetKeys(config.fleet)
+        self.session: aiohttp.ClientSession | None = None
+        self.redis: aioredis.Redis | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app["sidecar"] = self
+        app.router.add_post("/prefixfleet/state", self.handle_set_state)
+        app.router.add_get("/prefixfleet/status", self.handle_status)
+        app.router.add_get("/prefixfleet/hot", self.handle_hot)
+        for path in GENERATE_PATHS:
+            app.router.add_post(path, self.handle_generate)
+        app.router.add_route("*", "/{tail:.*}", self.handle_proxy)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=3),
+            auto_decompress=False,
+        )
+        if self.config.redis_url:
+            self.redis = aioredis.from_url(
+                self.config.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+            )
+        self._tasks = [asyncio.create_task(self._engine_watch())]
+        if self.redis is not None:
+            self._tasks.append(asyncio.create_task(self._publish_loop()))
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self._deregister()
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+        if self.session is not None:
+            await self.session.close()
+
+    # -- engine discovery and health -------------------------------------------------------------
+
+    async def _engine_watch(self) -> None:
+        """Learn the engine's identity and capacity, then keep probing its health."""
+        assert self.session is not None
+        while True:
+            try:
+                if not self.s.engine.known:
+                    await self._fetch_engine_info()
+                async with self.session.get(
+                    f"{self.config.engine_url}/health", timeout=aiohttp.ClientTimeout(total=2)
+                ) as resp:
+                    await resp.read()
+                    self.s.engine_ok = resp.status == 200
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                self.s.engine_ok = False
+            await asyncio.sleep(1.0 if self.s.engine.known else 0.2)
+
+    async def _fetch_engine_info(self) -> None:
+        assert self.session is not None
+        info: dict = {}
+        for path in ("/get_server_info", "/get_model_info"):
+            try:
+                async with self.session.get(
+                    f"{self.config.engine_url}{path}", timeout=aiohttp.ClientTimeout(total=2)
+                ) as resp:
+                    if resp.status == 200:
+                        body = await resp.json(content_type=None)
+                        if isinstance(body, dict):
+                            info.update({k: v for k, v in body.items() if k not in info})
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                return
+        model = self.config.model or str(info.get("served_model_name") or info.get("model_path") or "")
+        revision = self.config.revision or str(info.get("revision") or info.get("model_revision") or "")
+        capacity = info.get("max_total_num_tokens")
+        e = self.s.engine
+        e.model, e.revision, e.known = model, revision, True
+        if isinstance(capacity, int) and capacity > 0 and not self.config.cache_tokens:
+            e.capacity_tokens = capacity
+            self.s.mirror.resize(capacity)
+        identity = CacheIdentity(model, revision, self.config.adapter)
+        if identity != self.s.mirror.identity:
+            # A different cache identity names different blocks: start the mirror afresh.
+            self.s.mirror = CacheMirror(
+                self.s.mirror.tree.capacity_tokens,
+                identity,
+                block_tokens=self.config.block_tokens,
+                clock=time.time,
+            )
+        log.info(
+            "engine %s: model=%r revision=%r capacity=%s tokens",
+            self.config.engine_url,
+            model,
+            revision,
+            self.s.mirror.tree.capacity_tokens,
+        )
+
+    # -- Redis publishing ------------------------------------------------------------------------
+
+    def member_record(self) -> MemberRecord:
+        e = self.s.engine
+        return MemberRecord(
+            url=self.s.url,
+            state=self.s.state,
+            model=e.model,
+            revision=e.revision,
+            adapter=self.config.adapter,
+            block_tokens=self.config.block_tokens,
+            registered_at=time.time(),
+        )
+
+    def load_report(self) -> LoadReport:
+        now = time.time()
+        load = self.s.load
+        return LoadReport(
+            seq=self.s.load_seq,
+            ts=now,
+            state=self.s.state,
+            engine_ok=self.s.engine_ok,
+            in_flight=load.in_flight,
+            queued=load.queued,
+            pending_prefill_tokens=load.pending_prefill_tokens(now),
+            prefill_tokens_per_s=round(load.prefill_tokens_per_s, 1),
+            cached_tokens=self.s.mirror.tree.cached_tokens,
+            capacity_tokens=self.s.mirror.tree.capacity_tokens,
+            summary_version=self.s.summary_version,
+        )
+
+    async def publish_once(self, *, register: bool) -> None:
+        assert self.redis is not None
+        ttl_ms = int(self.config.record_ttl_s * 1000)
+        pipe = self.redis.pipeline(transaction=False)
+        mirror = self.s.mirror
+        if mirror.changes != self.s.published_changes:
+            self.s.summary_version += 1
+            summary = mirror.summary(
+                worker=self.s.worker_id,
+                version=self.s.summary_version,
+                max_blocks=self.config.max_summary_blocks,
+            )
+            pipe.set(self.keys.summary(self.s.worker_id), encode_summary(summary), px=ttl_ms)
+            self.s.published_changes = mirror.changes
+        else:
+            pipe.pexpire(self.keys.summary(self.s.worker_id), ttl_ms)
+        self.s.load_seq += 1
+        pipe.set(self.keys.load(self.s.worker_id), encode_record(self.load_report()), px=ttl_ms)
+        if register and self.config.self_register:
+            pipe.hset(self.keys.members, self.s.worker_id, encode_record(self.member_record()))
+        await pipe.execute()
+
+    async def _publish_loop(self) -> None:
+        interval = self.config.publish_interval_s
+        backoff = interval
+        last_register = 0.0
+        while True:
+            state_change = self.s.state_changed.is_set()
+            self.s.state_changed.clear()
+            now = time.monotonic()
+            register = state_change or now - last_register >= 2.0 or not self.s.redis_ok
+            try:
+                await self.publish_once(register=register)
+                if state_change:
+                    assert self.redis is not None
+                    await self.redis.publish(self.keys.events, f"state {self.s.worker_id} {self.s.state}")
+                if register:
+                    last_register = now
+                if not self.s.redis_ok:
+                    log.warning("redis reachable again: publishing resumed")
+                    self.s.redis_ok = True
+                    # A restarted Redis lost everything: republish the summary too.
+                    self.s.published_changes = -1
+                backoff = interval
+            except (aioredis.RedisError, OSError, TimeoutError) as exc:
+                if self.s.redis_ok:
+                    log.warning("redis unavailable (%s): still proxying, retrying with backoff", exc)
+                    self.s.redis_ok = False
+                if state_change:
+                    self.s.state_changed.set()
+                backoff = min(backoff * 2, 5.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.s.state_changed.wait(), timeout=backoff)
+
+    async def _deregister(self) -> None:
+        assert self.redis is not None
+        pipe = self.redis.pipeline(transaction=False)
+        if self.config.self_register:
+            pipe.hdel(self.keys.members, self.s.worker_id)
+        pipe.delete(self.keys.load(self.s.worker_id), self.keys.summary(self.s.worker_id))
+        pipe.publish(self.keys.events, f"left {self.s.worker_id}")
+        await asyncio.wait_for(pipe.execute(), timeout=1.0)
+
+    # -- admin endpoints -------------------------------------------------------------------------
+
+    async def handle_set_state(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return json_error(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return json_error(400, "request body must be a JSON object")
+        try:
+            state = validate_state(body.get("state"))
+        except ValueError as exc:
+            return json_error(400, str(exc), param="state")
+        previous, self.s.state = self.s.state, state
+        if previous != state:
+            log.info("state %s -> %s", previous, state)
+            self.s.state_changed.set()
+        return web.json_response({"worker_id": self.s.worker_id, "state": state, "previous": previous})
+
+    async def handle_status(self, _request: web.Request) -> web.Response:
+        report = self.load_report()
+        return web.json_response(
+            {
+                "worker_id": self.s.worker_id,
+                "url": self.s.url,
+                "fleet": self.config.fleet,
+                "state": self.s.state,
+                "engine_ok": self.s.engine_ok,
+                "redis_ok": self.s.redis_ok,
+                "model": self.s.engine.model,
+                "revision": self.s.engine.revision,
+                "load": {k: getattr(report, k) for k in report.__dataclass_fields__},
+            }
+        )
+
+    async def handle_hot(self, request: web.Request) -> web.Response:
+        """Hot prefixes as token ids, for pre-warming another replica. Pod-local: never in Redis."""
+        out = [
+            {
+                "hash": f"{h:016x}",
+                "namespace": p.namespace,
+                "num_tokens": len(p.token_bytes) // 4,
+                "input_ids": list(memoryview(p.token_bytes).cast("I")),
+            }
+            for h, p in self.s.mirror.hot_prefixes.items()
+        ]
+        return web.json_response({"worker_id": self.s.worker_id, "prefixes": out})
+
+    # -- proxying --------------------------------------------------------------------------------
+
+    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return json_error(413, f"request body exceeds {self.config.max_body_bytes} bytes", param="body")
+        try:
+            parsed = parse_inference_request(
+                request.path, body, max_prompt_tokens=self.config.max_prompt_tokens
+            )
+        except BadRequest as exc:
+            if exc.status == 413:
+                return json_error(413, str(exc), param=exc.param)
+            # Not ours to judge what else the engine accepts: forward untracked.
+            return await self._forward(request, body)
+        return await self._forward(request, body, parsed)
+
+    async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return json_error(413, f"request body exceeds {self.config.max_body_bytes} bytes", param="body")
+        response = await self._forward(request, body)
+        if request.path == "/flush_cache" and 200 <= response.status < 300:
+            self.s.mirror.flush()
+        return response
+
+    async def _forward(
+        self, request: web.Request, body: bytes, parsed: InferenceRequest | None = None
+    ) -> web.StreamResponse:
+        assert self.session is not None
+        load = self.s.load
+        handle = predicted = None
+        if parsed is not None:
+            predicted = self.s.mirror.admit(parsed.token_bytes, parsed.tenant_salt)
+            handle = load.admit(
+                parsed.num_tokens - predicted,
+                time.monotonic(),
+                samples_prefill=parsed.stream or parsed.max_new_tokens <= 1,
+            )
+        ok = False
+        try:
+            try:
+                upstream = await self.session.request(
+                    request.method,
+                    f"{self.config.engine_url}{request.rel_url}",
+                    data=body if body else None,
+                    headers=forward_headers(request.headers),
+                    allow_redirects=False,
+                )
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                self.s.engine_ok = False
+                return json_error(
+                    502,
+                    f"engine unavailable: {exc.__class__.__name__}",
+                    kind="engine_unavailable",
+                    retryable=True,
+                )
+            async with upstream:
+                headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+                streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+                if not streaming:
+                    try:
+                        data = await upstream.read()
+                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                        self.s.engine_ok = False
+                        return json_error(
+                            502,
+                            f"engine failed mid-response: {exc.__class__.__name__}",
+                            kind="engine_unavailable",
+                            retryable=True,
+                        )
+                    if handle is not None:
+                        load.first_byte(handle, time.monotonic())
+                        if parsed is not None and upstream.status == 200:
+                            self._learn(parsed, data, predicted or 0, handle)
+                    ok = upstream.status < 500
+                    return web.Response(status=upstream.status, body=data, headers=headers)
+                ok = upstream.status < 500
+                return await self._stream(request, upstream, headers, parsed, handle, predicted or 0)
+        finally:
+            if handle is not None:
+                load.finish(handle, time.monotonic(), ok=ok)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        headers: dict[str, str],
+        parsed: InferenceRequest | None,
+        handle: int | None,
+        predicted: int,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        cached: int | None = None
+        try:
+            async for chunk in upstream.content.iter_any():
+                if handle is not None:
+                    self.s.load.first_byte(handle, time.monotonic())
+                    if cached is None and b"cached_tokens" in chunk:
+                        cached = find_cached_tokens(chunk)
+                await response.write(chunk)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            self.s.engine_ok = False
+            with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+                await response.write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
+        if parsed is not None and handle is not None and cached is not None:
+            self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
+        with contextlib.suppress(ConnectionError):
+            await response.write_eof()
+        return response
+
+    def _learn(self, parsed: InferenceRequest, data: bytes, predicted: int, handle: int) -> None:
+        """Reconcile the mirror with a finished non-streaming response."""
+        cached = find_cached_tokens(data)
+        if cached is not None:
+            self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
+        text = output_text(parsed.path, data)
+        if text:
+            # The engine keeps prompt + generated tokens cached (so does SGLang): mirror that too,
+            # so the next turn of a conversation is predicted as the hit it will be.
+            self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(text)), parsed.tenant_salt)
+
+
+async def serve(config: SidecarConfig) -> None:
+    """Run a sidecar until cancelled."""
+    sidecar = Sidecar(config)
+    runner = web.AppRunner(sidecar.app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    log.info(
+        "sidecar %s on %s:%d -> %s (fleet %s)",
+        sidecar.s.worker_id,
+        config.host,
+        config.port,
+        config.engine_url,
+        config.fleet,
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,328 @@
+"""The worker cache summary: what a sidecar publishes about its engine's KV cache (format v1).
+
+Wire format (binary, little-endian; documented in docs/redis.md)::
+
+    b"PFS" + u8 format version (1)
+    u32  header length H
+    H bytes  header: UTF-8 JSON object (scalars + the top-K hot nodes, see :class:`Summary`)
+    8*n bytes  n = header["num_blocks"] chained block hashes (u64), sorted ascending
+
+The block-hash set names every full block cached on the worker (see :mod:`.blockhash`), so a reader
+finds a request's longest cached prefix by hashing the request the same way and walking its chain
+until the first hash that is absent. When the set is capped, the most recently used blocks are kept;
+because a block is never more recent than its parent the kept set stays prefix-closed.
+Never raw text or token ids: only hashes, counts and times.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import json
+import struct
+import sys
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from .blockhash import extend_chain
+from .radix import TOKEN_BYTES, RadixNode, RadixTree
+
+FORMAT_VERSION = 1
+MAGIC = b"PFS"
+_HEAD = struct.Struct("<3sBI")
+DEFAULT_MAX_BLOCKS = 32768  # 256 KiB of hashes: ~0.5M tokens at 16-token blocks
+DEFAULT_HOT_K = 32
+
+
+class SummaryError(ValueError):
+    """A summary (or load record) that cannot be decoded; readers skip it with a warning."""
+
+
+@dataclass(frozen=True, slots=True)
+class HotNode:
+    """One hashed prefix node: the prefix of ``tokens`` tokens whose last full block hashes to ``hash``."""
+
+    hash: int
+    tokens: int
+    hits: int
+    last_access: float  # unix seconds (approximate: the sidecar maps tree ticks to wall time)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    worker: str
+    version: int
+    generated_at: float
+    block_tokens: int
+    identity_seed: int
+    cached_tokens: int
+    capacity_tokens: int
+    blocks: array = field(compare=False)  # array('Q'), sorted ascending
+    hot: tuple[HotNode, ...] = ()
+    truncated: bool = False  # the block set was capped
+
+    def has_block(self, block_hash: int) -> bool:
+        blocks = self.blocks
+        i = bisect.bisect_left(blocks, block_hash)
+        return i < len(blocks) and blocks[i] == block_hash
+
+    def matched_blocks(self, hashes: Iterable[int]) -> int:
+        """Leading blocks of a request's chain present here (stop at the first absent one)."""
+        n = 0
+        for h in hashes:
+            if not self.has_block(h):
+                break
+            n += 1
+        return n
+
+
+def _sorted_blocks(values: Iterable[int]) -> array:
+    return array("Q", sorted(set(values)))
+
+
+def make_summary(
+    *,
+    worker: str,
+    version: int,
+    generated_at: float,
+    block_tokens: int,
+    identity_seed: int,
+    cached_tokens: int,
+    capacity_tokens: int,
+    blocks: Iterable[int],
+    hot: Iterable[HotNode] = (),
+    truncated: bool = False,
+) -> Summary:
+    return Summary(
+        worker=worker,
+        version=version,
+        generated_at=generated_at,
+        block_tokens=block_tokens,
+        identity_seed=identity_seed,
+        cached_tokens=cached_tokens,
+        capacity_tokens=capacity_tokens,
+        blocks=_sorted_blocks(blocks),
+        hot=tuple(hot),
+        truncated=truncated,
+    )
+
+
+# -- encode / decode -----------------------------------------------------------------------------
+
+
+def encode_summary(summary: Summary) -> bytes:
+    header = {
+        "worker": summary.worker,
+        "version": summary.version,
+        "generated_at": summary.generated_at,
+        "block_tokens": summary.block_tokens,
+        "identity_seed": f"{summary.identity_seed:016x}",
+        "cached_tokens": summary.cached_tokens,
+        "capacity_tokens": summary.capacity_tokens,
+        "num_blocks": len(summary.blocks),
+        "truncated": summary.truncated,
+        "hot": [
+            {"h": f"{n.hash:016x}", "tokens": n.tokens, "hits": n.hits, "last_access": n.last_access}
+            for n in summary.hot
+        ],
+    }
+    head_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blocks = summary.blocks
+    if sys.byteorder != "little":
+        blocks = array("Q", blocks)
+        blocks.byteswap()
+    return _HEAD.pack(MAGIC, FORMAT_VERSION, len(head_bytes)) + head_bytes + blocks.tobytes()
+
+
+def _field(obj: dict, name: str, kind: type | tuple[type, ...], where: str = "summary") -> object:
+    value = obj.get(name)
+    # bool is an int subclass: never accept it where a number is meant
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise SummaryError(f"{where}: field {name!r} missing or not {_kind_name(kind)}")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    return "/".join(k.__name__ for k in _as_tuple(kind))
+
+
+def _hex64(value: object, name: str) -> int:
+    if not isinstance(value, str) or len(value) != 16:
+        raise SummaryError(f"summary: {name} must be 16 hex digits")
+    try:
+        return int(value, 16)
+    except ValueError:
+        raise SummaryError(f"summary: {name} must be 16 hex digits") from None
+
+
+def _non_negative(value: int | float, name: str) -> None:
+    if value < 0:
+        raise SummaryError(f"summary: {name} must not be negative")
+
+
+def decode_summary(data: bytes) -> Summary:
+    """Parse and validate a summary; anything malformed raises :class:`SummaryError`."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise SummaryError("summary must be bytes")
+    data = bytes(data)
+    if len(data) < _HEAD.size:
+        raise SummaryError(f"summary too short ({len(data)} bytes)")
+    magic, version, head_len = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise SummaryError("not a prefixfleet summary (bad magic)")
+    if version != FORMAT_VERSION:
+        raise SummaryError(
+            f"unsupported summary format version {version} (this reader knows {FORMAT_VERSION})"
+        )
+    end = _HEAD.size + head_len
+    if end > len(data):
+        raise SummaryError("summary header length exceeds the data")
+    try:
+        header = json.loads(data[_HEAD.size : end].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SummaryError(f"summary header is not JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise SummaryError("summary header must be a JSON object")
+    worker = _field(header, "worker", str)
+    ver = _field(header, "version", int)
+    generated_at = _field(header, "generated_at", (int, float))
+    block_tokens = _field(header, "block_tokens", int)
+    seed = _hex64(header.get("identity_seed"), "identity_seed")
+    cached = _field(header, "cached_tokens", int)
+    capacity = _field(header, "capacity_tokens", int)
+    num_blocks = _field(header, "num_blocks", int)
+    truncated = _field(header, "truncated", bool)
+    hot_raw = _field(header, "hot", list)
+    assert isinstance(block_tokens, int) and isinstance(num_blocks, int)
+    for name, value in (("version", ver), ("cached_tokens", cached), ("capacity_tokens", capacity)):
+        _non_negative(value, name)  # type: ignore[arg-type]
+    if block_tokens <= 0:
+        raise SummaryError("summary: block_tokens must be positive")
+    if num_blocks < 0 or len(data) - end != 8 * num_blocks:
+        raise SummaryError(f"summary: {len(data) - end} bytes of block hashes for num_blocks={num_blocks}")
+    blocks = array("Q")
+    blocks.frombytes(data[end:])
+    if sys.byteorder != "little":
+        blocks.byteswap()
+    if any(blocks[i] >= blocks[i + 1] for i in range(len(blocks) - 1)):
+        raise SummaryError("summary: block hashes must be sorted ascending without duplicates")
+    hot: list[HotNode] = []
+    for i, item in enumerate(hot_raw):  # type: ignore[arg-type]
+        if not isinstance(item, dict):
+            raise SummaryError(f"summary: hot[{i}] must be an object")
+        where = f"summary hot[{i}]"
+        node = HotNode(
+            hash=_hex64(item.get("h"), f"hot[{i}].h"),
+            tokens=_field(item, "tokens", int, where),  # type: ignore[arg-type]
+            hits=_field(item, "hits", int, where),  # type: ignore[arg-type]
+            last_access=float(_field(item, "last_access", (int, float), where)),  # type: ignore[arg-type]
+        )
+        if node.tokens < 0 or node.hits < 0:
+            raise SummaryError(f"{where}: tokens and hits must not be negative")
+        hot.append(node)
+    return Summary(
+        worker=worker,  # type: ignore[arg-type]
+        version=ver,  # type: ignore[arg-type]
+        generated_at=float(generated_at),  # type: ignore[arg-type]
+        block_tokens=block_tokens,
+        identity_seed=seed,
+        cached_tokens=cached,  # type: ignore[arg-type]
+        capacity_tokens=capacity,  # type: ignore[arg-type]
+        blocks=blocks,
+        hot=tuple(hot),
+        truncated=truncated,  # type: ignore[arg-type]
+    )
+
+
+# -- building a summary from a worker's radix tree ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HotPrefix:
+    """A hot node's actual prefix, kept in the sidecar only (never published): for pre-warming."""
+
+    namespace: object
+    token_bytes: bytes
+
+
+def _prefix_bytes(node: RadixNode) -> bytes:
+    parts: list[bytes] = []
+    cur: RadixNode | None = node
+    while cur is not None and cur.parent is not None:
+        parts.append(cur.edge)
+        cur = cur.parent
+    return b"".join(reversed(parts))
+
+
+def build_summary(
+    tree: RadixTree,
+    *,
+    worker: str,
+    version: int,
+    now: float,
+    identity_seed: int,
+    block_tokens: int,
+    namespace_seed: Callable[[object], int],
+    wall_time_of: Callable[[int], float],
+    max_blocks: int = DEFAULT_MAX_BLOCKS,
+    hot_k: int = DEFAULT_HOT_K,
+) -> tuple[Summary, dict[int, HotPrefix]]:
+    """Hash every full cached block of ``tree`` (all namespaces) into a :class:`Summary`.
+
+    ``namespace_seed(ns)`` gives block 0's seed for a namespace (identity seed, salted per tenant);
+    ``wall_time_of(tick)`` maps the tree's logical access ticks to unix seconds. Also returns the
+    hot nodes' real prefixes for the sidecar's own use (pre-warm export); those stay in the process.
+    """
+    # (last_access, block end position, hash): sorted by recency then depth keeps the cap prefix-closed
+    entries: list[tuple[int, int, int]] = []
+    # per hot-node candidate: hash -> (hits, last_access, tokens, node, namespace)
+    candidates: dict[int, tuple[int, int, int, RadixNode, object]] = {}
+    step = block_tokens
+    for ns in tree.namespaces():
+        root = tree.root(ns)
+        seed = namespace_seed(ns)
+        stack: list[tuple[RadixNode, int, bytes, int]] = [(c, seed, b"", 0) for c in root.children.values()]
+        while stack:
+            node, prev_hash, leftover, start = stack.pop()
+            hashes, rest = extend_chain(prev_hash, leftover, node.edge, step)
+            end = start + node.num_tokens
+            first_block = (start - len(leftover) // TOKEN_BYTES) // step  # index of the first new block
+            for j, h in enumerate(hashes):
+                entries.append((node.last_access, (first_block + j + 1) * step, h))
+            last_hash = hashes[-1] if hashes else prev_hash
+            floored = (end // step) * step
+            if floored > 0:
+                prev = candidates.get(last_hash)
+                if prev is None or node.hits > prev[0]:
+                    candidates[last_hash] = (node.hits, node.last_access, floored, node, ns)
+            stack.extend((c, last_hash, rest, end) for c in node.children.values())
+    truncated = len(entries) > max_blocks
+    if truncated:
+        entries = heapq.nsmallest(max_blocks, entries, key=lambda e: (-e[0], e[1]))
+    top = heapq.nlargest(hot_k, candidates.items(), key=lambda kv: (kv[1][0], kv[1][1]))
+    hot = tuple(
+        HotNode(hash=h, tokens=tokens, hits=hits, last_access=wall_time_of(tick))
+        for h, (hits, tick, tokens, _node, _ns) in top
+    )
+    exports = {
+        h: HotPrefix(ns, _prefix_bytes(node)[: tokens * TOKEN_BYTES])
+        for h, (_hits, _tick, tokens, node, ns) in top
+    }
+    summary = make_summary(
+        worker=worker,
+        version=version,
+        generated_at=now,
+        block_tokens=block_tokens,
+        identity_seed=identity_seed,
+        cached_tokens=tree.cached_tokens,
+        capacity_tokens=tree.capacity_tokens,
+        blocks=(e[2] for e in entries),
+        hot=hot,
+        truncated=truncated,
+    )
+    return summary, exports

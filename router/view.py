@@ -1,0 +1,301 @@
+"""A gateway's view of the fleet: members, their summaries and load, plus its own recent sends.
+
+Pure state and decisions (no I/O): the gateway's refresh task feeds it raw Redis values
+(:meth:`FleetView.apply_snapshot`), request handling asks it for :class:`ReplicaState` rows
+(:meth:`FleetView.replica_states`). Liveness is judged on the gateway's own monotonic clock by
+whether a worker's load ``seq`` keeps advancing, and only while Redis answers: when Redis is down
+the view freezes on what it last knew instead of declaring everyone dead.
+
+Matched tokens per worker = leading blocks of the request's hash chain found in the worker's summary
+UNION this gateway's *overlay* (hashes it sent there recently), so a burst on a new prefix sticks to
+one worker before that worker's next summary shows the prefix.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, block_hashes, salted_seed
+from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
+from .policies import ReplicaState
+from .records import LoadReport, MemberRecord, decode_load, decode_member
+from .summary import Summary, SummaryError, decode_summary
+
+DEFAULT_DEAD_AFTER_S = 3.0
+DEFAULT_OVERLAY_TTL_S = 30.0
+OVERLAY_SUMMARY_SLACK_S = 1.0  # a summary generated this long after a send surely includes it
+SUSPECT_S = 2.0  # a worker that refused a connection sits out this long
+MAX_OVERLAY_PER_WORKER = 65536
+
+
+@dataclass(slots=True)
+class _Send:
+    sent_at: float  # wall clock (compared with the sidecar's load report timestamps)
+    uncached_tokens: int
+
+
+@dataclass(slots=True)
+class WorkerView:
+    worker_id: str
+    url: str
+    static: bool = False
+    member: MemberRecord | None = None
+    load: LoadReport | None = None
+    load_changed_at: float = float("-inf")  # gateway monotonic time the load seq last advanced
+    summary: Summary | None = None
+    healthy: bool = True  # health checks (static workers) / engine_ok (sidecar workers)
+    suspect_until: float = float("-inf")
+    missing_since: float | None = None  # left the members hash at this time
+    overlay: dict[int, float] = field(default_factory=dict)  # block hash -> wall time sent
+    sends: dict[int, _Send] = field(default_factory=dict)  # own in-flight requests
+
+    @property
+    def state(self) -> str:
+        if self.load is not None:
+            return self.load.state
+        if self.member is not None:
+            return self.member.state
+        return "ready"
+
+    def identity_seed(self, default_seed: int) -> int:
+        if self.summary is not None:
+            return self.summary.identity_seed
+        if self.member is not None:
+            return CacheIdentity(self.member.model, self.member.revision, self.member.adapter).seed()
+        return default_seed
+
+    def block_tokens(self, default: int) -> int:
+        if self.summary is not None:
+            return self.summary.block_tokens
+        if self.member is not None:
+            return self.member.block_tokens
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResult:
+    warnings: list[str]
+    need_summaries: list[str]  # workers whose published summary version is newer than ours
+    removed: list[str]  # workers that left the view (policies forget them)
+
+
+class FleetView:
+    def __init__(
+        self,
+        *,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        dead_after_s: float = DEFAULT_DEAD_AFTER_S,
+        overlay_ttl_s: float = DEFAULT_OVERLAY_TTL_S,
+        default_identity: CacheIdentity | None = None,
+        default_prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
+    ) -> None:
+        self.block_tokens = block_tokens
+        self.dead_after_s = dead_after_s
+        self.overlay_ttl_s = overlay_ttl_s
+        self.default_seed = (default_identity or CacheIdentity()).seed()
+        self.default_rate = default_prefill_tokens_per_s
+        self.workers: dict[str, WorkerView] = {}
+        self.last_refresh_ok: float = float("-inf")  # gateway monotonic
+        self._send_ids = itertools.count(1)
+
+    # -- membership --------------------------------------------------------------------------------
+
+    def add_static(self, url: str) -> WorkerView:
+        url = url.rstrip("/")
+        w = self.workers.get(url)
+        if w is None:
+            w = self.workers[url] = WorkerView(worker_id=url, url=url, static=True)
+        return w
+
+    def apply_snapshot(
+        self,
+        members: Mapping[str, bytes | str],
+        loads: Mapping[str, bytes | str | None],
+        now: float,
+    ) -> SnapshotResult:
+        """Merge one read of the members hash and the members' load records."""
+        warnings: list[str] = []
+        need: list[str] = []
+        removed: list[str] = []
+        self.last_refresh_ok = now
+        seen: set[str] = set()
+        for wid, raw in members.items():
+            try:
+                member = decode_member(raw)
+            except SummaryError as exc:
+                warnings.append(f"ignoring member {wid!r}: {exc}")
+                continue
+            seen.add(wid)
+            w = self.workers.get(wid)
+            if w is None or w.static:
+                if w is not None and w.static:
+                    continue  # a static URL used as an id: keep the static entry
+                w = self.workers[wid] = WorkerView(worker_id=wid, url=member.url, load_changed_at=now)
+            w.member, w.url, w.missing_since = member, member.url, None
+            raw_load = loads.get(wid)
+            if raw_load is None:
+                continue
+            try:
+                load = decode_load(raw_load)
+            except SummaryError as exc:
+                warnings.append(f"ignoring load of {wid!r}: {exc}")
+                continue
+            if w.load is None or load.seq != w.load.seq or load.ts != w.load.ts:
+                w.load_changed_at = now
+            w.load = load
+            w.healthy = load.engine_ok
+            if load.summary_version and (w.summary is None or w.summary.version != load.summary_version):
+                need.append(wid)
+        # Redis restarted empty (every member gone at once): keep the view; sidecars re-register soon.
+        wiped = not members and any(not w.static for w in self.workers.values())
+        for wid, w in list(self.workers.items()):
+            if w.static or wid in seen:
+                continue
+            if w.missing_since is None:
+                w.missing_since = now
+            if not wiped or now - w.missing_since > self.dead_after_s:
+                del self.workers[wid]
+                removed.append(wid)
+        return SnapshotResult(warnings, need, removed)
+
+    def apply_summary(self, worker_id: str, raw: bytes | None) -> str | None:
+        """Adopt a worker's summary; returns a warning when it is malformed (then it is ignored)."""
+        w = self.workers.get(worker_id)
+        if w is None or raw is None:
+            return None
+        try:
+            summary = decode_summary(raw)
+        except SummaryError as exc:
+            return f"ignoring summary of {worker_id!r}: {exc}"
+        if summary.worker != worker_id:
+            return f"ignoring summary under {worker_id!r}: it names worker {summary.worker!r}"
+        w.summary = summary
+        return None
+
+    def alive(self, w: WorkerView, now: float) -> bool:
+        if w.static:
+            return w.healthy
+        if w.load is None:
+            return False
+        # age measured up to the last successful Redis read: a Redis outage freezes it
+        return (self.last_refresh_ok - w.load_changed_at) <= self.dead_after_s and w.healthy
+
+    def routable(self, now: float) -> list[WorkerView]:
+        """Live, ready workers; suspects only when nothing else is left."""
+        live = [w for w in self.workers.values() if w.state == "ready" and self.alive(w, now)]
+        fresh = [w for w in live if w.suspect_until <= now]
+        return fresh or live
+
+    def mark_failed(self, worker_id: str, now: float) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.suspect_until = now + SUSPECT_S
+            if w.static:
+                w.healthy = False  # the health checker brings it back
+
+    # -- per-request scoring -----------------------------------------------------------------------
+
+    def request_hashes(
+        self, token_bytes: bytes, tenant_salt: str | None, workers: Iterable[WorkerView]
+    ) -> dict[tuple[int, int], list[int]]:
+        """The request's hash chain under each distinct (seed, block size) among ``workers``."""
+        out: dict[tuple[int, int], list[int]] = {}
+        for w in workers:
+            key = (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
+            if key not in out:
+                out[key] = block_hashes(token_bytes, salted_seed(key[0], tenant_salt), key[1])
+        return out
+
+    def matched_tokens(self, w: WorkerView, hashes: list[int], block_tokens: int, wall_now: float) -> int:
+        summary = w.summary
+        overlay = w.overlay
+        floor = wall_now - self.overlay_ttl_s
+        if summary is not None:
+            floor = max(floor, summary.generated_at - OVERLAY_SUMMARY_SLACK_S)
+        n = 0
+        for h in hashes:
+            if summary is not None and summary.has_block(h):
+                n += 1
+                continue
+            sent = overlay.get(h)
+            if sent is None or sent < floor:
+                break
+            n += 1
+        return n * block_tokens
+
+    def replica_states(
+        self,
+        workers: list[WorkerView],
+        hashes: Mapping[tuple[int, int], list[int]],
+        num_tokens: int,
+        wall_now: float,
+    ) -> list[ReplicaState]:
+        rows: list[ReplicaState] = []
+        for w in workers:
+            key = (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
+            matched = min(self.matched_tokens(w, hashes[key], key[1], wall_now), num_tokens)
+            load = w.load
+            reported_at = load.ts if load is not None else float("inf")
+            unreported = [s for s in w.sends.values() if s.sent_at > reported_at]
+            if load is None:
+                unreported = list(w.sends.values())
+            in_flight = (load.in_flight if load else 0) + len(unreported)
+            pending = (load.pending_prefill_tokens if load else 0) + sum(
+                s.uncached_tokens for s in unreported
+            )
+            rate = load.prefill_tokens_per_s if load and load.prefill_tokens_per_s > 0 else self.default_rate
+            summary = w.summary
+            rows.append(
+                ReplicaState(
+                    replica_id=w.worker_id,
+                    matched_tokens=matched,
+                    cached_tokens=summary.cached_tokens if summary else 0,
+                    capacity_tokens=summary.capacity_tokens if summary else 0,
+                    in_flight=in_flight,
+                    queued=(load.queued if load else 0) + len(unreported),
+                    pending_prefill_tokens=pending,
+                    wait_s=pending / rate,
+                    healthy=True,
+                )
+            )
+        return rows
+
+    # -- own sends ---------------------------------------------------------------------------------
+
+    def record_send(self, worker_id: str, hashes: list[int], uncached_tokens: int, wall_now: float) -> int:
+        """Remember a request sent to ``worker_id`` (overlay + unreported load); returns a handle."""
+        handle = next(self._send_ids)
+        w = self.workers.get(worker_id)
+        if w is None:
+            return handle
+        overlay = w.overlay
+        for h in hashes:
+            overlay.pop(h, None)  # re-insert: dict order stays oldest-first for trimming
+            overlay[h] = wall_now
+        excess = len(overlay) - MAX_OVERLAY_PER_WORKER
+        if excess > 0:
+            for h in list(itertools.islice(overlay, excess)):
+                del overlay[h]
+        w.sends[handle] = _Send(wall_now, uncached_tokens)
+        return handle
+
+    def record_done(self, worker_id: str, handle: int) -> None:
+        w = self.workers.get(worker_id)
+        if w is not None:
+            w.sends.pop(handle, None)
+
+    def prune_overlays(self, wall_now: float) -> None:
+        """Drop overlay entries a newer summary made redundant or that outlived the TTL."""
+        for w in self.workers.values():
+            floor = wall_now - self.overlay_ttl_s
+            if w.summary is not None:
+                floor = max(floor, w.summary.generated_at - OVERLAY_SUMMARY_SLACK_S)
+            stale: list[int] = []
+            for h, t in w.overlay.items():  # oldest first: stop at the first fresh entry
+                if t >= floor:
+                    break
+                stale.append(h)
+            for h in stale:
+                del w.overlay[h]
