@@ -40,10 +40,10 @@ class ServiceConfig:
     cached_s_per_token: float = 0.0
     request_overhead_s: float = 0.0
     # batched only
-    max_running: int = 64
+    max_running: int = 128
     step_token_budget: int = 8192  # prefill-chunk + decode tokens per engine step
     decode_base_s: float = 0.008  # one forward pass with a tiny batch
-    decode_s_per_seq: float = 0.0001  # extra per decoding sequence in the batch
+    decode_s_per_seq: float = 0.00005  # extra per decoding sequence in the batch
 
     def __post_init__(self) -> None:
         if self.service not in SERVICE_MODELS:
@@ -215,13 +215,20 @@ class BatchedReplica(ReplicaModel):
         per_step = max(cfg.step_token_budget - decoding, 1)
         drain = pending * cfg.prefill_s_per_token + math.ceil(pending / per_step) * step_overhead
         occupancy = len(self._running) + len(self._waiting)
+        # Requests already waiting mean admission is blocked (by max_running or by cache room held
+        # by running requests): this one must then wait for enough running requests to finish.
+        slots = cfg.max_running if not self._waiting else max(len(self._running), 1)
         slot_wait = 0.0
-        if occupancy >= cfg.max_running:
-            # This request needs (occupancy - max_running + 1) running requests to finish first.
-            need = occupancy - cfg.max_running + 1
+        if occupancy >= slots:
+            need = occupancy - slots + 1
             left = sorted(j.output_left for j in self._running)
-            kth = left[min(need, len(left)) - 1] if left else 0
-            slot_wait = kth * step_overhead * max(1.0, need / max(len(left), 1))
+            if need <= len(left):
+                slot_wait = left[need - 1] * step_overhead
+            else:
+                later = [j.output_left for j in self._waiting]
+                mean_out = sum(later) / len(later) if later else 1.0
+                longest = left[-1] if left else 0
+                slot_wait = (longest + (need - len(left)) / slots * mean_out) * step_overhead
         in_step = max(0.0, self._step_end - now) if self._step_end is not None else 0.0
         return ReplicaState(
             replica_id=self.replica_id,
