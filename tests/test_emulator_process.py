@@ -1,0 +1,214 @@
+"""`prefixfleet emulator` as a real process: serves, stops cleanly on SIGTERM/SIGINT, refuses bad flags.
+
+Also: the real `sglang-router` (PyPI, Rust, cache_aware policy) in front of two emulator processes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# The installed CLI entry point, run by this interpreter (what `prefixfleet ...` does).
+PREFIXFLEET = [sys.executable, "-c", "import sys; from prefixfleet.cli import main; sys.exit(main())"]
+STARTUP_TIMEOUT_S = 20.0
+ROUTER_STARTUP_TIMEOUT_S = 60.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(method: str, url: str, body: object | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def wait_until_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited early with {proc.returncode}")
+        try:
+            if http("GET", url + "/health", timeout=1.0)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not become healthy within {timeout} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def start_emulator_process(*extra: str, log: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [*PREFIXFLEET, "emulator", "--port", str(port), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, proc, STARTUP_TIMEOUT_S)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
+
+
+@pytest.fixture
+def emulator_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    proc, url = start_emulator_process("--time-scale", "50", "--model", "tiny-test", log=tmp_path / "emu.log")
+    try:
+        yield proc, url
+    finally:
+        stop(proc)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_emulator_serves_and_exits_cleanly_on_signal(tmp_path: Path, sig: signal.Signals):
+    proc, url = start_emulator_process("--time-scale", "50", "--model", "tiny-test", log=tmp_path / "emu.log")
+    try:
+        status, body = http(
+            "POST", url + "/generate", {"text": "a b c", "sampling_params": {"max_new_tokens": 2}}
+        )
+        assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 2
+        status, body = http("GET", url + "/v1/models")
+        assert json.loads(body)["data"][0]["id"] == "tiny-test"
+        proc.send_signal(sig)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        stop(proc)
+    log = (tmp_path / "emu.log").read_text()
+    assert "listening on " + url in log and "stopped" in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--port", "1", "--cache-tokens", "0"], "cache_tokens must be a positive integer"),
+        (["--port", "1", "--time-scale", "-2"], "time_scale must be a positive number"),
+        (["--port", "1", "--decode-tokens-per-s", "0"], "--decode-tokens-per-s must be positive"),
+        (["--port", "70000"], "--port must be in"),
+    ],
+)
+def test_cli_rejects_bad_flags_with_one_line(flags: list[str], message: str):
+    done = subprocess.run(
+        [*PREFIXFLEET, "emulator", *flags],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cli_reports_a_busy_port_without_a_traceback(emulator_process):
+    _, url = emulator_process
+    port = url.rsplit(":", 1)[1]
+    done = subprocess.run(
+        [*PREFIXFLEET, "emulator", "--port", port],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and "cannot listen" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("sglang_router") is None,
+    reason="the sglang_router module (PyPI sglang-router) is not installed",
+)
+def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
+    procs: list[subprocess.Popen] = []
+    try:
+        urls = []
+        for i in range(2):
+            proc, url = start_emulator_process("--time-scale", "50", log=tmp_path / f"emu{i}.log")
+            procs.append(proc)
+            urls.append(url)
+        port, prom = free_port(), free_port()
+        env = dict(os.environ, HF_HUB_OFFLINE="1", NO_COLOR="1")
+        router = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--host",
+                "127.0.0.1",
+                "--worker-urls",
+                *urls,
+                "--policy",
+                "cache_aware",
+                "--port",
+                str(port),
+                "--prometheus-port",
+                str(prom),
+                "--prometheus-host",
+                "127.0.0.1",
+                "--log-level",
+                "warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=(tmp_path / "router.log").open("wb"),
+            env=env,
+        )
+        procs.append(router)
+        base = f"http://127.0.0.1:{port}"
+        body = {"text": "system prompt for the router test " * 20, "sampling_params": {"max_new_tokens": 4}}
+        # The router answers /health before its workers are registered: poll a real request instead.
+        deadline = time.monotonic() + ROUTER_STARTUP_TIMEOUT_S
+        status, raw = 0, b""
+        while time.monotonic() < deadline:
+            assert router.poll() is None, (tmp_path / "router.log").read_text()[-2000:]
+            try:
+                status, raw = http("POST", base + "/generate", body, timeout=5)
+            except OSError:
+                status = 0
+            if status == 200:
+                break
+            time.sleep(0.25)
+        assert status == 200, f"router never served /generate: {status} {raw[:300]!r}"
+        first = json.loads(raw)
+        assert first["meta_info"]["completion_tokens"] == 4
+
+        # cache_aware sends the repeat to the worker holding the prefix: a full cache hit.
+        status, raw = http("POST", base + "/generate", body)
+        assert (
+            status == 200
+            and json.loads(raw)["meta_info"]["cached_tokens"] == first["meta_info"]["prompt_tokens"]
+        )
+
+        status, raw = http(
+            "POST", base + "/v1/completions", {"model": "emulated-llm", "prompt": "hi there", "max_tokens": 3}
+        )
+        assert status == 200
+        completion = json.loads(raw)
+        assert completion["choices"][0]["finish_reason"] == "length"
+        assert completion["usage"]["completion_tokens"] == 3
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
