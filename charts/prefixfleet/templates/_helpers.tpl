@@ -1,0 +1,79 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "prefixfleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release-chart unless the release name already contains the chart name. */}}
+{{- define "prefixfleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "prefixfleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "prefixfleet.labels" -}}
+helm.sh/chart: {{ include "prefixfleet.chart" . }}
+app.kubernetes.io/name: {{ include "prefixfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Selector of the operator pod (component keeps it apart from Redis and the fleets' pods). */}}
+{{- define "prefixfleet.operatorSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "prefixfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "prefixfleet.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "prefixfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: redis
+{{- end }}
+
+{{- define "prefixfleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "prefixfleet.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "prefixfleet.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "prefixfleet.redisName" -}}
+{{- printf "%s-redis" (include "prefixfleet.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Redis URL fleets fall back to: explicit value, else the chart's own Redis, else none. */}}
+{{- define "prefixfleet.defaultRedisUrl" -}}
+{{- if .Values.operator.defaultRedisUrl }}
+{{- .Values.operator.defaultRedisUrl }}
+{{- else if .Values.redis.enabled }}
+{{- printf "redis://%s.%s.svc:%d/0" (include "prefixfleet.redisName" .) .Release.Namespace (int .Values.redis.port) }}
+{{- end }}
+{{- end }}
+
+{{/* Restricted pod security: what every container of this chart runs with. */}}
+{{- define "prefixfleet.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
