@@ -232,7 +232,7 @@ GSP_DEFAULTS: dict[str, Any] = {
     "output_tokens": 256,
     "rate_rps": 48.0,
 }
-# 64 × 2048 = 131k tokens of system prompts: 3.2× one 40k-token cache, 0.8× the fleet's. At 48
+# 64 × 2048 = 131k tokens of system prompts: 3.3× one 40k-token cache, 0.8× the fleet's. At 48
 # requests/s and 25k prefill tokens/s per replica, cache-blind routing keeps replicas ~80% busy.
 GSP_FLEET: dict[str, Any] = {
     "replicas": 4,
