@@ -310,6 +310,66 @@ def chat_workload(seed: int = 0, **overrides: Any) -> Workload:
     return Workload("chat", requests, s, dict(CHAT_FLEET))
 
 
+# -- viral new prefix ------------------------------------------------------------------------------
+
+VIRAL_DEFAULTS: dict[str, Any] = {
+    "duration_s": 60.0,
+    "tenants": 8,
+    "zipf_exponent": 1.0,
+    "prefix_tokens_min": 1000,
+    "prefix_tokens_max": 2000,
+    "turn_tokens_min": 50,
+    "turn_tokens_max": 150,
+    "rate_rps": 25.0,
+    "viral_start_s": 20.0,
+    "viral_prefix_tokens": 3000,
+    "viral_share": 0.6,  # of requests after the start
+    "surge": 3.0,  # total arrival rate multiplier after the start
+    "output_tokens": 128,
+}
+# Eight tenant prefixes (~12k tokens) plus the 3k viral one against 8k-token caches; after the surge
+# cache-blind routing saturates the fleet while the viral prefix's holders run hot.
+VIRAL_FLEET: dict[str, Any] = {
+    "replicas": 4,
+    "cache_tokens": 8_000,
+    "service": "fifo",
+    "prefill_s_per_token": 0.0001,
+    "cached_s_per_token": 0.0,
+}
+
+
+def viral_workload(seed: int = 0, **overrides: Any) -> Workload:
+    """Steady multi-tenant traffic until ``viral_start_s``; then a new prefix appears, takes
+    ``viral_share`` of requests and total traffic grows ``surge``× — the hot-subtree scale-up case."""
+    s = _merge(VIRAL_DEFAULTS, overrides, "viral")
+    _require_positive(s, "viral", "duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
+    if not 0.0 <= s["viral_share"] <= 1.0:
+        raise ValueError(f"workload 'viral' setting 'viral_share' must be in [0, 1], got {s['viral_share']}")
+    rng = random.Random(seed)
+    space = TokenSpace()
+    prefixes = [
+        space.fresh(rng.randint(s["prefix_tokens_min"], s["prefix_tokens_max"])) for _ in range(s["tenants"])
+    ]
+    viral_prefix = space.fresh(s["viral_prefix_tokens"])
+    weights = _zipf_weights(s["tenants"], s["zipf_exponent"])
+    requests = []
+    t = 0.0
+    while True:
+        after = t >= s["viral_start_s"]
+        t += rng.expovariate(s["rate_rps"] * (s["surge"] if after else 1.0))
+        if t >= s["duration_s"]:
+            break
+        turn = space.fresh(rng.randint(s["turn_tokens_min"], s["turn_tokens_max"]))
+        if t >= s["viral_start_s"] and rng.random() < s["viral_share"]:
+            requests.append(WorkloadRequest(t, viral_prefix + turn, s["output_tokens"], "viral"))
+        else:
+            tenant = rng.choices(range(s["tenants"]), weights=weights)[0]
+            requests.append(
+                WorkloadRequest(t, prefixes[tenant] + turn, s["output_tokens"], f"tenant{tenant}")
+            )
+    return Workload("viral", requests, s, dict(VIRAL_FLEET))
+
+
 # -- Mooncake trace replay --------------------------------------------------------------------------
 
 TRACE_DEFAULTS: dict[str, Any] = {
@@ -431,12 +491,13 @@ GENERATORS: dict[str, Callable[..., Workload]] = {
     "lab-burst": lab_burst_workload,
     "gsp": gsp_workload,
     "chat": chat_workload,
+    "viral": viral_workload,
 }
 WORKLOADS: list[str] = [*GENERATORS, "trace:PATH"]
 
 
 def build_workload(spec: str, *, seed: int = 0, **overrides: Any) -> Workload:
-    """Build a workload by name (``prefixroute``, ``lab-burst``, ``gsp``, ``chat`` or ``trace:PATH``).
+    """Build a workload by name: ``prefixroute``, ``lab-burst``, ``gsp``, ``chat``, ``viral``, ``trace:PATH``.
 
     Raises ``ValueError`` with a one-line message for an unknown name or setting, a missing trace
     file or a malformed trace line.

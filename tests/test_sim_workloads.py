@@ -26,7 +26,7 @@ def shared_tokens(a: bytes, b: bytes) -> int:
     return n
 
 
-@pytest.mark.parametrize("name", ["prefixroute", "gsp", "chat"])
+@pytest.mark.parametrize("name", ["prefixroute", "gsp", "chat", "viral"])
 def test_generated_workloads_are_deterministic_by_seed(name: str) -> None:
     a = build_workload(name, seed=7)
     b = build_workload(name, seed=7)
@@ -98,6 +98,21 @@ def test_chat_turns_extend_the_previous_prompt_with_its_answer_and_a_new_message
             added = nxt.num_tokens - prev.num_tokens - prev.output_tokens
             assert s["user_tokens_min"] <= added <= s["user_tokens_max"]
             assert nxt.arrival_s >= prev.arrival_s
+
+
+def test_viral_prefix_appears_at_its_start_and_takes_its_share_of_a_surge() -> None:
+    wl = build_workload("viral")
+    s = wl.settings
+    viral = [r for r in wl.requests if r.group == "viral"]
+    after = [r for r in wl.requests if r.arrival_s >= s["viral_start_s"]]
+    before = len(wl.requests) - len(after)
+    assert viral and min(r.arrival_s for r in viral) >= s["viral_start_s"]
+    assert abs(len(viral) / len(after) - s["viral_share"]) < 0.05
+    rate_before = before / s["viral_start_s"]
+    rate_after = len(after) / (s["duration_s"] - s["viral_start_s"])
+    assert 2.5 < rate_after / rate_before < 3.5
+    assert shared_tokens(viral[0].tokens, viral[1].tokens) == s["viral_prefix_tokens"]
+    assert build_workload("viral").requests == wl.requests
 
 
 def write_trace(path: Path, rows: list[dict]) -> str:
