@@ -1,0 +1,686 @@
+"""The level-based reconcile plan of a PrefixCacheFleet: desired children from spec + observed state.
+
+``plan_reconcile(fleet, observed) -> ReconcilePlan`` is a pure function over plain data: the kopf
+handlers observe (list pods and children), call it, and execute the plan; executing it and
+re-planning yields an empty plan (idempotent), so the operator can be killed at any point and
+simply re-runs it.
+
+Why the operator owns replica Pods directly (not a Deployment/StatefulSet): it must choose exactly
+which replica to remove (the autoscaler's least valuable cache, ``victims``) and which to pre-warm.
+
+Naming is deterministic: replica ``k`` is ``{fleet}-replica-{k}`` with ``k`` the smallest index no
+existing pod uses, so a crash between "create" and "record it" can never produce a duplicate — the
+next plan sees the pod and the create of the same name answers 409.
+
+Rolling update (template hash changed): Deployment-style with surge 1 and max unavailable 0 — at
+most ``replicas + 1`` pods exist, an outdated pod is deleted only when the ready count stays at or
+above ``replicas`` without it; outdated pods that are not ready go at once (they serve nothing).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from .models import API_VERSION, KIND, FleetSpec
+
+JSON = dict[str, Any]
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_FLEET = "prefixfleet.io/fleet"
+LABEL_ROLE = "prefixfleet.io/role"
+LABEL_TEMPLATE_HASH = "prefixfleet.io/template-hash"
+ANNOTATION_TEMPLATE_HASH = "prefixfleet.io/template-hash"
+ANNOTATION_SPEC_HASH = "prefixfleet.io/spec-hash"
+# Set by whatever maps container ports to other reachable ports (the test kubelet, hostPort setups):
+# JSON {"containerPort": port}. Addresses published for a pod honour it.
+ANNOTATION_PORT_MAP = "prefixfleet.io/port-map"
+# The replica's routing state as the autoscaler sets it (ready | warming | draining).
+ANNOTATION_STATE = "prefixfleet.io/state"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+MANAGER = "prefixfleet-operator"
+MAX_SURGE = 1
+ROUTER_CONFIG_PATH = "/etc/prefixfleet"
+
+EventType = Literal["Normal", "Warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetRef:
+    """Identity of the PrefixCacheFleet being reconciled."""
+
+    name: str
+    namespace: str
+    uid: str = ""
+    generation: int = 1
+
+    @property
+    def redis_fleet(self) -> str:
+        """The Redis key namespace (``pf:{this}:``): unique across Kubernetes namespaces."""
+        return f"{self.namespace}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedPod:
+    name: str
+    template_hash: str = ""
+    phase: str = "Pending"
+    ready: bool = False
+    terminating: bool = False
+    created: str = ""  # creationTimestamp (RFC 3339 sorts chronologically)
+    pod_ip: str | None = None
+    port_map: Mapping[int, int] = field(default_factory=dict)
+    deletion_cost: int = 0
+    state: str = "ready"
+
+    @property
+    def failed(self) -> bool:
+        return self.phase in ("Failed", "Succeeded")
+
+    @property
+    def alive(self) -> bool:
+        return not self.terminating and not self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedState:
+    pods: Sequence[ObservedPod] = ()
+    # spec-hash annotation of each existing child by "Kind/name" (Deployment, Service, ConfigMap).
+    children: Mapping[str, str] = field(default_factory=dict)
+    router_ready_replicas: int = 0
+    conditions: Sequence[JSON] = ()  # the current status.conditions (to keep transition times)
+    victims: Sequence[str] = ()  # the autoscaler's removal preference, most preferred first
+    redis_url: str = ""  # the operator's default Redis when the spec names none
+    now: datetime = field(default_factory=lambda: datetime.now(tz=UTC))
+
+
+@dataclass(frozen=True, slots=True)
+class PodDeletion:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEvent:
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChildChange:
+    """Create a child that is missing, or replace one whose spec hash differs."""
+
+    action: Literal["create", "replace"]
+    manifest: JSON
+
+    @property
+    def key(self) -> str:
+        return f"{self.manifest['kind']}/{self.manifest['metadata']['name']}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilePlan:
+    create_pods: tuple[JSON, ...] = ()
+    delete_pods: tuple[PodDeletion, ...] = ()
+    children: tuple[ChildChange, ...] = ()
+    status: JSON = field(default_factory=dict)
+    events: tuple[PlannedEvent, ...] = ()
+
+    @property
+    def is_noop(self) -> bool:
+        """Nothing to change in the cluster (status and events aside)."""
+        return not (self.create_pods or self.delete_pods or self.children)
+
+
+# ---------------------------------------------------------------------------------------------
+# Observation: API bodies -> plain records.
+
+
+def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    try:
+        port_map = {int(k): int(v) for k, v in json.loads(annotations.get(ANNOTATION_PORT_MAP, "{}")).items()}
+    except (ValueError, TypeError, AttributeError):
+        port_map = {}
+    try:
+        cost = int(annotations.get(DELETION_COST, 0))
+    except (TypeError, ValueError):
+        cost = 0
+    return ObservedPod(
+        name=meta.get("name", ""),
+        template_hash=annotations.get(ANNOTATION_TEMPLATE_HASH, ""),
+        phase=status.get("phase") or "Pending",
+        ready=conditions.get("Ready") == "True",
+        terminating=bool(meta.get("deletionTimestamp")),
+        created=meta.get("creationTimestamp") or "",
+        pod_ip=status.get("podIP"),
+        port_map=port_map,
+        deletion_cost=cost,
+        state=annotations.get(ANNOTATION_STATE, "ready"),
+    )
+
+
+def replica_selector(fleet: FleetRef) -> str:
+    return f"{LABEL_FLEET}={fleet.name},{LABEL_ROLE}=replica"
+
+
+def pod_url(pod: ObservedPod, port: int) -> str | None:
+    """Where a pod's container port is reachable (honours the port-map annotation)."""
+    if not pod.pod_ip:
+        return None
+    return f"http://{pod.pod_ip}:{pod.port_map.get(port, port)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Desired children.
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:10]
+
+
+def _labels(fleet: FleetRef, role: str) -> JSON:
+    return {
+        LABEL_NAME: "prefixfleet",
+        LABEL_INSTANCE: fleet.name,
+        LABEL_COMPONENT: role,
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_FLEET: fleet.name,
+        LABEL_ROLE: role,
+    }
+
+
+def owner_reference(fleet: FleetRef) -> JSON:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": fleet.name,
+        "uid": fleet.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _resources(req: Any) -> JSON:
+    out: JSON = {}
+    if req.requests:
+        out["requests"] = dict(req.requests)
+    if req.limits:
+        out["limits"] = dict(req.limits)
+    return out
+
+
+def _redis_env(spec: FleetSpec, default_url: str) -> JSON:
+    redis = spec.redis
+    if redis.secret_ref is not None:
+        return {
+            "name": "REDIS_URL",
+            "valueFrom": {"secretKeyRef": {"name": redis.secret_ref.name, "key": redis.secret_ref.key}},
+        }
+    return {"name": "REDIS_URL", "value": redis.url or default_url}
+
+
+def _pod_env() -> list[JSON]:
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+
+
+def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
+    """Command and args of the engine container. The engine only listens on the pod's loopback:
+    nothing but the sidecar talks to it."""
+    engine, model = spec.engine, spec.model
+    port = str(engine.port)
+    if engine.kind == "emulator":
+        command = ["prefixfleet", "emulator"]
+        args = [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+            "--model",
+            model.name,
+            "--model-revision",
+            model.revision,
+        ]
+    elif engine.kind == "sglang":
+        command = ["python3", "-m", "sglang.launch_server"]
+        args = [
+            "--model-path",
+            model.name,
+            "--revision",
+            model.revision,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            port,
+        ]
+        if model.adapter:
+            args += ["--lora-paths", model.adapter]
+    else:  # vllm
+        command = ["vllm", "serve"]
+        args = [model.name, "--revision", model.revision, "--host", "127.0.0.1", "--port", port]
+        if model.adapter:
+            args += ["--enable-lora", "--lora-modules", model.adapter]
+    return command, args + list(engine.args)
+
+
+def _probe(port: str, initial_delay: int = 0) -> JSON:
+    return {
+        "httpGet": {"path": "/health", "port": port},
+        "initialDelaySeconds": initial_delay,
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+    }
+
+
+_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def _merge_template(base: JSON, override: Mapping[str, Any]) -> JSON:
+    """Merge a user pod-template override: dicts recursively, containers by name, lists replaced."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge_template(out[key], value)
+        elif key in ("containers", "initContainers") and isinstance(value, list):
+            by_name = {c.get("name"): c for c in out.get(key, [])}
+            for item in value:
+                name = item.get("name") if isinstance(item, Mapping) else None
+                by_name[name] = _merge_template(by_name.get(name, {}), item)
+            out[key] = list(by_name.values())
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -> tuple[JSON, str]:
+    """The replica pod template (metadata labels/annotations + spec) and its hash."""
+    engine, sidecar, model = spec.engine, spec.sidecar, spec.model
+    command, args = engine_command(spec)
+    assert engine.port is not None  # filled by the model's kind defaults
+    sidecar_args = [
+        "--engine", f"http://127.0.0.1:{engine.port}",
+        "--redis", "$(REDIS_URL)",
+        "--host", "0.0.0.0",
+        "--port", str(sidecar.port),
+        "--worker-id", "$(POD_NAME)",
+        "--advertise-url", f"http://$(POD_IP):{sidecar.port}",
+        "--fleet", fleet.redis_fleet,
+        "--block-tokens", str(spec.router.block_tokens),
+        "--model", model.name,
+        "--revision", model.revision,
+        "--no-self-register",  # the operator publishes membership from pod readiness
+    ]  # fmt: skip
+    if model.adapter:
+        sidecar_args += ["--adapter", model.adapter]
+    engine_env = [{k: v for k, v in e.to_wire().items()} for e in engine.env]
+    pod_spec: JSON = {
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "securityContext": {"runAsNonRoot": engine.kind == "emulator"},
+        "containers": [
+            {
+                "name": "engine",
+                "image": engine.image,
+                "command": command,
+                "args": args,
+                "env": engine_env,
+                "ports": [{"name": "engine", "containerPort": engine.port}],
+                "readinessProbe": _probe("engine"),
+                "resources": _resources(engine.resources),
+                **({"securityContext": _SECURITY} if engine.kind == "emulator" else {}),
+            },
+            {
+                "name": "sidecar",
+                "image": sidecar.image,
+                "command": ["prefixfleet", "router", "sidecar"],
+                "args": sidecar_args,
+                "env": [*_pod_env(), _redis_env(spec, default_redis_url)],
+                "ports": [{"name": "http", "containerPort": sidecar.port}],
+                "readinessProbe": _probe("http"),
+                "resources": _resources(sidecar.resources),
+                "securityContext": {**_SECURITY, "readOnlyRootFilesystem": True, "runAsNonRoot": True},
+            },
+        ],
+    }
+    metadata: JSON = {"labels": _labels(fleet, "replica"), "annotations": {}}
+    if engine.pod_template:
+        override = engine.pod_template
+        pod_spec = _merge_template(pod_spec, override.get("spec") or {})
+        metadata = _merge_template(metadata, override.get("metadata") or {})
+    template = {"metadata": metadata, "spec": pod_spec}
+    return template, _hash(template)
+
+
+def replica_pod(fleet: FleetRef, template: JSON, template_hash: str, index: int) -> JSON:
+    pod = copy.deepcopy(template)
+    meta = pod["metadata"]
+    meta["name"] = replica_name(fleet, index)
+    meta["namespace"] = fleet.namespace
+    meta["labels"][LABEL_TEMPLATE_HASH] = template_hash
+    meta["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash
+    meta["ownerReferences"] = [owner_reference(fleet)]
+    return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def replica_name(fleet: FleetRef, index: int) -> str:
+    suffix = f"-replica-{index}"
+    return fleet.name[: 63 - len(suffix)].rstrip("-.") + suffix
+
+
+def router_name(fleet: FleetRef) -> str:
+    return fleet.name[: 63 - len("-router")].rstrip("-.") + "-router"
+
+
+def router_endpoint(fleet: FleetRef, spec: FleetSpec) -> str:
+    return f"http://{router_name(fleet)}.{fleet.namespace}.svc:{spec.router.port}"
+
+
+def router_settings(fleet: FleetRef, spec: FleetSpec) -> JSON:
+    """What the gateways run with (the ConfigMap's ``router.json``)."""
+    return {
+        "fleet": fleet.redis_fleet,
+        "policy": spec.router.policy,
+        "policyParams": dict(spec.router.policy_params),
+        "blockTokens": spec.router.block_tokens,
+        "model": spec.model.name,
+        "revision": spec.model.revision,
+        "cacheIdentity": spec.cache_identity.to_wire(),
+    }
+
+
+def _with_hash(manifest: JSON) -> JSON:
+    manifest["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = _hash(manifest)
+    return manifest
+
+
+def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -> list[JSON]:
+    """Router ConfigMap, Deployment and Service, each carrying the hash of its own content."""
+    name = router_name(fleet)
+    labels = _labels(fleet, "router")
+    meta = {
+        "name": name,
+        "namespace": fleet.namespace,
+        "labels": labels,
+        "ownerReferences": [owner_reference(fleet)],
+    }
+    settings = router_settings(fleet, spec)
+    config = _with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": copy.deepcopy(meta),
+            "data": {"router.json": json.dumps(settings, sort_keys=True, indent=2)},
+        }
+    )
+    router = spec.router
+    gateway_args = [
+        "--redis", "$(REDIS_URL)",
+        "--host", "0.0.0.0",
+        "--port", str(router.port),
+        "--fleet", fleet.redis_fleet,
+        "--policy", router.policy,
+        "--block-tokens", str(router.block_tokens),
+    ]  # fmt: skip
+    selector = {LABEL_FLEET: fleet.name, LABEL_ROLE: "router"}
+    deployment = _with_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": copy.deepcopy(meta),
+            "spec": {
+                "replicas": router.replicas,
+                "selector": {"matchLabels": selector},
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                "template": {
+                    "metadata": {
+                        "labels": dict(labels),
+                        # a settings change rolls the gateways
+                        "annotations": {
+                            ANNOTATION_SPEC_HASH: config["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+                        },
+                    },
+                    "spec": {
+                        "enableServiceLinks": False,
+                        "securityContext": {"runAsNonRoot": True},
+                        "containers": [
+                            {
+                                "name": "gateway",
+                                "image": router.image,
+                                "command": ["prefixfleet", "router", "gateway"],
+                                "args": gateway_args,
+                                "env": [_redis_env(spec, default_redis_url)],
+                                "ports": [{"name": "http", "containerPort": router.port}],
+                                "readinessProbe": _probe("http"),
+                                "resources": _resources(router.resources),
+                                "volumeMounts": [{"name": "settings", "mountPath": ROUTER_CONFIG_PATH}],
+                                "securityContext": {**_SECURITY, "readOnlyRootFilesystem": True},
+                            }
+                        ],
+                        "volumes": [{"name": "settings", "configMap": {"name": name}}],
+                    },
+                },
+            },
+        }
+    )
+    service = _with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": copy.deepcopy(meta),
+            "spec": {
+                "selector": selector,
+                "ports": [{"name": "http", "port": router.port, "targetPort": "http", "protocol": "TCP"}],
+            },
+        }
+    )
+    return [config, deployment, service]
+
+
+# ---------------------------------------------------------------------------------------------
+# The plan.
+
+
+def _removal_order(pods: Sequence[ObservedPod], victims: Sequence[str]) -> list[ObservedPod]:
+    """Which pods to remove first: not ready, then the autoscaler's victims in its order, then the
+    lowest ``pod-deletion-cost``, then the newest (least time to have warmed a cache)."""
+    rank = {name: i for i, name in enumerate(victims)}
+    return sorted(
+        pods,
+        key=lambda p: (p.ready, rank.get(p.name, len(rank)), p.deletion_cost, _neg(p.created), p.name),
+    )
+
+
+def _neg(text: str) -> tuple[int, ...]:
+    return tuple(-ord(ch) for ch in text)  # newest first when sorted ascending
+
+
+def _free_indices(pods: Sequence[ObservedPod], fleet: FleetRef, count: int) -> list[int]:
+    used = {p.name for p in pods}
+    out, k = [], 0
+    while len(out) < count:
+        if replica_name(fleet, k) not in used:
+            out.append(k)
+        k += 1
+    return out
+
+
+def plan_pods(
+    fleet: FleetRef, replicas: int, template_hash: str, observed: ObservedState
+) -> tuple[list[int], list[PodDeletion]]:
+    """Indices of replica pods to create and pods to delete (see the module docstring)."""
+    deletions = [
+        PodDeletion(p.name, f"pod {p.phase.lower()}") for p in observed.pods if p.failed and not p.terminating
+    ]
+    alive = [p for p in observed.pods if p.alive]
+    current = [p for p in alive if p.template_hash == template_hash]
+    outdated = [p for p in alive if p.template_hash != template_hash]
+    creates = 0
+    if not outdated:
+        if len(current) < replicas:
+            creates = replicas - len(current)
+        for pod in _removal_order(current, observed.victims)[: max(0, len(current) - replicas)]:
+            deletions.append(PodDeletion(pod.name, "scale down"))
+    else:
+        ready_total = sum(p.ready for p in alive)
+        remaining_outdated = len(outdated)
+        for pod in outdated:
+            if not pod.ready:
+                deletions.append(PodDeletion(pod.name, "outdated and not ready"))
+                remaining_outdated -= 1
+        for pod in sorted((p for p in outdated if p.ready), key=lambda p: (p.created, p.name)):
+            # max unavailable 0: keep `replicas` ready pods; more than replicas + surge never exist
+            if ready_total - 1 >= replicas or len(current) + remaining_outdated > replicas + MAX_SURGE:
+                deletions.append(PodDeletion(pod.name, "rolling update"))
+                ready_total -= 1
+                remaining_outdated -= 1
+        budget = replicas + MAX_SURGE - len(current) - remaining_outdated
+        creates = max(0, min(replicas - len(current), budget))
+        if len(current) > replicas:
+            for pod in _removal_order(current, observed.victims)[: len(current) - replicas]:
+                deletions.append(PodDeletion(pod.name, "scale down"))
+    return _free_indices(observed.pods, fleet, creates), deletions
+
+
+def _condition(
+    previous: Sequence[JSON],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int,
+) -> JSON:
+    text = "True" if status else "False"
+    old = next((c for c in previous if c.get("type") == type_), None)
+    changed = old is None or old.get("status") != text
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ") if changed else old.get("lastTransitionTime")
+    return {
+        "type": type_,
+        "status": text,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": stamp,
+        "observedGeneration": generation,
+    }
+
+
+def plan_status(
+    fleet: FleetRef,
+    spec: FleetSpec,
+    observed: ObservedState,
+    template_hash: str,
+    creates: int,
+    deletions: Sequence[PodDeletion],
+) -> JSON:
+    alive = [p for p in observed.pods if p.alive]
+    ready = [p for p in alive if p.ready]
+    current_ready = [p for p in ready if p.template_hash == template_hash]
+    outdated = [p for p in alive if p.template_hash != template_hash]
+    failed = [p for p in observed.pods if p.failed]
+    want = spec.replicas
+    router_ok = spec.router.replicas == 0 or observed.router_ready_replicas >= 1
+    all_ready = len(current_ready) >= want and not outdated and len(alive) == want
+    if want == 0:
+        ready_cond = (True, "ScaledToZero", "spec.replicas is 0")
+    elif all_ready and router_ok:
+        ready_cond = (True, "AllReplicasReady", f"{len(current_ready)}/{want} replicas ready, router ready")
+    elif not router_ok:
+        ready_cond = (False, "RouterNotReady", f"{len(ready)}/{want} replicas ready, no router replica ready")
+    else:
+        ready_cond = (False, "ReplicasNotReady", f"{len(current_ready)}/{want} replicas ready")
+    if outdated:
+        progressing = (True, "RollingUpdate", f"{len(outdated)} replica(s) on an old template")
+    elif len(alive) < want or creates:
+        progressing = (True, "ScalingUp", f"{len(alive)} -> {want} replicas")
+    elif len(alive) > want:
+        progressing = (True, "ScalingDown", f"{len(alive)} -> {want} replicas")
+    elif len(ready) < want:
+        progressing = (True, "WaitingForReplicas", f"{len(ready)}/{want} replicas ready")
+    else:
+        progressing = (False, "ReconcileComplete", f"{want} replicas on template {template_hash}")
+    if failed:
+        degraded = (
+            True,
+            "ReplicaFailed",
+            "failed replica pod(s) replaced: " + ", ".join(p.name for p in failed),
+        )
+    else:
+        degraded = (False, "AsExpected", "no failures observed")
+    g, now, prev = fleet.generation, observed.now, observed.conditions
+    return {
+        "observedGeneration": fleet.generation,
+        "replicas": len(alive),
+        "readyReplicas": len(ready),
+        "updatedReplicas": len([p for p in alive if p.template_hash == template_hash]),
+        "selector": replica_selector(fleet),
+        "routerEndpoint": router_endpoint(fleet, spec),
+        "templateHash": template_hash,
+        "conditions": [
+            _condition(prev, "Ready", *ready_cond, now, g),
+            _condition(prev, "Progressing", *progressing, now, g),
+            _condition(prev, "Degraded", *degraded, now, g),
+        ],
+    }
+
+
+def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) -> ReconcilePlan:
+    """Everything the operator should change now to move the cluster toward ``spec``."""
+    template, template_hash = replica_template(fleet, spec, observed.redis_url)
+    indices, deletions = plan_pods(fleet, spec.replicas, template_hash, observed)
+    pods = tuple(replica_pod(fleet, template, template_hash, k) for k in indices)
+    children = []
+    for manifest in desired_children(fleet, spec, observed.redis_url):
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        wanted = manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+        if key not in observed.children:
+            children.append(ChildChange("create", manifest))
+        elif observed.children[key] != wanted:
+            children.append(ChildChange("replace", manifest))
+    events: list[PlannedEvent] = []
+    for pod in pods:
+        events.append(PlannedEvent("Normal", "CreatingReplica", f"creating pod {pod['metadata']['name']}"))
+    for d in deletions:
+        kind: EventType = "Warning" if d.reason.startswith("pod ") else "Normal"
+        events.append(PlannedEvent(kind, "DeletingReplica", f"deleting pod {d.name}: {d.reason}"))
+    for change in children:
+        verb = "creating" if change.action == "create" else "updating"
+        events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
+    status = plan_status(fleet, spec, observed, template_hash, len(pods), deletions)
+    return ReconcilePlan(tuple(pods), tuple(deletions), tuple(children), status, tuple(events))
+
+
+def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: ObservedState) -> JSON:
+    """Status for a spec the models refuse: nothing is changed, Degraded names the fields."""
+    message = "; ".join(problems)
+    g, now, prev = fleet.generation, observed.now, observed.conditions
+    return {
+        "observedGeneration": fleet.generation,
+        "conditions": [
+            _condition(prev, "Ready", False, "InvalidSpec", message, now, g),
+            _condition(prev, "Progressing", False, "InvalidSpec", "fix the spec to continue", now, g),
+            _condition(prev, "Degraded", True, "InvalidSpec", message, now, g),
+        ],
+    }
+
+
+def status_changes(current: Mapping[str, Any], desired: Mapping[str, Any]) -> JSON:
+    """The merge patch that turns ``current`` status into ``desired`` (empty when equal)."""
+    return {k: v for k, v in desired.items() if current.get(k) != v}

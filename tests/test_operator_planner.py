@@ -1,0 +1,251 @@
+"""The reconcile planner, specified with plain data: desired pods, rolling updates, status, idempotency."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+
+from prefixfleet.operator.models import FleetSpec
+from prefixfleet.operator.planner import (
+    ANNOTATION_SPEC_HASH,
+    ANNOTATION_TEMPLATE_HASH,
+    LABEL_FLEET,
+    LABEL_ROLE,
+    FleetRef,
+    ObservedPod,
+    ObservedState,
+    ReconcilePlan,
+    observe_pod,
+    plan_invalid_spec,
+    plan_reconcile,
+    pod_url,
+    replica_template,
+)
+
+FLEET = FleetRef(name="chat", namespace="team-a", uid="uid-1", generation=3)
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def spec(replicas: int = 2, **engine: object) -> FleetSpec:
+    return FleetSpec.model_validate(
+        {"model": {"name": "m"}, "engine": {"kind": "emulator", **engine}, "replicas": replicas}
+    )
+
+
+def template_hash(s: FleetSpec) -> str:
+    return replica_template(FLEET, s, "redis://r:6379/0")[1]
+
+
+def state(pods: list[ObservedPod], children: dict[str, str] | None = None, **kw: object) -> ObservedState:
+    return ObservedState(pods=pods, children=children or {}, redis_url="redis://r:6379/0", now=NOW, **kw)
+
+
+def pod(
+    name: str,
+    h: str,
+    ready: bool = True,
+    phase: str = "Running",
+    created: str = "2026-01-01T00:00:00Z",
+    **kw: object,
+) -> ObservedPod:
+    return ObservedPod(name=name, template_hash=h, phase=phase, ready=ready, created=created, **kw)
+
+
+def apply(plan: ReconcilePlan, observed: ObservedState, ready: bool = True) -> ObservedState:
+    """What the cluster looks like after executing the plan (new pods as `ready`)."""
+    gone = {d.name for d in plan.delete_pods}
+    pods = [p for p in observed.pods if p.name not in gone]
+    for manifest in plan.create_pods:
+        meta = manifest["metadata"]
+        pods.append(
+            pod(
+                meta["name"],
+                meta["annotations"][ANNOTATION_TEMPLATE_HASH],
+                ready=ready,
+                created=f"2026-01-01T00:{len(pods):02d}:00Z",
+            )
+        )
+    children = dict(observed.children)
+    for change in plan.children:
+        children[change.key] = change.manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+    return replace(
+        observed, pods=pods, children=children, router_ready_replicas=1, conditions=plan.status["conditions"]
+    )
+
+
+def converge(
+    s: FleetSpec, observed: ObservedState, steps: int = 20
+) -> tuple[ObservedState, list[ReconcilePlan]]:
+    plans = []
+    for _ in range(steps):
+        plan = plan_reconcile(FLEET, s, observed)
+        plans.append(plan)
+        if plan.is_noop:
+            return observed, plans
+        observed = apply(plan, observed)
+    raise AssertionError(f"no convergence in {steps} steps")
+
+
+def test_a_new_fleet_gets_named_replica_pods_and_a_router() -> None:
+    plan = plan_reconcile(FLEET, spec(2), state([]))
+    names = [p["metadata"]["name"] for p in plan.create_pods]
+    assert names == ["chat-replica-0", "chat-replica-1"]
+    first = plan.create_pods[0]
+    assert (
+        first["metadata"]["labels"][LABEL_FLEET] == "chat"
+        and first["metadata"]["labels"][LABEL_ROLE] == "replica"
+    )
+    assert first["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    engine, sidecar = first["spec"]["containers"]
+    assert engine["command"] == ["prefixfleet", "emulator"] and "--port" in engine["args"]
+    assert sidecar["command"] == ["prefixfleet", "router", "sidecar"]
+    args = sidecar["args"]
+    assert args[args.index("--engine") + 1] == "http://127.0.0.1:30000"
+    assert args[args.index("--worker-id") + 1] == "$(POD_NAME)"
+    assert args[args.index("--advertise-url") + 1] == "http://$(POD_IP):8100"
+    assert args[args.index("--fleet") + 1] == "team-a.chat"
+    assert sorted(c.key for c in plan.children) == [
+        "ConfigMap/chat-router",
+        "Deployment/chat-router",
+        "Service/chat-router",
+    ]
+    assert all(c.action == "create" for c in plan.children)
+    assert plan.status["selector"] == "prefixfleet.io/fleet=chat,prefixfleet.io/role=replica"
+    assert plan.status["routerEndpoint"] == "http://chat-router.team-a.svc:8080"
+
+
+def test_executing_the_plan_and_replanning_yields_an_empty_plan() -> None:
+    observed, plans = converge(spec(3), state([]))
+    assert len(plans) == 2 and plans[-1].is_noop and not plans[-1].events
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in plans[-1].status["conditions"]}
+    assert conditions == {
+        "Ready": ("True", "AllReplicasReady"),
+        "Progressing": ("False", "ReconcileComplete"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert plans[-1].status["readyReplicas"] == 3 and plans[-1].status["observedGeneration"] == 3
+    # transition times are kept when nothing changes, so the status patch becomes empty
+    again = plan_reconcile(FLEET, spec(3), replace(observed, conditions=plans[-1].status["conditions"]))
+    assert again.status == plans[-1].status
+
+
+def test_pods_being_created_are_not_created_twice() -> None:
+    # the operator died after creating replica-0 but before anything else: replanning creates only replica-1
+    h = template_hash(spec(2))
+    plan = plan_reconcile(FLEET, spec(2), state([pod("chat-replica-0", h, ready=False, phase="Pending")]))
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["chat-replica-1"]
+    assert not plan.delete_pods
+
+
+def test_a_failed_pod_is_replaced_and_marks_degraded() -> None:
+    h = template_hash(spec(2))
+    observed = state(
+        [pod("chat-replica-0", h), pod("chat-replica-1", h, ready=False, phase="Failed")], children={}
+    )
+    plan = plan_reconcile(FLEET, spec(2), observed)
+    assert [d.name for d in plan.delete_pods] == ["chat-replica-1"]
+    assert [p["metadata"]["name"] for p in plan.create_pods] == ["chat-replica-2"]  # the name is still taken
+    degraded = next(c for c in plan.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "ReplicaFailed"
+    assert any(e.type == "Warning" for e in plan.events)
+
+
+def test_scale_down_removes_not_ready_then_autoscaler_victim_then_newest() -> None:
+    h = template_hash(spec(4))
+    pods = [pod(f"chat-replica-{i}", h, created=f"2026-01-01T00:0{i}:00Z") for i in range(4)]
+    newest_first = plan_reconcile(FLEET, spec(3), state(pods))
+    assert [d.name for d in newest_first.delete_pods] == ["chat-replica-3"]
+    victim = plan_reconcile(FLEET, spec(3), state(pods, victims=["chat-replica-1"]))
+    assert [d.name for d in victim.delete_pods] == ["chat-replica-1"]
+    pods[0] = replace(pods[0], ready=False)
+    not_ready = plan_reconcile(FLEET, spec(3), state(pods, victims=["chat-replica-1"]))
+    assert [d.name for d in not_ready.delete_pods] == ["chat-replica-0"]
+    cheap = [replace(p, deletion_cost=0 if p.name == "chat-replica-2" else 100) for p in pods[1:]]
+    assert [d.name for d in plan_reconcile(FLEET, spec(2), state(cheap)).delete_pods] == ["chat-replica-2"]
+
+
+def test_rolling_update_surges_by_one_and_never_drops_below_the_ready_count() -> None:
+    old = spec(3)
+    observed, _ = converge(old, state([]))
+    new = spec(3, args=["--cache-tokens", "5000"])
+    assert template_hash(new) != template_hash(old)
+    for _ in range(20):
+        plan = plan_reconcile(FLEET, new, observed)
+        if plan.is_noop:
+            break
+        # execute in two phases as the cluster would: new pods start not ready, then become ready
+        observed = apply(plan, observed, ready=False)
+        alive = [p for p in observed.pods if p.alive]
+        assert len(alive) <= 4  # replicas + surge 1
+        assert sum(p.ready for p in alive) >= 3  # max unavailable 0
+        observed = replace(observed, pods=[replace(p, ready=True) for p in observed.pods])
+    else:
+        raise AssertionError("rolling update did not converge")
+    assert {p.template_hash for p in observed.pods} == {template_hash(new)}
+    assert len(observed.pods) == 3
+
+
+def test_a_router_change_replaces_only_what_changed() -> None:
+    observed, _ = converge(spec(1), state([]))
+    changed = FleetSpec.model_validate({**spec(1).to_wire(), "router": {"policy": "round_robin"}})
+    plan = plan_reconcile(FLEET, changed, observed)
+    assert sorted(c.key for c in plan.children) == ["ConfigMap/chat-router", "Deployment/chat-router"]
+    assert all(c.action == "replace" for c in plan.children) and not plan.create_pods
+
+
+def test_scaled_to_zero_is_ready_and_has_no_pods() -> None:
+    h = template_hash(spec(1))
+    plan = plan_reconcile(FLEET, spec(0), state([pod("chat-replica-0", h)]))
+    assert [d.name for d in plan.delete_pods] == ["chat-replica-0"]
+    observed, plans = converge(spec(0), state([]))
+    assert not observed.pods
+    assert next(c for c in plans[-1].status["conditions"] if c["type"] == "Ready")["reason"] == "ScaledToZero"
+
+
+def test_invalid_spec_status_names_the_field() -> None:
+    status = plan_invalid_spec(FLEET, ["spec.replicas: must be >= 0"], state([]))
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "True" and "spec.replicas" in degraded["message"]
+
+
+def test_observed_pods_and_their_reachable_address() -> None:
+    body = {
+        "metadata": {
+            "name": "chat-replica-0",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {
+                ANNOTATION_TEMPLATE_HASH: "abc",
+                "prefixfleet.io/port-map": '{"8100": 41001}',
+                "controller.kubernetes.io/pod-deletion-cost": "7",
+            },
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "127.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    observed = observe_pod(body)
+    assert (
+        observed.ready and observed.alive and observed.template_hash == "abc" and observed.deletion_cost == 7
+    )
+    assert pod_url(observed, 8100) == "http://127.0.0.1:41001"
+    assert pod_url(replace(observed, port_map={}), 8100) == "http://127.0.0.1:8100"
+    assert pod_url(replace(observed, pod_ip=None), 8100) is None
+
+
+def test_pod_template_override_merges_into_the_replica() -> None:
+    s = spec(
+        1,
+        podTemplate={
+            "spec": {
+                "nodeSelector": {"gpu": "h100"},
+                "containers": [{"name": "engine", "workingDir": "/models"}],
+            }
+        },
+    )
+    plan = plan_reconcile(FLEET, s, state([]))
+    pod_spec = plan.create_pods[0]["spec"]
+    assert pod_spec["nodeSelector"] == {"gpu": "h100"}
+    engine = next(c for c in pod_spec["containers"] if c["name"] == "engine")
+    assert engine["workingDir"] == "/models" and engine["command"] == ["prefixfleet", "emulator"]
