@@ -145,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         workload = build_workload(args.workload, seed=args.seed, **_pairs(args.workload_settings, "--set"))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if not workload.requests:
+        raise UsageError(f"workload {workload.name!r} has no requests with these settings")
     fleet = _fleet(args, workload)
     cost = fleet.service.cost
     runs: list[RunResult] = []

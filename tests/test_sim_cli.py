@@ -75,6 +75,7 @@ def test_flags_override_the_workloads_acceptance_settings(tmp_path: Path, capsys
         (["--workload", "gsp", "--set", "groups"], "must look like KEY=VALUE"),
         (["--workload", "gsp", "--engine", "warp=9"], "unknown --engine parameter 'warp'"),
         ([], "--workload is required"),
+        (["--workload", "viral", "--set", "duration_s=0.001"], "has no requests"),
     ],
 )
 def test_bad_arguments_get_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
