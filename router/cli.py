@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
@@ -225,6 +225,15 @@ def run_gateway(args: argparse.Namespace) -> int:
     return _run(serve(config))
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when installed: it roughly halves the event loop's share of a proxied request."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def _run(main: Coroutine[Any, Any, None]) -> int:
     """Run a service until SIGINT/SIGTERM, then shut it down cleanly (deregistering from Redis)."""
 
@@ -237,7 +246,8 @@ def _run(main: Coroutine[Any, Any, None]) -> int:
             await task
 
     try:
-        asyncio.run(runner())
+        with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
+            loop_runner.run(runner())
     except OSError as exc:  # e.g. the port is taken
         raise _usage_error(str(exc)) from None
     return 0
