@@ -202,6 +202,7 @@ class BatchedReplica(ReplicaModel):
         self._step_chunks: list[tuple[Job, int]] = []
         self._step_decodes: list[Job] = []
         self._waiting_uncached = 0  # routing-time estimate for jobs not yet admitted
+        self._memory_blocked = False  # the last admission stopped for lack of cache room
 
     # -- what a policy may see ----------------------------------------------------------------
 
@@ -215,9 +216,9 @@ class BatchedReplica(ReplicaModel):
         per_step = max(cfg.step_token_budget - decoding, 1)
         drain = pending * cfg.prefill_s_per_token + math.ceil(pending / per_step) * step_overhead
         occupancy = len(self._running) + len(self._waiting)
-        # Requests already waiting mean admission is blocked (by max_running or by cache room held
-        # by running requests): this one must then wait for enough running requests to finish.
-        slots = cfg.max_running if not self._waiting else max(len(self._running), 1)
+        # When the last admission stopped for lack of cache room held by running requests, only as
+        # many requests fit as run now: this one must wait for enough of them to finish.
+        slots = max(len(self._running), 1) if self._memory_blocked else cfg.max_running
         slot_wait = 0.0
         if occupancy >= slots:
             need = occupancy - slots + 1
@@ -238,7 +239,8 @@ class BatchedReplica(ReplicaModel):
             in_flight=occupancy,
             queued=len(self._waiting),
             pending_prefill_tokens=pending,
-            wait_s=in_step + max(drain, slot_wait),
+            # + the fixed cost of the step that will carry this request's prefill
+            wait_s=in_step + max(drain, slot_wait) + step_overhead,
         )
 
     # -- service ------------------------------------------------------------------------------
@@ -255,12 +257,14 @@ class BatchedReplica(ReplicaModel):
 
     def _admit(self, now: float) -> None:
         cfg = self.config
+        self._memory_blocked = False
         while self._waiting and len(self._running) < cfg.max_running:
             job = self._waiting[0]
             key = _cacheable(job.tokens, self.tree.capacity_tokens)
             try:
                 result = self.tree.insert(key, pin=True)
             except CacheFullError:
+                self._memory_blocked = True
                 break  # no room while running requests hold their prefixes: wait for one to finish
             self._waiting.popleft()
             self._waiting_uncached -= job.est_uncached
