@@ -1,0 +1,72 @@
+"""The example fleets, end to end on paper: each is a valid PrefixCacheFleet, the operator's planner
+turns it into valid Kubernetes objects, and every `prefixfleet` command those objects run exists."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from prefixfleet.cli import build_parser
+from prefixfleet.operator.models import PrefixCacheFleet
+
+planner = pytest.importorskip("prefixfleet.operator.planner", reason="the operator's reconcile planner")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+K8S_VERSION = "1.33.0"
+
+
+def children(path: Path) -> list[dict[str, Any]]:
+    fleet = PrefixCacheFleet.model_validate(yaml.safe_load(path.read_text()))
+    ref = planner.FleetRef(name=fleet.metadata["name"], namespace="default", uid="0f3c-uid")
+    redis_url = "redis://prefixfleet-redis.prefixfleet.svc:6379/0"
+    template, template_hash = planner.replica_template(ref, fleet.spec, redis_url)
+    return [
+        planner.replica_pod(ref, template, template_hash, 0),
+        *planner.desired_children(ref, fleet.spec, redis_url),
+    ]
+
+
+def containers(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj.get("spec", {})
+    return list(spec.get("containers", [])) + list(spec.get("initContainers", []))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_planned_children_of_each_example_are_valid_kubernetes(path: Path) -> None:
+    objects = children(path)
+    assert {o["kind"] for o in objects} >= {"Pod", "Deployment", "Service", "ConfigMap"}
+    for obj in objects:
+        try:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']}: {exc.path}: {exc.message}")
+
+
+def _subcommand(parser: argparse.ArgumentParser, words: list[str]) -> bool:
+    for word in words:
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions or word not in actions[0].choices:
+            return False
+        parser = actions[0].choices[word]
+    return True
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_prefixfleet_command_the_planned_pods_run_exists_and_parses(path: Path) -> None:
+    parser = build_parser()
+    commands = [c["command"] + c.get("args", []) for o in children(path) for c in containers(o)]
+    ours = [argv[1:] for argv in commands if argv and argv[0] == "prefixfleet"]
+    assert ours, "every fleet runs at least the sidecar and the gateway"
+    for argv in ours:
+        words = argv[:1] if argv[0] == "emulator" else argv[:2]
+        assert _subcommand(parser, words), f"`prefixfleet {' '.join(words)}` is not a CLI command"
+        try:
+            parser.parse_args(argv)
+        except SystemExit as exc:
+            pytest.fail(f"`prefixfleet {' '.join(argv)}` is refused by the CLI (exit {exc.code})")
