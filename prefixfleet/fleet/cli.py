@@ -1,0 +1,418 @@
+"""`prefixfleet up`, `prefixfleet load` and `prefixfleet compare`: the local fleet from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefixfleet.cli import UsageError
+from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
+
+DEFAULT_UP_WORKLOAD = "prefixroute"
+DEFAULT_UP_POLICIES = "default,round_robin"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    _register_up(subparsers)
+    _register_load(subparsers)
+    _register_compare(subparsers)
+
+
+# -- argument helpers --------------------------------------------------------------------------------
+
+
+def policy_names(spec: str) -> tuple[str, ...]:
+    """``default`` / ``all`` / a comma list (``default`` inside it means the project default)."""
+    text = spec.strip()
+    if text == "all":
+        return tuple(POLICIES)
+    names: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        name = DEFAULT_POLICY if name == "default" else name
+        if name not in POLICIES:
+            raise UsageError(f"unknown policy {name!r}; choose from default, all, {', '.join(POLICIES)}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise UsageError("--policies is empty; use 'default', 'all' or a comma-separated list")
+    return tuple(names)
+
+
+def settings_pairs(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r} must look like KEY=VALUE")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def _positive(name: str, value: float | int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{name} must be positive, got {value}")
+
+
+def _workload(spec: str, requests: int, seed: int, overrides: dict[str, Any]) -> Any:
+    from prefixfleet.fleet.sampling import build_scaled_workload
+
+    try:
+        workload = build_scaled_workload(spec, requests, seed=seed, **overrides)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not workload.requests:
+        raise UsageError(f"workload {spec!r} has no requests")
+    return workload
+
+
+def _writable(path: str | None, flag: str) -> Path | None:
+    if path is None:
+        return None
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise UsageError(f"{flag}: {parent} is not a directory")
+    return p
+
+
+def _progress_default(value: bool | None) -> bool:
+    return sys.stderr.isatty() if value is None else value
+
+
+def _run_async(main: Any) -> Any:
+    """Run the fleet coroutine; turn child failures into a one-line error instead of a traceback."""
+    from prefixfleet.fleet.processes import ChildFailedError, run_until_signalled
+
+    try:
+        return run_until_signalled(main)
+    except asyncio.CancelledError:
+        print("prefixfleet: stopped by SIGTERM; every process it started was stopped", file=sys.stderr)
+        raise SystemExit(143) from None
+    except ChildFailedError as exc:
+        print(f"prefixfleet: a fleet process failed: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+# -- up ----------------------------------------------------------------------------------------------
+
+
+def _register_up(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "up",
+        help="run a local fleet (Valkey, emulated engines + sidecars, gateways) and benchmark policies",
+        description=(
+            "Starts an embedded Redis-compatible server, N engine emulators each behind its sidecar and "
+            "M gateways on 127.0.0.1, replays a workload through the gateways once per routing policy "
+            "(caches flushed between policies), prints TTFT/hit-rate per policy, runs the simulator on "
+            "the same requests and reports whether both rank the policies alike, and stops everything."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--replicas", type=int, default=4, help="engines (each with a sidecar)")
+    p.add_argument("--gateways", type=int, default=2, help="gateway replicas (requests alternate)")
+    p.add_argument(
+        "--workload", default=DEFAULT_UP_WORKLOAD, help="prefixroute, lab-burst, gsp, chat, trace:PATH"
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload setting")
+    p.add_argument(
+        "--policies", default=DEFAULT_UP_POLICIES, help="'default', 'all' or a comma list of policy names"
+    )
+    p.add_argument("--requests", type=int, default=600, help="requests per policy (0: the whole workload)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.5,
+        help="engine speed-up; the workload is replayed at the same factor (0.5: twice as slow as modelled)",
+    )
+    p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
+    p.add_argument(
+        "--prefill-tokens-per-s", type=float, default=None, help="per engine (default: the workload's)"
+    )
+    p.add_argument("--max-output-tokens", type=int, default=4, help="cap on generated tokens per request")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")
+    p.add_argument("--run-dir", default="out/fleet-run", help="process logs go here")
+    p.add_argument(
+        "--sim-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also simulate the same requests and compare the policy rankings",
+    )
+    p.add_argument(
+        "--keep-running", action="store_true", help="after the runs, keep the fleet up until Ctrl-C"
+    )
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    p.set_defaults(func=run_up_command)
+
+
+def run_up_command(args: argparse.Namespace) -> int:
+    from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload
+
+    policies = policy_names(args.policies)
+    if args.requests < 0:
+        raise UsageError(f"--requests must be >= 0, got {args.requests}")
+    _positive("--time-scale", args.time_scale)
+    _positive("--cache-tokens", args.cache_tokens, allow_none=True)
+    _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
+    _positive("--max-output-tokens", args.max_output_tokens)
+    json_path, plot_path = _writable(args.json, "--json"), _writable(args.plot, "--plot")
+    workload = _workload(args.workload, args.requests, args.seed, settings_pairs(args.set))
+    engine = engine_for_workload(
+        workload,
+        max(args.replicas, 1),
+        time_scale=args.time_scale,
+        cache_tokens=args.cache_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+    )
+    spec = FleetSpec(replicas=args.replicas, gateways=args.gateways, engine=engine)
+    problems = spec.problems()
+    if problems:
+        raise UsageError("; ".join(problems))
+    options = UpOptions(
+        policies=policies,
+        requests=args.requests,
+        max_output_tokens=args.max_output_tokens,
+        run_dir=Path(args.run_dir),
+        progress=_progress_default(args.progress),
+        sim_check=args.sim_check,
+    )
+    report, runs = _run_async(lambda: _up_main(workload, spec, options, args.keep_running))
+    print(format_up(report))
+    if json_path:
+        from prefixfleet.fleet.local import write_json
+
+        write_json(json_path, report)
+    if plot_path:
+        from prefixfleet.fleet.load import ttfts_ms
+        from prefixfleet.fleet.plots import write_live_plot
+
+        write_live_plot(
+            plot_path,
+            f"prefixfleet up: {workload.name}, {spec.replicas} engines, {spec.gateways} gateways",
+            {r.policy: ttfts_ms(r.run.outcomes) for r in runs},
+            {r.policy: r.run.summary.hit_rate for r in runs},
+        )
+    return 0
+
+
+async def _up_main(workload: Any, spec: Any, options: Any, keep_running: bool) -> Any:
+    from prefixfleet.fleet.local import LocalFleet, run_up
+
+    async def hold(fleet: LocalFleet, report: dict[str, Any]) -> None:
+        policy = options.policies[0]
+        await fleet.reset()
+        await fleet.start_gateways(policy)
+        print(format_up(report), flush=True)
+        print(
+            f"fleet running with policy {policy}: gateways {' '.join(fleet.gateway_urls)}; "
+            f"redis {fleet.redis_url}; logs in {options.run_dir}. Ctrl-C stops everything.",
+            flush=True,
+        )
+        while True:  # until Ctrl-C / SIGTERM cancels us; a dead child ends it too
+            await asyncio.sleep(1.0)
+            fleet.sup.check_alive()
+
+    return await run_up(workload, spec, options, hold if keep_running else None)
+
+
+def format_up(report: dict[str, Any]) -> str:
+    from prefixfleet.fleet.load import format_table
+
+    s = report["settings"]
+    engine = s["engine"]
+    title = (
+        f"{report['workload']}: {s['requests']} requests, {s['replicas']} engines × "
+        f"{engine['cache_tokens']} cache tokens, {s['gateways']} gateways, time-scale {engine['time_scale']} "
+        "(TTFT wall-clock ms)"
+    )
+    rows = {(f"{n}*" if n == DEFAULT_POLICY else n): r for n, r in report["policies"].items()}
+    lines = [title, format_table(rows)]
+    sim = report.get("sim")
+    if sim and sim.get("agreement"):
+        a = sim["agreement"]
+        lines.append(f"ranking by mean TTFT  live: {' < '.join(a['live_order'])}")
+        lines.append(f"                      sim:  {' < '.join(a['sim_order'])}")
+        lines.append(
+            f"Kendall tau {a['kendall_tau']:.2f}; same order: {a['same_order']}; same best: {a['same_best']}"
+        )
+    return "\n".join(lines)
+
+
+# -- load --------------------------------------------------------------------------------------------
+
+
+def _register_load(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "load",
+        help="replay a workload open-loop against any OpenAI/SGLang-compatible endpoint",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--target", action="append", required=True, metavar="URL", help="repeatable: requests alternate"
+    )
+    p.add_argument("--workload", required=True, help="prefixroute, lab-burst, gsp, chat, trace:PATH")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload setting")
+    p.add_argument(
+        "--api", choices=["openai", "sglang"], default="openai", help="/v1/completions or /generate"
+    )
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="SSE streaming")
+    p.add_argument("--speedup", type=float, default=1.0, help="replay the arrival times this much faster")
+    p.add_argument("--limit", type=int, default=0, help="first N requests (traces: whole groups); 0 = all")
+    p.add_argument("--max-output-tokens", type=int, default=None, help="cap on generated tokens per request")
+    p.add_argument("--concurrency", type=int, default=512, help="client-side cap on requests in flight")
+    p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
+    p.add_argument("--model", default=None, help="model field (default: the target's first /v1/models id)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="FILE", help="write the summary as JSON")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
+    p.set_defaults(func=run_load_command)
+
+
+def run_load_command(args: argparse.Namespace) -> int:
+    from prefixfleet.fleet.load import format_table, requests_from_workload, run_load
+
+    for url in args.target:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--target must be an http:// or https:// URL, got {url!r}")
+    _positive("--speedup", args.speedup)
+    _positive("--concurrency", args.concurrency)
+    _positive("--timeout", args.timeout)
+    _positive("--max-output-tokens", args.max_output_tokens, allow_none=True)
+    if args.limit < 0:
+        raise UsageError(f"--limit must be >= 0, got {args.limit}")
+    json_path = _writable(args.json, "--json")
+    workload = _workload(args.workload, args.limit, args.seed, settings_pairs(args.set))
+    requests = requests_from_workload(
+        workload, limit=args.limit or None, max_output_tokens=args.max_output_tokens
+    )
+
+    async def main() -> Any:
+        return await run_load(
+            requests,
+            args.target,
+            api=args.api,
+            speedup=args.speedup,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            stream=args.stream,
+            model=args.model,
+            progress=_progress_default(args.progress),
+            desc="load",
+        )
+
+    run = _run_async(main)
+    summary = run.summary
+    print(f"{workload.name}: {summary.requests} requests to {', '.join(args.target)} ({args.api})")
+    print(format_table({"target": summary.to_dict()}, title=""))
+    print(f"throughput {summary.throughput_rps:.1f} req/s over {summary.duration_s:.1f} s")
+    if summary.error_kinds:
+        print("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.error_kinds.items())))
+    if json_path:
+        from prefixfleet.fleet.local import write_json
+
+        write_json(json_path, {"workload": workload.name, "targets": args.target, **summary.to_dict()})
+    return 0
+
+
+# -- compare -----------------------------------------------------------------------------------------
+
+
+def _register_compare(subparsers: argparse._SubParsersAction) -> None:
+    from prefixfleet.fleet.compare import CompareOptions
+
+    d = CompareOptions()
+    p = subparsers.add_parser(
+        "compare",
+        help="same emulated fleet and workload through our gateway vs the real sglang-router",
+        description=(
+            "Runs one workload through (a) the prefixfleet gateway with the default policy, (b) the "
+            "gateway with round_robin and (c) the real sglang-router (PyPI) with --policy cache_aware, "
+            "pointed straight at the engines; flushes caches between runs; then measures the gateway's "
+            "added latency against direct engine requests at the same rate."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--workload", default=None, help="default: the Mooncake synthetic trace (see --trace)")
+    p.add_argument(
+        "--trace", default=None, metavar="PATH", help="Mooncake-format trace for the default workload"
+    )
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload setting")
+    p.add_argument("--requests", type=int, default=d.requests, help="requests (traces: whole prefix groups)")
+    p.add_argument("--replicas", type=int, default=d.replicas)
+    p.add_argument("--block-tokens", type=int, default=d.block_tokens, help="trace tokens per hash id")
+    p.add_argument("--time-scale", type=float, default=d.time_scale, help="engine speed-up = replay speed-up")
+    p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
+    p.add_argument(
+        "--prefill-tokens-per-s", type=float, default=None, help="per engine (default: the workload's)"
+    )
+    p.add_argument("--max-output-tokens", type=int, default=d.max_output_tokens)
+    p.add_argument("--latency-rate", type=float, default=d.latency_rate_rps, help="req/s per path")
+    p.add_argument("--latency-seconds", type=float, default=d.latency_seconds)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", required=True, metavar="FILE", help="write the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument("--run-dir", default="out/compare-run", help="process logs go here")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    p.set_defaults(func=run_compare_command)
+
+
+def run_compare_command(args: argparse.Namespace) -> int:
+    from prefixfleet.fleet.compare import CompareOptions, default_trace_path, format_compare, run_compare
+
+    for flag in ("requests", "replicas", "block_tokens", "max_output_tokens"):
+        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    for flag in ("time_scale", "latency_rate", "latency_seconds"):
+        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    _positive("--cache-tokens", args.cache_tokens, allow_none=True)
+    _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
+    json_path, plot_path = _writable(args.json, "--json"), _writable(args.plot, "--plot")
+    overrides: dict[str, Any] = settings_pairs(args.set)
+    spec = args.workload
+    if spec is None:
+        trace = Path(args.trace) if args.trace else default_trace_path()
+        if trace is None or not trace.is_file():
+            raise UsageError(
+                "the Mooncake trace was not found (looked for ../shared/traces/"
+                "mooncake_synthetic_trace.jsonl next to the repository); pass --trace PATH or --workload W"
+            )
+        spec = f"trace:{trace}"
+    elif args.trace:
+        raise UsageError("use --trace only with the default workload (or --workload trace:PATH)")
+    if spec.startswith("trace:"):
+        overrides.setdefault("block_tokens", args.block_tokens)
+    workload = _workload(spec, args.requests, args.seed, overrides)
+    options = CompareOptions(
+        requests=args.requests,
+        replicas=args.replicas,
+        block_tokens=args.block_tokens,
+        time_scale=args.time_scale,
+        cache_tokens=args.cache_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        max_output_tokens=args.max_output_tokens,
+        latency_rate_rps=args.latency_rate,
+        latency_seconds=args.latency_seconds,
+        run_dir=Path(args.run_dir),
+        progress=_progress_default(args.progress),
+    )
+    report, ttfts = _run_async(lambda: run_compare(workload, options))
+    print(format_compare(report))
+    from prefixfleet.fleet.local import write_json
+
+    assert json_path is not None  # required flag
+    write_json(json_path, report)
+    if plot_path:
+        from prefixfleet.fleet.plots import write_live_plot
+
+        hits = {name: r["hit_rate"] for name, r in report["routers"].items() if "hit_rate" in r}
+        write_live_plot(plot_path, f"prefixfleet compare: {report['workload']}", ttfts, hits)
+    return 0

@@ -1,0 +1,462 @@
+"""The local fleet: embedded Redis, N emulated engines each behind its sidecar, M gateways.
+
+:class:`LocalFleet` owns the topology (which processes, which ports, in what order) on top of a
+:class:`~prefixfleet.fleet.processes.Supervisor`; :func:`run_up` drives the ``prefixfleet up``
+benchmark: one workload, replayed through the gateways once per routing policy, with every engine
+cache, sidecar tree and Redis summary reset between policies so no policy inherits another's cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from prefixfleet.emulator.config import EmulatorConfig
+from prefixfleet.fleet.load import LoadRun, requests_from_workload, run_load
+from prefixfleet.fleet.processes import LOOPBACK, Child, RedisEndpoint, Supervisor, start_redis
+from prefixfleet.fleet.ranking import compare_rankings
+from prefixfleet.router.policies import make_policy
+from prefixfleet.sim.engine import ServiceConfig
+from prefixfleet.sim.report import summarize as summarize_sim
+from prefixfleet.sim.simulator import FleetConfig, simulate
+
+FLEET_NAME = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """How each emulated engine is configured (None: the emulator's own default)."""
+
+    model: str = "emulated-llm"
+    cache_tokens: int | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    max_running: int | None = None
+    time_scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    replicas: int = 4
+    gateways: int = 2
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    fleet_name: str = FLEET_NAME
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.replicas < 1:
+            out.append(f"--replicas must be at least 1, got {self.replicas}")
+        if self.gateways < 1:
+            out.append(f"--gateways must be at least 1, got {self.gateways}")
+        if self.engine.time_scale <= 0:
+            out.append(f"--time-scale must be positive, got {self.engine.time_scale}")
+        if self.engine.cache_tokens is not None and self.engine.cache_tokens < 2:
+            out.append(f"--cache-tokens must be at least 2, got {self.engine.cache_tokens}")
+        return out
+
+
+def _cli(*args: str) -> list[str]:
+    # The same interpreter that runs us, so a venv install works without PATH changes.
+    return [sys.executable, "-m", "prefixfleet.cli", *args]
+
+
+def emulator_argv(port: int, engine: EngineSettings) -> list[str]:
+    argv = _cli("emulator", "--host", LOOPBACK, "--port", str(port), "--model", engine.model)
+    optional = {
+        "--cache-tokens": engine.cache_tokens,
+        "--prefill-tokens-per-s": engine.prefill_tokens_per_s,
+        "--decode-tokens-per-s": engine.decode_tokens_per_s,
+        "--max-running": engine.max_running,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    return [*argv, "--time-scale", str(engine.time_scale)]
+
+
+def sidecar_argv(port: int, engine_url: str, redis_url: str, worker_id: str, fleet: str) -> list[str]:
+    return _cli(
+        "router", "sidecar",
+        "--engine", engine_url,
+        "--redis", redis_url,
+        "--host", LOOPBACK,
+        "--port", str(port),
+        "--worker-id", worker_id,
+        "--advertise-url", f"http://{LOOPBACK}:{port}",
+        "--fleet", fleet,
+        "--self-register",
+    )  # fmt: skip
+
+
+def gateway_argv(port: int, redis_url: str, policy: str, fleet: str) -> list[str]:
+    return _cli(
+        "router", "gateway",
+        "--redis", redis_url,
+        "--host", LOOPBACK,
+        "--port", str(port),
+        "--fleet", fleet,
+        "--policy", policy,
+    )  # fmt: skip
+
+
+@dataclass(slots=True)
+class Replica:
+    index: int
+    engine: Child
+    engine_url: str
+    sidecar: Child | None = None
+    sidecar_url: str | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return f"replica-{self.index}"
+
+
+class LocalFleet:
+    """Starts and resets the fleet's processes; everything it starts is owned by ``supervisor``."""
+
+    def __init__(self, supervisor: Supervisor, spec: FleetSpec) -> None:
+        self.sup = supervisor
+        self.spec = spec
+        self.redis: RedisEndpoint | None = None
+        self.replicas: list[Replica] = []
+        self.gateways: list[Child] = []
+        self.policy: str | None = None
+
+    @property
+    def engine_urls(self) -> list[str]:
+        return [r.engine_url for r in self.replicas]
+
+    @property
+    def sidecar_urls(self) -> list[str]:
+        return [r.sidecar_url for r in self.replicas if r.sidecar_url]
+
+    @property
+    def gateway_urls(self) -> list[str]:
+        return [g.url for g in self.gateways if g.url]
+
+    @property
+    def redis_url(self) -> str:
+        if self.redis is None:
+            raise RuntimeError("the fleet's Redis is not started")
+        return self.redis.url
+
+    async def start_engines(self, *, with_sidecars: bool = True) -> None:
+        """Redis, then every emulator (in parallel), then every sidecar (in parallel)."""
+        if with_sidecars:
+            self.redis = await start_redis(self.sup)
+        engines = await asyncio.gather(*(self._start_engine(i) for i in range(self.spec.replicas)))
+        self.replicas = list(engines)
+        if with_sidecars:
+            await self.start_sidecars()
+
+    async def _start_engine(self, index: int) -> Replica:
+        port = self.sup.allocate_port()
+        url = f"http://{LOOPBACK}:{port}"
+        child = await self.sup.start(
+            f"engine-{index}", emulator_argv(port, self.spec.engine), health_url=f"{url}/health", url=url
+        )
+        return Replica(index, child, url)
+
+    async def start_sidecars(self) -> None:
+        await asyncio.gather(*(self._start_sidecar(r) for r in self.replicas))
+
+    async def _start_sidecar(self, replica: Replica) -> None:
+        port = self.sup.allocate_port()
+        url = f"http://{LOOPBACK}:{port}"
+        argv = sidecar_argv(port, replica.engine_url, self.redis_url, replica.worker_id, self.spec.fleet_name)
+        replica.sidecar = await self.sup.start(
+            f"sidecar-{replica.index}", argv, health_url=f"{url}/health", url=url
+        )
+        replica.sidecar_url = url
+
+    async def stop_sidecars(self) -> None:
+        for replica in self.replicas:
+            if replica.sidecar is not None:
+                await self.sup.stop(replica.sidecar)
+                replica.sidecar = None
+                replica.sidecar_url = None
+
+    async def start_gateways(self, policy: str) -> None:
+        await self.stop_gateways()
+        self.policy = policy
+        self.gateways = list(
+            await asyncio.gather(*(self._start_gateway(i, policy) for i in range(self.spec.gateways)))
+        )
+        await self.wait_for_membership()
+
+    async def _start_gateway(self, index: int, policy: str) -> Child:
+        port = self.sup.allocate_port()
+        url = f"http://{LOOPBACK}:{port}"
+        argv = gateway_argv(port, self.redis_url, policy, self.spec.fleet_name)
+        return await self.sup.start(f"gateway-{index}-{policy}", argv, health_url=f"{url}/health", url=url)
+
+    async def stop_gateways(self) -> None:
+        gateways, self.gateways = self.gateways, []
+        for gateway in gateways:
+            await self.sup.stop(gateway)
+
+    async def wait_for_membership(self, timeout_s: float = 30.0) -> None:
+        """Until every gateway reports all replicas as routable workers."""
+        want = len(self.replicas)
+        deadline = time.monotonic() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            for url in self.gateway_urls:
+                while True:
+                    have = await _gateway_worker_count(session, url)
+                    if have is None or have >= want:
+                        break
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"gateway {url} sees {have} of {want} workers after {timeout_s:.0f}s"
+                        )
+                    self.sup.check_alive()
+                    await asyncio.sleep(0.1)
+
+    async def flush_engines(self) -> None:
+        """POST /flush_cache on every engine (retried while the engine still has requests running)."""
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(*(_flush(session, url) for url in self.engine_urls))
+
+    async def reset(self) -> None:
+        """A cold fleet: no gateway, empty engine caches and sidecar mirrors.
+
+        The flush goes through each sidecar when there is one: the sidecar forwards it to its engine
+        and, on success, empties its own mirror and republishes its (now empty) summary.
+        """
+        await self.stop_gateways()
+        targets = [r.sidecar_url or r.engine_url for r in self.replicas]
+        async with aiohttp.ClientSession() as session:
+            await asyncio.gather(*(_flush(session, url) for url in targets))
+
+
+async def _gateway_worker_count(session: aiohttp.ClientSession, url: str) -> int | None:
+    """Workers a gateway can route to, from its /health JSON (None if it does not say)."""
+    try:
+        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            payload = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return 0
+    if not isinstance(payload, dict):
+        return None
+    for key in ("routable_workers", "workers"):
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, list):
+            return len(value)
+    return None
+
+
+async def _flush(session: aiohttp.ClientSession, url: str) -> None:
+    for _ in range(100):  # an engine refuses (400) while requests are still running
+        async with session.post(f"{url}/flush_cache", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            if resp.status == 200:
+                return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"engine {url} kept refusing /flush_cache")
+
+
+# -- the `up` benchmark ------------------------------------------------------------------------------
+
+# The emulator's own timing defaults, mirrored into the simulator's batched service model so the sim
+# check runs the same engine model the live fleet runs.
+_EMULATOR_DEFAULTS = EmulatorConfig()
+
+
+def token_scale(workload: Any) -> float:
+    """How much a workload's prompts were shrunk (trace ``block_tokens`` / ``trace_block_tokens``)."""
+    s = workload.settings
+    if "block_tokens" in s and "trace_block_tokens" in s:
+        return float(s["block_tokens"]) / float(s["trace_block_tokens"])
+    return 1.0
+
+
+def engine_for_workload(
+    workload: Any,
+    replicas: int,
+    *,
+    time_scale: float,
+    cache_tokens: int | None = None,
+    prefill_tokens_per_s: float | None = None,
+) -> EngineSettings:
+    """Engines equivalent to the fleet the workload is judged at (its ``recommended`` settings).
+
+    The recommended fleet's total cache and prefill capacity are spread over ``replicas`` engines,
+    and both shrink with the prompts of a scaled-down trace, so modelled prefill seconds per request
+    and the fleet's cache-to-working-set ratio stay those of the full-size workload.
+    """
+    rec = workload.recommended
+    base_replicas = int(rec.get("replicas", replicas))
+    merge = base_replicas / replicas
+    scale = token_scale(workload)
+    if cache_tokens is None:
+        cache_tokens = max(64, round(int(rec.get("cache_tokens", 200_000)) * scale * merge))
+    if prefill_tokens_per_s is None:
+        per_token = float(rec.get("prefill_s_per_token", 1.0 / _EMULATOR_DEFAULTS.prefill_tokens_per_s))
+        prefill_tokens_per_s = round(scale * merge / per_token, 3)
+    return EngineSettings(
+        cache_tokens=cache_tokens, prefill_tokens_per_s=prefill_tokens_per_s, time_scale=time_scale
+    )
+
+
+def sim_service(engine: EngineSettings) -> ServiceConfig:
+    """The simulator's batched service model with the emulator's timing."""
+    rate = engine.prefill_tokens_per_s or _EMULATOR_DEFAULTS.prefill_tokens_per_s
+    decode_step = (
+        1.0 / engine.decode_tokens_per_s if engine.decode_tokens_per_s else _EMULATOR_DEFAULTS.decode_step_s
+    )
+    return ServiceConfig(
+        service="batched",
+        prefill_s_per_token=1.0 / rate,
+        cached_s_per_token=_EMULATOR_DEFAULTS.cached_token_cost_s,
+        request_overhead_s=_EMULATOR_DEFAULTS.prefill_overhead_s,
+        max_running=engine.max_running or _EMULATOR_DEFAULTS.max_running,
+        step_token_budget=_EMULATOR_DEFAULTS.chunk_tokens,
+        decode_base_s=decode_step,
+        decode_s_per_seq=_EMULATOR_DEFAULTS.decode_step_per_req_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class UpOptions:
+    policies: tuple[str, ...]
+    requests: int = 600
+    max_output_tokens: int = 4
+    concurrency: int = 512
+    timeout_s: float = 120.0
+    run_dir: Path = Path("out/fleet-run")
+    progress: bool = True
+    sim_check: bool = True
+
+
+@dataclass(slots=True)
+class PolicyRun:
+    policy: str
+    run: LoadRun
+
+    def row(self) -> dict[str, Any]:
+        s = self.run.summary
+        return {
+            "mean_ttft_ms": s.mean_ttft_ms,
+            "p50_ttft_ms": s.p50_ttft_ms,
+            "p99_ttft_ms": s.p99_ttft_ms,
+            "hit_rate": s.hit_rate,
+            "errors": s.errors,
+            "requests": s.requests,
+            "throughput_rps": s.throughput_rps,
+            "mean_client_lag_ms": s.mean_client_lag_ms,
+            "error_kinds": s.error_kinds,
+        }
+
+
+def workload_slice(workload: Any, requests: int, max_output_tokens: int | None) -> list[Any]:
+    """The first ``requests`` requests (0: all), outputs capped: what both the sim and the client replay."""
+    chosen = workload.requests[:requests] if requests else list(workload.requests)
+    if max_output_tokens is None:
+        return list(chosen)
+    return [replace(r, output_tokens=max(1, min(r.output_tokens, max_output_tokens))) for r in chosen]
+
+
+async def run_policies(
+    fleet: LocalFleet,
+    requests: Sequence[Any],
+    policies: Sequence[str],
+    options: UpOptions,
+) -> list[PolicyRun]:
+    """Each policy on a cold fleet: reset, gateways with that policy, replay through all gateways."""
+    out = []
+    for policy in policies:
+        await fleet.reset()
+        await fleet.start_gateways(policy)
+        run = await run_load(
+            requests,
+            fleet.gateway_urls,
+            api="openai",
+            speedup=fleet.spec.engine.time_scale,  # replay on the engines' clock
+            concurrency=options.concurrency,
+            timeout_s=options.timeout_s,
+            progress=options.progress,
+            desc=f"up {policy}",
+        )
+        fleet.sup.check_alive()
+        out.append(PolicyRun(policy, run))
+    return out
+
+
+def simulate_policies(
+    requests: Sequence[Any], policies: Sequence[str], spec: FleetSpec
+) -> dict[str, dict[str, Any]]:
+    """The same requests through the simulator with the emulator's timing and the same fleet shape."""
+    service = sim_service(spec.engine)
+    fleet = FleetConfig(spec.replicas, spec.engine.cache_tokens or _EMULATOR_DEFAULTS.cache_tokens, service)
+    out = {}
+    for name in policies:
+        result = simulate(requests, make_policy(name, service.cost), fleet, progress=False)
+        m = summarize_sim(result)
+        out[name] = {k: m[k] for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate")}
+    return out
+
+
+def up_report(
+    workload: Any,
+    spec: FleetSpec,
+    options: UpOptions,
+    runs: Sequence[PolicyRun],
+    sim: Mapping[str, Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    live = {r.policy: r.row() for r in runs}
+    report: dict[str, Any] = {
+        "workload": workload.name,
+        "settings": {
+            "replicas": spec.replicas,
+            "gateways": spec.gateways,
+            "requests": len(runs[0].run.outcomes) if runs else 0,
+            "max_output_tokens": options.max_output_tokens,
+            "engine": asdict(spec.engine),
+            "workload": {k: v for k, v in workload.settings.items() if k != "path"},
+            "ttft": "wall-clock ms at the client; engine durations are modelled seconds / time_scale",
+        },
+        "policies": live,
+    }
+    if sim is not None:
+        report["sim"] = {
+            "policies": dict(sim),
+            "ttft": "modelled ms (divide by time_scale to compare with the live wall-clock figures)",
+            "agreement": compare_rankings(sim, live) if len(live) > 1 else None,
+        }
+    return report
+
+
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+async def run_up(
+    workload: Any,
+    spec: FleetSpec,
+    options: UpOptions,
+    hold: Callable[[LocalFleet, dict[str, Any]], Awaitable[None]] | None = None,
+) -> tuple[dict[str, Any], list[PolicyRun]]:
+    """Start the fleet, run every policy, simulate the same requests; ``hold`` runs before teardown."""
+    chosen = workload_slice(workload, options.requests, options.max_output_tokens)
+    requests = requests_from_workload(replace(workload, requests=chosen))
+    sim = simulate_policies(chosen, options.policies, spec) if options.sim_check else None
+    async with Supervisor(options.run_dir) as sup:
+        fleet = LocalFleet(sup, spec)
+        await fleet.start_engines()
+        runs = await run_policies(fleet, requests, options.policies, options)
+        await fleet.stop_gateways()
+        report = up_report(workload, spec, options, runs, sim)
+        if hold is not None:
+            await hold(fleet, report)
+    return report, runs
