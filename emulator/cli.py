@@ -66,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
+    from .bench import register as register_bench
+
+    register_bench(subparsers)
+
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
     from prefixfleet.cli import UsageError

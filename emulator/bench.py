@@ -1,0 +1,189 @@
+"""`prefixfleet emulator-bench`: what the emulator's timing model says, and how faithfully it runs.
+
+Two parts, printed as tables and written as JSON:
+
+* **model** (virtual clock, deterministic): TTFT of SGLang's generated-shared-prefix shape (2048-token
+  system prompt + 128-token question) cold and warm, and decode-step times by batch size.
+* **http** (real HTTP on 127.0.0.1 against an emulator *process*, as a fleet runs it): a closed-loop
+  client sends
+  requests with a shared prefix at a fixed concurrency; reports requests/s and how far the wall-clock
+  latency drifts from the modelled latency / time-scale (the event-loop overhead). Use it to pick a
+  time-scale that keeps ratios honest on a given machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from tqdm import tqdm
+
+from .config import EmulatorConfig
+from .engine import EngineModel, make_request, run_until_idle
+
+
+def model_table(config: EmulatorConfig) -> dict[str, object]:
+    system = list(range(1, 2049))
+    model = EngineModel(config)
+    cold = make_request("cold", [*system, *range(100_000, 100_128)], 1, [7], 0.0)
+    model.submit(cold)
+    now, _ = run_until_idle(model, 0.0)
+    warm = make_request("warm", [*system, *range(200_000, 200_128)], 1, [7], now)
+    model.submit(warm)
+    run_until_idle(model, now)
+    cold_ttft = cold.first_token_at - cold.arrival  # type: ignore[operator]
+    warm_ttft = warm.first_token_at - warm.arrival  # type: ignore[operator]
+    return {
+        "cold_ttft_ms": round(cold_ttft * 1000, 3),
+        "warm_ttft_ms": round(warm_ttft * 1000, 3),
+        "cold_over_warm": round(cold_ttft / warm_ttft, 2),
+        "decode_step_ms": {str(b): round(config.decode_seconds(b) * 1000, 3) for b in (1, 8, 32, 64)},
+    }
+
+
+async def http_run(
+    config: EmulatorConfig, requests: int, concurrency: int, max_new: int
+) -> dict[str, object]:
+    proc, url = await _start_process(config)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await _wait_healthy(http, url, proc)
+            return await _closed_loop(http, url, config, requests, concurrency, max_new)
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+async def _start_process(config: EmulatorConfig) -> tuple[asyncio.subprocess.Process, str]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = "import sys; from prefixfleet.cli import main; sys.exit(main())"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", code, "emulator", "--port", str(port), "--time-scale", str(config.time_scale),
+        "--log-level", "warning", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
+async def _wait_healthy(http: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
+    for _ in range(300):
+        if proc.returncode is not None:
+            raise RuntimeError(f"emulator exited with {proc.returncode}")
+        try:
+            async with http.get(url + "/health") as r:
+                if r.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"emulator at {url} did not become healthy")
+
+
+async def _closed_loop(
+    http: aiohttp.ClientSession,
+    url: str,
+    config: EmulatorConfig,
+    requests: int,
+    concurrency: int,
+    max_new: int,
+) -> dict[str, object]:
+    system = " ".join(f"sys{i}" for i in range(1024))
+    wall: list[float] = []
+    modelled: list[float] = []
+    errors = 0
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    bar = tqdm(total=requests, desc="emulator-bench http", file=sys.stderr, leave=False)
+
+    async def client() -> None:
+        nonlocal errors
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            body = {"text": f"{system} question {i}", "sampling_params": {"max_new_tokens": max_new}}
+            t0 = time.perf_counter()
+            async with http.post(url + "/generate", json=body) as r:
+                data = await r.json()
+            if r.status != 200:
+                errors += 1
+            else:
+                wall.append(time.perf_counter() - t0)
+                modelled.append(data["meta_info"]["e2e_latency"] / config.time_scale)
+            bar.update(1)
+
+    t_start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - t_start
+    bar.close()
+    overhead = [w - m for w, m in zip(wall, modelled, strict=True)]
+    return {
+        "time_scale": config.time_scale,
+        "requests": requests,
+        "concurrency": concurrency,
+        "max_new_tokens": max_new,
+        "errors": errors,
+        "requests_per_s": round(len(wall) / elapsed, 1),
+        "wall_e2e_ms_mean": round(statistics.fmean(wall) * 1000, 3) if wall else None,
+        "modelled_e2e_ms_mean_scaled": round(statistics.fmean(modelled) * 1000, 3) if modelled else None,
+        "client_overhead_ms_p50": round(statistics.median(overhead) * 1000, 3) if overhead else None,
+    }
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "emulator-bench",
+        help="measure the emulator's timing model and its HTTP overhead on this machine",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--requests", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--time-scale", type=float, nargs="+", default=[1.0, 10.0, 50.0])
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from prefixfleet.cli import UsageError
+
+    if args.requests < 1 or args.concurrency < 1 or args.max_new_tokens < 0:
+        raise UsageError("--requests and --concurrency must be positive, --max-new-tokens non-negative")
+    try:
+        configs = [EmulatorConfig(time_scale=ts) for ts in args.time_scale]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    model = model_table(EmulatorConfig())
+    print("timing model (default flags, modelled time)")
+    print(
+        f"  2048+128-token prompt: cold TTFT {model['cold_ttft_ms']} ms, "
+        f"warm TTFT {model['warm_ttft_ms']} ms ({model['cold_over_warm']}x)"
+    )
+    steps = model["decode_step_ms"]
+    assert isinstance(steps, dict)
+    print("  decode step ms by batch: " + ", ".join(f"{b}: {v}" for b, v in steps.items()))
+    runs = [asyncio.run(http_run(c, args.requests, args.concurrency, args.max_new_tokens)) for c in configs]
+    print()
+    print(
+        f"{'time-scale':>10} {'req/s':>8} {'wall e2e ms':>12} {'model/ts ms':>12} "
+        f"{'overhead p50 ms':>16} {'errors':>7}"
+    )
+    for r in runs:
+        print(
+            f"{r['time_scale']:>10} {r['requests_per_s']:>8} {r['wall_e2e_ms_mean']:>12} "
+            f"{r['modelled_e2e_ms_mean_scaled']:>12} {r['client_overhead_ms_p50']:>16} {r['errors']:>7}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"model": model, "http": runs}, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return 0
