@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prefixfleet.cli import UsageError
 
-from .crd import render_crd_yaml
+from .crd import render_crd_yaml, render_field_reference
 
 SUBCOMMAND_MODULES: tuple[str, ...] = ("prefixfleet.operator.run",)
 
@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print the PrefixCacheFleet CustomResourceDefinition (YAML) generated from the models.",
     )
     crd.add_argument("--output", "-o", metavar="FILE", help="write to FILE instead of stdout")
+    crd.add_argument(
+        "--markdown", action="store_true", help="print the field reference (Markdown table) instead of YAML"
+    )
     crd.set_defaults(func=run_crd)
 
     for name in SUBCOMMAND_MODULES:
@@ -47,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_crd(args: argparse.Namespace) -> int:
-    text = render_crd_yaml()
+    text = render_field_reference() if args.markdown else render_crd_yaml()
     if not args.output or args.output == "-":
         sys.stdout.write(text)
         return 0

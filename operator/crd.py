@@ -11,6 +11,7 @@ in the same values the models would; kind-dependent defaults (engine image, port
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +233,62 @@ def render_crd_yaml() -> str:
 def crd_paths(repo_root: Path) -> list[Path]:
     """Where the generated CRD is committed: crds/ and the chart's crds/ (Helm installs it first)."""
     return [repo_root / "crds" / CRD_FILENAME, repo_root / "charts" / "prefixfleet" / "crds" / CRD_FILENAME]
+
+
+def _type_of(node: dict[str, Any]) -> str:
+    if node.get("x-kubernetes-int-or-string"):
+        return "quantity (int or string)"
+    kind = node.get("type", "object")
+    if kind == "array":
+        return f"list of {_type_of(node.get('items', {}))}"
+    if kind == "object" and isinstance(node.get("additionalProperties"), dict):
+        return f"map of {_type_of(node['additionalProperties'])}"
+    if kind == "object" and node.get("x-kubernetes-preserve-unknown-fields") and "properties" not in node:
+        return "object (free-form)"
+    if node.get("format") == "date-time":
+        return "timestamp"
+    return str(kind)
+
+
+def _constraints(node: dict[str, Any]) -> list[str]:
+    out = []
+    if "enum" in node:
+        out.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
+    if "minimum" in node:
+        out.append(f"{'>' if node.get('exclusiveMinimum') else '≥'} {node['minimum']}")
+    if "maximum" in node:
+        out.append(f"{'<' if node.get('exclusiveMaximum') else '≤'} {node['maximum']}")
+    if "maxItems" in node:
+        out.append(f"at most {node['maxItems']} items")
+    out += [rule["message"] for rule in node.get("x-kubernetes-validations", [])]
+    return out
+
+
+def _rows(node: dict[str, Any], path: str, required: bool) -> list[str]:
+    default = node.get("default")
+    show_default = default is not None and not isinstance(default, dict | list)
+    cells = [
+        f"`{path}`",
+        _type_of(node) + (" (required)" if required else ""),
+        f"`{json.dumps(default)}`" if show_default else "",
+        " — ".join(filter(None, [node.get("description", ""), "; ".join(_constraints(node))])).replace(
+            "|", "\\|"
+        ),
+    ]
+    rows = ["| " + " | ".join(cells) + " |"]
+    children = node.get("properties") or node.get("items", {}).get("properties")
+    if children:
+        prefix = f"{path}[]" if "items" in node else path
+        needed = set(node.get("required") or node.get("items", {}).get("required") or [])
+        for name, sub in children.items():
+            rows += _rows(sub, f"{prefix}.{name}", name in needed)
+    return rows
+
+
+def render_field_reference() -> str:
+    """Markdown table of every spec and status field: type, default, meaning and constraints."""
+    schema = open_api_schema()
+    lines = ["| Field | Type | Default | Meaning and constraints |", "|---|---|---|---|"]
+    for root in ("spec", "status"):
+        lines += _rows(schema["properties"][root], root, root == "spec")
+    return "\n".join(lines) + "\n"

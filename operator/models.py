@@ -473,26 +473,33 @@ class FleetStatus(CamelModel):
 
     model_config = ConfigDict(extra="allow")
 
-    observed_generation: int | None = Field(default=None, ge=0)
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="The metadata.generation this status describes."
+    )
     replicas: int = Field(
         default=0, ge=0, description="Replica pods that exist (the scale subresource's status.replicas)."
     )
-    ready_replicas: int = Field(default=0, ge=0)
+    ready_replicas: int = Field(default=0, ge=0, description="Replica pods that are Ready and serving.")
     selector: str | None = Field(
         default=None, description="Label selector of the replica pods (for the scale subresource)."
     )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
+        description="Ready, Progressing and Degraded, each with a CamelCase reason.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     router_endpoint: str | None = Field(default=None, description="URL of the fleet's gateway Service.")
     hit_rate: float | None = Field(
         default=None, ge=0, le=1, description="Fleet prefix-cache hit rate (token-weighted)."
     )
-    hot_prefixes: list[HotPrefix] = Field(default_factory=list, max_length=100)
-    last_scale_time: datetime | None = None
-    last_scale_reason: str | None = None
+    hot_prefixes: list[HotPrefix] = Field(
+        default_factory=list,
+        max_length=100,
+        description="The hottest prefix subtrees (hashed) and their holders.",
+    )
+    last_scale_time: datetime | None = Field(default=None, description="When the replica count last changed.")
+    last_scale_reason: str | None = Field(default=None, description="Why the replica count last changed.")
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)

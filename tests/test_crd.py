@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from prefixfleet.operator import models
-from prefixfleet.operator.crd import build_crd, crd_paths, render_crd_yaml
+from prefixfleet.operator.crd import build_crd, crd_paths, render_crd_yaml, render_field_reference
 from prefixfleet.operator.crd_admission import admission_errors, apply_defaults, crd_schema
 from prefixfleet.router.policies import POLICIES
 
@@ -45,6 +45,15 @@ def test_committed_crd_is_what_the_models_generate(path: Path) -> None:
     assert path.read_text() == render_crd_yaml(), (
         f"{path.relative_to(ROOT)} drifted from operator/models.py: "
         f"run `prefixfleet operator crd -o {path.relative_to(ROOT)}`"
+    )
+
+
+def test_docs_field_reference_is_what_the_models_generate() -> None:
+    text = (ROOT / "docs" / "operator.md").read_text()
+    begin = text.index("<!-- BEGIN field reference")
+    body = text[text.index("\n", begin) + 1 : text.index("<!-- END field reference -->")]
+    assert body == render_field_reference(), (
+        "docs/operator.md: regenerate with `prefixfleet operator crd --markdown`"
     )
 
 
