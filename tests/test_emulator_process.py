@@ -212,3 +212,18 @@ def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
     finally:
         for proc in reversed(procs):
             stop(proc)
+
+
+def test_emulator_bench_runs_and_writes_json(tmp_path: Path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [*PREFIXFLEET, "emulator-bench", "--requests", "12", "--concurrency", "3", "--time-scale", "50",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["model"]["cold_ttft_ms"] > result["model"]["warm_ttft_ms"] > 0
+    (run,) = result["http"]
+    assert run["errors"] == 0 and run["requests"] == 12 and run["requests_per_s"] > 0
+    assert "cold TTFT" in done.stdout and "req/s" in done.stdout
