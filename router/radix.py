@@ -167,7 +167,7 @@ class RadixTree:
                 break
             edge = child.edge
             elen = len(edge)
-            if key[pos : pos + elen] == edge:
+            if key.startswith(edge, pos):  # compares in place, no slice copy
                 pos += elen
                 node = child
                 path.append(child)
@@ -225,7 +225,7 @@ class RadixTree:
         if overflow > 0:
             # Feasibility before any mutation: tokens that can never be freed for this insert are the
             # pinned ones plus the unpinned part of the path it extends (incl. a partly matched edge).
-            protected = sum(p.num_tokens for p in path if p.pin_count == 0)
+            protected = sum(len(p.edge) for p in path if not p.pin_count) // TOKEN_BYTES
             if depth < node.num_tokens and node.parent is not None and node.pin_count == 0:
                 protected += depth
             evictable = self.cached_tokens - self.pinned_tokens - protected
@@ -244,14 +244,17 @@ class RadixTree:
         elif depth < node.num_tokens and node.parent is not None:
             path.append(node)  # fully matched inside an edge: touch it, shape unchanged
         evicted = 0
-        if overflow > 0:
-            for p in path:
-                self._pin_node(p)
+        if overflow > 0 and path:
+            # Holding the deepest path node holds the whole path: an ancestor keeps a child on the
+            # path, so it never becomes an evictable leaf. O(1) instead of pinning every node.
+            tip = path[-1]
+            self._pin_node(tip)
             try:
                 evicted = self._evict(overflow)
             finally:
-                for p in path:
-                    self._unpin_node(p)
+                self._unpin_node(tip)
+        elif overflow > 0:
+            evicted = self._evict(overflow)
         for p in path:
             p.last_access = now
             p.hits += 1
