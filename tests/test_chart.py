@@ -28,7 +28,7 @@ EVERYTHING_ON: dict[str, Any] = {
     "grafanaDashboards": {"enabled": True, "namespace": "monitoring"},
     "operator": {
         "watchNamespaces": ["team-a", "team-b"],
-        "logLevel": "debug",
+        "logLevel": "verbose",
         "defaultPrometheusUrl": "http://p:9090",
     },
     "rbac": {"scope": "namespace"},
@@ -138,7 +138,7 @@ def test_operator_runs_kopf_with_a_liveness_endpoint_the_probe_uses(chart: helm_
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["prefixfleet"]
     assert container["args"][:2] == ["operator", "run"]
-    assert "--all-namespaces" in container["args"]
+    assert not any(a.startswith("--namespace") for a in container["args"]), "cluster-wide by default"
     liveness = next(a for a in container["args"] if a.startswith("--liveness="))
     port = next(p for p in container["ports"] if p["name"] == container["livenessProbe"]["httpGet"]["port"])
     assert liveness == f"--liveness=http://0.0.0.0:{port['containerPort']}/healthz"
@@ -151,7 +151,7 @@ def test_watched_namespaces_and_default_redis_reach_the_operator(chart: helm_pyt
         d for d in by_kind(objects, "Deployment") if d["metadata"]["name"].endswith("operator")
     )["spec"]["template"]["spec"]["containers"]
     assert "--namespace=team-a" in container["args"] and "--namespace=team-b" in container["args"]
-    assert "--all-namespaces" not in container["args"]
+    assert "--verbose" in container["args"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["PREFIXFLEET_REDIS_URL"] == "redis://prefixfleet-redis.prefixfleet.svc:6379/0"
     assert env["PREFIXFLEET_PROMETHEUS_URL"] == "http://p:9090"
@@ -295,7 +295,7 @@ def test_namespace_scope_without_namespaces_is_refused(chart: helm_python.Chart)
 
 BAD_VALUES = [
     ({"rbac": {"scope": "everything"}}, "scope"),
-    ({"operator": {"logLevel": "loud"}}, "logLevel"),
+    ({"operator": {"logLevel": "debug"}}, "logLevel"),
     ({"redis": {"port": "six"}}, "port"),
     ({"redis": {"port": 70000}}, "port"),
     ({"operater": {}}, "operater"),
