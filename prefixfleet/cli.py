@@ -58,4 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Under `python -m prefixfleet.cli` this file is `__main__`; subcommands raise the UsageError of
+    # the importable `prefixfleet.cli`, so dispatch through that module for the one-line error path.
+    from prefixfleet.cli import main as _main
+
+    sys.exit(_main())
