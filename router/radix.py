@@ -419,15 +419,16 @@ class RadixTree:
         return out
 
     def memory_bytes(self) -> int:
-        """Approximate resident bytes of the tree's nodes, edges and child maps."""
-        total = sys.getsizeof(self._roots) + sys.getsizeof(self._heap)
+        """Approximate resident bytes: nodes, edges, child maps and their keys, the eviction heap."""
+        getsizeof = sys.getsizeof
+        total = getsizeof(self._roots) + getsizeof(self._heap)
+        # heap entries are (stamp, seq, node) tuples holding two ints of their own
+        total += sum(getsizeof(e) + getsizeof(e[0]) + getsizeof(e[1]) for e in self._heap)
         for root in self._roots.values():
-            total += sys.getsizeof(root) + sys.getsizeof(root.children)
-            stack = list(root.children.values())
+            stack = [root]
             while stack:
                 node = stack.pop()
-                total += sys.getsizeof(node) + sys.getsizeof(node.edge)
-                if node.children:
-                    total += sys.getsizeof(node.children)
-                    stack.extend(node.children.values())
+                total += getsizeof(node) + getsizeof(node.edge) + getsizeof(node.last_access)
+                total += getsizeof(node.children) + sum(getsizeof(k) for k in node.children)
+                stack.extend(node.children.values())
         return total
