@@ -1,20 +1,53 @@
 """prefixfleet's queue-aware cost policy: minimise estimated time to first token, fleet-wide.
 
-For each replica: wait before prefill can start + prefill of the suffix it has not cached. Two
-things greedy TTFT misses are priced in:
+Each replica is scored by what choosing it costs:
 
-* the work a choice adds delays everyone queued after it, so uncached tokens are charged
-  ``1 + externality`` times (prefer a hit unless the queue difference really pays for the miss);
-* inserting a new prefix into a full cache evicts someone else's, charged at ``eviction_weight`` of
-  their recompute cost.
+* its own TTFT: wait before prefill can start + prefill of the suffix it has not cached;
+* the delay it imposes: requests that arrive at that replica while this one waits and prefills
+  queue behind it, so the prefill is charged again × ``delay_weight`` × the replica's recent
+  arrival rate × the time it holds the queue (M/G/1-style head-of-line cost). This is what keeps a
+  long miss off the replica that serves a hot tenant's stream of short hits;
+* uncached tokens × ``externality`` (more total work makes every queue longer later) and, for a full
+  cache, evicting someone else's prefix × ``eviction_weight``.
+
 Ties go to the replica already holding more of the prompt, then to the shorter queue.
+
+The policy never pays a miss on purpose to copy a hot prefix onto another replica: measured in the
+simulator, every such request-path replication rule cost more tail than it saved. Hot prefixes are
+replicated by the autoscaler instead, with prefill-only warm-up requests off the request path.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from .base import CostModel, Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise
+from .base import (
+    CostModel,
+    Decision,
+    ReplicaId,
+    ReplicaState,
+    RouteRequest,
+    RoutingPolicy,
+    healthy_or_raise,
+)
+
+
+class _Decayed:
+    """An exponentially decayed sum, read as a rate per second over ``window_s``."""
+
+    __slots__ = ("t", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.t = 0.0
+
+    def add(self, amount: float, now: float, window_s: float) -> None:
+        self.value = self.rate(now, window_s) * window_s + amount
+        self.t = now
+
+    def rate(self, now: float, window_s: float) -> float:
+        return self.value * math.exp(-max(now - self.t, 0.0) / window_s) / window_s
 
 
 class QueueAware(RoutingPolicy):
@@ -24,19 +57,41 @@ class QueueAware(RoutingPolicy):
     def __init__(
         self,
         cost: CostModel | None = None,
-        externality: float = 0.5,
+        externality: float = 0.0,
+        delay_weight: float = 0.25,
         eviction_weight: float = 0.1,
+        window_s: float = 10.0,
     ) -> None:
         super().__init__(cost)
-        if externality < 0 or eviction_weight < 0:
-            raise ValueError("externality and eviction_weight must be >= 0")
+        for pname, value in (
+            ("externality", externality),
+            ("delay_weight", delay_weight),
+            ("eviction_weight", eviction_weight),
+        ):
+            if value < 0:
+                raise ValueError(f"{pname} must be >= 0")
+        if window_s <= 0:
+            raise ValueError("window_s must be > 0")
         self.externality = externality
+        self.delay_weight = delay_weight
         self.eviction_weight = eviction_weight
+        self.window_s = window_s
+        self._arrivals: dict[ReplicaId, _Decayed] = {}
+
+    # -- what the policy has learned from its own decisions -------------------------------------
+
+    def arrival_rate(self, replica_id: ReplicaId, now: float) -> float:
+        d = self._arrivals.get(replica_id)
+        return d.rate(now, self.window_s) if d else 0.0
+
+    # -- scoring ------------------------------------------------------------------------------
 
     def score(self, request: RouteRequest, r: ReplicaState) -> float:
         uncached = request.num_tokens - r.matched_tokens
         prefill = self.cost.prefill_s(request.num_tokens, r.matched_tokens)
-        extra = self.externality * uncached * self.cost.prefill_s_per_token
+        lam = self.arrival_rate(r.replica_id, request.now)
+        extra = self.delay_weight * lam * prefill * (r.wait_s + prefill / 2)
+        extra += self.externality * uncached * self.cost.prefill_s_per_token
         if r.capacity_tokens:
             overflow = max(0, r.cached_tokens + uncached - r.capacity_tokens)
             extra += self.eviction_weight * overflow * self.cost.prefill_s_per_token
@@ -48,9 +103,16 @@ class QueueAware(RoutingPolicy):
         chosen = min(live, key=lambda r: (scores[r.replica_id], -r.matched_tokens, r.wait_s))
         best_match = max(r.matched_tokens for r in live)
         if best_match == 0:
-            reason = "no_match"
-        elif chosen.matched_tokens == best_match:
-            reason = "cache_hit"
-        else:
-            reason = "load_balance"
-        return Decision(chosen.replica_id, reason, chosen.matched_tokens, scores)
+            return Decision(chosen.replica_id, "no_match", 0, scores)
+        if chosen.matched_tokens < best_match:
+            return Decision(chosen.replica_id, "load_balance", chosen.matched_tokens, scores)
+        return Decision(chosen.replica_id, "cache_hit", chosen.matched_tokens, scores)
+
+    # -- feedback -------------------------------------------------------------------------------
+
+    def on_routed(self, request: RouteRequest, decision: Decision) -> None:
+        arrivals = self._arrivals.setdefault(decision.replica_id, _Decayed())
+        arrivals.add(1.0, request.now, self.window_s)
+
+    def on_replica_removed(self, replica_id: ReplicaId) -> None:
+        self._arrivals.pop(replica_id, None)
