@@ -65,9 +65,9 @@ class RequestHandle:
     def rid(self) -> str:
         return self.request.rid
 
-    def text(self, tokens: int | None = None) -> str:
-        """Generated text so far (or of the first ``tokens`` tokens), with a leading space per word."""
-        return completion_text(self.words, self.request.generated if tokens is None else tokens)
+    def text(self, tokens: int | None = None, start: int = 0) -> str:
+        """Generated text so far (or of tokens ``start..tokens``), with a leading space per word."""
+        return completion_text(self.words, self.request.generated if tokens is None else tokens, start)
 
     def snapshot(self) -> Snapshot:
         r = self.request

@@ -350,8 +350,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         finals: dict[int, Snapshot] = {}
         try:
             async for i, snap in _merged(handles):
-                text = handles[i].text(snap.completion_tokens)
-                delta, sent[i] = text[sent[i] :], len(text)
+                delta = handles[i].text(snap.completion_tokens, sent[i])  # only the new tokens
+                sent[i] = snap.completion_tokens
                 if snap.finished:
                     finals[i] = snap
                 await _send(
@@ -381,16 +381,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             content = handle.text(snap.completion_tokens)[1:]  # a message has no leading space
             return web.json_response(chat_response(response_id, model, created, snap, content))
         response = await _sse_response(request)
-        sent = 1  # skip the leading space of the continuation
-        first = True
+        sent = 0
         try:
             async for _, snap in _merged(handles):
-                text = handle.text(snap.completion_tokens)
-                delta: dict[str, object] = {"content": text[sent:]}
-                sent = max(sent, len(text))
-                if first:
-                    delta = {"role": "assistant", **delta}
-                    first = False
+                delta: dict[str, object] = {"content": handle.text(snap.completion_tokens, sent)}
+                if sent == 0:  # the first chunk: a message has no leading space, and names the role
+                    delta = {"role": "assistant", "content": str(delta["content"])[1:]}
+                sent = snap.completion_tokens
                 await _send(response, chat_chunk(response_id, model, created, delta, snap.finish_reason))
                 if snap.finished and call.include_usage:
                     await _send(

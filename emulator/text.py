@@ -41,6 +41,6 @@ def generated_tokens(words: list[str]) -> array:
     return tokenize(" ".join(words))
 
 
-def completion_text(words: list[str], count: int) -> str:
-    """Text of the first ``count`` generated tokens as a raw continuation (leading space per word)."""
-    return "".join(" " + w for w in words[:count])
+def completion_text(words: list[str], count: int, start: int = 0) -> str:
+    """Text of generated tokens ``start..count`` as a raw continuation (a leading space per word)."""
+    return "".join(" " + w for w in words[start:count])
