@@ -130,6 +130,16 @@ def test_schema_is_structural(crd: dict[str, Any]) -> None:
             assert node["exclusiveMinimum"] is True and "minimum" in node, where
 
 
+def test_every_cel_rule_compiles_and_names_a_field(crd: dict[str, Any]) -> None:
+    celpy = pytest.importorskip("celpy")
+    env = celpy.Environment()
+    rules = [rule for _, node in _walk(crd_schema(crd)) for rule in node.get("x-kubernetes-validations", [])]
+    assert len(rules) >= 4
+    for rule in rules:
+        env.compile(rule["rule"])  # raises on a syntax error
+        assert rule["message"].startswith(("spec.", "env:")), rule["message"]
+
+
 def test_quantities_are_int_or_string_and_free_form_objects_are_preserved(crd: dict[str, Any]) -> None:
     spec = crd_schema(crd)["properties"]["spec"]["properties"]
     requests = spec["engine"]["properties"]["resources"]["properties"]["requests"]
