@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixfleet.router.policies import POLICIES, Decision, ReplicaState, RouteRequest, make_policy
 from prefixfleet.router.policies.round_robin import RoundRobin
@@ -12,7 +14,7 @@ from prefixfleet.router.radix import as_token_bytes
 from prefixfleet.sim.engine import BatchedReplica, Job, ServiceConfig
 from prefixfleet.sim.report import percentile, summarize
 from prefixfleet.sim.simulator import FleetConfig, simulate, simulate_ideal
-from prefixfleet.sim.workloads import build_workload
+from prefixfleet.sim.workloads import WorkloadRequest, build_workload
 
 SERVICES = {
     "fifo": ServiceConfig("fifo", prefill_s_per_token=0.0001),
@@ -150,3 +152,41 @@ def test_percentile_interpolates_like_numpy() -> None:
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([5.0], 99) == 5.0
     assert percentile(list(range(101)), 99) == 99.0
+
+
+prefix_pool = [as_token_bytes(range(base, base + n)) for base, n in ((0, 40), (1000, 25), (2000, 60))]
+
+
+@st.composite
+def small_workloads(draw) -> list[WorkloadRequest]:
+    n = draw(st.integers(1, 40))
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += draw(st.floats(0.0, 0.02))
+        prefix = prefix_pool[draw(st.integers(0, len(prefix_pool) - 1))]
+        cut = draw(st.integers(0, len(prefix) // 4))
+        suffix = as_token_bytes(range(10_000 + 100 * i, 10_000 + 100 * i + draw(st.integers(1, 30))))
+        out.append(WorkloadRequest(t, prefix[: cut * 4] + suffix, draw(st.integers(1, 5)), "g"))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    requests=small_workloads(),
+    service=st.sampled_from(list(SERVICES)),
+    policy=st.sampled_from(list(POLICIES)),
+    replicas=st.integers(1, 3),
+    cache=st.integers(60, 200),
+)
+def test_no_request_beats_its_own_ideal_bound(requests, service, policy, replicas, cache) -> None:
+    cfg = SERVICES[service]
+    fleet = FleetConfig(replicas, cache, cfg)
+    run = simulate(requests, make_policy(policy, cfg.cost), fleet)
+    ideal = simulate_ideal(requests, fleet)
+    assert sum(run.prompt_tokens) == sum(r.num_tokens for r in requests)
+    for got, bound, hit, best in zip(
+        run.ttft_s, ideal.ttft_s, run.cached_tokens, ideal.cached_tokens, strict=True
+    ):
+        assert hit <= best
+        assert got >= bound - 1e-12
