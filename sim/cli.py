@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.plot:
         try:
-            write_plot(args.plot, title, runs, metrics)
+            write_plot(args.plot, title, runs, metrics, DEFAULT_POLICY)
         except OSError as exc:
             raise UsageError(f"cannot write {args.plot}: {exc.strerror}") from None
     sys.stdout.flush()

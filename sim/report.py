@@ -88,7 +88,11 @@ def format_table(
 
 
 def write_plot(
-    path: str, title: str, runs: Sequence[RunResult], metrics: Mapping[str, Mapping[str, Any]]
+    path: str,
+    title: str,
+    runs: Sequence[RunResult],
+    metrics: Mapping[str, Mapping[str, Any]],
+    default_policy: str | None = None,
 ) -> None:
     """TTFT CDF per policy (left) and hit rate per policy (right), as a PNG."""
     import matplotlib
@@ -102,7 +106,9 @@ def write_plot(
         n = len(data)
         ys = [(i + 1) / n for i in range(n)]
         style = "--" if run.name == "ideal" else "-"
-        ax_cdf.plot(data, ys, style, label=run.name, linewidth=1.4)
+        is_default = run.name == default_policy
+        label = f"{run.name} (default)" if is_default else run.name
+        ax_cdf.plot(data, ys, style, label=label, linewidth=2.4 if is_default else 1.4)
     ax_cdf.set_xscale("symlog", linthresh=1.0)
     ax_cdf.set_xlabel("TTFT (ms)")
     ax_cdf.set_ylabel("fraction of requests")
@@ -111,7 +117,7 @@ def write_plot(
     ax_cdf.legend(fontsize=8, loc="lower right")
     names = list(metrics)
     hits = [metrics[n]["hit_rate"] * 100 for n in names]
-    colors = ["#888888" if n == "ideal" else "#3b75af" for n in names]
+    colors = ["#888888" if n == "ideal" else "#d0622b" if n == default_policy else "#3b75af" for n in names]
     ax_hit.barh(names, hits, color=colors)
     for y, h in enumerate(hits):
         ax_hit.text(h + 0.5, y, f"{h:.1f}%", va="center", fontsize=8)
