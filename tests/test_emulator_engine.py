@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.engine import (
@@ -228,3 +230,51 @@ def test_stats_report_queue_usage_and_hit_rate():
 def test_config_rejects_nonsense_naming_the_field(field: str, value: object):
     with pytest.raises(ValueError, match=field):
         EmulatorConfig(**{field: value})  # type: ignore[arg-type]
+
+
+# -- invariants under random workloads ---------------------------------------------------------------
+
+
+# A few tenants' prefixes, each request one prefix plus a short unique suffix.
+_prefixes = [list(range(t * 100_000, t * 100_000 + n)) for t, n in enumerate((300, 900, 1500, 50))]
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["submit", "submit", "submit", "step", "step", "abort"]),
+        st.integers(0, 3),  # tenant
+        st.integers(1, 200),  # suffix length
+        st.integers(0, 40),  # max_new_tokens
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_ops, cache=st.integers(2_500, 6_000), chunk=st.integers(64, 2_048), max_running=st.integers(1, 6))
+def test_pool_never_overflows_fifo_holds_and_everything_is_released(ops, cache, chunk, max_running):
+    model = EngineModel(config(cache_tokens=cache, chunk_tokens=chunk, max_running=max_running))
+    now, submitted, seq = 0.0, [], 0
+    for op, tenant, suffix, max_new in ops:
+        if op == "submit":
+            seq += 1
+            prompt = [*_prefixes[tenant], *range(900_000 + seq * 1000, 900_000 + seq * 1000 + suffix)]
+            try:
+                submitted.append(submit(model, f"r{seq}", prompt, max_new, now))
+            except RequestRejected:
+                assert len(prompt) + max_new > cache
+        elif op == "step" and (it := model.plan(now)) is not None:
+            now += it.duration
+            model.commit(it, now)
+        elif op == "abort" and submitted:
+            model.abort(submitted[tenant % len(submitted)].rid)
+        assert model.tree.cached_tokens + model.reserved_decode_tokens <= cache
+        assert model.num_running <= max_running
+    now, _ = run_until_idle(model, now)
+
+    assert model.idle and model.tree.pinned_tokens == 0 and model.reserved_decode_tokens == 0
+    finished = [r for r in submitted if r.state is RequestState.FINISHED]
+    assert all(r.generated == r.max_new_tokens for r in finished)
+    assert all(0 <= r.cached_tokens <= r.prompt_tokens for r in finished)
+    assert all(r.arrival <= r.first_token_at <= r.finished_at for r in finished)
+    starts = [r.prefill_started_at for r in finished]
+    assert starts == sorted(starts)  # first come, first served
