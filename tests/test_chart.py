@@ -113,7 +113,7 @@ def test_everything_on_renders_every_part(chart: helm_python.Chart) -> None:
     objects = render(chart, EVERYTHING_ON)
     kinds = {o["kind"] for o in objects}
     assert kinds >= PROMETHEUS_OPERATOR_KINDS
-    assert {"Service", "Role", "RoleBinding"} <= kinds
+    assert {"Service", "Role", "RoleBinding", "NetworkPolicy"} <= kinds
     assert {d["metadata"]["name"] for d in by_kind(objects, "Deployment")} == {
         "prefixfleet-operator",
         "prefixfleet-redis",
@@ -157,6 +157,10 @@ def test_watched_namespaces_and_default_redis_reach_the_operator(chart: helm_pyt
     assert env["PREFIXFLEET_PROMETHEUS_URL"] == "http://p:9090"
     (service,) = by_kind(objects, "Service")
     assert service["metadata"]["name"] == "prefixfleet-redis" and service["spec"]["ports"][0]["port"] == 6379
+    (policy,) = by_kind(objects, "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prefixfleet"}
 
 
 # ------------------------------------------------------------------ security
