@@ -311,7 +311,7 @@ class Sidecar:
                     self.s.redis_ok = False
                 if state_change:
                     self.s.state_changed.set()
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 2.0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.s.state_changed.wait(), timeout=backoff)
 

@@ -28,6 +28,7 @@ DEFAULT_OVERLAY_TTL_S = 30.0
 OVERLAY_SUMMARY_SLACK_S = 1.0  # a summary generated this long after a send surely includes it
 SUSPECT_S = 2.0  # a worker that refused a connection sits out this long
 MAX_OVERLAY_PER_WORKER = 65536
+_RESTRICTIVENESS = {"ready": 0, "warming": 1, "draining": 2}
 
 
 @dataclass(slots=True)
@@ -53,11 +54,9 @@ class WorkerView:
 
     @property
     def state(self) -> str:
-        if self.load is not None:
-            return self.load.state
-        if self.member is not None:
-            return self.member.state
-        return "ready"
+        """The most restrictive of the member record's state (operator) and the sidecar's own."""
+        states = [r.state for r in (self.member, self.load) if r is not None]
+        return max(states, key=_RESTRICTIVENESS.__getitem__, default="ready")
 
     def identity_seed(self, default_seed: int) -> int:
         if self.summary is not None:

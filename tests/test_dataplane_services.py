@@ -430,3 +430,38 @@ def test_bad_flags_are_refused_with_one_line(argv, message):
     done = subprocess.run(prefixfleet_argv(*argv), capture_output=True, text=True, timeout=30)
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_a_redis_outage_keeps_traffic_flowing_and_the_fleet_re_registers(spawn, redis_server, http):
+    fleet = start_fleet(spawn, redis_server, gateways=1)
+    gw = fleet.gateway_urls[0]
+    body = {"text": words("outage", 50), "sampling_params": {"max_new_tokens": 1}}
+    assert (await post(http, f"{gw}/generate", body))[0] == 200
+    redis_server.stop()
+    for i in range(10):
+        status, _, _ = await post(http, f"{gw}/generate", {**body, "text": f"{body['text']} {i}"})
+        assert status == 200
+        await asyncio.sleep(0.3)  # spans several refresh and publish attempts: > dead-after
+    async with http.get(f"{gw}/prefixfleet/view") as resp:
+        assert (await resp.json())["redis_ok"] is False
+    redis_server.start()
+    client = redis_server.client()
+
+    async def re_registered() -> bool:
+        keys = FleetKeys(FLEET)
+        return (
+            len(client.hgetall(keys.members)) == 2
+            and client.exists(keys.summary("w0"), keys.summary("w1")) == 2
+        )
+
+    await eventually(re_registered, what="sidecars to re-register after the restart")
+    await eventually(lambda: _all_routable(http, gw), what="the gateway to route on fresh records")
+    for child in fleet.sidecars:
+        log = child.log()
+        assert log.count("redis unavailable") == 1 and "publishing resumed" in log
+
+
+async def _all_routable(http: aiohttp.ClientSession, gw: str) -> bool:
+    async with http.get(f"{gw}/prefixfleet/view") as resp:
+        view = await resp.json()
+    return view["redis_ok"] and all(w["routable"] for w in view["workers"]) and len(view["workers"]) == 2

@@ -286,6 +286,11 @@ def test_draining_and_warming_workers_get_no_new_requests():
     loads = {"a": _load(1, state="draining"), "b": _load(1, state="warming"), "c": _load(1)}
     view.apply_snapshot({k: _member() for k in loads}, loads, now=0.0)
     assert [w.worker_id for w in view.routable(0.0)] == ["c"]
+    # an operator marks the member record draining while the sidecar still reports ready
+    members = {k: _member() for k in loads}
+    members["c"] = encode_record(MemberRecord(url="http://127.0.0.1:9", state="draining"))
+    view.apply_snapshot(members, {k: _load(2) for k in loads}, now=1.0)
+    assert [w.worker_id for w in view.routable(1.0)] == ["a", "b"]
 
 
 def test_malformed_records_are_reported_and_skipped():
