@@ -260,3 +260,47 @@ def test_status_with_kopf_progress_and_conditions_is_accepted(crd: dict[str, Any
     status = models.FleetStatus.model_validate(obj["status"])
     assert status.condition("Ready").reason == "ReplicasNotReady"
     assert status.to_wire()["kopf"] == obj["status"]["kopf"]
+
+
+# ------------------------------------------------------------------ prefixfleet operator validate
+
+
+def test_validate_command_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixfleet.cli import main
+
+    assert main(["operator", "validate", *map(str, EXAMPLES)]) == 0
+    assert capsys.readouterr().out.count(": ok") == len(EXAMPLES)
+
+
+def test_validate_command_names_every_bad_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from prefixfleet.cli import main
+
+    bad = [
+        fleet(replicas=-1, engine={"kind": "tgi"}),
+        fleet(autoscaling={"minReplicas": 5, "maxReplicas": 2}),
+        fleet(router={"policy": "sglang_cache_aware", "policyParams": {"cacheThreshold": 0.3}}),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other"}},
+    ]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump_all(bad))
+    assert main(["operator", "validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    for field in (
+        "spec.replicas",
+        "spec.engine.kind",
+        "spec.autoscaling.minReplicas",
+        "policyParams.cacheThreshold",
+    ):
+        assert field in out
+    assert "skipped a ConfigMap" in out
+
+
+def test_validate_command_refuses_unreadable_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prefixfleet.cli import main
+
+    assert main(["operator", "validate", str(tmp_path / "missing.yaml")]) == 2
+    (tmp_path / "broken.yaml").write_text("spec: [unclosed")
+    assert main(["operator", "validate", str(tmp_path / "broken.yaml")]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
