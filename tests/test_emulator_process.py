@@ -110,8 +110,6 @@ def test_cli_emulator_serves_and_exits_cleanly_on_signal(tmp_path: Path, sig: si
     "flags,message",
     [
         (["--port", "1", "--cache-tokens", "0"], "cache_tokens must be a positive integer"),
-        (["--port", "1", "--time-scale", "-2"], "time_scale must be a positive number"),
-        (["--port", "1", "--decode-tokens-per-s", "0"], "--decode-tokens-per-s must be positive"),
         (["--port", "70000"], "--port must be in"),
     ],
 )
