@@ -337,7 +337,7 @@ async def list_models(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     call = parse_completion(await _read_json(request), _limits(engine))
-    model, created, response_id = engine.config.model, unix_now(), ""
+    model, created = engine.config.model, unix_now()
     handles = _submit(engine, call)
     response_id = "cmpl-" + handles[0].rid
     try:
