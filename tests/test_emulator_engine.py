@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,7 +29,7 @@ def output_ids(n: int, salt: int = 7) -> list[int]:
 
 
 def submit(model: EngineModel, rid: str, prompt: list[int], max_new: int, now: float = 0.0):
-    request = make_request(rid, prompt, max_new, output_ids(max_new, hash(rid) % 90), now)
+    request = make_request(rid, prompt, max_new, output_ids(max_new, zlib.crc32(rid.encode()) % 90), now)
     model.submit(request)
     return request
 
@@ -65,7 +67,7 @@ def test_generated_tokens_extend_the_cache_so_the_next_turn_hits_them():
     model = EngineModel(config())
     first = submit(model, "turn1", list(range(1, 401)), 30)
     now, _ = run_until_idle(model, 0.0)
-    history = list(range(1, 401)) + output_ids(30, hash("turn1") % 90)
+    history = list(range(1, 401)) + output_ids(30, zlib.crc32(b"turn1") % 90)
     second = submit(model, "turn2", [*history, 777, 778], 5, now)
     run_until_idle(model, now)
     assert first.generated == 30
