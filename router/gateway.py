@@ -376,15 +376,19 @@ class Gateway:
         if first.startswith(b'data: {"error"') and b"upstream_disconnected" in first:
             raise _Retryable("engine died before its first byte")  # the sidecar's error event
         response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
-        await response.write(first)
+        try:
+            await response.prepare(request)
+            await response.write(first)
+        except ConnectionError:
+            return response
         self.metrics.ttft.observe(time.perf_counter() - started)
         try:
             async for chunk in chunks:
-                await response.write(chunk)
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    return response  # the client left; leaving the upstream context aborts the request
         except _RETRY_ERRORS as exc:
-            if isinstance(exc, ConnectionResetError) and request.transport is None:
-                return response  # the client went away: nothing left to tell it
             self.metrics.errors.labels("stream_cut").inc()
             with contextlib.suppress(ConnectionError):
                 await response.write(sse_error_event(f"worker stream ended early: {exc.__class__.__name__}"))

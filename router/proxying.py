@@ -75,3 +75,61 @@ def output_text(path: str, body: bytes) -> str | None:
     except (KeyError, IndexError, TypeError, AttributeError):
         return None
     return text if isinstance(text, str) else None
+
+
+class StreamedText:
+    """Collects the generated text of a server-sent-event stream, chunk by chunk (for the mirror).
+
+    SGLang's native stream repeats the whole text so far in each event; OpenAI streams deltas.
+    Events may be split across chunks, so partial lines are buffered (bounded by ``max_bytes``).
+    """
+
+    def __init__(self, path: str, max_bytes: int = 4 * 1024 * 1024) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self._buffer = b""
+        self._parts: list[str] = []
+        self._cumulative = ""
+        self.overflow = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self.overflow:
+            return
+        data = self._buffer + chunk
+        lines = data.split(b"\n")
+        self._buffer = lines.pop()
+        if len(self._buffer) > self.max_bytes:
+            self.overflow = True
+            return
+        for line in lines:
+            if line.startswith(b"data: {"):
+                self._event(line[6:])
+
+    def _event(self, raw: bytes) -> None:
+        try:
+            obj: Any = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return
+        try:
+            if self.path == "/generate":
+                text = obj.get("text")
+                if isinstance(text, str):
+                    self._cumulative = text
+            elif self.path == "/v1/completions":
+                text = obj["choices"][0].get("text")
+                if isinstance(text, str):
+                    self._parts.append(text)
+            else:
+                text = obj["choices"][0].get("delta", {}).get("content")
+                if isinstance(text, str):
+                    self._parts.append(text)
+        except (KeyError, IndexError, TypeError, AttributeError):
+            return
+
+    @property
+    def text(self) -> str | None:
+        if self.overflow:
+            return None
+        if self.path == "/generate":
+            return self._cumulative or None
+        return "".join(self._parts) or None

@@ -28,13 +28,14 @@ from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import CacheMirror
 from .proxying import (
     HOP_BY_HOP,
+    StreamedText,
     find_cached_tokens,
     forward_headers,
     json_error,
     output_text,
     sse_error_event,
 )
-from .radix import as_token_bytes
+from .radix import CacheFullError, as_token_bytes
 from .records import LoadReport, MemberRecord, encode_record, validate_state, validate_worker_id
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
@@ -187,9 +188,37 @@ class Sidecar:
                 ) as resp:
                     await resp.read()
                     self.s.engine_ok = resp.status == 200
+                if self.s.engine_ok and self.s.engine.known and self.s.load.in_flight == 0:
+                    await self._reconcile_cached_tokens()
             except (aiohttp.ClientError, TimeoutError, OSError):
                 self.s.engine_ok = False
             await asyncio.sleep(1.0 if self.s.engine.known else 0.2)
+
+    async def _reconcile_cached_tokens(self) -> None:
+        """When idle, shrink the mirror to the engine's reported cache size (e.g. after an engine restart).
+
+        Engines that report it (the emulator's ``internal_states[0].cached_tokens_in_tree``) let the
+        mirror drop what the engine no longer holds; others are left alone.
+        """
+        assert self.session is not None
+        async with self.session.get(
+            f"{self.config.engine_url}/get_server_info", timeout=aiohttp.ClientTimeout(total=2)
+        ) as resp:
+            if resp.status != 200:
+                return
+            try:
+                info = await resp.json(content_type=None)
+                engine_cached = info["internal_states"][0]["cached_tokens_in_tree"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                return
+        if not isinstance(engine_cached, int) or self.s.load.in_flight:
+            return
+        tree = self.s.mirror.tree
+        excess = tree.cached_tokens - max(engine_cached, 0)
+        if excess > 0:
+            with contextlib.suppress(CacheFullError):
+                tree.evict(min(excess, tree.cached_tokens - tree.pinned_tokens))
+            self.s.mirror.changes += 1
 
     async def _fetch_engine_info(self) -> None:
         assert self.session is not None
@@ -469,19 +498,30 @@ class Sidecar:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         cached: int | None = None
+        collected = StreamedText(parsed.path) if parsed is not None and upstream.status == 200 else None
+        complete = False
         try:
             async for chunk in upstream.content.iter_any():
                 if handle is not None:
                     self.s.load.first_byte(handle, time.monotonic())
                     if cached is None and b"cached_tokens" in chunk:
                         cached = find_cached_tokens(chunk)
-                await response.write(chunk)
+                if collected is not None:
+                    collected.feed(chunk)
+                try:
+                    await response.write(chunk)
+                except ConnectionError:
+                    return response  # the client left; closing upstream aborts the engine's request
+            complete = True
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             self.s.engine_ok = False
             with contextlib.suppress(ConnectionError, aiohttp.ClientError):
                 await response.write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
         if parsed is not None and handle is not None and cached is not None:
             self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
+        if complete and parsed is not None and collected is not None and collected.text:
+            output = as_token_bytes(tokenize(collected.text))
+            self.s.mirror.admit(parsed.token_bytes + output, parsed.tenant_salt)
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response

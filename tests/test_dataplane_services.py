@@ -465,3 +465,35 @@ async def _all_routable(http: aiohttp.ClientSession, gw: str) -> bool:
     async with http.get(f"{gw}/prefixfleet/view") as resp:
         view = await resp.json()
     return view["redis_ok"] and all(w["routable"] for w in view["workers"]) and len(view["workers"]) == 2
+
+
+async def test_the_sidecar_mirror_tracks_the_engine_cache_through_a_streamed_conversation(
+    spawn, redis_server, http
+):
+    fleet = start_fleet(spawn, redis_server, engines=1, gateways=1)
+    messages = [{"role": "system", "content": words("persona", 100)}]
+    cached: list[int] = []
+    for turn in range(3):
+        messages.append({"role": "user", "content": f"question {turn} please"})
+        body = {
+            "messages": messages,
+            "max_tokens": 10,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        answer = ""
+        async with http.post(f"{fleet.gateway_urls[0]}/v1/chat/completions", json=body) as resp:
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    event = json.loads(line[6:])
+                    if event.get("usage"):
+                        cached.append(event["usage"]["prompt_tokens_details"]["cached_tokens"])
+                    if event["choices"]:
+                        answer += event["choices"][0]["delta"].get("content") or ""
+        messages.append({"role": "assistant", "content": answer})
+    assert cached[0] == 0 and cached[1] > 100 and cached[2] > cached[1]  # each turn reuses the last
+    async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/status") as resp:
+        mirror_tokens = (await resp.json())["load"]["cached_tokens"]
+    async with http.get(f"{fleet.engine_urls[0]}/get_server_info") as resp:
+        engine_tokens = (await resp.json())["internal_states"][0]["cached_tokens_in_tree"]
+    assert mirror_tokens == engine_tokens  # prompt + streamed answer, exactly as the engine caches

@@ -366,3 +366,30 @@ def test_view_hashes_with_each_workers_identity():
     view.apply_snapshot({"w1": _member(), "w2": other}, {"w1": _load(1), "w2": _load(1)}, now=0.0)
     hashes = view.request_hashes(as_token_bytes(list(range(16))), None, view.workers.values())
     assert set(hashes) == {(SEED, B), (CacheIdentity("other", "r").seed(), 8)}
+
+
+@pytest.mark.parametrize(
+    ("path", "events", "expected"),
+    [
+        ("/generate", [{"text": " a"}, {"text": " a b"}, {"text": " a b c"}], " a b c"),
+        ("/v1/completions", [{"choices": [{"text": " a"}]}, {"choices": [{"text": " b"}]}], " a b"),
+        (
+            "/v1/chat/completions",
+            [
+                {"choices": [{"delta": {"role": "assistant", "content": "x"}}]},
+                {"choices": [{"delta": {}}]},
+                {"choices": [{"delta": {"content": " y"}}]},
+            ],
+            "x y",
+        ),
+    ],
+)
+def test_streamed_text_is_reassembled_across_arbitrary_chunk_boundaries(path, events, expected):
+    from prefixfleet.router.proxying import StreamedText
+
+    stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    for cut in range(1, len(stream), 7):
+        collector = StreamedText(path)
+        for i in range(0, len(stream), cut):
+            collector.feed(stream[i : i + cut])
+        assert collector.text == expected
