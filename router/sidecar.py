@@ -408,16 +408,21 @@ class Sidecar:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return json_error(413, f"request body exceeds {self.config.max_body_bytes} bytes", param="body")
+        return await self._forward(request, body, track=True)
+
+    def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, int, int] | None:
+        """Tokenize, mirror and count a generation request (after it is on its way to the engine)."""
         try:
-            parsed = parse_inference_request(
-                request.path, body, max_prompt_tokens=self.config.max_prompt_tokens
-            )
-        except BadRequest as exc:
-            if exc.status == 413:
-                return json_error(413, str(exc), param=exc.param)
-            # Not ours to judge what else the engine accepts: forward untracked.
-            return await self._forward(request, body)
-        return await self._forward(request, body, parsed)
+            parsed = parse_inference_request(path, body, max_prompt_tokens=self.config.max_prompt_tokens)
+        except BadRequest:
+            return None  # not ours to judge what the engine accepts: forwarded untracked
+        predicted = self.s.mirror.admit(parsed.token_bytes, parsed.tenant_salt)
+        handle = self.s.load.admit(
+            parsed.num_tokens - predicted,
+            time.monotonic(),
+            samples_prefill=parsed.stream or parsed.max_new_tokens <= 1,
+        )
+        return parsed, predicted, handle
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -429,29 +434,32 @@ class Sidecar:
             self.s.mirror.flush()
         return response
 
-    async def _forward(
-        self, request: web.Request, body: bytes, parsed: InferenceRequest | None = None
-    ) -> web.StreamResponse:
+    async def _forward(self, request: web.Request, body: bytes, *, track: bool = False) -> web.StreamResponse:
         assert self.session is not None
         load = self.s.load
         handle = predicted = None
-        if parsed is not None:
-            predicted = self.s.mirror.admit(parsed.token_bytes, parsed.tenant_salt)
-            handle = load.admit(
-                parsed.num_tokens - predicted,
-                time.monotonic(),
-                samples_prefill=parsed.stream or parsed.max_new_tokens <= 1,
+        parsed: InferenceRequest | None = None
+        sending = asyncio.ensure_future(
+            self.session.request(
+                request.method,
+                f"{self.config.engine_url}{request.rel_url}",
+                data=body if body else None,
+                headers=forward_headers(request.headers),
+                allow_redirects=False,
             )
+        )
+        if track:
+            # Bookkeeping off the critical path: let the request reach the engine first, then
+            # tokenize and mirror it while the engine works (the ordering costs nothing: the
+            # engine cannot answer before the next await).
+            await asyncio.sleep(0)
+            tracked = self._track(request.path, body)
+            if tracked is not None:
+                parsed, predicted, handle = tracked
         ok = False
         try:
             try:
-                upstream = await self.session.request(
-                    request.method,
-                    f"{self.config.engine_url}{request.rel_url}",
-                    data=body if body else None,
-                    headers=forward_headers(request.headers),
-                    allow_redirects=False,
-                )
+                upstream = await sending
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
                 self.s.engine_ok = False
                 return json_error(
@@ -483,6 +491,8 @@ class Sidecar:
                 ok = upstream.status < 500
                 return await self._stream(request, upstream, headers, parsed, handle, predicted or 0)
         finally:
+            if not sending.done():
+                sending.cancel()  # this handler was cancelled before the engine answered
             if handle is not None:
                 load.finish(handle, time.monotonic(), ok=ok)
 
