@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCH_MODULES: tuple[str, ...] = ("prefixfleet.benchmarks.tree",)
+BENCH_MODULES: tuple[str, ...] = ("prefixfleet.benchmarks.tree", "prefixfleet.benchmarks.policies")
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse._SubParsersAction:
