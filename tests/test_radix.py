@@ -351,16 +351,18 @@ def test_heap_compaction_during_a_cascading_eviction_keeps_lru_order() -> None:
     entries, drives the heap over its compaction threshold in the middle of the eviction. Before
     the fix the newest leaf was evicted out of LRU order and CacheFullError was raised.
     """
-    tree = RadixTree(10_000)
-    chain = list(range(50))
-    for k in range(1, 51):
-        tree.insert(chain[:k])  # 50 one-token nodes in a chain, all older than [1000]
-    tree.insert([1000])
-    for _ in range(100):
-        tree.match_prefix([1000])  # 100 stale heap entries for one leaf
-    assert tree.evict(50) == 50
-    assert tree.cached_sequences() == [[1000]]
-    assert tree.node_count == 1 and tree.cached_tokens == 1
+    for length in (10, 50):
+        for touches in range(0, 300, 3):  # sweeps the compaction threshold across the eviction
+            tree = RadixTree(10_000)
+            chain = list(range(length))
+            for k in range(1, length + 1):
+                tree.insert(chain[:k])  # one-token nodes in a chain, all older than [1000]
+            tree.insert([1000])
+            for _ in range(touches):
+                tree.match_prefix([1000])  # stale heap entries for one leaf
+            assert tree.evict(length) == length, (length, touches)
+            assert tree.cached_sequences() == [[1000]], (length, touches)
+            assert tree.node_count == 1 and tree.cached_tokens == 1
 
 
 def test_evicting_one_leaf_of_a_20k_leaf_tree_pops_one_heap_entry() -> None:

@@ -243,11 +243,24 @@ class RadixTreeMachine(RuleBasedStateMachine):
         assert self.tree.matched_tokens(seq, namespace=ns) == m
         assert snapshot(self.tree) == before  # matching never changes the cached content
         if touch and m:
-            touched = [(ns, seq[:i]) for i in range(1, m + 1)]
-            around = node_around(nodes, seq, ns, m)
-            if around is not None:
-                touched += [(ns, around[1][:i]) for i in range(m + 1, len(around[1]) + 1)]
-            self.model.touch(touched)
+            self._model_match_touch(seq, ns, m, nodes)
+
+    def _model_match_touch(self, seq: Seq, ns: object, m: int, nodes: dict[Key, int]) -> None:
+        touched = [(ns, seq[:i]) for i in range(1, m + 1)]
+        around = node_around(nodes, seq, ns, m)
+        if around is not None:  # a match ending inside an edge refreshes that whole node
+            touched += [(ns, around[1][:i]) for i in range(m + 1, len(around[1]) + 1)]
+        self.model.touch(touched)
+
+    @precondition(lambda self: bool(self.model.stamps))
+    @rule(data=st.data(), times=st.integers(min_value=20, max_value=120))
+    def touch_repeatedly(self, data: st.DataObject, times: int) -> None:
+        """Many hits on one prefix pile up stale heap entries and force heap compactions."""
+        ns, seq = data.draw(st.sampled_from(sorted(self.model.stamps, key=repr)))
+        nodes = node_map(self.tree)
+        for _ in range(times):
+            assert self.tree.match_prefix(seq, namespace=ns).matched_tokens == len(seq)
+            self._model_match_touch(seq, ns, len(seq), nodes)
 
     @precondition(lambda self: bool(self.model.pins))
     @rule(data=st.data())
