@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
 from .gateway_metrics import GatewayMetrics
+from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .policies import DEFAULT_POLICY, CostModel, NoReplicaError, RouteRequest, RoutingPolicy, make_policy
@@ -35,6 +36,7 @@ from .proxying import (
     json_error,
     sse_error_event,
 )
+from .records import WORKER_STATES
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -185,6 +187,11 @@ class Gateway:
         routable = {w.worker_id for w in self.view.routable(now)}
         self.metrics.workers.labels("routable").set(len(routable))
         self.metrics.workers.labels("unroutable").set(len(self.view.workers) - len(routable))
+        for state in WORKER_STATES:
+            in_state = sum(1 for w in self.view.workers.values() if w.state == state)
+            self.metrics.workers_in_state.labels(state).set(in_state)
+        summaries = [w.summary for w in self.view.workers.values() if w.summary is not None]
+        self.metrics.set_hot_subtrees(rank_hot_subtrees(summaries))
         rates = []
         for w in self.view.workers.values():
             unreported = sum(1 for s in w.sends.values() if w.load is None or s.sent_at > w.load.ts)
@@ -240,8 +247,7 @@ class Gateway:
     # -- request handling ------------------------------------------------------------------------
 
     def _answer(self, endpoint: str, response: web.StreamResponse, started: float) -> web.StreamResponse:
-        self.metrics.requests.labels(endpoint, str(response.status)).inc()
-        self.metrics.duration.labels(endpoint).observe(time.perf_counter() - started)
+        self.metrics.request_answered(endpoint, response.status, time.perf_counter() - started)
         return response
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
@@ -292,7 +298,10 @@ class Gateway:
         key = (chosen.identity_seed(self.view.default_seed), chosen.block_tokens(self.view.block_tokens))
         chain = hashes[key]
         self.metrics.decision_latency.observe(time.perf_counter() - t0)
-        self.metrics.decisions.labels(self.policy.name, decision.reason).inc()
+        self.metrics.decided(self.policy.name, decision.reason)
+        self.metrics.prompt_tokens.labels(self.policy.name, decision.reason).inc(parsed.num_tokens)
+        self.metrics.matched_tokens.labels(self.policy.name, decision.reason).inc(row.matched_tokens)
+        self.metrics.worker_routed.labels(chosen.worker_id).inc()
         self.metrics.matched_ratio.observe(
             row.matched_tokens / parsed.num_tokens if parsed.num_tokens else 0.0
         )

@@ -6,6 +6,8 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .hotspots import HotSubtree
+
 # LLM-sized: first tokens arrive in tens of ms to tens of seconds
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 DECISION_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1)
@@ -74,8 +76,97 @@ class GatewayMetrics:
             registry=r,
         )
         self.redis_up = Gauge(p + "redis_up", "1 when the last read of Redis succeeded.", registry=r)
+        self._answered: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._decided: dict[tuple[str, str], Counter] = {}
+        # Token-weighted hit estimates: sum(matched) / sum(prompt) per reason, unlike the per-request
+        # ratio histogram above, weighs a long prompt more than a short one.
+        self.prompt_tokens = Counter(
+            p + "prompt_tokens",
+            "Prompt tokens of routed requests, by policy and routing reason.",
+            ["policy", "reason"],
+            registry=r,
+        )
+        self.matched_tokens = Counter(
+            p + "matched_tokens",
+            "Prompt tokens the gateway expected cached on the chosen worker, by policy and reason.",
+            ["policy", "reason"],
+            registry=r,
+        )
+        self.worker_routed = Counter(
+            p + "worker_routed_requests",
+            "Requests sent to each worker (retries included): the load share per replica.",
+            ["worker"],
+            registry=r,
+        )
+        self.workers_in_state = Gauge(
+            p + "workers_in_state",
+            "Workers in the view by member state (ready, warming = pre-warming, draining).",
+            ["state"],
+            registry=r,
+        )
+        self.hot_subtree_hits = Gauge(
+            p + "hot_subtree_hits",
+            "Hits recorded at the root of the fleet's rank-th hottest prefix subtree, summed over holders.",
+            ["rank"],
+            registry=r,
+        )
+        self.hot_subtree_tokens = Gauge(
+            p + "hot_subtree_tokens",
+            "Prefix length (tokens) at the root of the rank-th hottest subtree.",
+            ["rank"],
+            registry=r,
+        )
+        self.hot_subtree_holders = Gauge(
+            p + "hot_subtree_holders",
+            "Workers whose summary lists the rank-th hottest subtree as hot.",
+            ["rank"],
+            registry=r,
+        )
+        self.hot_subtree_worker_hits = Gauge(
+            p + "hot_subtree_worker_hits",
+            "Hits of the rank-th hottest subtree on each worker holding it (where hot prefixes live).",
+            ["rank", "worker"],
+            registry=r,
+        )
+
+    def request_answered(self, endpoint: str, code: int, seconds: float) -> None:
+        """Hot path: label children are cached (``labels()`` takes a lock and builds a key each call)."""
+        key = (endpoint, code)
+        children = self._answered.get(key)
+        if children is None:
+            children = (self.requests.labels(endpoint, str(code)), self.duration.labels(endpoint))
+            if len(self._answered) < 256:  # endpoints x codes: small and fixed
+                self._answered[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def decided(self, policy: str, reason: str) -> None:
+        key = (policy, reason)
+        child = self._decided.get(key)
+        if child is None:
+            child = self.decisions.labels(policy, reason)
+            if len(self._decided) < 256:
+                self._decided[key] = child
+        child.inc()
 
     def forget_worker(self, worker: str) -> None:
-        for gauge in (self.worker_in_flight, self.summary_staleness):
+        for metric in (self.worker_in_flight, self.summary_staleness, self.worker_routed):
             with contextlib.suppress(KeyError):
-                gauge.remove(worker)
+                metric.remove(worker)
+
+    def set_hot_subtrees(self, ranked: list[HotSubtree]) -> None:
+        """Replace the rank-labelled series (labels: rank 1..K and worker ids only, never a hash)."""
+        for gauge in (
+            self.hot_subtree_hits,
+            self.hot_subtree_tokens,
+            self.hot_subtree_holders,
+            self.hot_subtree_worker_hits,
+        ):
+            gauge.clear()
+        for subtree in ranked:
+            rank = str(subtree.rank)
+            self.hot_subtree_hits.labels(rank).set(subtree.hits)
+            self.hot_subtree_tokens.labels(rank).set(subtree.tokens)
+            self.hot_subtree_holders.labels(rank).set(len(subtree.holders))
+            for worker, hits in subtree.holders:
+                self.hot_subtree_worker_hits.labels(rank, worker).set(hits)
