@@ -11,6 +11,7 @@ from .hotspots import HotSubtree
 # LLM-sized: first tokens arrive in tens of ms to tens of seconds
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 DECISION_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1)
+ERROR_KINDS = ("bad_request", "no_worker", "upstream", "timeout", "stream_cut")
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -28,6 +29,8 @@ class GatewayMetrics:
         self.errors = Counter(
             p + "errors", "Failures, by kind (bad_request, no_worker, upstream, ...).", ["kind"], registry=r
         )
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind)  # export every kind at 0: rate() and alerts see a series from the start
         self.retries = Counter(
             p + "retries", "Requests re-sent to another worker after a failure.", registry=r
         )

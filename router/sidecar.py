@@ -482,12 +482,18 @@ class Sidecar:
                             kind="engine_unavailable",
                             retryable=True,
                         )
-                    if handle is not None:
-                        load.first_byte(handle, time.monotonic())
-                        if parsed is not None and upstream.status == 200:
-                            self._learn(parsed, data, predicted or 0, handle)
                     ok = upstream.status < 500
-                    return web.Response(status=upstream.status, body=data, headers=headers)
+                    response = web.Response(status=upstream.status, body=data, headers=headers)
+                    if handle is None:
+                        return response
+                    load.first_byte(handle, time.monotonic())
+                    # Answer first, learn after: the mirror update is not the client's wait.
+                    with contextlib.suppress(ConnectionError):
+                        await response.prepare(request)
+                        await response.write_eof()
+                    if parsed is not None and upstream.status == 200:
+                        self._learn(parsed, data, predicted or 0, handle)
+                    return response
                 ok = upstream.status < 500
                 return await self._stream(request, upstream, headers, parsed, handle, predicted or 0)
         finally:

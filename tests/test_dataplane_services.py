@@ -16,6 +16,8 @@ import asyncio
 import json
 import re
 import struct
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
@@ -80,8 +82,20 @@ def start_fleet(
     for child, url in zip(fleet.sidecars, fleet.sidecar_urls, strict=True):
         wait_for_http(f"{url}/prefixfleet/status", proc=child.proc)
     for child, url in zip(fleet.gateways, fleet.gateway_urls, strict=True):
-        wait_for_http(f"{url}/health", proc=child.proc)  # 200 once every tier answers
+        wait_for_http(f"{url}/health", proc=child.proc)  # 200 once one worker is routable
+        wait_until_all_routable(url, engines)
     return fleet
+
+
+def wait_until_all_routable(gateway_url: str, workers: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"{gateway_url}/prefixfleet/view", timeout=2) as resp:
+            view = json.load(resp)
+        if sum(w["routable"] for w in view["workers"]) == workers:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{gateway_url} did not see {workers} routable workers within {timeout} s")
 
 
 @pytest.fixture
