@@ -213,7 +213,8 @@ class Kubelet:
     async def _start_container(self, name: str, container: JSON, pod: JSON, instance: Instance) -> None:
         env = container_env(container, pod, "127.0.0.1")
         argv = container_argv(container, env, instance.port_map, self.executable)
-        log_name = f"{pod['metadata']['name']}-{instance.key[:8]}-{name}-{instance.restarts.get(name, 0)}"
+        tag = re.sub(r"[^A-Za-z0-9_.-]", "_", instance.key)[-12:]
+        log_name = f"{pod['metadata']['name']}-{tag}-{name}-{instance.restarts.get(name, 0)}"
         instance.children[name] = await self.supervisor.start(log_name, argv, env={**env, **self.extra_env})
 
     async def _probe(self, container: JSON, instance: Instance) -> bool:

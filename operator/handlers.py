@@ -1,0 +1,313 @@
+"""kopf handlers of the PrefixCacheFleet operator: a thin shell around the pure planner.
+
+Every trigger — create/update/resume of a fleet, the periodic timer, any event of one of its replica
+pods — runs the same level-based :func:`reconcile` of that fleet: read the fleet and its children,
+``plan_reconcile``, execute (create-if-absent with explicit names, delete, replace changed router
+children), patch status when it changed, publish membership to Redis, post Events. Nothing depends on
+what happened before, so a restart mid-reconcile just reconciles again (no duplicates: names are
+deterministic and a 409 on create counts as done).
+
+Reconciles of one fleet are serialised by a lock, and triggers arriving while one is already queued
+coalesce into it. Kubernetes calls are synchronous (``kube.Kube``) and run in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from prefixfleet.router.keys import FleetKeys
+
+from .kube import Kube, load_api_client
+from .membership import desired_members, plan_membership
+from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
+from .planner import (
+    ANNOTATION_SPEC_HASH,
+    LABEL_MANAGED_BY,
+    LABEL_ROLE,
+    MANAGER,
+    FleetRef,
+    ObservedPod,
+    ObservedState,
+    PlannedEvent,
+    observe_pod,
+    plan_invalid_spec,
+    plan_reconcile,
+    replica_selector,
+    router_name,
+    status_changes,
+)
+
+FLEET_RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
+RECONCILE_INTERVAL_S = float(os.environ.get("PREFIXFLEET_RECONCILE_INTERVAL", "10"))
+# The autoscaler's scale-down preference: comma-separated pod names on the fleet, most preferred first.
+ANNOTATION_VICTIMS = "prefixfleet.io/victims"
+FINALIZER = "prefixfleet.io/cleanup"
+REDIS_TIMEOUT_S = 2.0
+
+
+@dataclass
+class OperatorContext:
+    """What the handlers share (kept in kopf's ``memo``, not in module globals)."""
+
+    kube: Kube
+    default_redis_url: str = ""
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    queued: set[str] = field(default_factory=set)
+    redis_clients: dict[str, aioredis.Redis] = field(default_factory=dict)
+    reconciles: int = 0
+    last_reconcile: float = 0.0
+
+    def redis(self, url: str) -> aioredis.Redis:
+        if url not in self.redis_clients:
+            self.redis_clients[url] = aioredis.from_url(
+                url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+            )
+        return self.redis_clients[url]
+
+
+@dataclass(frozen=True)
+class ReconcileOutcome:
+    """What the threaded part did, for the async part (membership, events)."""
+
+    fleet: dict[str, Any]
+    events: tuple[PlannedEvent, ...] = ()
+    spec: FleetSpec | None = None
+    ref: FleetRef | None = None
+    pods: tuple[ObservedPod, ...] = ()
+    redis_url: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Startup: settings that keep a stalled watch from freezing the operator.
+
+
+@kopf.on.startup()
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+) -> None:
+    # The server ends each watch after server_timeout; a stream silent for longer than
+    # client_timeout (a half-open connection) is dropped client-side; both just reconnect.
+    settings.watching.server_timeout = float(os.environ.get("PREFIXFLEET_WATCH_SERVER_TIMEOUT", "60"))
+    settings.watching.client_timeout = settings.watching.server_timeout + 30
+    settings.watching.connect_timeout = 10
+    settings.watching.inactivity_timeout = settings.watching.client_timeout + 10
+    settings.networking.request_timeout = 30
+    settings.networking.connect_timeout = 10
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = MANAGER
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="prefixfleet.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="prefixfleet.io", key="last-handled-configuration"
+    )
+    default_redis = getattr(memo, "default_redis_url", "") or os.environ.get("PREFIXFLEET_REDIS_URL", "")
+    memo.ctx = OperatorContext(
+        kube=Kube(await asyncio.to_thread(load_api_client)), default_redis_url=default_redis
+    )
+    logger.info("prefixfleet operator configured (default Redis: %s)", default_redis or "none")
+
+
+@kopf.on.cleanup()
+async def close_clients(memo: kopf.Memo, **_: Any) -> None:
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    if ctx is None:
+        return
+    for client in ctx.redis_clients.values():
+        with contextlib.suppress(Exception):
+            await client.aclose()
+
+
+@kopf.on.probe(id="reconciles")
+def reconcile_count(memo: kopf.Memo, **_: Any) -> int:
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    return ctx.reconciles if ctx else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Triggers.
+
+
+@kopf.on.resume(**FLEET_RESOURCE)
+@kopf.on.create(**FLEET_RESOURCE)
+@kopf.on.update(**FLEET_RESOURCE)
+async def fleet_changed(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    await reconcile(memo.ctx, body.metadata.namespace or "default", body.metadata.name or "", logger)
+
+
+@kopf.timer(**FLEET_RESOURCE, interval=RECONCILE_INTERVAL_S, sharp=False)
+async def fleet_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    await reconcile(memo.ctx, body.metadata.namespace or "default", body.metadata.name or "", logger)
+
+
+@kopf.on.event("v1", "pods", labels={LABEL_ROLE: "replica", LABEL_MANAGED_BY: MANAGER})
+async def replica_pod_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    fleet = (body.metadata.labels or {}).get("prefixfleet.io/fleet")
+    if fleet and getattr(memo, "ctx", None) is not None:
+        await reconcile(memo.ctx, body.metadata.namespace or "default", fleet, logger)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={LABEL_ROLE: "router", LABEL_MANAGED_BY: MANAGER})
+async def router_event(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    # the router's readiness is part of the fleet's Ready condition
+    fleet = (body.metadata.labels or {}).get("prefixfleet.io/fleet")
+    if fleet and getattr(memo, "ctx", None) is not None:
+        await reconcile(memo.ctx, body.metadata.namespace or "default", fleet, logger)
+
+
+@kopf.on.delete(**FLEET_RESOURCE)
+async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    ctx: OperatorContext = memo.ctx
+    namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
+    ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
+    async with ctx.locks.setdefault(f"{namespace}/{name}", asyncio.Lock()):
+        removed = await asyncio.to_thread(delete_children, ctx.kube, ref)
+        redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(body.get("spec", {})))
+        if redis_url:
+            try:
+                await ctx.redis(redis_url).delete(FleetKeys(ref.redis_fleet).members)
+            except RedisError as exc:
+                logger.warning("could not clear the membership of %s in Redis: %s", ref.redis_fleet, exc)
+    kopf.info(body, reason="Deleted", message=f"removed {removed} children")
+
+
+# ---------------------------------------------------------------------------------------------
+# The reconcile.
+
+
+async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: logging.Logger) -> None:
+    key = f"{namespace}/{name}"
+    if key in ctx.queued:
+        return  # one is already waiting for the lock: it will see this change too
+    ctx.queued.add(key)
+    lock = ctx.locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        ctx.queued.discard(key)
+        outcome = await asyncio.to_thread(reconcile_in_cluster, ctx, namespace, name)
+        ctx.reconciles += 1
+        ctx.last_reconcile = time.time()
+        if outcome is None:
+            return
+        if outcome.spec is not None and outcome.ref is not None and outcome.redis_url:
+            await publish_membership(ctx, outcome, logger)
+        for event in outcome.events:
+            kopf.event(outcome.fleet, type=event.type, reason=event.reason, message=event.message)
+
+
+def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
+    redis = spec.get("redis") or {}
+    if redis.get("url"):
+        return str(redis["url"])
+    ref = redis.get("secretRef")
+    if ref:
+        return ctx.kube.read_secret_key(namespace, ref.get("name", ""), ref.get("key", "")) or ""
+    return ctx.default_redis_url
+
+
+def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> ReconcileOutcome | None:
+    """Observe, plan, execute (runs in a worker thread; every call is idempotent)."""
+    kube = ctx.kube
+    fleet = kube.get("PrefixCacheFleet", namespace, name)
+    if fleet is None or fleet["metadata"].get("deletionTimestamp"):
+        return None
+    meta = fleet["metadata"]
+    ref = FleetRef(
+        name=name, namespace=namespace, uid=meta.get("uid", ""), generation=meta.get("generation", 1)
+    )
+    current_status = fleet.get("status") or {}
+    conditions = current_status.get("conditions") or []
+    try:
+        spec = validate_spec(fleet.get("spec") or {})
+    except InvalidFleetSpec as exc:
+        status = plan_invalid_spec(ref, exc.problems, ObservedState(conditions=conditions))
+        changes = status_changes(current_status, status)
+        if not changes:
+            return ReconcileOutcome(fleet)
+        kube.patch_status("PrefixCacheFleet", namespace, name, changes)
+        return ReconcileOutcome(fleet, (PlannedEvent("Warning", "InvalidSpec", str(exc)),))
+
+    pods = tuple(observe_pod(p) for p in kube.list("Pod", namespace, replica_selector(ref)))
+    children: dict[str, str] = {}
+    router_ready = 0
+    for kind in ("ConfigMap", "Deployment", "Service"):
+        child = kube.get(kind, namespace, router_name(ref))
+        if child is not None:
+            children[f"{kind}/{router_name(ref)}"] = (child["metadata"].get("annotations") or {}).get(
+                ANNOTATION_SPEC_HASH, ""
+            )
+            if kind == "Deployment":
+                router_ready = int((child.get("status") or {}).get("readyReplicas") or 0)
+    redis_url = resolve_redis_url(ctx, namespace, fleet.get("spec") or {})
+    victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
+    observed = ObservedState(
+        pods=pods,
+        children=children,
+        router_ready_replicas=router_ready,
+        conditions=conditions,
+        victims=victims,
+        redis_url=redis_url,
+    )
+    plan = plan_reconcile(ref, spec, observed)
+
+    for deletion in plan.delete_pods:
+        kube.delete("Pod", namespace, deletion.name)
+    for manifest in plan.create_pods:
+        kopf.adopt(manifest, owner=fleet)
+        kube.create(manifest)
+    for change in plan.children:
+        kopf.adopt(change.manifest, owner=fleet)
+        if change.action == "create" and kube.create(change.manifest):
+            continue
+        kube.replace_spec(change.manifest)
+    changes = status_changes(current_status, plan.status)
+    if changes:
+        kube.patch_status("PrefixCacheFleet", namespace, name, changes)
+    return ReconcileOutcome(fleet, plan.events, spec, ref, pods, redis_url)
+
+
+async def publish_membership(ctx: OperatorContext, outcome: ReconcileOutcome, logger: logging.Logger) -> None:
+    assert outcome.spec is not None and outcome.ref is not None
+    keys = FleetKeys(outcome.ref.redis_fleet)
+    client = ctx.redis(outcome.redis_url)
+    desired = desired_members(outcome.spec, outcome.pods, time.time())
+    try:
+        current = await client.hgetall(keys.members)
+        plan = plan_membership(
+            desired, {k.decode() if isinstance(k, bytes) else k: v for k, v in current.items()}
+        )
+        if plan.is_noop:
+            return
+        async with client.pipeline(transaction=True) as pipe:
+            if plan.set:
+                pipe.hset(keys.members, mapping=dict(plan.set))
+            if plan.delete:
+                pipe.hdel(keys.members, *plan.delete)
+            for wid in plan.set:
+                pipe.publish(keys.events, f"member {wid} joined")
+            for wid in plan.delete:
+                pipe.publish(keys.events, f"member {wid} left")
+            await pipe.execute()
+    except (RedisError, OSError) as exc:
+        logger.warning(
+            "membership of %s not published (Redis: %s); retrying on the next reconcile", keys.fleet, exc
+        )
+
+
+def delete_children(kube: Kube, ref: FleetRef) -> int:
+    """Delete every child explicitly (owner references would let the garbage collector do it in a
+    real cluster; doing it here also works where there is none, and is idempotent)."""
+    removed = 0
+    for pod in kube.list("Pod", ref.namespace, replica_selector(ref)):
+        removed += kube.delete("Pod", ref.namespace, pod["metadata"]["name"])
+    for kind in ("Deployment", "Service", "ConfigMap"):
+        removed += kube.delete(kind, ref.namespace, router_name(ref))
+    return removed

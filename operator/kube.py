@@ -1,0 +1,141 @@
+"""Thin Kubernetes API calls for the operator: raw JSON over the `kubernetes` client's transport.
+
+The operator thinks in plain dicts (the planner's manifests, the API's bodies), so instead of the
+typed models this uses the client's authenticated transport (kubeconfig or in-cluster service
+account) for a handful of REST calls. The calls are synchronous; handlers run them in a thread
+(``asyncio.to_thread``) so the kopf event loop never blocks on the network.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes
+from kubernetes.client.rest import ApiException
+
+from .models import GROUP, PLURAL, VERSION
+
+JSON = dict[str, Any]
+REQUEST_TIMEOUT_S = 15.0
+
+# Where each kind the operator manages lives in the API.
+KIND_PATHS: dict[str, tuple[str, str]] = {
+    "Pod": ("/api/v1", "pods"),
+    "Service": ("/api/v1", "services"),
+    "ConfigMap": ("/api/v1", "configmaps"),
+    "Secret": ("/api/v1", "secrets"),
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "PrefixCacheFleet": (f"/apis/{GROUP}/{VERSION}", PLURAL),
+}
+
+
+def load_api_client() -> kubernetes.client.ApiClient:
+    """In-cluster service account when running in a pod, else the kubeconfig (KUBECONFIG)."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+class Kube:
+    """The few REST calls the reconcile loop needs; 404 on reads is None, 409 on create is success."""
+
+    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+        self.api = api
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> JSON:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        serialized = self.api.param_serialize(
+            method,
+            path,
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(*serialized, _request_timeout=REQUEST_TIMEOUT_S)
+        response.read()
+        if not 200 <= response.status <= 299:
+            raise ApiException(http_resp=response.response)
+        return json.loads(response.data or b"{}")
+
+    @staticmethod
+    def path(kind: str, namespace: str, name: str | None = None, subresource: str | None = None) -> str:
+        prefix, plural = KIND_PATHS[kind]
+        out = f"{prefix}/namespaces/{namespace}/{plural}"
+        if name:
+            out += f"/{name}"
+        if subresource:
+            out += f"/{subresource}"
+        return out
+
+    def get(self, kind: str, namespace: str, name: str) -> JSON | None:
+        try:
+            return self.request("GET", self.path(kind, namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: str, namespace: str, label_selector: str) -> list[JSON]:
+        body = self.request("GET", self.path(kind, namespace), query={"labelSelector": label_selector})
+        return list(body.get("items") or [])
+
+    def create(self, manifest: JSON) -> bool:
+        """Create; False when it already exists (a retry after a crash, or a concurrent reconcile)."""
+        meta = manifest["metadata"]
+        try:
+            self.request("POST", self.path(manifest["kind"], meta["namespace"]), body=manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def replace_spec(self, manifest: JSON) -> None:
+        """Overwrite what the operator owns (labels, annotations, owner refs, spec/data) with a merge
+        patch; server-set fields (a Service's clusterIP, status) are left alone."""
+        meta = manifest["metadata"]
+        patch = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+        patch["metadata"] = {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
+        self.request(
+            "PATCH",
+            self.path(manifest["kind"], meta["namespace"], meta["name"]),
+            body=patch,
+            content_type="application/merge-patch+json",
+        )
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        try:
+            self.request("DELETE", self.path(kind, namespace, name), body={"propagationPolicy": "Background"})
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    def patch_status(self, kind: str, namespace: str, name: str, status: JSON) -> None:
+        self.request(
+            "PATCH",
+            self.path(kind, namespace, name, "status"),
+            body={"status": status},
+            content_type="application/merge-patch+json",
+        )
+
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        import base64
+
+        secret = self.get("Secret", namespace, name)
+        if secret is None or key not in (secret.get("data") or {}):
+            return None
+        return base64.b64decode(secret["data"][key]).decode()

@@ -1,0 +1,66 @@
+"""`prefixfleet operator run`: run the kopf operator in this process.
+
+Equivalent to ``kopf run -m prefixfleet.operator.handlers`` with the project's defaults: standalone
+(one active operator; no peering objects needed), cluster-wide unless ``--namespace`` is given, and a
+liveness endpoint for the Deployment's probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from typing import Any
+
+from prefixfleet.cli import UsageError
+
+
+def register(subparsers: Any) -> None:
+    run = subparsers.add_parser(
+        "run",
+        help="run the kopf operator that reconciles PrefixCacheFleets",
+        description="Run the PrefixCacheFleet operator (kopf) in this process until SIGINT/SIGTERM.",
+    )
+    run.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="serve only this namespace (repeatable; globs allowed); default: all namespaces",
+    )
+    run.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve the liveness probe here, e.g. http://0.0.0.0:8080/healthz",
+    )
+    run.add_argument(
+        "--redis",
+        metavar="URL",
+        default=os.environ.get("PREFIXFLEET_REDIS_URL", ""),
+        help="Redis URL for fleets whose spec names none (env PREFIXFLEET_REDIS_URL)",
+    )
+    run.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler step")
+    run.set_defaults(func=run_operator)
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    if args.liveness is not None and not re.match(r"^https?://[^/:]+:\d+(/.*)?$", args.liveness):
+        raise UsageError(f"--liveness must look like http://HOST:PORT/PATH, got {args.liveness!r}")
+    if args.redis and not re.match(r"^(redis|rediss|unix)://", args.redis):
+        raise UsageError(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+
+    kopf.configure(verbose=args.verbose)
+    memo = kopf.Memo(default_redis_url=args.redis)
+    kopf.run(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=args.liveness,
+        memo=memo,
+    )
+    return 0
