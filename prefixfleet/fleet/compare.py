@@ -20,7 +20,7 @@ import asyncio
 import importlib.util
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ import aiohttp
 from prefixfleet.fleet.load import (
     LoadRequest,
     LoadRun,
+    discover_model,
     format_table,
     percentile,
     requests_from_workload,
@@ -92,6 +93,16 @@ def sglang_router_argv(port: int, prometheus_port: int, worker_urls: Sequence[st
     ]  # fmt: skip
 
 
+def _serves_model(url: str, model: str) -> Callable[[], Awaitable[bool]]:
+    """Readiness of sglang-router: its /health answers before its workers are registered."""
+
+    async def ready() -> bool:
+        async with aiohttp.ClientSession() as session:
+            return await discover_model(session, url) == model
+
+    return ready
+
+
 def router_row(run: LoadRun) -> dict[str, Any]:
     s = run.summary
     return {
@@ -123,6 +134,10 @@ def added_latency(gateway_ms: Sequence[float], direct_ms: Sequence[float]) -> di
     }
 
 
+def _latencies_ms(outcomes: Sequence[Any]) -> list[float]:
+    return [o.latency_s * 1000.0 for o in outcomes if o.ok and o.latency_s is not None]
+
+
 def _probe(kind: str, i: int, words: int) -> LoadRequest:
     # Unique words per probe: both paths miss the cache alike, nothing is shared between them.
     text = " ".join(f"{kind}{i}w{j}" for j in range(words))
@@ -137,6 +152,7 @@ async def measure_added_latency(
     seconds: float,
     prompt_tokens: int = 16,
     warmup: int = 20,
+    sequential: int = 100,
 ) -> dict[str, Any]:
     """Latency through the gateway vs straight to an engine, both paths at ``rate_rps``, interleaved."""
     count = max(1, round(rate_rps * seconds))
@@ -171,8 +187,19 @@ async def measure_added_latency(
             tasks.append(one(gateway_url, _probe("g", i, prompt_tokens), t, gateway_out))
             tasks.append(one(engine_urls[i % len(engine_urls)], _probe("d", i, prompt_tokens), t, direct_out))
         await asyncio.gather(*tasks)
-    gw = [o.latency_s * 1000.0 for o in gateway_out if o.ok and o.latency_s is not None]
-    direct = [o.latency_s * 1000.0 for o in direct_out if o.ok and o.latency_s is not None]
+        # Diagnostic, not the reported figure: one request at a time (no contention), alternating paths.
+        seq_gw: list[Any] = []
+        seq_direct: list[Any] = []
+        for i in range(sequential):
+            await one(gateway_url, _probe("sg", i, prompt_tokens), time.perf_counter(), seq_gw)
+            await one(
+                engine_urls[i % len(engine_urls)],
+                _probe("sd", i, prompt_tokens),
+                time.perf_counter(),
+                seq_direct,
+            )
+    gw, direct = _latencies_ms(gateway_out), _latencies_ms(direct_out)
+    idle = added_latency(_latencies_ms(seq_gw), _latencies_ms(seq_direct))
     return {
         "added": added_latency(gw, direct),
         "detail": {
@@ -187,6 +214,9 @@ async def measure_added_latency(
             "gateway_errors": count - len(gw),
             "direct_errors": count - len(direct),
             "path": "client -> gateway -> sidecar -> engine  vs  client -> engine",
+            "one_at_a_time_added_p50_ms": idle["p50"],
+            "one_at_a_time_added_p99_ms": idle["p99"],
+            "one_at_a_time_requests_per_path": sequential,
         },
     }
 
@@ -219,6 +249,7 @@ async def run_compare(
             timeout_s=options.timeout_s,
             progress=options.progress,
             desc=name,
+            model=engine.model,  # sglang-router rejects completions without one (422)
         )
 
     async with Supervisor(options.run_dir) as sup:
@@ -242,7 +273,10 @@ async def run_compare(
             port, prom = sup.allocate_port(), sup.allocate_port()
             url = f"http://{LOOPBACK}:{port}"
             router = await sup.start(
-                "sglang-router", sglang_router_argv(port, prom, fleet.engine_urls), health_url=f"{url}/health"
+                "sglang-router",
+                sglang_router_argv(port, prom, fleet.engine_urls),
+                ready=_serves_model(url, engine.model),
+                url=url,
             )
             await replay("sglang_cache_aware", [url])
             await sup.stop(router)
@@ -316,7 +350,8 @@ def format_compare(report: dict[str, Any]) -> str:
     lines.append(
         f"gateway added latency at {d['rate_rps_per_path']:.0f} req/s: p50 {lat['p50']:+.2f} ms, "
         f"p99 {lat['p99']:+.2f} ms  (gateway p50/p99 {d['gateway_p50_ms']:.2f}/{d['gateway_p99_ms']:.2f} ms, "
-        f"direct {d['direct_p50_ms']:.2f}/{d['direct_p99_ms']:.2f} ms)"
+        f"direct {d['direct_p50_ms']:.2f}/{d['direct_p99_ms']:.2f} ms); one request at a time: "
+        f"p50 {d['one_at_a_time_added_p50_ms']:+.2f} ms"
     )
     acc = report["acceptance"]
     if "p99_ratio_vs_sglang" in acc:

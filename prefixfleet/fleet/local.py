@@ -50,6 +50,16 @@ class FleetSpec:
     engine: EngineSettings = field(default_factory=EngineSettings)
     fleet_name: str = FLEET_NAME
 
+    @property
+    def router_prefill_tokens_per_s(self) -> float | None:
+        """The engines' prefill speed in wall-clock tokens/s, as an operator would configure it.
+
+        Sidecars and gateways start from this estimate (then measure); it is the modelled rate
+        sped up by the time scale, since they see wall-clock time.
+        """
+        rate = self.engine.prefill_tokens_per_s
+        return None if rate is None else rate * self.engine.time_scale
+
     def problems(self) -> list[str]:
         out = []
         if self.replicas < 1:
@@ -82,8 +92,14 @@ def emulator_argv(port: int, engine: EngineSettings) -> list[str]:
     return [*argv, "--time-scale", str(engine.time_scale)]
 
 
-def sidecar_argv(port: int, engine_url: str, redis_url: str, worker_id: str, fleet: str) -> list[str]:
-    return _cli(
+def _rate_flag(rate: float | None) -> list[str]:
+    return [] if rate is None else ["--prefill-tokens-per-s", f"{rate:g}"]
+
+
+def sidecar_argv(
+    port: int, engine_url: str, redis_url: str, worker_id: str, fleet: str, prefill_tokens_per_s: float | None
+) -> list[str]:
+    return [*_cli(
         "router", "sidecar",
         "--engine", engine_url,
         "--redis", redis_url,
@@ -93,18 +109,20 @@ def sidecar_argv(port: int, engine_url: str, redis_url: str, worker_id: str, fle
         "--advertise-url", f"http://{LOOPBACK}:{port}",
         "--fleet", fleet,
         "--self-register",
-    )  # fmt: skip
+    ), *_rate_flag(prefill_tokens_per_s)]  # fmt: skip
 
 
-def gateway_argv(port: int, redis_url: str, policy: str, fleet: str) -> list[str]:
-    return _cli(
+def gateway_argv(
+    port: int, redis_url: str, policy: str, fleet: str, prefill_tokens_per_s: float | None
+) -> list[str]:
+    return [*_cli(
         "router", "gateway",
         "--redis", redis_url,
         "--host", LOOPBACK,
         "--port", str(port),
         "--fleet", fleet,
         "--policy", policy,
-    )  # fmt: skip
+    ), *_rate_flag(prefill_tokens_per_s)]  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -172,7 +190,14 @@ class LocalFleet:
     async def _start_sidecar(self, replica: Replica) -> None:
         port = self.sup.allocate_port()
         url = f"http://{LOOPBACK}:{port}"
-        argv = sidecar_argv(port, replica.engine_url, self.redis_url, replica.worker_id, self.spec.fleet_name)
+        argv = sidecar_argv(
+            port,
+            replica.engine_url,
+            self.redis_url,
+            replica.worker_id,
+            self.spec.fleet_name,
+            self.spec.router_prefill_tokens_per_s,
+        )
         replica.sidecar = await self.sup.start(
             f"sidecar-{replica.index}", argv, health_url=f"{url}/health", url=url
         )
@@ -196,7 +221,9 @@ class LocalFleet:
     async def _start_gateway(self, index: int, policy: str) -> Child:
         port = self.sup.allocate_port()
         url = f"http://{LOOPBACK}:{port}"
-        argv = gateway_argv(port, self.redis_url, policy, self.spec.fleet_name)
+        argv = gateway_argv(
+            port, self.redis_url, policy, self.spec.fleet_name, self.spec.router_prefill_tokens_per_s
+        )
         return await self.sup.start(f"gateway-{index}-{policy}", argv, health_url=f"{url}/health", url=url)
 
     async def stop_gateways(self) -> None:
@@ -291,15 +318,21 @@ def engine_for_workload(
     """Engines equivalent to the fleet the workload is judged at (its ``recommended`` settings).
 
     The recommended fleet's total cache and prefill capacity are spread over ``replicas`` engines,
-    and both shrink with the prompts of a scaled-down trace, so modelled prefill seconds per request
-    and the fleet's cache-to-working-set ratio stay those of the full-size workload.
+    and both shrink with the prompts of a scaled-down trace (the cache also with the share of groups
+    sampled), so modelled prefill seconds per request and the fleet's cache-to-working-set ratio
+    stay those of the full-size workload.
     """
     rec = workload.recommended
     base_replicas = int(rec.get("replicas", replicas))
     merge = base_replicas / replicas
     scale = token_scale(workload)
     if cache_tokens is None:
-        cache_tokens = max(64, round(int(rec.get("cache_tokens", 200_000)) * scale * merge))
+        # A group-sampled trace touches only ``sampled_fraction`` of the distinct prefixes on a
+        # timeline compressed by that fraction: the cache shrinks alike so it holds the same share
+        # of the working set (the same reuse distance in requests) as at full size.
+        sampled = float(workload.settings.get("sampled_fraction", 1.0))
+        full = int(rec.get("cache_tokens", 200_000))
+        cache_tokens = max(64, round(full * scale * merge * sampled))
     if prefill_tokens_per_s is None:
         per_token = float(rec.get("prefill_s_per_token", 1.0 / _EMULATOR_DEFAULTS.prefill_tokens_per_s))
         prefill_tokens_per_s = round(scale * merge / per_token, 3)
