@@ -123,7 +123,8 @@ def test_everything_on_renders_every_part(chart: helm_python.Chart) -> None:
 
 
 def test_prometheus_rule_with_no_rules_is_allowed(chart: helm_python.Chart) -> None:
-    (rule,) = by_kind(render(chart, {"prometheusRule": {"enabled": True}}), "PrometheusRule")
+    values = {"prometheusRule": {"enabled": True, "defaultAlerts": False}}
+    (rule,) = by_kind(render(chart, values), "PrometheusRule")
     assert rule["spec"]["groups"] == []
 
 
