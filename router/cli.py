@@ -72,8 +72,8 @@ def register(subparsers: Any) -> None:
     sc.add_argument(
         "--prefill-tokens-per-s",
         type=float,
-        default=DEFAULT_PREFILL_TOKENS_PER_S,
-        help="initial prefill-rate estimate (then measured from streamed requests)",
+        default=None,
+        help="initial prefill-rate estimate (default: the emulator's stated speed, else 30000)",
     )
     sc.add_argument("--log-level", default="INFO")
     sc.set_defaults(func=run_sidecar)
@@ -126,7 +126,7 @@ def _check_common(args: argparse.Namespace) -> None:
         raise _usage_error(f"--block-tokens must be positive, got {args.block_tokens}")
     if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
         raise _usage_error("--max-body-bytes and --max-prompt-tokens must be positive")
-    if args.prefill_tokens_per_s <= 0:
+    if args.prefill_tokens_per_s is not None and args.prefill_tokens_per_s <= 0:
         raise _usage_error("--prefill-tokens-per-s must be positive")
     try:
         validate_fleet_name(args.fleet)

@@ -1,11 +1,16 @@
 """What a sidecar knows of its engine's load, from the requests it forwards (pure state, no I/O).
 
-The engine is modelled as one serial prefill queue (what SGLang and vLLM do for prefill-heavy work):
-a request's prefill starts when it arrives or when the previous prefill finished, whichever is
-later, and ends at its first byte. That gives a prefill-rate sample per streamed request (tokens /
-seconds), smoothed with an EWMA, and an estimate of the prefill backlog: the uncached tokens of the
-requests still waiting for their first byte, minus what the engine has drained since the head
-request started.
+*Prefill rate* is measured over busy periods, not per request: engines prefill several requests in
+one forward pass (chunked prefill), so per-request "time since the previous first byte" is
+meaningless (two requests finishing in one pass would claim an infinite rate). Instead the tracker
+adds up the uncached tokens of timed requests whose first byte arrived and the wall time during which
+at least one timed request was waiting for its first byte, and folds their ratio into an EWMA once
+enough of both accumulated. Timed requests are streamed ones (first byte = end of prefill) and
+1-token ones; a non-streamed answer arrives only after decoding and would understate the rate.
+
+*Pending prefill tokens*: the uncached tokens of timed requests still waiting for their first byte,
+plus, for untimed ones, their uncached tokens minus what the engine drained at the measured rate
+since they arrived.
 """
 
 from __future__ import annotations
@@ -13,18 +18,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PREFILL_TOKENS_PER_S = 30000.0
-_MIN_SAMPLE_TOKENS = 32
-_MIN_SAMPLE_S = 0.0005
-_EWMA = 0.2
+_SAMPLE_MIN_TOKENS = 256  # fold a sample in once this much prefill work finished...
+_SAMPLE_MIN_S = 0.02  # ...over at least this much busy time
+_EWMA = 0.3
 
 
 @dataclass(slots=True)
 class _Tracked:
     admitted_at: float
     uncached_tokens: int
-    samples_prefill: bool  # streamed (or 1-token) requests time their prefill by their first byte
+    timed: bool  # its first byte marks the end of its prefill
     first_byte_at: float | None = None
     alone: bool = False  # no other request was in flight when it arrived
+    reported_uncached: int | None = None  # the engine's own figure, once its answer told us
 
 
 class LoadTracker:
@@ -32,7 +38,11 @@ class LoadTracker:
         self.prefill_tokens_per_s = prefill_tokens_per_s
         self._requests: dict[int, _Tracked] = {}
         self._next_id = 0
-        self._last_prefill_end = 0.0
+        self._timed_waiting = 0
+        self._busy_since: float | None = None
+        self._busy_s = 0.0
+        self._done_tokens = 0
+        self.samples = 0
         self.completed = 0
         self.failed = 0
 
@@ -44,11 +54,39 @@ class LoadTracker:
     def queued(self) -> int:
         return sum(1 for r in self._requests.values() if r.first_byte_at is None)
 
-    def admit(self, uncached_tokens: int, now: float, *, samples_prefill: bool) -> int:
+    # -- busy-period accounting ------------------------------------------------------------------
+
+    def _busy_start(self, now: float) -> None:
+        if self._timed_waiting == 0:
+            self._busy_since = now
+        self._timed_waiting += 1
+
+    def _busy_stop(self, now: float) -> None:
+        self._timed_waiting -= 1
+        if self._timed_waiting == 0 and self._busy_since is not None:
+            self._busy_s += max(now - self._busy_since, 0.0)
+            self._busy_since = None
+
+    def _maybe_sample(self, now: float) -> None:
+        busy = self._busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
+        if self._done_tokens >= _SAMPLE_MIN_TOKENS and busy >= _SAMPLE_MIN_S:
+            sample = self._done_tokens / busy
+            self.prefill_tokens_per_s += _EWMA * (sample - self.prefill_tokens_per_s)
+            self.samples += 1
+            self._done_tokens = 0
+            self._busy_s = 0.0
+            if self._busy_since is not None:
+                self._busy_since = now
+
+    # -- request lifecycle -----------------------------------------------------------------------
+
+    def admit(self, uncached_tokens: int, now: float, *, timed: bool) -> int:
         """Track a forwarded request; returns its handle."""
         self._next_id += 1
         alone = not self._requests
-        self._requests[self._next_id] = _Tracked(now, max(uncached_tokens, 0), samples_prefill, alone=alone)
+        self._requests[self._next_id] = _Tracked(now, max(uncached_tokens, 0), timed, alone=alone)
+        if timed:
+            self._busy_start(now)
         return self._next_id
 
     def ran_alone(self, handle: int) -> bool:
@@ -60,29 +98,41 @@ class LoadTracker:
         if r is None or r.first_byte_at is not None:
             return
         r.first_byte_at = now
-        started = max(r.admitted_at, self._last_prefill_end)
-        self._last_prefill_end = now
-        duration = now - started
-        if r.samples_prefill and r.uncached_tokens >= _MIN_SAMPLE_TOKENS and duration >= _MIN_SAMPLE_S:
-            sample = r.uncached_tokens / duration
-            self.prefill_tokens_per_s += _EWMA * (sample - self.prefill_tokens_per_s)
+        if r.timed:
+            self._busy_stop(now)
+
+    def report_uncached(self, handle: int, uncached_tokens: int) -> None:
+        """The engine's answer said how much it prefilled (prompt − cached tokens): it beats the
+        mirror's prediction for the rate sample (e.g. after a sidecar restart the mirror is empty)."""
+        r = self._requests.get(handle)
+        if r is not None:
+            r.reported_uncached = max(uncached_tokens, 0)
 
     def finish(self, handle: int, now: float, *, ok: bool = True) -> None:
         r = self._requests.pop(handle, None)
         if r is None:
             return
-        if r.first_byte_at is None:
-            self._last_prefill_end = max(self._last_prefill_end, now)
+        if r.timed:
+            if r.first_byte_at is None:
+                self._busy_stop(now)  # failed before its first byte: no sample from it
+            elif ok:
+                done = r.uncached_tokens if r.reported_uncached is None else r.reported_uncached
+                self._done_tokens += done
+                self._maybe_sample(now)
         if ok:
             self.completed += 1
         else:
             self.failed += 1
 
     def pending_prefill_tokens(self, now: float) -> int:
-        waiting = [r for r in self._requests.values() if r.first_byte_at is None]
-        if not waiting:
-            return 0
-        backlog = sum(r.uncached_tokens for r in waiting)
-        head_start = max(min(r.admitted_at for r in waiting), self._last_prefill_end)
-        drained = self.prefill_tokens_per_s * max(now - head_start, 0.0)
-        return max(int(backlog - drained), 0)
+        timed = 0
+        untimed = 0.0
+        for r in self._requests.values():
+            if r.first_byte_at is not None:
+                continue
+            if r.timed:
+                timed += r.uncached_tokens
+            else:
+                drained = self.prefill_tokens_per_s * max(now - r.admitted_at, 0.0)
+                untimed += max(r.uncached_tokens - drained, 0.0)
+        return timed + int(untimed)

@@ -31,6 +31,7 @@ HOP_BY_HOP = frozenset(
 RETRYABLE_HEADER = "X-Prefixfleet-Retryable"
 WORKER_HEADER = "X-Prefixfleet-Worker"
 _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -56,6 +57,16 @@ def find_cached_tokens(data: bytes) -> int | None:
     """The engine's ``cached_tokens`` (SGLang meta_info or OpenAI usage details) if the bytes hold one."""
     found = _CACHED_TOKENS.findall(data)
     return int(found[-1]) if found else None
+
+
+def find_uncached_tokens(data: bytes, fallback_prompt_tokens: int) -> int | None:
+    """Prompt tokens the engine actually prefilled, from its own usage report (None if absent)."""
+    cached = find_cached_tokens(data)
+    if cached is None:
+        return None
+    prompts = _PROMPT_TOKENS.findall(data)
+    prompt = int(prompts[-1]) if prompts else fallback_prompt_tokens
+    return max(prompt - cached, 0)
 
 
 def output_text(path: str, body: bytes) -> str | None:

@@ -30,6 +30,7 @@ from .proxying import (
     HOP_BY_HOP,
     StreamedText,
     find_cached_tokens,
+    find_uncached_tokens,
     forward_headers,
     json_error,
     output_text,
@@ -70,7 +71,7 @@ class SidecarConfig:
     max_summary_blocks: int = DEFAULT_MAX_BLOCKS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
-    prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
+    prefill_tokens_per_s: float | None = None  # None: the engine's own figure if it reports one
     record_ttl_s: float = 10.0  # load/summary keys expire this long after the last publish
 
     def resolved_worker_id(self) -> str:
@@ -123,7 +124,7 @@ class Sidecar:
             worker_id=config.resolved_worker_id(),
             url=config.resolved_advertise_url(),
             mirror=CacheMirror(capacity, identity, block_tokens=config.block_tokens, clock=time.time),
-            load=LoadTracker(config.prefill_tokens_per_s),
+            load=LoadTracker(config.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S),
         )
         self.keys = FleetKeys(config.fleet)
         self.session: aiohttp.ClientSession | None = None
@@ -242,6 +243,14 @@ class Sidecar:
         if isinstance(capacity, int) and capacity > 0 and not self.config.cache_tokens:
             e.capacity_tokens = capacity
             self.s.mirror.resize(capacity)
+        emulated = info.get("emulator")
+        seed_rate = self.config.prefill_tokens_per_s is None and not self.s.load.samples
+        if seed_rate and isinstance(emulated, dict):
+            # The emulator states its modelled speed: a better first estimate than a generic default
+            # (the measured rate takes over as requests stream).
+            rate, scale = emulated.get("prefill_tokens_per_s"), emulated.get("time_scale")
+            if isinstance(rate, int | float) and isinstance(scale, int | float) and rate > 0 and scale > 0:
+                self.s.load.prefill_tokens_per_s = float(rate) * float(scale)
         identity = CacheIdentity(model, revision, self.config.adapter)
         if identity != self.s.mirror.identity:
             # A different cache identity names different blocks: start the mirror afresh.
@@ -420,7 +429,7 @@ class Sidecar:
         handle = self.s.load.admit(
             parsed.num_tokens - predicted,
             time.monotonic(),
-            samples_prefill=parsed.stream or parsed.max_new_tokens <= 1,
+            timed=parsed.stream or parsed.max_new_tokens <= 1,
         )
         return parsed, predicted, handle
 
@@ -514,13 +523,15 @@ class Sidecar:
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         cached: int | None = None
+        usage = b""  # the event(s) carrying the engine's token counts
         collected = StreamedText(parsed.path) if parsed is not None and upstream.status == 200 else None
         complete = False
         try:
             async for chunk in upstream.content.iter_any():
                 if handle is not None:
                     self.s.load.first_byte(handle, time.monotonic())
-                    if cached is None and b"cached_tokens" in chunk:
+                    if b"cached_tokens" in chunk:
+                        usage = chunk
                         cached = find_cached_tokens(chunk)
                 if collected is not None:
                     collected.feed(chunk)
@@ -534,6 +545,9 @@ class Sidecar:
             with contextlib.suppress(ConnectionError, aiohttp.ClientError):
                 await response.write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
         if parsed is not None and handle is not None and cached is not None:
+            uncached = find_uncached_tokens(usage, parsed.num_tokens)
+            if uncached is not None:
+                self.s.load.report_uncached(handle, uncached)
             self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
         if complete and parsed is not None and collected is not None and collected.text:
             output = as_token_bytes(tokenize(collected.text))
@@ -546,6 +560,7 @@ class Sidecar:
         """Reconcile the mirror with a finished non-streaming response."""
         cached = find_cached_tokens(data)
         if cached is not None:
+            self.s.load.report_uncached(handle, find_uncached_tokens(data, parsed.num_tokens) or 0)
             self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
         text = output_text(parsed.path, data)
         if text:

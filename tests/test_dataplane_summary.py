@@ -348,15 +348,41 @@ def test_gateway_and_sidecar_derive_the_same_tokens_for_every_api():
     assert (comp.num_tokens, comp.tenant_salt) == (2, "t1")
 
 
-def test_load_tracker_measures_prefill_rate_from_first_bytes():
+def test_load_tracker_measures_prefill_rate_over_busy_periods_even_when_prefills_are_batched():
+    t = LoadTracker(prefill_tokens_per_s=30000.0)
+    a = t.admit(500, 0.0, timed=True)
+    b = t.admit(500, 0.0, timed=True)
+    assert (t.in_flight, t.queued, t.pending_prefill_tokens(0.1)) == (2, 2, 1000)
+    # one batched prefill pass finishes both: 1000 tokens in 0.5 s of busy time = 2000 tok/s
+    t.first_byte(a, 0.5)
+    t.first_byte(b, 0.5001)
+    assert t.queued == 0 and t.pending_prefill_tokens(0.6) == 0
+    t.finish(a, 1.0)
+    t.finish(b, 1.0)  # counted when done: the engine's usage report may correct the token count
+    assert t.samples >= 1 and 2000 <= t.prefill_tokens_per_s < 30000
+    for i in range(20):  # it converges on the engine's real rate
+        h = t.admit(1000, 10.0 * i, timed=True)
+        t.first_byte(h, 10.0 * i + 0.5)
+        t.finish(h, 10.0 * i + 1.0)
+    assert t.prefill_tokens_per_s == pytest.approx(2000, rel=0.01)
+    assert (t.in_flight, t.pending_prefill_tokens(1000.0)) == (0, 0)
+
+
+def test_the_engines_usage_report_beats_the_mirrors_prediction_for_rate_samples():
+    t = LoadTracker(prefill_tokens_per_s=2000.0)
+    for i in range(10):  # the mirror predicted misses, the engine had everything cached
+        h = t.admit(1000, float(i), timed=True)
+        t.first_byte(h, i + 0.05)
+        t.report_uncached(h, 0)
+        t.finish(h, i + 0.1)
+    assert t.prefill_tokens_per_s == 2000.0  # no work done: no (wildly high) sample
+
+
+def test_untimed_requests_count_as_pending_until_drained_at_the_measured_rate():
     t = LoadTracker(prefill_tokens_per_s=1000.0)
-    h = t.admit(1000, 0.0, samples_prefill=True)
-    assert (t.in_flight, t.queued, t.pending_prefill_tokens(0.0)) == (1, 1, 1000)
-    assert t.pending_prefill_tokens(0.5) == 500  # drained at the current estimate
-    t.first_byte(h, 0.1)  # 1000 tokens in 0.1 s
-    assert t.prefill_tokens_per_s > 1000.0 and t.queued == 0
-    t.finish(h, 0.2)
-    assert (t.in_flight, t.pending_prefill_tokens(0.3)) == (0, 0)
+    t.admit(1000, 0.0, timed=False)
+    assert t.pending_prefill_tokens(0.25) == 750
+    assert t.pending_prefill_tokens(2.0) == 0 and t.queued == 1
 
 
 def test_view_hashes_with_each_workers_identity():
