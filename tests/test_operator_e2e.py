@@ -211,6 +211,12 @@ def test_fleet_lifecycle_through_kubectl(fleet_env: tuple[EmulatedCluster, Opera
             cached.append(resp.json()["meta_info"]["cached_tokens"])
     assert cached[0] == 0 and max(cached[1:]) > 0
 
+    # the operator reports what it did as Events on the fleet
+    events = cluster.kubectl_json("get", "events", "--field-selector", f"involvedObject.name={FLEET}")[
+        "items"
+    ]
+    assert "CreatingReplica" in {e["reason"] for e in events}
+
     # kubectl get pcf prints the printer columns
     table = cluster.kubectl("get", "pcf").stdout.splitlines()
     assert table[0].split()[:3] == ["NAME", "DESIRED", "READY"]
