@@ -19,6 +19,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "prefixfleet.router.cli",
     "prefixfleet.fleet.cli",
     "prefixfleet.operator.cli",
+    "prefixfleet.observability.report",
+    "prefixfleet.chaos.cli",
 )
 
 
@@ -35,6 +37,8 @@ COMMAND_OWNERS: dict[str, str] = {
     "load": "prefixfleet.fleet.cli",
     "compare": "prefixfleet.fleet.cli",
     "operator": "prefixfleet.operator.cli",
+    "report": "prefixfleet.observability.report",
+    "chaos": "prefixfleet.chaos.cli",
 }
 
 

@@ -221,6 +221,7 @@ class Gateway:
                     log.warning("redis reachable again: fleet view refreshing")
                     self.redis_ok = True
             except (aioredis.RedisError, OSError, TimeoutError) as exc:
+                self.view.refresh_failed()
                 self.metrics.redis_up.set(0)
                 if self.redis_ok:
                     log.warning("redis unavailable (%s): routing on the last view", exc)

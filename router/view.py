@@ -97,6 +97,8 @@ class FleetView:
         self.default_rate = default_prefill_tokens_per_s
         self.workers: dict[str, WorkerView] = {}
         self.last_refresh_ok: float = float("-inf")  # gateway monotonic
+        self.reconnected_at: float = float("-inf")  # first successful read after an outage
+        self.read_failed = False  # a Redis read failed since the last good one
         self._send_ids = itertools.count(1)
 
     # -- membership --------------------------------------------------------------------------------
@@ -118,6 +120,14 @@ class FleetView:
         warnings: list[str] = []
         need: list[str] = []
         removed: list[str] = []
+        gap = now - self.last_refresh_ok
+        if self.read_failed and gap < float("inf"):
+            # Redis was unreachable for ``gap``: heartbeats could not be seen, so that time does not
+            # count towards anyone's death, and the fleet gets ``dead_after_s`` to re-register.
+            self.reconnected_at = now
+            for w in self.workers.values():
+                w.load_changed_at += gap
+        self.read_failed = False
         self.last_refresh_ok = now
         seen: set[str] = set()
         for wid, raw in members.items():
@@ -147,8 +157,11 @@ class FleetView:
             w.healthy = load.engine_ok
             if load.summary_version and (w.summary is None or w.summary.version != load.summary_version):
                 need.append(wid)
-        # Redis restarted empty (every member gone at once): keep the view; sidecars re-register soon.
-        wiped = not members and any(not w.static for w in self.workers.values())
+        # Redis restarted empty (every member gone at once, or just back from an outage): keep the
+        # view; sidecars re-register within their publish backoff.
+        wiped = (not members or now - self.reconnected_at <= self.dead_after_s) and any(
+            not w.static for w in self.workers.values()
+        )
         for wid, w in list(self.workers.items()):
             if w.static or wid in seen:
                 continue
@@ -158,6 +171,10 @@ class FleetView:
                 del self.workers[wid]
                 removed.append(wid)
         return SnapshotResult(warnings, need, removed)
+
+    def refresh_failed(self) -> None:
+        """Record a failed Redis read (the next good snapshot then forgives the outage's time)."""
+        self.read_failed = True
 
     def apply_summary(self, worker_id: str, raw: bytes | None) -> str | None:
         """Adopt a worker's summary; returns a warning when it is malformed (then it is ignored)."""

@@ -1,0 +1,141 @@
+"""`prefixfleet chaos engine-kill|redis-outage|gateway-kill|soak`: fault benchmarks on a local fleet.
+
+Each command starts its own fleet of real processes on 127.0.0.1, drives fixed-rate traffic through
+the gateways, injects its fault, prints the figures and writes them as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+
+def _usage_error(message: str) -> Exception:
+    from prefixfleet.cli import UsageError
+
+    return UsageError(message)
+
+
+SCENARIOS = {
+    # name: (help, default rate, default duration, default stream fraction)
+    "engine-kill": ("kill 1 of N engines and its sidecar mid-run", 40.0, 20.0, 0.3),
+    "redis-outage": ("stop Redis for --outage seconds, restart it empty, time the recovery", 30.0, 50.0, 0.3),
+    "gateway-kill": (
+        "kill 1 of 2 gateways mid-run; the client retries on connection errors",
+        40.0,
+        20.0,
+        0.3,
+    ),
+    "soak": ("hold a fixed rate on fresh prefixes; RSS over time, latency, errors", 40.0, 60.0, 0.2),
+}
+
+
+def register(subparsers: Any) -> None:
+    chaos = subparsers.add_parser("chaos", help="fault and soak benchmarks on a local fleet (real processes)")
+    sub = chaos.add_subparsers(dest="chaos_command", metavar="SCENARIO", required=True)
+    for name, (text, rate, duration, streams) in SCENARIOS.items():
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--rate", type=float, default=rate, help=f"requests per second (default {rate:g})")
+        p.add_argument(
+            "--duration", type=float, default=duration, help=f"seconds of traffic (default {duration:g})"
+        )
+        p.add_argument("--replicas", type=int, default=4, help="engines, each behind a sidecar (default 4)")
+        p.add_argument("--gateways", type=int, default=1 if name == "soak" else 2)
+        p.add_argument("--time-scale", type=float, default=4.0, help="emulator speed-up (default 4)")
+        p.add_argument(
+            "--cache-tokens", type=int, default=40_000, help="each emulator's KV cache (default 40000)"
+        )
+        tokens = 96 if name == "engine-kill" else 24  # long enough that streams are cut mid-way
+        p.add_argument(
+            "--max-tokens", type=int, default=tokens, help=f"output tokens per request (default {tokens})"
+        )
+        p.add_argument("--stream-fraction", type=float, default=streams, help="share of streamed requests")
+        p.add_argument("--policy", default=None, help="routing policy (default: the project's default)")
+        p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the report here")
+        p.add_argument("--run-dir", type=Path, default=None, help="process logs (default: a temp dir)")
+        if name == "redis-outage":
+            p.add_argument("--outage", type=float, default=30.0, help="seconds Redis stays down (default 30)")
+        p.set_defaults(func=run, chaos_scenario=name)
+
+
+def _plan(args: argparse.Namespace) -> Any:
+    from .traffic import TrafficPlan
+
+    plan = TrafficPlan(
+        rate_per_s=args.rate,
+        duration_s=args.duration,
+        stream_fraction=args.stream_fraction,
+        max_tokens=args.max_tokens,
+        unique_prefixes=args.chaos_scenario == "soak",
+        client_retries=1 if args.chaos_scenario == "gateway-kill" else 0,
+    )
+    problems = plan.problems()
+    if args.replicas < (2 if args.chaos_scenario == "engine-kill" else 1):
+        problems.append(f"--replicas must be at least 2 for engine-kill, got {args.replicas}")
+    if args.gateways < (2 if args.chaos_scenario == "gateway-kill" else 1):
+        problems.append(f"--gateways must be at least 2 for gateway-kill, got {args.gateways}")
+    if args.time_scale <= 0:
+        problems.append(f"--time-scale must be positive, got {args.time_scale}")
+    if args.cache_tokens < 1000:
+        problems.append(f"--cache-tokens must be at least 1000, got {args.cache_tokens}")
+    if getattr(args, "outage", 1.0) <= 0:
+        problems.append(f"--outage must be positive, got {args.outage}")
+    if problems:
+        raise _usage_error("; ".join(problems))
+    return plan
+
+
+def run(args: argparse.Namespace) -> int:
+    from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
+
+    from . import scenarios
+    from .report import format_report
+
+    plan = _plan(args)
+    policy = args.policy or DEFAULT_POLICY
+    if policy not in POLICIES:
+        raise _usage_error(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
+    fleet = scenarios.ChaosFleet(
+        replicas=args.replicas,
+        gateways=args.gateways,
+        time_scale=args.time_scale,
+        cache_tokens=args.cache_tokens,
+        policy=policy,
+    )
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix=f"pf-chaos-{args.chaos_scenario}-"))
+    total = plan.duration_s
+    from tqdm import tqdm
+
+    bar = tqdm(total=round(total), unit="s", desc=f"{args.chaos_scenario} (fleet starting)", file=sys.stderr)
+
+    def tick(elapsed: float) -> None:  # called from the first scheduled send on
+        if bar.desc != args.chaos_scenario:
+            bar.set_description(args.chaos_scenario)
+        bar.n = min(round(elapsed), bar.total)
+        bar.refresh()
+
+    calls: dict[str, Callable[[], Coroutine[Any, Any, dict[str, Any]]]] = {
+        "engine-kill": lambda: scenarios.engine_kill(run_dir, plan, fleet, on_tick=tick),
+        "redis-outage": lambda: scenarios.redis_outage(
+            run_dir, plan, fleet, outage_s=args.outage, on_tick=tick
+        ),
+        "gateway-kill": lambda: scenarios.gateway_kill(run_dir, plan, fleet, on_tick=tick),
+        "soak": lambda: scenarios.soak(run_dir, plan, fleet, on_tick=tick),
+    }
+    try:
+        report = asyncio.run(calls[args.chaos_scenario]())
+    finally:
+        bar.close()
+    report["run_dir"] = str(run_dir)
+    print(format_report(report))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
