@@ -1,0 +1,295 @@
+"""``prefixfleet report``: the dashboard's main panels as PNGs, straight from a Prometheus.
+
+For users without Grafana and for the README's pictures. The panels and their queries are the
+dashboard's own (:mod:`.dashboard`, those marked ``in_report``); the variables are filled from the
+flags (``--fleet``/``--namespace`` as regex matchers, ``$__rate_interval`` from ``--rate-window``).
+Each panel becomes ``OUT/<slug>.png``; ``OUT/overview.png`` has them all on one page and
+``OUT/report.json`` the last value of every series.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .dashboard import PANELS, Panel, substitute
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+_LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+MAX_POINTS = 240
+
+
+def parse_duration(text: str) -> float:
+    """Prometheus-style duration ("15m", "1h30m", "90s", "2d") in seconds."""
+    m = _DURATION.match(text.strip())
+    if not text.strip() or m is None or not any(m.groups()):
+        raise ValueError(f"not a duration like 15m, 1h or 90s: {text!r}")
+    d, h, mi, s = (int(g) if g else 0 for g in m.groups())
+    seconds = d * 86400 + h * 3600 + mi * 60 + s
+    if seconds <= 0:
+        raise ValueError(f"duration must be positive: {text!r}")
+    return float(seconds)
+
+
+def prom_duration(seconds: float) -> str:
+    return f"{max(round(seconds), 1)}s"
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    start: float  # unix seconds
+    end: float
+    step_s: float
+    rate_window_s: float
+
+    @classmethod
+    def last(cls, since_s: float, *, end: float | None = None, rate_window_s: float | None = None) -> Window:
+        end = time.time() if end is None else end
+        step = max(since_s / MAX_POINTS, 1.0)
+        rate = rate_window_s if rate_window_s is not None else max(60.0, 4 * step)
+        return cls(end - since_s, end, step, rate)
+
+
+def panel_variables(fleet: str | None, namespace: str | None, window: Window) -> dict[str, str]:
+    return {
+        "fleet": re.escape(fleet) if fleet else ".*",
+        "namespace": re.escape(namespace) if namespace else ".*",
+        "__rate_interval": prom_duration(window.rate_window_s),
+    }
+
+
+def legend(fmt: str, labels: dict[str, str]) -> str:
+    text = _LEGEND.sub(lambda m: labels.get(m.group(1), ""), fmt) if fmt else ""
+    return text or ", ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "__name__") or "value"
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    label: str
+    times: list[float]
+    values: list[float]
+
+
+class PrometheusUnreachable(RuntimeError):
+    pass
+
+
+class QueryFailed(RuntimeError):
+    pass
+
+
+class PrometheusSource:
+    """Range queries through prometheus-api-client, failing fast with a readable error."""
+
+    def __init__(self, url: str, *, timeout_s: float = 15.0) -> None:
+        from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
+
+        self.url = url.rstrip("/")
+        self._client = PrometheusConnect(
+            url=self.url, disable_ssl=True, retry=Retry(total=1, backoff_factor=0.1), timeout=timeout_s
+        )
+
+    def check(self) -> None:
+        import requests
+
+        try:
+            ok = self._client.check_prometheus_connection()
+        except requests.RequestException as exc:
+            raise PrometheusUnreachable(f"cannot reach Prometheus at {self.url}: {_reason(exc)}") from None
+        if not ok:
+            raise PrometheusUnreachable(f"{self.url} answered, but not like a Prometheus server")
+
+    def range(self, expr: str, window: Window) -> list[dict[str, Any]]:
+        import requests
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+
+        try:
+            return self._client.custom_query_range(
+                expr,
+                start_time=datetime.fromtimestamp(window.start, UTC),
+                end_time=datetime.fromtimestamp(window.end, UTC),
+                step=prom_duration(window.step_s),
+            )
+        except requests.RequestException as exc:
+            raise PrometheusUnreachable(f"cannot reach Prometheus at {self.url}: {_reason(exc)}") from None
+        except PrometheusApiClientException as exc:
+            raise QueryFailed(f"query failed: {exc}\n  {expr}") from None
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc)
+    for marker in ("Connection refused", "Name or service not known", "timed out", "No route to host"):
+        if marker in text:
+            return marker.lower()
+    return exc.__class__.__name__
+
+
+def fetch_panel(
+    source: PrometheusSource, panel: Panel, window: Window, variables: dict[str, str]
+) -> list[Series]:
+    out: list[Series] = []
+    for query in panel.queries:
+        for item in source.range(substitute(query.expr, variables), window):
+            points = item.get("values", [])
+            out.append(
+                Series(
+                    legend(query.legend, item.get("metric", {})),
+                    [float(t) for t, _ in points],
+                    [float(v) for _, v in points],
+                )
+            )
+    out.sort(key=lambda s: s.label)
+    return out
+
+
+_UNITS = {
+    "s": ("seconds", 1.0),
+    "percentunit": ("%", 100.0),
+    "reqps": ("requests / s", 1.0),
+    "ops": ("/ s", 1.0),
+}
+
+
+def draw_panel(ax: Any, panel: Panel, series: Sequence[Series], window: Window) -> None:
+    label, scale = _UNITS.get(panel.unit, ("", 1.0))
+    t0 = window.start
+    for s in series:
+        ax.plot([(t - t0) / 60 for t in s.times], [v * scale for v in s.values], label=s.label, linewidth=1.4)
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_xlabel(f"minutes since {datetime.fromtimestamp(t0, UTC):%H:%M:%S} UTC", fontsize=8)
+    ax.set_ylabel(label, fontsize=8)
+    ax.set_xlim(0, (window.end - window.start) / 60)
+    if panel.max is not None:
+        ax.set_ylim(0, panel.max * scale * 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.tick_params(labelsize=7)
+    if series:
+        ax.legend(fontsize=7, loc="best", ncol=2 if len(series) > 4 else 1)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
+def last_value(s: Series) -> float | None:
+    for v in reversed(s.values):
+        if not math.isnan(v):
+            return v
+    return None
+
+
+def write_report(
+    source: PrometheusSource,
+    out: Path,
+    window: Window,
+    *,
+    fleet: str | None = None,
+    namespace: str | None = None,
+    panels: Sequence[Panel] | None = None,
+) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    chosen = [p for p in (panels if panels is not None else PANELS) if p.in_report]
+    variables = panel_variables(fleet, namespace, window)
+    data = [(p, fetch_panel(source, p, window, variables)) for p in chosen]
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for panel, series in data:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        draw_panel(ax, panel, series, window)
+        fig.tight_layout()
+        path = out / f"{panel.slug}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    cols = 2
+    rows = max(math.ceil(len(data) / cols), 1)
+    fig, axes = plt.subplots(rows, cols, figsize=(14, 3.4 * rows), squeeze=False)
+    for i, (panel, series) in enumerate(data):
+        draw_panel(axes[i // cols][i % cols], panel, series, window)
+    for j in range(len(data), rows * cols):
+        axes[j // cols][j % cols].axis("off")
+    title = f"prefixfleet — fleet {fleet or 'all'}" + (f" in {namespace}" if namespace else "")
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    overview = out / "overview.png"
+    fig.savefig(overview, dpi=100)
+    plt.close(fig)
+    written.append(overview)
+    summary = {
+        "prometheus": source.url,
+        "fleet": fleet,
+        "namespace": namespace,
+        "start": window.start,
+        "end": window.end,
+        "step_s": window.step_s,
+        "rate_window_s": window.rate_window_s,
+        "panels": {
+            p.slug: {"title": p.title, "unit": p.unit, "last": {s.label: last_value(s) for s in series}}
+            for p, series in data
+        },
+    }
+    report_json = out / "report.json"
+    report_json.write_text(json.dumps(summary, indent=2) + "\n")
+    written.append(report_json)
+    return written
+
+
+# -- CLI -----------------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "report",
+        help="render the dashboard's main panels to PNG from a Prometheus (no Grafana needed)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090"
+    )
+    p.add_argument("--fleet", help="fleet name (the `fleet` label); default: every fleet")
+    p.add_argument("--namespace", help="namespace (the `namespace` label); default: all")
+    p.add_argument("--since", default="15m", help="how far back from now, e.g. 15m, 1h, 90s (default 15m)")
+    p.add_argument("--until", type=float, default=None, help=argparse.SUPPRESS)  # unix seconds, for tests
+    p.add_argument(
+        "--rate-window", default=None, help="rate() window ($__rate_interval); default max(1m, 4 steps)"
+    )
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="directory for the PNGs")
+    p.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from prefixfleet.cli import UsageError
+
+    for flag, value in (("--fleet", args.fleet), ("--namespace", args.namespace)):
+        if value is not None and not _NAME.match(value):
+            raise UsageError(f"{flag} must be a Kubernetes-style name, got {value!r}")
+    if not args.prometheus.startswith(("http://", "https://")):
+        raise UsageError(f"--prometheus must be an http(s) URL, got {args.prometheus!r}")
+    try:
+        since = parse_duration(args.since)
+        rate = parse_duration(args.rate_window) if args.rate_window else None
+    except ValueError as exc:
+        raise UsageError(f"--since/--rate-window: {exc}") from None
+    window = Window.last(since, end=args.until, rate_window_s=rate)
+    source = PrometheusSource(args.prometheus)
+    try:
+        source.check()
+        written = write_report(source, args.out, window, fleet=args.fleet, namespace=args.namespace)
+    except (PrometheusUnreachable, QueryFailed) as exc:
+        raise UsageError(str(exc)) from None
+    for path in written:
+        print(path)
+    return 0

@@ -1,0 +1,188 @@
+"""A small observed run: a local fleet under load, scraped by a real Prometheus, with fleet events.
+
+Used by the live observability test and to draw the docs' pictures::
+
+    python -m prefixfleet.observability.scenario --requests 1500 --rate 40 --out docs/img
+
+Phases, so every dashboard panel and annotation has something to show: (1) both replicas serve
+tenant traffic with shared prefixes; (2) replica-1 is put in ``warming`` (as during a pre-warm) and
+back to ``ready``; (3) replica-1 is ``draining``, then its sidecar stops (a scale-down) and replica-0
+serves the rest alone. Prometheus keeps running after the fleet stopped (its TSDB holds the run), so
+queries are made over ``[start, end]`` of the returned :class:`ObservedRun`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from prefixfleet.fleet.load import LoadRequest, run_load
+from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
+from prefixfleet.fleet.processes import Supervisor
+
+from .local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
+
+ALERTS = Path(__file__).resolve().parents[2] / "charts" / "prefixfleet" / "files" / "alerts.yaml"
+NAMESPACE = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioSpec:
+    fleet: str = "observed"
+    requests: int = 300
+    rate_rps: float = 40.0
+    tenants: int = 6
+    prefix_words: int = 300  # shared per tenant: the cacheable part
+    suffix_words: int = 40
+    max_tokens: int = 8
+    time_scale: float = 10.0
+    prefill_tokens_per_s: float = 3000.0  # modelled: slow enough that uncached prefill shows in TTFT
+    scrape_interval_s: float = 1.0
+    event_hold_s: float = 2.5  # how long replica-1 stays warming / draining
+    seed: int = 7
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedRun:
+    start: float  # unix seconds, first request
+    end: float  # unix seconds, after the last scrape of the last phase
+    fleet: str
+    namespace: str
+    completed: int
+    errors: int
+
+
+def tenant_requests(spec: ScenarioSpec) -> list[LoadRequest]:
+    """Zipf-ish tenants: each prompt = the tenant's shared prefix + a unique question."""
+    rng = random.Random(spec.seed)
+    weights = [1.0 / (i + 1) for i in range(spec.tenants)]
+    prefixes = [" ".join(f"tenant{t}word{j}" for j in range(spec.prefix_words)) for t in range(spec.tenants)]
+    out = []
+    for i in range(spec.requests):
+        tenant = rng.choices(range(spec.tenants), weights)[0]
+        question = " ".join(f"q{i}w{j}" for j in range(spec.suffix_words))
+        out.append(
+            LoadRequest(
+                arrival_s=i / spec.rate_rps,
+                prompt=f"{prefixes[tenant]} {question}",
+                prompt_tokens=spec.prefix_words + spec.suffix_words,
+                max_tokens=spec.max_tokens,
+                group=tenant,
+            )
+        )
+    return out
+
+
+async def _set_state(session: aiohttp.ClientSession, sidecar_url: str, state: str) -> None:
+    async with session.post(f"{sidecar_url}/prefixfleet/state", json={"state": state}) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"sidecar {sidecar_url} refused state {state}: HTTP {resp.status}")
+
+
+async def run_scenario(
+    spec: ScenarioSpec, run_dir: Path, prometheus_port: int, *, progress: bool = False
+) -> tuple[LocalPrometheus, ObservedRun]:
+    """Run the fleet scenario; return the still-running Prometheus (caller stops it) and the window."""
+    engine = EngineSettings(
+        time_scale=spec.time_scale, prefill_tokens_per_s=spec.prefill_tokens_per_s, cache_tokens=50_000
+    )
+    fleet_spec = FleetSpec(replicas=2, gateways=1, engine=engine, fleet_name=spec.fleet)
+    requests = tenant_requests(spec)
+    cut_a, cut_b = int(len(requests) * 0.4), int(len(requests) * 0.7)
+    prometheus: LocalPrometheus | None = None
+    async with Supervisor(run_dir / "fleet") as sup:
+        fleet = LocalFleet(sup, fleet_spec)
+        await fleet.start_engines()
+        await fleet.start_gateways("queue_aware")
+        targets = [
+            ScrapeTarget("prefixfleet-gateway", url, f"gateway-{i}")
+            for i, url in enumerate(fleet.gateway_urls)
+        ]
+        targets += [
+            ScrapeTarget("prefixfleet-replica", r.sidecar_url, r.worker_id)
+            for r in fleet.replicas
+            if r.sidecar_url
+        ]
+        config = scrape_config(
+            targets,
+            fleet=spec.fleet,
+            namespace=NAMESPACE,
+            interval_s=spec.scrape_interval_s,
+            rule_files=[ALERTS],
+        )
+        prom_dir = run_dir / "prometheus"
+        prom_dir.mkdir(parents=True, exist_ok=True)
+        prometheus = LocalPrometheus(prom_dir, prometheus_port, config)
+        try:
+            prometheus.start()
+            await asyncio.sleep(2 * spec.scrape_interval_s)  # a baseline before the first request
+            start = time.time()
+            gateways = fleet.gateway_urls
+            outcomes = []
+
+            async def load(part: list[LoadRequest], desc: str) -> None:
+                run = await run_load(part, gateways, concurrency=32, progress=progress, desc=desc)
+                outcomes.extend(run.outcomes)
+
+            sidecar_1 = fleet.replicas[1].sidecar_url
+            assert sidecar_1 is not None
+            await load(requests[:cut_a], "both replicas")
+            async with aiohttp.ClientSession() as session:
+                await _set_state(session, sidecar_1, "warming")
+                await asyncio.gather(
+                    load(requests[cut_a:cut_b], "pre-warm"), asyncio.sleep(spec.event_hold_s)
+                )
+                await _set_state(session, sidecar_1, "ready")
+                await asyncio.sleep(spec.event_hold_s)
+                await _set_state(session, sidecar_1, "draining")
+                await asyncio.sleep(spec.event_hold_s)
+            replica_1 = fleet.replicas[1]
+            assert replica_1.sidecar is not None
+            await sup.stop(replica_1.sidecar)  # scale-down: the sidecar deregisters
+            replica_1.sidecar, replica_1.sidecar_url = None, None
+            await load(requests[cut_b:], "one replica")
+            await asyncio.sleep(3 * spec.scrape_interval_s)  # let the last samples be scraped
+            end = time.time()
+        except BaseException:
+            prometheus.stop()
+            raise
+    errors = sum(1 for o in outcomes if not o.ok)
+    return prometheus, ObservedRun(start, end, spec.fleet, NAMESPACE, len(outcomes) - errors, errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .report import PrometheusSource, Window, write_report
+
+    parser = argparse.ArgumentParser(description="Run the observed-fleet scenario and render the report.")
+    parser.add_argument("--requests", type=int, default=1500)
+    parser.add_argument("--rate", type=float, default=40.0, help="requests per second (wall clock)")
+    parser.add_argument("--out", type=Path, required=True, help="directory for the report's PNGs")
+    parser.add_argument("--port", type=int, default=0, help="Prometheus port (0: a free one)")
+    args = parser.parse_args(argv)
+    from prefixfleet.fleet.processes import free_port
+
+    spec = ScenarioSpec(requests=args.requests, rate_rps=args.rate)
+    with tempfile.TemporaryDirectory(prefix="pf-observed-") as tmp:
+        prometheus, run = asyncio.run(run_scenario(spec, Path(tmp), args.port or free_port(), progress=True))
+        try:
+            window = Window(run.start, run.end, step_s=2.0, rate_window_s=20.0)
+            source = PrometheusSource(prometheus.url)
+            written = write_report(source, args.out, window, fleet=run.fleet, namespace=run.namespace)
+        finally:
+            prometheus.stop()
+    print(f"{run.completed} requests completed, {run.errors} errors, {run.end - run.start:.0f} s")
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
