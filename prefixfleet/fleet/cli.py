@@ -14,6 +14,16 @@ from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 DEFAULT_UP_WORKLOAD = "prefixroute"
 DEFAULT_UP_POLICIES = "default,round_robin"
+# Defaults of `compare`, kept here so that registering the CLI imports nothing heavy.
+COMPARE_DEFAULTS: dict[str, Any] = {
+    "requests": 600,
+    "replicas": 4,
+    "block_tokens": 16,
+    "time_scale": 4.0,
+    "max_output_tokens": 4,
+    "latency_rate_rps": 100.0,
+    "latency_seconds": 5.0,
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -328,9 +338,7 @@ def run_load_command(args: argparse.Namespace) -> int:
 
 
 def _register_compare(subparsers: argparse._SubParsersAction) -> None:
-    from prefixfleet.fleet.compare import CompareOptions
-
-    d = CompareOptions()
+    d = argparse.Namespace(**COMPARE_DEFAULTS)
     p = subparsers.add_parser(
         "compare",
         help="same emulated fleet and workload through our gateway vs the real sglang-router",

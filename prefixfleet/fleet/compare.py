@@ -38,7 +38,7 @@ from prefixfleet.fleet.load import (
     send_one,
     ttfts_ms,
 )
-from prefixfleet.fleet.local import FleetSpec, LocalFleet, engine_for_workload, workload_slice
+from prefixfleet.fleet.local import FleetSpec, LocalFleet, engine_for_workload, machine_load, workload_slice
 from prefixfleet.fleet.processes import LOOPBACK, Supervisor
 from prefixfleet.router.policies import DEFAULT_POLICY
 
@@ -252,6 +252,7 @@ async def run_compare(
             model=engine.model,  # sglang-router rejects completions without one (422)
         )
 
+    before = machine_load()
     async with Supervisor(options.run_dir) as sup:
         fleet = LocalFleet(sup, spec)
         await fleet.start_engines()
@@ -307,6 +308,7 @@ async def run_compare(
             "sglang_router": "python -m sglang_router.launch_router --policy cache_aware (CLI defaults), "
             "pointed straight at the engines",
             "ttft": "wall-clock ms at the client; engine durations are modelled seconds / time_scale",
+            "machine": {"before": before, "after": machine_load()},
         },
         "details": {
             **{name: router_detail(run) for name, run in runs.items()},

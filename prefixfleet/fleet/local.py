@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -74,8 +75,9 @@ class FleetSpec:
 
 
 def _cli(*args: str) -> list[str]:
-    # The same interpreter that runs us, so a venv install works without PATH changes.
-    return [sys.executable, "-m", "prefixfleet.cli", *args]
+    # The same interpreter that runs us (a venv works without PATH changes); the child entry point
+    # is `prefixfleet <args>` importing only the command it runs.
+    return [sys.executable, "-m", "prefixfleet.fleet.child", *args]
 
 
 def emulator_argv(port: int, engine: EngineSettings) -> list[str]:
@@ -469,6 +471,15 @@ def up_report(
     return report
 
 
+def machine_load() -> dict[str, Any]:
+    """CPU count and 1-minute load average: timings on a shared small machine need this context."""
+    try:
+        load1 = round(os.getloadavg()[0], 2)
+    except OSError:
+        load1 = None
+    return {"cpus": os.cpu_count(), "loadavg_1m": load1}
+
+
 def write_json(path: Path, payload: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
@@ -484,12 +495,14 @@ async def run_up(
     chosen = workload_slice(workload, options.requests, options.max_output_tokens)
     requests = requests_from_workload(replace(workload, requests=chosen))
     sim = simulate_policies(chosen, options.policies, spec) if options.sim_check else None
+    before = machine_load()
     async with Supervisor(options.run_dir) as sup:
         fleet = LocalFleet(sup, spec)
         await fleet.start_engines()
         runs = await run_policies(fleet, requests, options.policies, options)
         await fleet.stop_gateways()
         report = up_report(workload, spec, options, runs, sim)
+        report["settings"]["machine"] = {"before": before, "after": machine_load()}
         if hold is not None:
             await hold(fleet, report)
     return report, runs

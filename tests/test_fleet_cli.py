@@ -1,0 +1,83 @@
+"""The fleet commands' argument checking, and the pure pieces they rest on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from prefixfleet.cli import main
+from prefixfleet.fleet.cli import policy_names
+from prefixfleet.fleet.ranking import compare_rankings, kendall_tau, rank_policies
+from prefixfleet.fleet.sampling import sample_groups
+from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
+from prefixfleet.sim.workloads import Workload, WorkloadRequest
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["up", "--replicas", "0"], "--replicas must be at least 1"),
+        (["up", "--gateways", "0"], "--gateways must be at least 1"),
+        (["up", "--policies", "fastest"], "unknown policy 'fastest'"),
+        (["up", "--policies", ","], "--policies is empty"),
+        (["up", "--workload", "nope"], "unknown workload 'nope'"),
+        (["up", "--time-scale", "0"], "--time-scale must be positive"),
+        (["up", "--set", "tenants"], "must look like KEY=VALUE"),
+        (["up", "--set", "colour=blue"], "has no setting 'colour'"),
+        (["load", "--target", "ftp://x", "--workload", "prefixroute"], "--target must be an http"),
+        (
+            ["load", "--target", "http://127.0.0.1:9", "--workload", "prefixroute", "--speedup", "-1"],
+            "--speedup",
+        ),
+        (["compare", "--json", "x.json", "--requests", "0"], "--requests must be positive"),
+        (["compare", "--json", "x.json", "--trace", "/no/such/trace.jsonl"], "trace was not found"),
+        (["compare", "--json", "x.json", "--workload", "trace:/no/such.jsonl"], "trace file not found"),
+    ],
+)
+def test_bad_arguments_get_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_argparse_type_errors_exit_2() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["up", "--replicas", "many"])
+    assert exit_info.value.code == 2
+
+
+def test_policy_names_expand_default_and_all() -> None:
+    assert policy_names("default") == (DEFAULT_POLICY,)
+    assert policy_names("all") == tuple(POLICIES)
+    assert policy_names("default, round_robin,default") == (DEFAULT_POLICY, "round_robin")
+
+
+def test_kendall_tau_and_rankings() -> None:
+    assert kendall_tau(["a", "b", "c"], ["a", "b", "c"]) == 1.0
+    assert kendall_tau(["a", "b", "c"], ["c", "b", "a"]) == -1.0
+    assert kendall_tau(["a", "b", "c"], ["b", "a", "c"]) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="same distinct items"):
+        kendall_tau(["a", "b"], ["a", "c"])
+    metrics = {"rr": {"mean_ttft_ms": 9.0}, "qa": {"mean_ttft_ms": 2.0}, "bad": {"mean_ttft_ms": math.nan}}
+    assert rank_policies(metrics) == ["qa", "rr", "bad"]
+    verdict = compare_rankings(metrics, {"qa": {"mean_ttft_ms": 5.0}, "rr": {"mean_ttft_ms": 3.0}})
+    assert verdict["sim_order"] == ["qa", "rr"] and verdict["live_order"] == ["rr", "qa"]
+    assert verdict["kendall_tau"] == -1.0 and not verdict["same_best"]
+
+
+def test_sampling_keeps_whole_groups_and_the_arrival_rate() -> None:
+    reqs = [WorkloadRequest(float(i), b"\0\0\0\0", 1, f"g{i % 10}") for i in range(100)]
+    sampled = sample_groups(Workload("w", reqs), 30, seed=1)
+    groups = {r.group for r in sampled.requests}
+    assert len(sampled.requests) == 10 * len(groups) >= 30  # every chosen group complete
+    fraction = len(sampled.requests) / 100
+    span = sampled.requests[-1].arrival_s - sampled.requests[0].arrival_s
+    original_span = max(r.arrival_s for r in reqs if r.group in groups) - min(
+        r.arrival_s for r in reqs if r.group in groups
+    )
+    assert span == pytest.approx(original_span * fraction)  # same requests per second as the original
+    assert sampled.settings["sampled_requests"] == len(sampled.requests)
+    whole = Workload("w", reqs)
+    assert sample_groups(whole, 500) is whole  # already small enough: untouched
