@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from prefixfleet.cli import main
 
@@ -64,3 +69,55 @@ def test_up_runs_each_policy_through_two_gateways_and_stops_everything(tmp_path:
     logs = sorted(p.name for p in (tmp_path / "run").iterdir())
     assert {"redis.log", "engine-0.log", "engine-1.log", "sidecar-0.log", "sidecar-1.log"} <= set(logs)
     assert "gateway-1-round_robin.log" in logs
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_keep_running_fleet_stops_everything_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "prefixfleet.cli", "up",
+            "--requests", "10", "--replicas", "1", "--gateways", "1", "--time-scale", "8",
+            "--policies", "round_robin", "--no-sim-check", "--no-progress", "--keep-running",
+            "--run-dir", str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for _ in range(200):  # bounded: the banner comes after the benchmark
+            line = proc.stdout.readline()
+            if not line or "fleet running" in line:
+                break
+        assert "fleet running" in line, proc.stderr.read() if proc.stderr else ""
+        fleet = _children_of(proc.pid)
+        assert len(fleet) >= 4  # redis, engine, sidecar, gateway
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        assert proc.returncode == (130 if sig == signal.SIGINT else 143)
+        assert [pid for pid in fleet if _alive(pid)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
