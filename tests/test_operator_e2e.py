@@ -39,6 +39,7 @@ class OperatorProcess:
         self.cluster, self.redis_url = cluster, redis_url
         self.log_path = cluster.workdir / "operator.log"
         self.process: subprocess.Popen[bytes] | None = None
+        self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
 
     def start(self) -> None:
         env = {
@@ -53,6 +54,8 @@ class OperatorProcess:
             "run",
             "--redis",
             self.redis_url,
+            "--liveness",
+            self.liveness_url,
         ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -161,6 +164,14 @@ def gateway_url(cluster: EmulatedCluster) -> str:
     return f"http://127.0.0.1:{port_maps[0]['8080']}"
 
 
+def _get_json(url: str) -> dict[str, Any] | None:
+    try:
+        resp = httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return None
+    return resp.json() if resp.status_code == 200 else None
+
+
 def members(redis_url: str) -> dict[str, dict[str, Any]]:
     with redis.Redis.from_url(redis_url) as client:
         raw = client.hgetall(f"pf:default.{FLEET}:members")
@@ -178,7 +189,7 @@ def sidecar_urls(cluster: EmulatedCluster) -> dict[str, str]:
 @pytest.mark.timeout(240)
 def test_fleet_lifecycle_through_kubectl(fleet_env: tuple[EmulatedCluster, OperatorProcess], redis_url: str,
                                          tmp_path: Path) -> None:  # fmt: skip
-    cluster, _ = fleet_env
+    cluster, operator = fleet_env
     manifest = fleet_manifest(tmp_path / "fleet.yaml", replicas=2)
     assert "created" in cluster.apply(manifest).stdout
 
@@ -210,6 +221,10 @@ def test_fleet_lifecycle_through_kubectl(fleet_env: tuple[EmulatedCluster, Opera
             assert resp.status_code == 200, resp.text
             cached.append(resp.json()["meta_info"]["cached_tokens"])
     assert cached[0] == 0 and max(cached[1:]) > 0
+
+    # the liveness probe answers, with kopf's probe results
+    probe = wait_for(lambda: _get_json(operator.liveness_url), 10, what="the operator's liveness endpoint")
+    assert probe["reconciles"] > 0
 
     # the operator reports what it did as Events on the fleet
     events = cluster.kubectl_json("get", "events", "--field-selector", f"involvedObject.name={FLEET}")[
@@ -259,9 +274,10 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(
     cluster, operator = fleet_env
     cluster.apply(fleet_manifest(tmp_path / "fleet.yaml", replicas=3))
     created_names: set[str] = set()
-    for kill in range(4):
+    # PREFIXFLEET_E2E_OPERATOR_KILLS=20 for the reliability figure; 4 keeps the suite fast
+    for kill in range(int(os.environ.get("PREFIXFLEET_E2E_OPERATOR_KILLS", "4"))):
         # kill it as soon as it has done something (or after a short while), then restart it
-        deadline = time.monotonic() + 4 + kill
+        deadline = time.monotonic() + 4 + kill % 5
         seen = len(pods(cluster))
         while time.monotonic() < deadline and len(pods(cluster)) == seen:
             time.sleep(0.1)
@@ -272,3 +288,6 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(
     names = sorted(p["metadata"]["name"] for p in pods(cluster))
     assert names == [f"{FLEET}-replica-{i}" for i in range(3)]
     assert created_names <= set(names)  # nothing was created and later found surplus
+    uid = cluster.kubectl_json("get", "pcf", FLEET)["metadata"]["uid"]
+    for pod in pods(cluster):  # no orphans: every pod is owned by the fleet
+        assert [ref["uid"] for ref in pod["metadata"]["ownerReferences"]] == [uid]
