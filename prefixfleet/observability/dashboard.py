@@ -51,6 +51,7 @@ class Panel:
     in_report: bool = False  # rendered by `prefixfleet report`
     slug: str = ""  # file name of its PNG in the report
     max: float | None = None
+    bars: tuple[str, str] = ("", "")  # table panels in the report: (category label, stack label)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,20 +202,18 @@ PANELS: tuple[Panel, ...] = (
         max=1.0,
     ),
     Panel(
-        "Hot subtrees: hits and holders",
-        "The fleet's hottest prefix subtrees by rank (from the workers' summaries; never a prompt or hash): "
-        "hits at each root, and how many replicas hold it.",
+        "Hot subtrees by rank",
+        "Hits at the root of the fleet's hottest prefix subtrees (from the workers' summaries; labelled by "
+        "rank, never by prompt or hash).",
         "short",
-        (
-            Query(f"max by (rank) (prefixfleet_gateway_hot_subtree_hits{{{SEL}}})", "#{{rank}} hits"),
-            Query(f"max by (rank) (prefixfleet_gateway_hot_subtree_holders{{{SEL}}})", "#{{rank}} holders"),
-        ),
+        (Query(f"max by (rank) (prefixfleet_gateway_hot_subtree_hits{{{SEL}}})", "#{{rank}}"),),
         in_report=True,
         slug="hot-subtrees",
     ),
     Panel(
         "Where hot subtrees live",
-        "Hits of each of the hottest subtrees on each replica holding it (rank 1 = hottest).",
+        "Hits of each of the hottest subtrees on each replica holding it (rank 1 = hottest), and how many "
+        "replicas hold it: a hot subtree on a single busy replica is a hotspot.",
         "short",
         (
             Query(
@@ -222,8 +221,16 @@ PANELS: tuple[Panel, ...] = (
                 "#{{rank}} on {{worker}}",
                 instant=True,
             ),
+            Query(
+                f"max by (rank) (prefixfleet_gateway_hot_subtree_holders{{{SEL}}})",
+                "#{{rank}} holders",
+                instant=True,
+            ),
         ),
         kind="table",
+        in_report=True,
+        slug="hot-subtree-placement",
+        bars=("rank", "worker"),
     ),
     Panel(
         "Replicas",
@@ -270,7 +277,8 @@ PANELS: tuple[Panel, ...] = (
 ANNOTATIONS: tuple[Annotation, ...] = (
     Annotation(
         "Scale events",
-        f"{GATEWAY_WORKERS} - max(sum by (instance) ({VARIABLE_SOURCE}{{{SEL}}} offset 1m)) != 0",
+        # a change of the replica count within the last minute (2 s resolution catches short blips)
+        f"changes({GATEWAY_WORKERS}[1m:2s]) > 0",
         "replicas changed",
         "blue",
     ),
@@ -355,7 +363,10 @@ def _panel_json(panel_id: int, panel: Panel, x: int, y: int) -> dict[str, Any]:
         }
     else:
         out["options"] = {"showHeader": True, "sortBy": [{"displayName": "Value", "desc": True}]}
-        out["transformations"] = [{"id": "organize", "options": {"excludeByName": {"Time": True}}}]
+        out["transformations"] = [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True}}},
+        ]
     return out
 
 

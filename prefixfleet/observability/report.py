@@ -109,6 +109,17 @@ class PrometheusSource:
         if not ok:
             raise PrometheusUnreachable(f"{self.url} answered, but not like a Prometheus server")
 
+    def instant(self, expr: str, at: float) -> list[dict[str, Any]]:
+        import requests
+        from prometheus_api_client.exceptions import PrometheusApiClientException
+
+        try:
+            return self._client.custom_query(expr, params={"time": f"{at:.3f}"})
+        except requests.RequestException as exc:
+            raise PrometheusUnreachable(f"cannot reach Prometheus at {self.url}: {_reason(exc)}") from None
+        except PrometheusApiClientException as exc:
+            raise QueryFailed(f"query failed: {exc}\n  {expr}") from None
+
     def range(self, expr: str, window: Window) -> list[dict[str, Any]]:
         import requests
         from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -138,6 +149,8 @@ def fetch_panel(
     source: PrometheusSource, panel: Panel, window: Window, variables: dict[str, str]
 ) -> list[Series]:
     out: list[Series] = []
+    if panel.kind == "table":
+        return _fetch_bars(source, panel, window, variables)
     for query in panel.queries:
         for item in source.range(substitute(query.expr, variables), window):
             points = item.get("values", [])
@@ -152,6 +165,47 @@ def fetch_panel(
     return out
 
 
+def _fetch_bars(
+    source: PrometheusSource, panel: Panel, window: Window, variables: dict[str, str]
+) -> list[Series]:
+    """A table panel's first query at the window's end, one series per stack label (e.g. worker):
+    ``times`` holds the categories (e.g. rank numbers), ``values`` the value of each."""
+    category, stack = panel.bars
+    per_stack: dict[str, dict[float, float]] = {}
+    for item in source.instant(substitute(panel.queries[0].expr, variables), window.end):
+        labels = item.get("metric", {})
+        try:
+            key = float(labels.get(category, "nan"))
+        except ValueError:
+            continue
+        per_stack.setdefault(labels.get(stack, "?"), {})[key] = float(item["value"][1])
+    return [
+        Series(name, sorted(values), [values[k] for k in sorted(values)])
+        for name, values in sorted(per_stack.items())
+    ]
+
+
+def draw_bars(ax: Any, panel: Panel, series: Sequence[Series], window: Window) -> None:
+    category, stack = panel.bars
+    categories = sorted({c for s in series for c in s.times})
+    left = dict.fromkeys(categories, 0.0)
+    for s in series:
+        widths = [dict(zip(s.times, s.values, strict=True)).get(c, 0.0) for c in categories]
+        ax.barh([f"#{c:g}" for c in categories], widths, left=[left[c] for c in categories], label=s.label)
+        for c, w in zip(categories, widths, strict=True):
+            left[c] += w
+    ax.invert_yaxis()
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_xlabel(f"hits by {stack}, at {datetime.fromtimestamp(window.end, UTC):%H:%M:%S} UTC", fontsize=8)
+    ax.set_ylabel(category, fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.tick_params(labelsize=7)
+    if series:
+        ax.legend(fontsize=7, loc="lower right", title=stack, title_fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+
+
 _UNITS = {
     "s": ("seconds", 1.0),
     "percentunit": ("%", 100.0),
@@ -161,14 +215,20 @@ _UNITS = {
 
 
 def draw_panel(ax: Any, panel: Panel, series: Sequence[Series], window: Window) -> None:
+    if panel.kind == "table":
+        draw_bars(ax, panel, series, window)
+        return
     label, scale = _UNITS.get(panel.unit, ("", 1.0))
     t0 = window.start
+    span = window.end - window.start
+    per, what = (60.0, "minutes") if span > 600 else (1.0, "seconds")
     for s in series:
-        ax.plot([(t - t0) / 60 for t in s.times], [v * scale for v in s.values], label=s.label, linewidth=1.4)
+        xs = [(t - t0) / per for t in s.times]
+        ax.plot(xs, [v * scale for v in s.values], label=s.label, linewidth=1.4)
     ax.set_title(panel.title, fontsize=10)
-    ax.set_xlabel(f"minutes since {datetime.fromtimestamp(t0, UTC):%H:%M:%S} UTC", fontsize=8)
+    ax.set_xlabel(f"{what} since {datetime.fromtimestamp(t0, UTC):%H:%M:%S} UTC", fontsize=8)
     ax.set_ylabel(label, fontsize=8)
-    ax.set_xlim(0, (window.end - window.start) / 60)
+    ax.set_xlim(0, span / per)
     if panel.max is not None:
         ax.set_ylim(0, panel.max * scale * 1.05)
     ax.grid(True, alpha=0.3)
