@@ -622,6 +622,13 @@ def plan_status(
             "ReplicaFailed",
             "failed replica pod(s) replaced: " + ", ".join(p.name for p in failed),
         )
+    elif not observed.redis_url:
+        # without Redis the gateways learn no members: say so instead of looking healthy
+        degraded = (
+            True,
+            "NoRedis",
+            "no Redis: set spec.redis.url or .secretRef, or run the operator with --redis",
+        )
     else:
         degraded = (False, "AsExpected", "no failures observed")
     g, now, prev = fleet.generation, observed.now, observed.conditions

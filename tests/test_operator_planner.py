@@ -202,6 +202,14 @@ def test_scaled_to_zero_is_ready_and_has_no_pods() -> None:
     assert next(c for c in plans[-1].status["conditions"] if c["type"] == "Ready")["reason"] == "ScaledToZero"
 
 
+def test_a_fleet_without_redis_is_degraded() -> None:
+    plan = plan_reconcile(FLEET, spec(1), replace(state([]), redis_url=""))
+    degraded = next(c for c in plan.status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "NoRedis") and "spec.redis" in degraded[
+        "message"
+    ]
+
+
 def test_invalid_spec_status_names_the_field() -> None:
     status = plan_invalid_spec(FLEET, ["spec.replicas: must be >= 0"], state([]))
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
