@@ -6,6 +6,7 @@ import json
 import threading
 from pathlib import Path
 
+import httpx
 import kubernetes
 import pytest
 import yaml
@@ -228,3 +229,22 @@ def test_crd_applied_through_kubectl_is_served(cluster: EmulatedCluster) -> None
     cluster.install_crd()
     resources = cluster.kubectl("api-resources", "--api-group", GROUP).stdout
     assert PLURAL in resources and crd["spec"]["names"]["shortNames"][0] in resources
+
+
+def test_watch_list_streams_json_and_ends_initial_events_with_a_bookmark(cluster: EmulatedCluster) -> None:
+    params = {"watch": "true", "sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan",
+              "allowWatchBookmarks": "true", "timeoutSeconds": "1"}  # fmt: skip
+    with httpx.stream("GET", f"{cluster.api.url}/api/v1/namespaces", params=params, timeout=10) as resp:
+        assert resp.headers["content-type"].startswith("application/json")
+        events = [json.loads(line) for line in resp.iter_lines() if line.strip()]
+    assert [e["type"] for e in events] == ["ADDED", "BOOKMARK"]
+    assert events[0]["object"]["metadata"]["name"] == "default"
+    assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
+
+
+def test_core_discovery_names_the_v1_group_version(cluster: EmulatedCluster) -> None:
+    core = httpx.get(f"{cluster.api.url}/api/v1", timeout=5).json()
+    assert core["groupVersion"] == "v1"
+    scale = next(r for r in httpx.get(f"{cluster.api.url}/apis/apps/v1", timeout=5).json()["resources"]
+                 if r["name"] == "deployments/scale")  # fmt: skip
+    assert scale["kind"] == "Scale" and "shortNames" not in scale
