@@ -255,6 +255,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         conditions=conditions,
         victims=victims,
         redis_url=redis_url,
+        project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
     )
     plan = plan_reconcile(ref, spec, observed)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from .models import API_VERSION, KIND, FleetSpec
+from .models import API_VERSION, KIND, PROJECT_IMAGE, FleetSpec
 
 JSON = dict[str, Any]
 
@@ -99,6 +99,9 @@ class ObservedState:
     conditions: Sequence[JSON] = ()  # the current status.conditions (to keep transition times)
     victims: Sequence[str] = ()  # the autoscaler's removal preference, most preferred first
     redis_url: str = ""  # the operator's default Redis when the spec names none
+    # The image the operator was deployed with (chart: PREFIXFLEET_IMAGE); it replaces the models'
+    # default project image so sidecars, gateways and emulators run the same release as the operator.
+    project_image: str = ""
     now: datetime = field(default_factory=lambda: datetime.now(tz=UTC))
 
 
@@ -648,8 +651,26 @@ def plan_status(
     }
 
 
+def with_project_image(spec: FleetSpec, image: str) -> FleetSpec:
+    """``spec`` with the default project image replaced by ``image`` (no change when empty)."""
+    if not image or image == PROJECT_IMAGE:
+        return spec
+
+    def swap(value: str | None) -> str | None:
+        return image if value == PROJECT_IMAGE else value
+
+    return spec.model_copy(
+        update={
+            "engine": spec.engine.model_copy(update={"image": swap(spec.engine.image)}),
+            "sidecar": spec.sidecar.model_copy(update={"image": swap(spec.sidecar.image)}),
+            "router": spec.router.model_copy(update={"image": swap(spec.router.image)}),
+        }
+    )
+
+
 def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) -> ReconcilePlan:
     """Everything the operator should change now to move the cluster toward ``spec``."""
+    spec = with_project_image(spec, observed.project_image)
     template, template_hash = replica_template(fleet, spec, observed.redis_url)
     indices, deletions = plan_pods(fleet, spec.replicas, template_hash, observed)
     pods = tuple(replica_pod(fleet, template, template_hash, k) for k in indices)

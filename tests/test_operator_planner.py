@@ -202,6 +202,17 @@ def test_scaled_to_zero_is_ready_and_has_no_pods() -> None:
     assert next(c for c in plans[-1].status["conditions"] if c["type"] == "Ready")["reason"] == "ScaledToZero"
 
 
+def test_the_operators_own_image_replaces_the_default_project_image() -> None:
+    custom = spec(1, image="example.org/own-emulator:1")
+    plan = plan_reconcile(FLEET, custom, replace(state([]), project_image="registry.local/prefixfleet:dev"))
+    images = {c["name"]: c["image"] for c in plan.create_pods[0]["spec"]["containers"]}
+    assert images == {"engine": "example.org/own-emulator:1", "sidecar": "registry.local/prefixfleet:dev"}
+    deployment = next(c.manifest for c in plan.children if c.manifest["kind"] == "Deployment")
+    assert (
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/prefixfleet:dev"
+    )
+
+
 def test_a_fleet_without_redis_is_degraded() -> None:
     plan = plan_reconcile(FLEET, spec(1), replace(state([]), redis_url=""))
     degraded = next(c for c in plan.status["conditions"] if c["type"] == "Degraded")
