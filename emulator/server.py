@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from prefixfleet import __version__ as prefixfleet_version
+from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
 from .engine import RequestRejected
@@ -405,7 +406,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(engine: EngineRunner) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=engine.config.max_body_bytes)
+    deadline = body_deadline(
+        ClientTimeouts.from_env(), lambda _r, status, message: _json_error(message, "body", status)
+    )
+    app = web.Application(middlewares=[_errors, deadline], client_max_size=engine.config.max_body_bytes)
     app[ENGINE_KEY] = engine
     app[SERVER_INFO_KEY] = _server_info_static(engine.config)
     r = app.router
@@ -443,7 +447,11 @@ class EmulatorServer:
     async def start(self) -> EmulatorServer:
         await self.engine.start()
         runner = web.AppRunner(
-            build_app(self.engine), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+            build_app(self.engine),
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=5.0,
+            **ClientTimeouts.from_env().runner_kwargs(),
         )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)

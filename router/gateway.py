@@ -45,6 +45,7 @@ from .requests import (
     InferenceRequest,
     parse_inference_request,
 )
+from .slow_clients import ClientTimeouts, body_deadline
 from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, FleetView, WorkerView
 
 log = logging.getLogger("prefixfleet.gateway")
@@ -117,7 +118,10 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[body_deadline(ClientTimeouts.from_env(), self._body_error)],
+        )
         app["gateway"] = self
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)
@@ -246,6 +250,14 @@ class Gateway:
             await asyncio.sleep(self.config.health_interval_s)
 
     # -- request handling ------------------------------------------------------------------------
+
+    def _body_error(self, request: web.Request, status: int, message: str) -> web.Response:
+        """A body too slow (408) or too large (413), refused before any handler ran."""
+        self.metrics.errors.labels("bad_request").inc()
+        self.metrics.requests.labels(
+            request.path if request.path in GENERATE_PATHS else "other", str(status)
+        ).inc()
+        return json_error(status, message, param="body")
 
     def _answer(self, endpoint: str, response: web.StreamResponse, started: float) -> web.StreamResponse:
         self.metrics.request_answered(endpoint, response.status, time.perf_counter() - started)
@@ -470,7 +482,9 @@ class Gateway:
 
 async def serve(config: GatewayConfig) -> None:
     gateway = Gateway(config)
-    runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        gateway.app(), access_log=None, handle_signals=False, **ClientTimeouts.from_env().runner_kwargs()
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -46,10 +46,15 @@ from .requests import (
     InferenceRequest,
     parse_inference_request,
 )
+from .slow_clients import ClientTimeouts, body_deadline
 from .summary import DEFAULT_MAX_BLOCKS, encode_summary
 
 log = logging.getLogger("prefixfleet.sidecar")
 DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports max_total_num_tokens
+
+
+def _body_error(_request: web.Request, status: int, message: str) -> web.Response:
+    return json_error(status, message, param="body")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +139,10 @@ class Sidecar:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[body_deadline(ClientTimeouts.from_env(), _body_error)],
+        )
         app["sidecar"] = self
         app.router.add_post("/prefixfleet/state", self.handle_set_state)
         app.router.add_get("/prefixfleet/status", self.handle_status)
@@ -572,7 +580,9 @@ class Sidecar:
 async def serve(config: SidecarConfig) -> None:
     """Run a sidecar until cancelled."""
     sidecar = Sidecar(config)
-    runner = web.AppRunner(sidecar.app(), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        sidecar.app(), access_log=None, handle_signals=False, **ClientTimeouts.from_env().runner_kwargs()
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

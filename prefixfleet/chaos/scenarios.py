@@ -304,7 +304,8 @@ async def gateway_kill(
             "killed_at_s": events.get("killed"),
             "overall": tally(run.outcomes),
             "after_kill": tally(after),
-            "after_kill_through_survivor": tally([o for o in after if o.gateway in survivor_urls]),
+            "after_kill_through_survivor": tally([o for o in after if o.first_gateway in survivor_urls]),
+            "after_kill_aimed_at_dead_gateway": tally([o for o in after if o.first_gateway == victim.url]),
             "recovered_by_client_retry": sum(1 for o in run.outcomes if o.attempts > 1 and o.ok),
         }
     return report

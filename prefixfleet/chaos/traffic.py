@@ -74,7 +74,8 @@ class Outcome:
     ttft_s: float | None = None
     attempts: int = 0
     worker: str | None = None
-    gateway: str | None = None
+    gateway: str | None = None  # the target that gave the final answer
+    first_gateway: str | None = None  # the target tried first
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error_message: str | None = None
@@ -150,6 +151,7 @@ async def send(
     connection error while ``plan.client_retries`` allows."""
     body = request_body(plan, index, outcome.stream)
     t_send = time.monotonic()
+    outcome.first_gateway = targets[index % len(targets)]
     for attempt in range(plan.client_retries + 1):
         target = targets[(index + attempt) % len(targets)]
         outcome.attempts = attempt + 1

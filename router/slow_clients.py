@@ -1,0 +1,84 @@
+"""Time limits on slow HTTP clients, shared by the gateway, the sidecar and the emulator.
+
+A client that opens a connection and sends nothing, or half its headers, is closed after the idle
+limit (aiohttp's keep-alive timer, which also runs before the first request). A client that sends
+its headers and then trickles or stalls its body would hold a handler (and the body buffer) forever:
+:func:`body_deadline` reads every request body within the body limit first and answers 408 otherwise,
+closing the connection. The limits come from the environment so every service and every
+deployment (chart, operator pods, local fleet) can tune them without new flags.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+
+BODY_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_BODY_TIMEOUT_S"
+IDLE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_IDLE_TIMEOUT_S"
+DEFAULT_BODY_TIMEOUT_S = 30.0
+DEFAULT_IDLE_TIMEOUT_S = 75.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Responder = Callable[[web.Request, int, str], web.StreamResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTimeouts:
+    body_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole request body must arrive within this
+    idle_s: float = DEFAULT_IDLE_TIMEOUT_S  # idle keep-alive connection / incomplete headers
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientTimeouts:
+        env = os.environ if environ is None else environ
+        return cls(
+            body_s=_positive(env, BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_S),
+            idle_s=_positive(env, IDLE_TIMEOUT_ENV, DEFAULT_IDLE_TIMEOUT_S),
+        )
+
+    def runner_kwargs(self) -> dict[str, float]:
+        """Keyword arguments for ``web.AppRunner``: close idle and header-stalled connections, and
+        after an early answer (408, 413) drain the unread body for at most 2 s, not aiohttp's 10."""
+        return {"keepalive_timeout": self.idle_s, "lingering_time": min(2.0, self.body_s)}
+
+
+def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def body_deadline(
+    timeouts: ClientTimeouts, respond: Responder
+) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware: read the body within ``timeouts.body_s`` (408) and within the app's
+    ``client_max_size`` (413); ``respond(request, status, message)`` shapes the error answer.
+    Handlers then get the buffered body from ``request.read()`` at no cost."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.body_exists:
+            try:
+                await asyncio.wait_for(request.read(), timeouts.body_s)
+            except TimeoutError:
+                response = respond(request, 408, f"request body not received within {timeouts.body_s:g} s")
+                response.force_close()
+                return response
+            except web.HTTPRequestEntityTooLarge:
+                response = respond(request, 413, f"request body exceeds {request.client_max_size} bytes")
+                response.force_close()  # the rest of the body is never read
+                return response
+        return await handler(request)
+
+    return middleware
