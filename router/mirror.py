@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, salted_seed
 from .radix import CacheFullError, RadixTree
-from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, HotPrefix, Summary, build_summary
+from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, ChainCache, HotPrefix, Summary, build_summary
 
 _TICK_SAMPLES = 4096
 
@@ -38,6 +38,7 @@ class CacheMirror:
         # (tree tick, unix time) samples to turn the tree's logical recency into wall time
         self._ticks: deque[tuple[int, float]] = deque(maxlen=_TICK_SAMPLES)
         self.hot_prefixes: dict[int, HotPrefix] = {}
+        self._chain_cache: ChainCache = {}
 
     def namespace_seed(self, namespace: object) -> int:
         return salted_seed(self.identity_seed, namespace if isinstance(namespace, str) else None)
@@ -87,13 +88,21 @@ class CacheMirror:
         self.changes += 1
 
     def wall_time_of(self, tick: int) -> float:
-        if not self._ticks:
-            return self._clock()
-        ticks = [t for t, _ in self._ticks]
-        i = bisect.bisect_left(ticks, tick)
-        if i >= len(ticks):
-            return self._ticks[-1][1]
-        return self._ticks[i][1]
+        return self._tick_clock()(tick)
+
+    def _tick_clock(self) -> Callable[[int], float]:
+        """A tick -> unix time mapping frozen at this moment (built once per summary)."""
+        samples = list(self._ticks)
+        ticks = [t for t, _ in samples]
+        now = self._clock()
+
+        def wall(tick: int) -> float:
+            if not samples:
+                return now
+            i = bisect.bisect_left(ticks, tick)
+            return samples[min(i, len(samples) - 1)][1]
+
+        return wall
 
     def summary(
         self,
@@ -111,9 +120,10 @@ class CacheMirror:
             identity_seed=self.identity_seed,
             block_tokens=self.block_tokens,
             namespace_seed=self.namespace_seed,
-            wall_time_of=self.wall_time_of,
+            wall_time_of=self._tick_clock(),
             max_blocks=max_blocks,
             hot_k=hot_k,
+            chain_cache=self._chain_cache,
         )
         self.hot_prefixes = hot
         return summary

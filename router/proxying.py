@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from collections.abc import Mapping
@@ -144,3 +146,21 @@ class StreamedText:
         if self.path == "/generate":
             return self._cumulative or None
         return "".join(self._parts) or None
+
+
+async def refuse_too_large(
+    request: web.Request, limit: int, *, drain_bytes: int = 8 * 1024 * 1024
+) -> web.Response:
+    """413 for a body above ``limit``. The rest of a moderately oversized body is read and dropped
+    first (bounded) so the client sees the answer instead of a reset while it is still sending."""
+    drained = 0
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(1.0):
+            while drained < drain_bytes:
+                chunk = await request.content.readany()
+                if not chunk:
+                    break
+                drained += len(chunk)
+    response = json_error(413, f"request body exceeds {limit} bytes", param="body")
+    response.force_close()
+    return response

@@ -34,6 +34,7 @@ from .proxying import (
     forward_headers,
     json_error,
     output_text,
+    refuse_too_large,
     sse_error_event,
 )
 from .radix import CacheFullError, as_token_bytes
@@ -113,6 +114,7 @@ class SidecarState:
     summary_version: int = 0
     published_changes: int = -1
     load_seq: int = 0
+    next_summary_at: float = 0.0  # monotonic: earliest next summary rebuild
     redis_ok: bool = True
     state_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -312,13 +314,17 @@ class Sidecar:
         ttl_ms = int(self.config.record_ttl_s * 1000)
         pipe = self.redis.pipeline(transaction=False)
         mirror = self.s.mirror
-        if mirror.changes != self.s.published_changes:
+        now = time.monotonic()
+        if mirror.changes != self.s.published_changes and now >= self.s.next_summary_at:
             self.s.summary_version += 1
             summary = mirror.summary(
                 worker=self.s.worker_id,
                 version=self.s.summary_version,
                 max_blocks=self.config.max_summary_blocks,
             )
+            # A big tree takes milliseconds to hash on the event loop: rebuild at most at a pace
+            # that keeps that under ~10% of the loop's time.
+            self.s.next_summary_at = now + 9.0 * (time.monotonic() - now)
             pipe.set(self.keys.summary(self.s.worker_id), encode_summary(summary), px=ttl_ms)
             self.s.published_changes = mirror.changes
         else:
@@ -424,7 +430,7 @@ class Sidecar:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return json_error(413, f"request body exceeds {self.config.max_body_bytes} bytes", param="body")
+            return await refuse_too_large(request, self.config.max_body_bytes)
         return await self._forward(request, body, track=True)
 
     def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, int, int] | None:
@@ -445,7 +451,7 @@ class Sidecar:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return json_error(413, f"request body exceeds {self.config.max_body_bytes} bytes", param="body")
+            return await refuse_too_large(request, self.config.max_body_bytes)
         response = await self._forward(request, body)
         if request.path == "/flush_cache" and 200 <= response.status < 300:
             self.s.mirror.flush()

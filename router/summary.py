@@ -25,6 +25,8 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import xxhash
+
 from .blockhash import extend_chain
 from .radix import TOKEN_BYTES, RadixNode, RadixTree
 
@@ -259,6 +261,9 @@ def _prefix_bytes(node: RadixNode) -> bytes:
     return b"".join(reversed(parts))
 
 
+ChainCache = dict[tuple[int, int, bytes, int], tuple[list[int], bytes]]
+
+
 def build_summary(
     tree: RadixTree,
     *,
@@ -271,29 +276,45 @@ def build_summary(
     wall_time_of: Callable[[int], float],
     max_blocks: int = DEFAULT_MAX_BLOCKS,
     hot_k: int = DEFAULT_HOT_K,
+    chain_cache: ChainCache | None = None,
 ) -> tuple[Summary, dict[int, HotPrefix]]:
     """Hash every full cached block of ``tree`` (all namespaces) into a :class:`Summary`.
 
     ``namespace_seed(ns)`` gives block 0's seed for a namespace (identity seed, salted per tenant);
     ``wall_time_of(tick)`` maps the tree's logical access ticks to unix seconds. Also returns the
     hot nodes' real prefixes for the sidecar's own use (pre-warm export); those stay in the process.
+
+    ``chain_cache`` (owned by the caller, reused across builds) memoizes each edge's block hashes by
+    (chain state, edge digest): a rebuild then costs one C-level digest per *node* instead of one
+    Python-level hash call per *block*. Entries not used by this build are dropped from it.
     """
-    # (last_access, block end position, hash): sorted by recency then depth keeps the cap prefix-closed
-    entries: list[tuple[int, int, int]] = []
+    # per node: (last_access, index of its first new block, its block hashes). A node is never more
+    # recent than its parent, so taking nodes by (recency desc, depth asc) keeps a capped set closed.
+    per_node: list[tuple[int, int, list[int]]] = []
+    total = 0
     # per hot-node candidate: hash -> (hits, last_access, tokens, node, namespace)
     candidates: dict[int, tuple[int, int, int, RadixNode, object]] = {}
     step = block_tokens
+    used: ChainCache = {}
+    digest = xxhash.xxh64_intdigest
     for ns in tree.namespaces():
         root = tree.root(ns)
         seed = namespace_seed(ns)
         stack: list[tuple[RadixNode, int, bytes, int]] = [(c, seed, b"", 0) for c in root.children.values()]
         while stack:
             node, prev_hash, leftover, start = stack.pop()
-            hashes, rest = extend_chain(prev_hash, leftover, node.edge, step)
+            edge = node.edge
+            key = (prev_hash, digest(edge), leftover, len(edge))
+            hit = chain_cache.get(key) if chain_cache is not None else None
+            if hit is None:
+                hit = extend_chain(prev_hash, leftover, edge, step)
+            used[key] = hit
+            hashes, rest = hit
             end = start + node.num_tokens
-            first_block = (start - len(leftover) // TOKEN_BYTES) // step  # index of the first new block
-            for j, h in enumerate(hashes):
-                entries.append((node.last_access, (first_block + j + 1) * step, h))
+            if hashes:
+                first_block = (start - len(leftover) // TOKEN_BYTES) // step
+                per_node.append((node.last_access, first_block, hashes))
+                total += len(hashes)
             last_hash = hashes[-1] if hashes else prev_hash
             floored = (end // step) * step
             if floored > 0:
@@ -301,9 +322,21 @@ def build_summary(
                 if prev is None or node.hits > prev[0]:
                     candidates[last_hash] = (node.hits, node.last_access, floored, node, ns)
             stack.extend((c, last_hash, rest, end) for c in node.children.values())
-    truncated = len(entries) > max_blocks
+    if chain_cache is not None:
+        chain_cache.clear()
+        chain_cache.update(used)
+    truncated = total > max_blocks
+    blocks: list[int] = []
     if truncated:
-        entries = heapq.nsmallest(max_blocks, entries, key=lambda e: (-e[0], e[1]))
+        per_node.sort(key=lambda e: (-e[0], e[1]))
+        for _tick, _first, hashes in per_node:
+            room = max_blocks - len(blocks)
+            if room <= 0:
+                break
+            blocks.extend(hashes[:room])
+    else:
+        for _tick, _first, hashes in per_node:
+            blocks.extend(hashes)
     top = heapq.nlargest(hot_k, candidates.items(), key=lambda kv: (kv[1][0], kv[1][1]))
     hot = tuple(
         HotNode(hash=h, tokens=tokens, hits=hits, last_access=wall_time_of(tick))
@@ -321,7 +354,7 @@ def build_summary(
         identity_seed=identity_seed,
         cached_tokens=tree.cached_tokens,
         capacity_tokens=tree.capacity_tokens,
-        blocks=(e[2] for e in entries),
+        blocks=blocks,
         hot=hot,
         truncated=truncated,
     )
