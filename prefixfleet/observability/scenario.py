@@ -2,13 +2,14 @@
 
 Used by the live observability test and to draw the docs' pictures::
 
-    python -m prefixfleet.observability.scenario --requests 1500 --rate 40 --out docs/img
+    python -m prefixfleet.observability.scenario --requests 3000 --rate 40 --out docs/img
 
-Phases, so every dashboard panel and annotation has something to show: (1) both replicas serve
-tenant traffic with shared prefixes; (2) replica-1 is put in ``warming`` (as during a pre-warm) and
-back to ``ready``; (3) replica-1 is ``draining``, then its sidecar stops (a scale-down) and replica-0
-serves the rest alone. Prometheus keeps running after the fleet stopped (its TSDB holds the run), so
-queries are made over ``[start, end]`` of the returned :class:`ObservedRun`.
+Phases, under continuous load, so every dashboard panel and annotation has something to show:
+(1) both replicas serve tenant traffic with shared prefixes; (2) replica-1 is put in ``warming`` (as
+during a pre-warm) and back to ``ready`` after ``event_hold_s``; (3) replica-1 is ``draining``, and
+after ``event_hold_s`` its sidecar stops (a scale-down) and replica-0 serves the rest alone.
+Prometheus keeps running after the fleet stopped (its TSDB holds the run), so queries are made over
+``[start, end]`` of the returned :class:`ObservedRun`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +89,21 @@ async def _set_state(session: aiohttp.ClientSession, sidecar_url: str, state: st
             raise RuntimeError(f"sidecar {sidecar_url} refused state {state}: HTTP {resp.status}")
 
 
+async def _wait_for_view_size(gateways: list[str], workers: int, timeout_s: float = 15.0) -> None:
+    """Until every gateway's view holds ``workers`` workers (the scale-down reached the gateways)."""
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        for url in gateways:
+            while True:
+                async with session.get(f"{url}/health") as resp:
+                    body = await resp.json(content_type=None)
+                if body.get("workers") == workers:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"gateway {url} sees {body.get('workers')} workers, not {workers}")
+                await asyncio.sleep(0.1)
+
+
 async def run_scenario(
     spec: ScenarioSpec, run_dir: Path, prometheus_port: int, *, progress: bool = False
 ) -> tuple[LocalPrometheus, ObservedRun]:
@@ -132,24 +149,27 @@ async def run_scenario(
                 run = await run_load(part, gateways, concurrency=32, progress=progress, desc=desc)
                 outcomes.extend(run.outcomes)
 
-            sidecar_1 = fleet.replicas[1].sidecar_url
-            assert sidecar_1 is not None
+            replica_1 = fleet.replicas[1]
+            sidecar_1 = replica_1.sidecar_url
+            assert sidecar_1 is not None and replica_1.sidecar is not None
+            stopping = replica_1.sidecar
+
+            async def after_hold(action: Awaitable[None]) -> None:
+                await asyncio.sleep(spec.event_hold_s)
+                await action
+
             await load(requests[:cut_a], "both replicas")
             async with aiohttp.ClientSession() as session:
                 await _set_state(session, sidecar_1, "warming")
-                await asyncio.gather(
-                    load(requests[cut_a:cut_b], "pre-warm"), asyncio.sleep(spec.event_hold_s)
-                )
-                await _set_state(session, sidecar_1, "ready")
-                await asyncio.sleep(spec.event_hold_s)
+                ready_again = _set_state(session, sidecar_1, "ready")
+                await asyncio.gather(load(requests[cut_a:cut_b], "pre-warm"), after_hold(ready_again))
                 await _set_state(session, sidecar_1, "draining")
-                await asyncio.sleep(spec.event_hold_s)
-            replica_1 = fleet.replicas[1]
-            assert replica_1.sidecar is not None
-            await sup.stop(replica_1.sidecar)  # scale-down: the sidecar deregisters
+            # scale-down after the drain: the sidecar deregisters while traffic goes on
+            scale_down = sup.stop(stopping)
+            await asyncio.gather(load(requests[cut_b:], "drain, scale-down"), after_hold(scale_down))
             replica_1.sidecar, replica_1.sidecar_url = None, None
-            await load(requests[cut_b:], "one replica")
-            await asyncio.sleep(3 * spec.scrape_interval_s)  # let the last samples be scraped
+            await _wait_for_view_size(gateways, 1)
+            await asyncio.sleep(4 * spec.scrape_interval_s)  # let the last samples be scraped
             end = time.time()
         except BaseException:
             prometheus.stop()
@@ -166,14 +186,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=40.0, help="requests per second (wall clock)")
     parser.add_argument("--out", type=Path, required=True, help="directory for the report's PNGs")
     parser.add_argument("--port", type=int, default=0, help="Prometheus port (0: a free one)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="emulator speed-up (1: real time)")
+    parser.add_argument("--hold", type=float, default=10.0, help="seconds replica-1 stays warming/draining")
+    parser.add_argument("--rate-window", type=float, default=15.0, help="rate() window of the report, s")
     args = parser.parse_args(argv)
     from prefixfleet.fleet.processes import free_port
 
-    spec = ScenarioSpec(requests=args.requests, rate_rps=args.rate)
+    spec = ScenarioSpec(
+        requests=args.requests, rate_rps=args.rate, time_scale=args.time_scale, event_hold_s=args.hold
+    )
     with tempfile.TemporaryDirectory(prefix="pf-observed-") as tmp:
         prometheus, run = asyncio.run(run_scenario(spec, Path(tmp), args.port or free_port(), progress=True))
         try:
-            window = Window(run.start, run.end, step_s=2.0, rate_window_s=20.0)
+            window = Window(run.start, run.end, step_s=2.0, rate_window_s=args.rate_window)
             source = PrometheusSource(prometheus.url)
             written = write_report(source, args.out, window, fleet=run.fleet, namespace=run.namespace)
         finally:
