@@ -39,6 +39,11 @@ class CacheMirror:
         self._ticks: deque[tuple[int, float]] = deque(maxlen=_TICK_SAMPLES)
         self.hot_prefixes: dict[int, HotPrefix] = {}
         self._chain_cache: ChainCache = {}
+        # prediction quality: what the mirror said was cached vs what the engine reported
+        self.compared_requests = 0
+        self.predicted_tokens_total = 0
+        self.reported_tokens_total = 0
+        self.overpredicted_tokens_total = 0
 
     def namespace_seed(self, namespace: object) -> int:
         return salted_seed(self.identity_seed, namespace if isinstance(namespace, str) else None)
@@ -59,6 +64,10 @@ class CacheMirror:
 
     def correct(self, predicted_tokens: int, reported_cached_tokens: int, *, ran_alone: bool) -> int:
         """Reconcile with the engine's report for one request; return tokens evicted from the mirror."""
+        self.predicted_tokens_total += predicted_tokens
+        self.reported_tokens_total += reported_cached_tokens
+        self.overpredicted_tokens_total += max(predicted_tokens - reported_cached_tokens, 0)
+        self.compared_requests += 1
         if not ran_alone or reported_cached_tokens >= predicted_tokens:
             return 0
         # Another request's prefill may still have been running when this one arrived; only a

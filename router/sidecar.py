@@ -39,6 +39,7 @@ from .proxying import (
 )
 from .radix import CacheFullError, as_token_bytes
 from .records import LoadReport, MemberRecord, encode_record, validate_state, validate_worker_id
+from .redis_conn import connect_redis
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -164,9 +165,7 @@ class Sidecar:
             auto_decompress=False,
         )
         if self.config.redis_url:
-            self.redis = aioredis.from_url(
-                self.config.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
-            )
+            self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
         self._tasks = [asyncio.create_task(self._engine_watch())]
         if self.redis is not None:
             self._tasks.append(asyncio.create_task(self._publish_loop()))
@@ -408,6 +407,12 @@ class Sidecar:
                 "model": self.s.engine.model,
                 "revision": self.s.engine.revision,
                 "load": {k: getattr(report, k) for k in report.__dataclass_fields__},
+                "mirror": {
+                    "compared_requests": self.s.mirror.compared_requests,
+                    "predicted_cached_tokens": self.s.mirror.predicted_tokens_total,
+                    "engine_cached_tokens": self.s.mirror.reported_tokens_total,
+                    "overpredicted_tokens": self.s.mirror.overpredicted_tokens_total,
+                },
             }
         )
 

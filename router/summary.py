@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import json
+import operator
 import struct
 import sys
 from array import array
@@ -211,7 +213,8 @@ def decode_summary(data: bytes) -> Summary:
     blocks.frombytes(data[end:])
     if sys.byteorder != "little":
         blocks.byteswap()
-    if any(blocks[i] >= blocks[i + 1] for i in range(len(blocks) - 1)):
+    # strictly increasing, checked at C speed (a Python-level loop cost ms per big summary)
+    if not all(map(operator.lt, blocks, itertools.islice(blocks, 1, None))):
         raise SummaryError("summary: block hashes must be sorted ascending without duplicates")
     hot: list[HotNode] = []
     for i, item in enumerate(hot_raw):  # type: ignore[arg-type]
