@@ -103,6 +103,48 @@ def _serves_model(url: str, model: str) -> Callable[[], Awaitable[bool]]:
     return ready
 
 
+def metric_series(text: str, name: str) -> dict[str, float]:
+    """Prometheus text exposition: label-string -> value for every sample of metric ``name``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        rest = head[len(name) :]
+        if rest and not rest.startswith("{"):
+            continue  # a longer metric name sharing the prefix
+        try:
+            out[rest] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+async def scrape(urls: Sequence[str], name: str) -> list[float]:
+    """Sum of metric ``name`` on each URL's /metrics (NaN where unreachable)."""
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for url in urls:
+            try:
+                async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    text = await resp.text()
+                out.append(sum(metric_series(text, name).values()))
+            except (aiohttp.ClientError, TimeoutError):
+                out.append(float("nan"))
+    return out
+
+
+async def gateway_decisions(url: str) -> dict[str, float]:
+    """Routing decisions by reason, from the gateway's own metrics."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as resp,
+    ):
+        text = await resp.text()
+    series = metric_series(text, "prefixfleet_gateway_routing_decisions_total")
+    return {labels.strip("{}"): value for labels, value in series.items()}
+
+
 def router_row(run: LoadRun) -> dict[str, Any]:
     s = run.summary
     return {
@@ -239,7 +281,10 @@ async def run_compare(
     skipped: dict[str, str] = {}
     latency: dict[str, Any] = {}
 
+    shares: dict[str, list[float]] = {}
+
     async def replay(name: str, targets: Sequence[str]) -> None:
+        before = await scrape(fleet.engine_urls, "sglang:num_requests_total")
         runs[name] = await run_load(
             requests,
             targets,
@@ -251,6 +296,10 @@ async def run_compare(
             desc=name,
             model=engine.model,  # sglang-router rejects completions without one (422)
         )
+        after = await scrape(fleet.engine_urls, "sglang:num_requests_total")
+        served = [a - b for a, b in zip(after, before, strict=True)]
+        total = sum(served)
+        shares[name] = [round(x / total, 4) if total else float("nan") for x in served]
 
     before = machine_load()
     async with Supervisor(options.run_dir) as sup:
@@ -259,6 +308,7 @@ async def run_compare(
         await fleet.reset()
         await fleet.start_gateways(DEFAULT_POLICY)
         await replay("prefixfleet", fleet.gateway_urls)
+        decisions = await gateway_decisions(fleet.gateway_urls[0])
         latency = await measure_added_latency(
             fleet.gateway_urls[0],
             fleet.engine_urls,
@@ -311,7 +361,8 @@ async def run_compare(
             "machine": {"before": before, "after": machine_load()},
         },
         "details": {
-            **{name: router_detail(run) for name, run in runs.items()},
+            **{name: {**router_detail(run), "engine_share": shares.get(name)} for name, run in runs.items()},
+            "prefixfleet_routing_decisions": decisions,
             "added_latency": latency["detail"],
         },
         "acceptance": acceptance(routers, latency["added"]),
