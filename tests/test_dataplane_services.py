@@ -25,6 +25,7 @@ import aiohttp
 import pytest
 from fleet_fixtures import RedisServer, Spawned, Spawner, free_port, prefixfleet_argv, wait_for_http
 
+from prefixfleet.router.blockhash import CacheIdentity, block_hashes
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
 from prefixfleet.tokenizer import tokenize
@@ -515,3 +516,15 @@ async def test_the_sidecar_mirror_tracks_the_engine_cache_through_a_streamed_con
     async with http.get(f"{fleet.engine_urls[0]}/get_server_info") as resp:
         engine_tokens = (await resp.json())["internal_states"][0]["cached_tokens_in_tree"]
     assert mirror_tokens == engine_tokens  # prompt + streamed answer, exactly as the engine caches
+
+    # the sidecar's hot prefixes (pod-local, for pre-warming another replica) name their hashes
+    async def hot_listed() -> bool:
+        async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot") as resp:
+            return bool((await resp.json())["prefixes"])
+
+    await eventually(hot_listed, what="a summary with hot prefixes")
+    async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot") as resp:
+        top = (await resp.json())["prefixes"][0]
+    identity = CacheIdentity("emulated-llm", "main").seed()
+    assert f"{block_hashes(top['input_ids'], identity)[-1]:016x}" == top["hash"]
+    assert top["num_tokens"] % 16 == 0 and top["num_tokens"] >= 96
