@@ -63,6 +63,7 @@ class EngineRequest:
     prefill_started_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
+    namespace: str | None = None  # tenant salt: its own radix root, never shared with others
 
     @property
     def prompt_tokens(self) -> int:
@@ -181,9 +182,9 @@ class EngineModel:
         self.totals.aborted_requests += 1
         return True
 
-    def _unpinned_matched_tokens(self, prompt: bytes) -> int:
+    def _unpinned_matched_tokens(self, prompt: bytes, namespace: str | None = None) -> int:
         """Matched tokens an insert would protect from eviction that no pin protects already."""
-        match = self.tree.match_prefix(prompt, touch=False)
+        match = self.tree.match_prefix(prompt, namespace, touch=False)
         node, depth, total = match.node, match.depth_in_node, 0
         while node.parent is not None and node.pin_count == 0:  # pins cover whole paths from the root
             total += depth
@@ -193,19 +194,20 @@ class EngineModel:
 
     def _try_admit(self, request: EngineRequest, now: float) -> bool:
         tree, cap = self.tree, self.config.cache_tokens
-        matched = tree.matched_tokens(request.prompt)
+        ns = request.namespace
+        matched = tree.matched_tokens(request.prompt, ns)
         new_tokens = request.prompt_tokens - matched
         need_free = (
             tree.cached_tokens + new_tokens + self.reserved_decode_tokens + request.max_new_tokens - cap
         )
         if need_free > 0:
             evictable = (
-                tree.cached_tokens - tree.pinned_tokens - self._unpinned_matched_tokens(request.prompt)
+                tree.cached_tokens - tree.pinned_tokens - self._unpinned_matched_tokens(request.prompt, ns)
             )
             if need_free > evictable:
                 return False  # the pool is held by running requests: wait for one to finish
         try:
-            result = tree.insert(request.prompt, pin=True)
+            result = tree.insert(request.prompt, ns, pin=True)
         except CacheFullError:
             return False
         excess = tree.cached_tokens + self.reserved_decode_tokens + request.max_new_tokens - cap
@@ -213,7 +215,7 @@ class EngineModel:
             try:
                 tree.evict(excess)
             except CacheFullError:  # not expected after the check above; stay consistent anyway
-                tree.release_pin(request.prompt)
+                tree.release_pin(request.prompt, ns)
                 return False
         self.reserved_decode_tokens += request.max_new_tokens
         request.cached_tokens = result.matched_tokens
@@ -229,8 +231,8 @@ class EngineModel:
             sequence = request.prompt + request.output[: request.generated * TOKEN_BYTES]
             # If the output does not fit right now, only the prompt stays cached.
             with contextlib.suppress(CacheFullError, ValueError):
-                self.tree.insert(sequence)
-        self.tree.release_pin(request.prompt)
+                self.tree.insert(sequence, request.namespace)
+        self.tree.release_pin(request.prompt, request.namespace)
 
     # -- iterations --------------------------------------------------------------------------
 

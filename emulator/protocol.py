@@ -48,6 +48,7 @@ class Call:
     batch: bool  # answer with a list (SGLang) / several choices (OpenAI)
     include_usage: bool = False
     model: str | None = None
+    cache_salt: str | None = None  # tenant isolation (vLLM's cache_salt): a separate prefix cache
 
 
 def error_body(message: str, param: str | None, status: int) -> dict[str, object]:
@@ -104,6 +105,13 @@ def _check_prompt(tokens: array, name: str, limits: Limits) -> array:
             name,
         )
     return tokens
+
+
+def _cache_salt(body: Mapping[str, object]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadRequest("cache_salt must be a string", "cache_salt")
+    return salt or None
 
 
 def _stream_usage(body: Mapping[str, object]) -> bool:
@@ -178,7 +186,8 @@ def parse_generate(body: object, limits: Limits) -> Call:
         raise BadRequest("rid must be a string (or a list of strings, one per prompt)", "rid")
     if len({r for r in rids if r is not None}) != sum(r is not None for r in rids):
         raise BadRequest("rid values must be unique", "rid")
-    return Call(tuple(prompts), tuple(max_new), tuple(rids), _bool(body, "stream"), batch)
+    stream = _bool(body, "stream")
+    return Call(tuple(prompts), tuple(max_new), tuple(rids), stream, batch, cache_salt=_cache_salt(body))
 
 
 def generate_object(snap: Snapshot, text: str, index: int | None = None) -> dict[str, object]:
@@ -241,9 +250,8 @@ def parse_completion(body: object, limits: Limits) -> Call:
         raise BadRequest("echo is not supported by the emulator", "echo")
     stream, usage, model = _common_openai(body)
     max_new = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, limits)
-    return Call(
-        tuple(prompts), (max_new,) * len(prompts), (None,) * len(prompts), stream, batch, usage, model
-    )
+    n = len(prompts)
+    return Call(tuple(prompts), (max_new,) * n, (None,) * n, stream, batch, usage, model, _cache_salt(body))
 
 
 def parse_chat(body: object, limits: Limits) -> Call:
@@ -258,7 +266,7 @@ def parse_chat(body: object, limits: Limits) -> Call:
     prompt = _check_prompt(tokenize(text), "messages", limits)
     stream, usage, model = _common_openai(body)
     max_new = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, limits)
-    return Call((prompt,), (max_new,), (None,), stream, False, usage, model)
+    return Call((prompt,), (max_new,), (None,), stream, False, usage, model, _cache_salt(body))
 
 
 def usage_object(snaps: list[Snapshot]) -> dict[str, object]:

@@ -160,7 +160,12 @@ class EngineRunner:
         self.model.check_fits(prompt_tokens, max_new_tokens)
 
     def submit(
-        self, prompt: array | Sequence[int] | bytes, max_new_tokens: int, rid: str | None = None
+        self,
+        prompt: array | Sequence[int] | bytes,
+        max_new_tokens: int,
+        rid: str | None = None,
+        *,
+        namespace: str | None = None,
     ) -> RequestHandle:
         """Queue a request. Raises :class:`RequestRejected` when it can never run here."""
         if not self.running:
@@ -168,7 +173,9 @@ class EngineRunner:
         encoded = as_token_bytes(prompt)
         words = generated_words(generation_seed(encoded), max_new_tokens)
         output = as_token_bytes(generated_tokens(words))
-        request = EngineRequest(rid or uuid.uuid4().hex, encoded, max_new_tokens, output, self.now())
+        request = EngineRequest(
+            rid or uuid.uuid4().hex, encoded, max_new_tokens, output, self.now(), namespace=namespace
+        )
         if request.rid in self._handles:
             raise RequestRejected(f"request id {request.rid!r} is already in use")
         self.model.submit(request)

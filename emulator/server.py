@@ -107,7 +107,7 @@ def _submit(engine: EngineRunner, call: Call) -> list[RequestHandle]:
     handles: list[RequestHandle] = []
     try:
         for prompt, max_new, rid in zip(call.prompts, call.max_new_tokens, call.rids, strict=True):
-            handles.append(engine.submit(prompt, max_new, rid))
+            handles.append(engine.submit(prompt, max_new, rid, namespace=call.cache_salt))
     except Exception:
         for h in handles:
             h.abort()

@@ -235,6 +235,24 @@ def _redis_env(spec: FleetSpec, default_url: str) -> JSON:
     return {"name": "REDIS_URL", "value": redis.url or default_url}
 
 
+def _redis_auth_env(spec: FleetSpec) -> list[JSON]:
+    """The Redis password from its Secret (never in args or the URL) and the TLS switch; see
+    ``prefixfleet.router.redis_conn`` for the variables the sidecar and gateway read."""
+    redis = spec.redis
+    env: list[JSON] = []
+    if redis.password_secret_ref is not None:
+        ref = redis.password_secret_ref
+        env.append(
+            {
+                "name": "PREFIXFLEET_REDIS_PASSWORD",
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    if redis.tls:
+        env.append({"name": "PREFIXFLEET_REDIS_TLS", "value": "1"})
+    return env
+
+
 def _pod_env() -> list[JSON]:
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -348,14 +366,18 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
                 "ports": [{"name": "engine", "containerPort": engine.port}],
                 "readinessProbe": _probe("engine"),
                 "resources": _resources(engine.resources),
-                **({"securityContext": _SECURITY} if engine.kind == "emulator" else {}),
+                **(
+                    {"securityContext": {**_SECURITY, "readOnlyRootFilesystem": True, "runAsNonRoot": True}}
+                    if engine.kind == "emulator"
+                    else {}
+                ),
             },
             {
                 "name": "sidecar",
                 "image": sidecar.image,
                 "command": ["prefixfleet", "router", "sidecar"],
                 "args": sidecar_args,
-                "env": [*_pod_env(), _redis_env(spec, default_redis_url)],
+                "env": [*_pod_env(), _redis_env(spec, default_redis_url), *_redis_auth_env(spec)],
                 "ports": [{"name": "http", "containerPort": sidecar.port}],
                 "readinessProbe": _probe("http"),
                 "resources": _resources(sidecar.resources),
@@ -469,7 +491,7 @@ def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
                                 "image": router.image,
                                 "command": ["prefixfleet", "router", "gateway"],
                                 "args": gateway_args,
-                                "env": [_redis_env(spec, default_redis_url)],
+                                "env": [_redis_env(spec, default_redis_url), *_redis_auth_env(spec)],
                                 "ports": [{"name": "http", "containerPort": router.port}],
                                 "readinessProbe": _probe("http"),
                                 "resources": _resources(router.resources),

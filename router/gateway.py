@@ -37,6 +37,7 @@ from .proxying import (
     sse_error_event,
 )
 from .records import WORKER_STATES
+from .redis_conn import connect_redis
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -141,9 +142,7 @@ class Gateway:
             auto_decompress=False,
         )
         if self.config.redis_url:
-            self.redis = aioredis.from_url(
-                self.config.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
-            )
+            self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
             with contextlib.suppress(Exception):
                 await self.refresh_once()  # route on a real view from the first request
             self._tasks.append(asyncio.create_task(self._refresh_loop()))

@@ -1,0 +1,447 @@
+"""Tenant isolation, secrets and least privilege.
+
+Specification:
+* a tenant is named by the request's ``cache_salt`` (vLLM's field; the gateway, the sidecar and the
+  emulator all honour it): two tenants sending identical prefixes never share a prefix node — tenant
+  B gets no cache hit from tenant A's traffic on the engines, the gateway estimates no match for it,
+  and a tenant still hits its own cache;
+* the router's choice for tenant B does not depend on which prefix tenant A sent (no side channel
+  through routing), for every registered policy;
+* no prompt text, token ids or tenant salt appear in Redis, in any service's log (at DEBUG) or in any
+  /metrics page;
+* Redis with a password: the services take it from the URL, from ``PREFIXFLEET_REDIS_PASSWORD`` or from
+  the file named by ``PREFIXFLEET_REDIS_PASSWORD_FILE``; a wrong password is an outage (warned about),
+  never a crash; the password never appears in a log;
+* the operator's pods get the Redis password from its Secret by ``secretKeyRef`` (never in args), TLS
+  by ``PREFIXFLEET_REDIS_TLS``; sidecar, gateway and emulator containers run non-root on a read-only
+  root filesystem with no capabilities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from fleet_fixtures import (
+    RedisServer,
+    Spawned,
+    Spawner,
+    free_port,
+    prefixfleet_argv,
+    redis_server_binary,
+    wait_for_http,
+    wait_for_port,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixfleet.operator.models import FleetSpec
+from prefixfleet.operator.planner import FleetRef, desired_children, replica_template
+from prefixfleet.router.blockhash import CacheIdentity
+from prefixfleet.router.policies import POLICIES, CostModel, RouteRequest, make_policy
+from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
+from prefixfleet.router.redis_conn import redacted, redis_options
+from prefixfleet.router.summary import Summary, encode_summary
+from prefixfleet.router.view import FleetView
+from prefixfleet.tokenizer import tokenize
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET_WORDS = ("zebra", "quokka", "narwhal", "axolotl", "pangolin")
+SALT_A = "salt-alpha-7f3k"
+SALT_B = "salt-bravo-9q2z"
+
+
+@dataclass
+class Fleet:
+    engines: list[Spawned] = field(default_factory=list)
+    sidecars: list[Spawned] = field(default_factory=list)
+    gateway: Spawned | None = None
+    engine_urls: list[str] = field(default_factory=list)
+    sidecar_urls: list[str] = field(default_factory=list)
+    gateway_url: str = ""
+
+    def children(self) -> list[Spawned]:
+        return [*self.engines, *self.sidecars, *([self.gateway] if self.gateway else [])]
+
+
+def start_fleet(spawn: Spawner, redis_url: str, *, engines: int = 2, env: dict[str, str] | None = None,
+                gateway_env: dict[str, str] | None = None) -> Fleet:  # fmt: skip
+    fleet = Fleet()
+    for i in range(engines):
+        port = free_port()
+        argv = prefixfleet_argv(
+            "emulator",
+            "--port",
+            str(port),
+            "--cache-tokens",
+            "20000",
+            "--time-scale",
+            "20",
+            "--log-level",
+            "debug",
+        )
+        fleet.engines.append(spawn(argv, name=f"engine{i}"))
+        fleet.engine_urls.append(f"http://127.0.0.1:{port}")
+    for i, engine_url in enumerate(fleet.engine_urls):
+        port = free_port()
+        argv = prefixfleet_argv(
+            "router", "sidecar", "--engine", engine_url, "--redis", redis_url, "--port", str(port),
+            "--worker-id", f"w{i}", "--fleet", "tn", "--publish-interval", "0.1", "--log-level", "DEBUG",
+        )  # fmt: skip
+        fleet.sidecars.append(spawn(argv, name=f"sidecar{i}", env=env))
+        fleet.sidecar_urls.append(f"http://127.0.0.1:{port}")
+    port = free_port()
+    argv = prefixfleet_argv(
+        "router", "gateway", "--redis", redis_url, "--port", str(port), "--fleet", "tn",
+        "--refresh-interval", "0.1", "--log-level", "DEBUG",
+    )  # fmt: skip
+    fleet.gateway = spawn(argv, name="gateway", env=gateway_env if gateway_env is not None else env)
+    fleet.gateway_url = f"http://127.0.0.1:{port}"
+    for child, url in zip(fleet.engines, fleet.engine_urls, strict=True):
+        wait_for_http(f"{url}/health", proc=child.proc)
+    for child, url in zip(fleet.sidecars, fleet.sidecar_urls, strict=True):
+        wait_for_http(f"{url}/prefixfleet/status", proc=child.proc)
+    wait_for_http(f"{fleet.gateway_url}/livez", proc=fleet.gateway.proc)
+    return fleet
+
+
+async def completion(http: aiohttp.ClientSession, url: str, prompt: str, salt: str | None) -> tuple[int, str]:
+    body: dict = {"prompt": prompt, "max_tokens": 2}
+    if salt is not None:
+        body["cache_salt"] = salt
+    async with http.post(f"{url}/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        data = await resp.json()
+        return data["usage"]["prompt_tokens_details"]["cached_tokens"], resp.headers["X-Prefixfleet-Worker"]
+
+
+async def metric_total(http: aiohttp.ClientSession, url: str, name: str) -> float:
+    async with http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+async def wait_all_routable(http: aiohttp.ClientSession, gateway_url: str, n: int) -> None:
+    for _ in range(200):
+        async with http.get(f"{gateway_url}/prefixfleet/view") as resp:
+            view = await resp.json()
+        if sum(w["routable"] for w in view["workers"]) == n:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"gateway never saw {n} routable workers: {view}")
+
+
+async def test_two_tenants_with_identical_prefixes_never_share_a_cache_and_nothing_leaks(spawn, redis_server):
+    fleet = start_fleet(spawn, redis_server.url)
+    system = " ".join(f"{SECRET_WORDS[i % 5]}{i}" for i in range(320))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        await wait_all_routable(http, fleet.gateway_url, 2)
+        gw = fleet.gateway_url
+        first, holder = await completion(http, gw, f"{system} question one", SALT_A)
+        assert first == 0
+        await asyncio.sleep(0.5)  # A's prefix is in its worker's summary now
+        again, holder_again = await completion(http, gw, f"{system} question two", SALT_A)
+        assert again >= 300 and holder_again == holder, "a tenant hits its own cache"
+
+        matched_before = await metric_total(http, gw, "prefixfleet_gateway_matched_tokens_total")
+        b_first, _ = await completion(http, gw, f"{system} question one", SALT_B)
+        matched_after = await metric_total(http, gw, "prefixfleet_gateway_matched_tokens_total")
+        assert b_first == 0, "tenant B got a cache hit from tenant A's prefix"
+        assert matched_after == matched_before, "the gateway estimated a match for B from A's traffic"
+        shared, _ = await completion(http, gw, f"{system} question one", None)
+        assert shared == 0, "the unsalted (shared) cache holds nothing of tenant A"
+        # every engine directly: B's prefix is a miss wherever it lands, A's is a hit where it lives
+        for engine_url in fleet.engine_urls:
+            cached, _ = await _engine_completion(http, engine_url, f"{system} question three", SALT_B + "x")
+            assert cached == 0
+        b_again, _ = await completion(http, gw, f"{system} question two", SALT_B)
+        assert b_again >= 300, "tenant B hits its own cache"
+
+        await asyncio.sleep(0.5)  # summaries published
+        pages = []
+        for url in [gw, *fleet.sidecar_urls, *fleet.engine_urls]:
+            async with http.get(f"{url}/metrics") as resp:
+                pages.append((url, await resp.text()))
+    assert_nothing_secret(redis_blob(redis_server), "Redis", tokenize(system))
+    for child in fleet.children():
+        assert child.running()
+        assert_nothing_secret(child.log().encode(), f"{child.name}'s log", None)
+    for url, page in pages:
+        assert_nothing_secret(page.encode(), f"{url}/metrics", None)
+
+
+async def _engine_completion(
+    http: aiohttp.ClientSession, url: str, prompt: str, salt: str
+) -> tuple[int, str]:
+    async with http.post(
+        f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 1, "cache_salt": salt}
+    ) as r:
+        assert r.status == 200
+        return (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"], url
+
+
+def redis_blob(server: RedisServer) -> bytes:
+    client = server.client()
+    values: list[bytes] = []
+    for key in client.scan_iter("*"):
+        values.append(key)
+        kind = client.type(key)
+        if kind == b"string":
+            values.append(client.get(key))
+        elif kind == b"hash":
+            values.extend(k + b"=" + v for k, v in client.hgetall(key).items())
+    assert values, "the fleet wrote nothing to Redis"
+    return b"\n".join(values)
+
+
+def assert_nothing_secret(blob: bytes, where: str, token_ids: object) -> None:
+    for word in (*SECRET_WORDS, SALT_A, SALT_B):
+        assert word.encode() not in blob, f"{word!r} found in {where}"
+    if token_ids is not None:
+        ids = list(token_ids)
+        for i in range(0, 30):
+            assert struct.pack("<3I", *ids[i : i + 3]) not in blob, f"raw token ids in {where}"
+            assert re.search(rf"\b{ids[i]}\b".encode(), blob) is None, f"token id {ids[i]} in {where}"
+
+
+# -- no side channel through the router's choice --------------------------------------------------------
+
+B_BLOCK = 4
+WORKERS = ("w0", "w1", "w2")
+
+
+def _view_with(summaries: dict[str, list[int]]) -> FleetView:
+    view = FleetView(block_tokens=B_BLOCK)
+    members = {
+        w: encode_record(MemberRecord(url=f"http://127.0.0.1:{9000 + i}")) for i, w in enumerate(WORKERS)
+    }
+    loads = {
+        w: encode_record(LoadReport(1, 1.0, "ready", True, 1, 0, 10, 1000.0, 0, 10_000, 1)) for w in WORKERS
+    }
+    view.apply_snapshot(members, loads, now=1.0)
+    for w in WORKERS:
+        blocks = sorted(set(summaries.get(w, [])))
+        summary = Summary(w, 1, 1.0, B_BLOCK, CacheIdentity().seed(), 0, 10_000, _array(blocks))
+        assert view.apply_summary(w, encode_summary(summary)) is None
+    return view
+
+
+def _array(values: list[int]):  # -> array('Q')
+    from array import array
+
+    return array("Q", values)
+
+
+def _decide(
+    view: FleetView, policy, tokens: list[int], salt: str | None, now: float
+) -> tuple[str, list[int]]:
+    token_bytes = as_token_bytes(tokens)
+    workers = view.routable(1.0)
+    hashes = view.request_hashes(token_bytes, salt, workers)
+    rows = view.replica_states(workers, hashes, len(tokens), now)
+    request = RouteRequest(
+        tokens=token_bytes, num_tokens=len(tokens), now=now, namespace=salt, max_new_tokens=4
+    )
+    decision = policy.choose(request, rows)
+    policy.on_routed(request, decision)
+    chain = hashes[(CacheIdentity().seed(), B_BLOCK)]
+    handle = view.record_send(str(decision.replica_id), chain, 0, now)
+    view.record_done(str(decision.replica_id), handle)
+    return str(decision.replica_id), [r.matched_tokens for r in rows]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    policy_name=st.sampled_from(sorted(POLICIES)),
+    prefix=st.lists(st.integers(0, 50), min_size=8, max_size=40),
+    other=st.lists(st.integers(51, 100), min_size=8, max_size=40),
+    a_requests=st.integers(1, 6),
+)
+def test_the_routers_choice_for_tenant_b_does_not_depend_on_tenant_a_s_prefix(
+    policy_name, prefix, other, a_requests
+):
+    """World 1: tenant A sends B's prefix; world 2: tenant A sends another prefix of the same shape.
+    Tenant B's decision and the matches it sees are identical in both worlds."""
+    other = (other * 3)[: len(prefix)]
+    results = []
+    for a_prefix in (prefix, other):
+        view = _view_with({})
+        policy = make_policy(policy_name, CostModel())
+        for i in range(a_requests):
+            chosen, _ = _decide(view, policy, [*a_prefix, 200 + i], SALT_A, now=2.0 + i)
+            # the holder's sidecar then publishes A's salted blocks
+            a_hashes = view.request_hashes(as_token_bytes([*a_prefix, 200 + i]), SALT_A, view.routable(1.0))
+            summary_blocks = a_hashes[(CacheIdentity().seed(), B_BLOCK)]
+            w = view.workers[chosen]
+            merged = sorted(set(w.summary.blocks) | set(summary_blocks))
+            seed = w.summary.identity_seed
+            w.summary = Summary(
+                chosen, w.summary.version + 1, 2.0 + i, B_BLOCK, seed, 0, 10_000, _array(merged)
+            )
+        if a_prefix is prefix:  # not vacuous: tenant A itself would match its prefix now
+            own = view.request_hashes(as_token_bytes([*prefix, 300]), SALT_A, view.routable(1.0))
+            rows = view.replica_states(view.routable(1.0), own, len(prefix) + 1, 20.0)
+            assert max(r.matched_tokens for r in rows) >= (len(prefix) // B_BLOCK) * B_BLOCK
+        results.append(_decide(view, policy, [*prefix, 300], SALT_B, now=20.0))
+    (choice_1, matched_1), (choice_2, matched_2) = results
+    assert matched_1 == matched_2 == [0] * len(WORKERS)
+    assert choice_1 == choice_2
+
+
+# -- Redis password -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def password_redis(spawn: Spawner) -> Iterator[tuple[int, str]]:
+    port = free_port()
+    password = "s3cret-pass-Wq81"
+    argv = [
+        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--requirepass", password,
+    ]  # fmt: skip
+    child = spawn(argv, name="redis-auth")
+    wait_for_port(port, proc=child.proc)
+    yield port, password
+
+
+async def test_redis_password_from_env_file_or_url_and_a_wrong_one_is_an_outage_not_a_crash(
+    spawn, password_redis, tmp_path
+):
+    port, password = password_redis
+    url = f"redis://127.0.0.1:{port}/0"
+    secret_file = tmp_path / "redis-password"
+    secret_file.write_text(password + "\n")
+    fleet = start_fleet(
+        spawn, url, engines=1,
+        env={"PREFIXFLEET_REDIS_PASSWORD": password},  # sidecar: env var (a Secret via secretKeyRef)
+        gateway_env={"PREFIXFLEET_REDIS_PASSWORD_FILE": str(secret_file)},  # gateway: a mounted Secret
+    )  # fmt: skip
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        await wait_all_routable(http, fleet.gateway_url, 1)  # membership came through Redis
+        _, worker = await completion(http, fleet.gateway_url, "hello secured fleet", None)
+        assert worker == "w0"
+        # a password in the URL works too
+        url_port = free_port()
+        url_gateway = spawn(
+            prefixfleet_argv(
+                "router", "gateway", "--redis", f"redis://:{password}@127.0.0.1:{port}/0",
+                "--port", str(url_port), "--fleet", "tn", "--refresh-interval", "0.1",
+            ),
+            name="gateway-url-password", ready_url=f"http://127.0.0.1:{url_port}/livez",
+        )  # fmt: skip
+        await wait_all_routable(http, f"http://127.0.0.1:{url_port}", 1)
+        # a wrong password: the gateway warns, stays up, has no worker (503), never crashes
+        bad_port = free_port()
+        bad = spawn(
+            prefixfleet_argv(
+                "router", "gateway", "--redis", url, "--port", str(bad_port), "--fleet", "tn",
+                "--refresh-interval", "0.1",
+            ),
+            name="gateway-bad-password", env={"PREFIXFLEET_REDIS_PASSWORD": "wrong"},
+        )  # fmt: skip
+        wait_for_http(f"http://127.0.0.1:{bad_port}/livez", proc=bad.proc)
+        async with http.post(f"http://127.0.0.1:{bad_port}/v1/completions", json={"prompt": "x"}) as resp:
+            assert resp.status == 503
+        for _ in range(100):
+            if "redis unavailable" in bad.log():
+                break
+            await asyncio.sleep(0.05)
+        assert "redis unavailable" in bad.log() and bad.running()
+    for child in [*fleet.children(), url_gateway, bad]:
+        assert password not in child.log(), f"password in {child.name}'s log"
+        assert "Traceback" not in child.log()
+
+
+def test_redis_options_read_the_password_from_env_or_file_and_upgrade_to_tls(tmp_path):
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    assert redis_options("redis://h:6379/0", {}) == ("redis://h:6379/0", {})
+    assert redis_options("redis://h:6379/0", {"PREFIXFLEET_REDIS_PASSWORD": "p"})[1] == {"password": "p"}
+    assert redis_options("redis://h/0", {"PREFIXFLEET_REDIS_PASSWORD_FILE": str(secret)})[1] == {
+        "password": "from-file"
+    }
+    env = {"PREFIXFLEET_REDIS_PASSWORD": "p", "PREFIXFLEET_REDIS_USERNAME": "fleet"}
+    assert redis_options("redis://h/0", env)[1] == {"password": "p", "username": "fleet"}
+    # a password in the URL wins
+    assert redis_options("redis://:u@h/0", {"PREFIXFLEET_REDIS_PASSWORD": "p"}) == ("redis://:u@h/0", {})
+    url, opts = redis_options(
+        "redis://h/0", {"PREFIXFLEET_REDIS_TLS": "1", "PREFIXFLEET_REDIS_CA_FILE": "/ca.pem"}
+    )
+    assert url == "rediss://h/0" and opts == {"ssl_ca_certs": "/ca.pem"}
+    assert redis_options("rediss://h/0", {})[0] == "rediss://h/0"
+    assert redacted("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    with pytest.raises(ValueError, match="PREFIXFLEET_REDIS_PASSWORD_FILE"):
+        redis_options("redis://h/0", {"PREFIXFLEET_REDIS_PASSWORD_FILE": str(tmp_path / "missing")})
+
+
+# -- the operator's pods ---------------------------------------------------------------------------------
+
+FLEET = FleetRef(name="chat", namespace="team-a", uid="uid-1", generation=1)
+
+
+def secured_spec(**redis: object) -> FleetSpec:
+    return FleetSpec.model_validate(
+        {"model": {"name": "m"}, "engine": {"kind": "emulator"}, "replicas": 2, "redis": redis}
+    )
+
+
+def pods(spec: FleetSpec) -> dict[str, tuple[dict, dict]]:
+    """container name -> (container, its pod's securityContext): replica pod and gateway Deployment."""
+    template, _ = replica_template(FLEET, spec, "redis://default:6379/0")
+    out = {c["name"]: (c, template["spec"]["securityContext"]) for c in template["spec"]["containers"]}
+    for child in desired_children(FLEET, spec, "redis://default:6379/0"):
+        if child["kind"] == "Deployment":
+            pod = child["spec"]["template"]["spec"]
+            out.update({c["name"]: (c, pod["securityContext"]) for c in pod["containers"]})
+    return out
+
+
+def containers(spec: FleetSpec) -> dict[str, dict]:
+    return {name: container for name, (container, _) in pods(spec).items()}
+
+
+def test_the_redis_password_reaches_sidecar_and_gateway_only_through_a_secret_ref():
+    spec = secured_spec(
+        url="redis://redis.infra:6379/0",
+        passwordSecretRef={"name": "redis-auth", "key": "password"},
+        tls=True,
+    )
+    found = containers(spec)
+    for name in ("sidecar", "gateway"):
+        env = {e["name"]: e for e in found[name]["env"]}
+        assert env["PREFIXFLEET_REDIS_PASSWORD"]["valueFrom"] == {
+            "secretKeyRef": {"name": "redis-auth", "key": "password"}
+        }
+        assert env["PREFIXFLEET_REDIS_TLS"]["value"] == "1"
+        assert "value" not in env["PREFIXFLEET_REDIS_PASSWORD"]
+        assert not any("password" in str(a).lower() for a in found[name]["args"])
+    assert "PREFIXFLEET_REDIS_PASSWORD" not in {e["name"] for e in found["engine"].get("env", [])}
+    url_from_secret = containers(secured_spec(secretRef={"name": "redis-url", "key": "url"}))
+    env = {e["name"]: e for e in url_from_secret["sidecar"]["env"]}
+    assert env["REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "redis-url", "key": "url"}}
+
+
+def test_operator_pods_run_non_root_read_only_and_without_capabilities():
+    found = pods(secured_spec())
+    assert set(found) == {"engine", "sidecar", "gateway"}
+    for name, (container, pod_security) in found.items():
+        sc = container["securityContext"]
+        assert sc.get("runAsNonRoot", pod_security.get("runAsNonRoot")) is True, name
+        assert sc["readOnlyRootFilesystem"] is True, name
+        assert sc["allowPrivilegeEscalation"] is False, name
+        assert sc["capabilities"] == {"drop": ["ALL"]}, name
+
+
+def test_secret_words_are_really_in_the_prompts_used_above():
+    # guards the leak test against a vacuous pass (e.g. a tokenizer that drops these words)
+    ids = tokenize(" ".join(SECRET_WORDS))
+    assert len(ids) == len(SECRET_WORDS)
+    assert json.dumps({"cache_salt": SALT_A}).count(SALT_A) == 1
