@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefixfleet.tokenizer import tokenize
 
@@ -48,6 +49,7 @@ from .requests import (
     InferenceRequest,
     parse_inference_request,
 )
+from .sidecar_metrics import exposition, fetch_engine_metrics, sidecar_registry
 from .slow_clients import ClientTimeouts, body_deadline
 from .summary import DEFAULT_MAX_BLOCKS, encode_summary
 
@@ -138,6 +140,7 @@ class Sidecar:
         self.session: aiohttp.ClientSession | None = None
         self.redis: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.metrics = sidecar_registry(lambda: self.s)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -152,6 +155,7 @@ class Sidecar:
         app.router.add_get("/prefixfleet/hot", self.handle_hot)
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)
+        app.router.add_get("/metrics", self.handle_metrics)
         app.router.add_route("*", "/{tail:.*}", self.handle_proxy)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -189,6 +193,7 @@ class Sidecar:
     async def _engine_watch(self) -> None:
         """Learn the engine's identity and capacity, then keep probing its health."""
         assert self.session is not None
+        failed_probes = 0
         while True:
             try:
                 if not self.s.engine.known:
@@ -198,10 +203,19 @@ class Sidecar:
                 ) as resp:
                     await resp.read()
                     self.s.engine_ok = resp.status == 200
+                if self.s.engine_ok and failed_probes >= 2:
+                    # Back after an outage: most likely a restarted engine with an empty cache and
+                    # possibly another model revision. Forget the mirror and re-read the identity.
+                    log.warning("engine %s is back: resetting the cache mirror", self.config.engine_url)
+                    self.s.mirror.flush()
+                    self.s.engine.known = False
+                    await self._fetch_engine_info()
+                failed_probes = 0 if self.s.engine_ok else failed_probes + 1
                 if self.s.engine_ok and self.s.engine.known and self.s.load.in_flight == 0:
                     await self._reconcile_cached_tokens()
             except (aiohttp.ClientError, TimeoutError, OSError):
                 self.s.engine_ok = False
+                failed_probes += 1
             await asyncio.sleep(1.0 if self.s.engine.known else 0.2)
 
     async def _reconcile_cached_tokens(self) -> None:
@@ -393,6 +407,13 @@ class Sidecar:
             log.info("state %s -> %s", previous, state)
             self.s.state_changed.set()
         return web.json_response({"worker_id": self.s.worker_id, "state": state, "previous": previous})
+
+    async def handle_metrics(self, _request: web.Request) -> web.Response:
+        """The engine's metrics followed by the sidecar's own (docs/metrics.md)."""
+        assert self.session is not None
+        engine = await fetch_engine_metrics(self.session, self.config.engine_url)
+        body = exposition(engine, self.metrics)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def handle_status(self, _request: web.Request) -> web.Response:
         report = self.load_report()

@@ -241,6 +241,18 @@ async def test_a_killed_engines_in_flight_requests_are_retried_and_succeed(spawn
     await eventually(lambda: _not_routable(http, gw, "w0"), what="w0 to leave the routable set")
     status, _, headers = await post(http, f"{gw}/generate", bodies[0])
     assert status == 200 and headers["X-Prefixfleet-Worker"] == "w1"
+    # the engine comes back (same port, empty cache): its sidecar forgets what the old one held
+    port = fleet.engine_urls[0].rsplit(":", 1)[1]
+    spawn(prefixfleet_argv("emulator", "--port", port, "--time-scale", "20"), name="engine0-again",
+          ready_url=f"{fleet.engine_urls[0]}/health")  # fmt: skip
+    await eventually(lambda: _routable(http, gw, "w0"), what="w0 to be routable again")
+    async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/status") as resp:
+        assert (await resp.json())["load"]["cached_tokens"] == 0
+    assert "resetting the cache mirror" in fleet.sidecars[0].log()
+
+
+async def _routable(http: aiohttp.ClientSession, gw: str, worker: str) -> bool:
+    return bool((await view_of(http, gw))[worker]["routable"])
 
 
 async def _not_routable(http: aiohttp.ClientSession, gw: str, worker: str) -> bool:
