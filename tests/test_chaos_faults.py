@@ -13,9 +13,12 @@ Specification (short runs of the ``prefixfleet chaos`` scenarios; the long runs 
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
+from fleet_fixtures import prefixfleet_argv
 
 from prefixfleet.chaos.scenarios import ChaosFleet, engine_kill, gateway_kill, redis_outage, soak
 from prefixfleet.chaos.traffic import TrafficPlan
@@ -76,3 +79,31 @@ async def test_a_short_soak_holds_its_rate_with_no_errors_and_bounded_gateway_me
     rss = report["gateway_rss_mib"]
     assert rss["start"] is not None and rss["max"] < 400, rss  # generous: a Python gateway is ~60-90 MiB
     assert len(report["samples"]) >= 5
+
+
+def test_the_chaos_command_prints_its_figures_and_writes_json(tmp_path: Path):
+    out = tmp_path / "soak.json"
+    argv = prefixfleet_argv(
+        "chaos", "soak", "--duration", "3", "--rate", "10", "--replicas", "1", "--json", str(out),
+        "--run-dir", str(tmp_path / "run"),
+    )  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "== chaos soak ==" in done.stdout and "gateway RSS MiB" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["overall"]["requests"] == 30 and report["overall"]["ok"] == 30
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["engine-kill", "--replicas", "1"], "--replicas must be at least 2"),
+        (["gateway-kill", "--gateways", "1"], "--gateways must be at least 2"),
+        (["soak", "--rate", "0"], "--rate must be a positive number"),
+        (["redis-outage", "--outage", "-1"], "--outage must be positive"),
+        (["soak", "--policy", "nope"], "unknown --policy"),
+    ],
+)
+def test_bad_chaos_flags_are_refused_with_one_line(args, message):
+    done = subprocess.run(prefixfleet_argv("chaos", *args), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
