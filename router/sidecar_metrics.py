@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -110,3 +111,16 @@ def exposition(engine_text: bytes | None, registry: CollectorRegistry) -> bytes:
     if not engine_text:
         return own
     return engine_text + (b"" if engine_text.endswith(b"\n") else b"\n") + own
+
+
+async def fetch_engine_metrics(session: aiohttp.ClientSession, engine_url: str) -> bytes | None:
+    """The engine's ``/metrics`` in the classic text format, or None if it does not answer."""
+    try:
+        async with session.get(
+            f"{engine_url}/metrics",
+            headers={"Accept": "text/plain"},  # never OpenMetrics: its `# EOF` would end our part
+            timeout=aiohttp.ClientTimeout(total=5),
+        ) as resp:
+            return await resp.read() if resp.status == 200 else None
+    except (aiohttp.ClientError, OSError, TimeoutError):
+        return None

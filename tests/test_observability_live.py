@@ -145,8 +145,13 @@ def test_report_renders_the_main_panels_from_that_prometheus(observed: Observed,
     assert (out / "overview.png").stat().st_size > 20_000
     summary = json.loads((out / "report.json").read_text())
     for panel in reported:
-        last = summary["panels"][panel.slug]["last"]
-        assert any(v is not None for v in last.values()), f"{panel.slug}: no data in the report"
+        got = summary["panels"][panel.slug]
+        values = (
+            [v for per in got["at_end"].values() for v in per.values()]
+            if "at_end" in got
+            else got["last"].values()
+        )
+        assert any(v is not None for v in values), f"{panel.slug}: no data in the report"
     hit_rate = summary["panels"]["hit-rate-fleet"]["last"]["engines (measured)"]
     assert 0.0 < hit_rate <= 1.0  # tenants share prefixes: the fleet must report some hits
 
@@ -176,3 +181,12 @@ def test_report_refuses_bad_flags_by_name(tmp_path: Path, flags: list[str], mess
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_sidecars_expose_their_own_metrics_next_to_the_engines(observed: Observed) -> None:
+    sel = f'fleet="{observed.run.fleet}", pod="replica-1"'
+    drained = observed.query_range(f'max_over_time(prefixfleet_sidecar_state{{{sel}, state="draining"}}[1h])')
+    assert drained["status"] == "success" and has_number(drained)
+    assert max(float(v) for _, v in drained["data"]["result"][0]["values"]) == 1.0
+    engine = observed.query_range(f"sglang:num_requests_total{{{sel}}}")  # same scrape, same target
+    assert has_number(engine)

@@ -246,6 +246,17 @@ def last_value(s: Series) -> float | None:
     return None
 
 
+def _panel_summary(panel: Panel, series: Sequence[Series]) -> dict[str, Any]:
+    out: dict[str, Any] = {"title": panel.title, "unit": panel.unit}
+    if panel.kind == "table":  # bars: {stack label: {category: value}} at the window's end
+        out["at_end"] = {
+            s.label: {f"{c:g}": v for c, v in zip(s.times, s.values, strict=True)} for s in series
+        }
+    else:
+        out["last"] = {s.label: last_value(s) for s in series}
+    return out
+
+
 def write_report(
     source: PrometheusSource,
     out: Path,
@@ -295,10 +306,7 @@ def write_report(
         "end": window.end,
         "step_s": window.step_s,
         "rate_window_s": window.rate_window_s,
-        "panels": {
-            p.slug: {"title": p.title, "unit": p.unit, "last": {s.label: last_value(s) for s in series}}
-            for p, series in data
-        },
+        "panels": {p.slug: _panel_summary(p, series) for p, series in data},
     }
     report_json = out / "report.json"
     report_json.write_text(json.dumps(summary, indent=2) + "\n")
