@@ -78,3 +78,37 @@ def test_percentiles_interpolate_like_numpy() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5
     assert percentile([5.0], 0.99) == 5.0
     assert summarize([], 1.0).completed == 0
+
+
+def test_load_command_writes_its_summary(tmp_path: Path, capsys) -> None:
+    import json
+    import subprocess
+    import time
+    import urllib.request
+
+    from prefixfleet.cli import main
+    from prefixfleet.fleet.processes import free_port
+
+    port = free_port()
+    argv = emulator_argv(port, EngineSettings(time_scale=20))
+    engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):  # bounded wait for /health
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        out = tmp_path / "load.json"
+        status = main(
+            ["load", "--target", f"http://127.0.0.1:{port}", "--workload", "lab-burst", "--limit", "6",
+             "--speedup", "4", "--json", str(out), "--no-progress"]
+        )  # fmt: skip
+    finally:
+        engine.terminate()
+        engine.wait(timeout=10)
+    assert status == 0
+    summary = json.loads(out.read_text())
+    assert (summary["requests"], summary["completed"], summary["errors"]) == (6, 6, 0)
+    assert 0.0 < summary["hit_rate"] < 1.0  # the lab's tenants repeat their 4096-token prefixes
+    assert "lab-burst" in capsys.readouterr().out

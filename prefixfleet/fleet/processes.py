@@ -293,7 +293,10 @@ class RedisEndpoint:
 
 async def start_redis(supervisor: Supervisor, *, name: str = "redis") -> RedisEndpoint:
     """Start the embedded Redis-compatible server on a free loopback port, in-memory only."""
-    binary = redis_server_binary()
+    try:
+        binary = redis_server_binary()
+    except FileNotFoundError as exc:
+        raise ChildFailedError(name, str(exc)) from None
     port = supervisor.allocate_port()
     argv = [
         str(binary),
