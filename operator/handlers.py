@@ -18,20 +18,25 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
+import redis
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.records import decode_load
+from prefixfleet.router.summary import SummaryError
 
 from .kube import Kube, load_api_client
 from .membership import desired_members, plan_membership
 from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
 from .planner import (
+    ANNOTATION_DRAINING_SINCE,
     ANNOTATION_SPEC_HASH,
+    ANNOTATION_STATE,
     LABEL_MANAGED_BY,
     LABEL_ROLE,
     MANAGER,
@@ -53,6 +58,7 @@ RECONCILE_INTERVAL_S = float(os.environ.get("PREFIXFLEET_RECONCILE_INTERVAL", "1
 ANNOTATION_VICTIMS = "prefixfleet.io/victims"
 FINALIZER = "prefixfleet.io/cleanup"
 REDIS_TIMEOUT_S = 2.0
+DRAIN_SECONDS = float(os.environ.get("PREFIXFLEET_DRAIN_SECONDS", "15"))
 
 
 @dataclass
@@ -64,6 +70,7 @@ class OperatorContext:
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
     redis_clients: dict[str, aioredis.Redis] = field(default_factory=dict)
+    sync_redis_clients: dict[str, redis.Redis] = field(default_factory=dict)
     reconciles: int = 0
     last_reconcile: float = 0.0
 
@@ -73,6 +80,14 @@ class OperatorContext:
                 url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
             )
         return self.redis_clients[url]
+
+    def sync_redis(self, url: str) -> redis.Redis:
+        """For the reconcile's worker thread (the async clients belong to the event loop)."""
+        if url not in self.sync_redis_clients:
+            self.sync_redis_clients[url] = redis.Redis.from_url(
+                url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+            )
+        return self.sync_redis_clients[url]
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,9 @@ async def close_clients(memo: kopf.Memo, **_: Any) -> None:
     for client in ctx.redis_clients.values():
         with contextlib.suppress(Exception):
             await client.aclose()
+    for sync_client in ctx.sync_redis_clients.values():
+        with contextlib.suppress(Exception):
+            sync_client.close()
 
 
 @kopf.on.probe(id="reconciles")
@@ -247,6 +265,8 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
             if kind == "Deployment":
                 router_ready = int((child.get("status") or {}).get("readyReplicas") or 0)
     redis_url = resolve_redis_url(ctx, namespace, fleet.get("spec") or {})
+    if redis_url and any(p.draining for p in pods):
+        pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
     observed = ObservedState(
         pods=pods,
@@ -256,9 +276,17 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         victims=victims,
         redis_url=redis_url,
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
+        drain_seconds=DRAIN_SECONDS,
     )
     plan = plan_reconcile(ref, spec, observed)
 
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for pod_name in plan.drain_pods:
+        kube.annotate(
+            "Pod", namespace, pod_name, {ANNOTATION_STATE: "draining", ANNOTATION_DRAINING_SINCE: stamp}
+        )
+    for pod_name in plan.undrain_pods:
+        kube.annotate("Pod", namespace, pod_name, {ANNOTATION_STATE: None, ANNOTATION_DRAINING_SINCE: None})
     for deletion in plan.delete_pods:
         kube.delete("Pod", namespace, deletion.name)
     for manifest in plan.create_pods:
@@ -273,6 +301,24 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     if changes:
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
     return ReconcileOutcome(fleet, plan.events, spec, ref, pods, redis_url)
+
+
+def with_in_flight(
+    ctx: OperatorContext, redis_url: str, ref: FleetRef, pods: tuple[ObservedPod, ...]
+) -> tuple[ObservedPod, ...]:
+    """Draining pods with their sidecars' in-flight counts (load records); unknown stays None."""
+    keys = FleetKeys(ref.redis_fleet)
+    out = []
+    for pod in pods:
+        if pod.draining:
+            try:
+                raw = ctx.sync_redis(redis_url).get(keys.load(pod.name))
+                if raw is not None:
+                    pod = replace(pod, in_flight=decode_load(raw).in_flight)
+            except (RedisError, OSError, SummaryError):
+                pass  # unknown: the drain then lasts its full time
+        out.append(pod)
+    return tuple(out)
 
 
 async def publish_membership(ctx: OperatorContext, outcome: ReconcileOutcome, logger: logging.Logger) -> None:

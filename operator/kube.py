@@ -124,6 +124,19 @@ class Kube:
             raise
         return True
 
+    def annotate(self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations; a vanished object is fine."""
+        try:
+            self.request(
+                "PATCH",
+                self.path(kind, namespace, name),
+                body={"metadata": {"annotations": dict(annotations)}},
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
     def patch_status(self, kind: str, namespace: str, name: str, status: JSON) -> None:
         self.request(
             "PATCH",

@@ -45,6 +45,11 @@ ANNOTATION_SPEC_HASH = "prefixfleet.io/spec-hash"
 ANNOTATION_PORT_MAP = "prefixfleet.io/port-map"
 # The replica's routing state as the autoscaler sets it (ready | warming | draining).
 ANNOTATION_STATE = "prefixfleet.io/state"
+# Set by the operator when it starts draining a replica it is about to remove (RFC 3339 time).
+ANNOTATION_DRAINING_SINCE = "prefixfleet.io/draining-since"
+# A drain lasts at least this long even when the sidecar reports no request in flight, so every
+# gateway has refreshed its membership view (they poll every 0.2 s by default) before deletion.
+MIN_DRAIN_S = 2.0
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MANAGER = "prefixfleet-operator"
 MAX_SURGE = 1
@@ -80,6 +85,17 @@ class ObservedPod:
     port_map: Mapping[int, int] = field(default_factory=dict)
     deletion_cost: int = 0
     state: str = "ready"
+    draining_since: str = ""  # set by the operator when it drains the pod before removing it
+    in_flight: int | None = None  # requests in flight at its sidecar (load record), if known
+
+    @property
+    def draining(self) -> bool:
+        return bool(self.draining_since)
+
+    @property
+    def serving(self) -> bool:
+        """Ready and taking new requests."""
+        return self.ready and not self.draining and self.alive
 
     @property
     def failed(self) -> bool:
@@ -102,6 +118,9 @@ class ObservedState:
     # The image the operator was deployed with (chart: PREFIXFLEET_IMAGE); it replaces the models'
     # default project image so sidecars, gateways and emulators run the same release as the operator.
     project_image: str = ""
+    # A ready replica is drained (membership state "draining": gateways send it nothing new) before
+    # it is deleted: until its sidecar reports nothing in flight, at most this long.
+    drain_seconds: float = 15.0
     now: datetime = field(default_factory=lambda: datetime.now(tz=UTC))
 
 
@@ -137,11 +156,15 @@ class ReconcilePlan:
     children: tuple[ChildChange, ...] = ()
     status: JSON = field(default_factory=dict)
     events: tuple[PlannedEvent, ...] = ()
+    drain_pods: tuple[str, ...] = ()  # annotate state=draining + draining-since=now
+    undrain_pods: tuple[str, ...] = ()  # drained by us but wanted again: remove both annotations
 
     @property
     def is_noop(self) -> bool:
         """Nothing to change in the cluster (status and events aside)."""
-        return not (self.create_pods or self.delete_pods or self.children)
+        return not (
+            self.create_pods or self.delete_pods or self.children or self.drain_pods or self.undrain_pods
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,6 +195,7 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         port_map=port_map,
         deletion_cost=cost,
         state=annotations.get(ANNOTATION_STATE, "ready"),
+        draining_since=annotations.get(ANNOTATION_DRAINING_SINCE, ""),
     )
 
 
@@ -524,13 +548,44 @@ def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
 
 
 def _removal_order(pods: Sequence[ObservedPod], victims: Sequence[str]) -> list[ObservedPod]:
-    """Which pods to remove first: not ready, then the autoscaler's victims in its order, then the
-    lowest ``pod-deletion-cost``, then the newest (least time to have warmed a cache)."""
+    """Which pods to remove first: those already draining, not ready, then the autoscaler's victims
+    in its order, then the lowest ``pod-deletion-cost``, then the newest (least warmed cache)."""
     rank = {name: i for i, name in enumerate(victims)}
     return sorted(
         pods,
-        key=lambda p: (p.ready, rank.get(p.name, len(rank)), p.deletion_cost, _neg(p.created), p.name),
+        key=lambda p: (
+            not p.draining,
+            p.ready,
+            rank.get(p.name, len(rank)),
+            p.deletion_cost,
+            _neg(p.created),
+            p.name,
+        ),
     )
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def drained(pod: ObservedPod, now: datetime, drain_seconds: float) -> bool:
+    """A draining pod may go: nothing in flight after the minimum drain, or the drain timed out."""
+    since = _parse_time(pod.draining_since)
+    if since is None:
+        return True  # an unreadable marker must not keep a pod forever
+    waited = (now - since).total_seconds()
+    return waited >= drain_seconds or (waited >= MIN_DRAIN_S and pod.in_flight == 0)
+
+
+@dataclass
+class PodPlan:
+    create: list[int] = field(default_factory=list)
+    delete: list[PodDeletion] = field(default_factory=list)
+    drain: list[str] = field(default_factory=list)
+    undrain: list[str] = field(default_factory=list)
 
 
 def _neg(text: str) -> tuple[int, ...]:
@@ -547,41 +602,55 @@ def _free_indices(pods: Sequence[ObservedPod], fleet: FleetRef, count: int) -> l
     return out
 
 
-def plan_pods(
-    fleet: FleetRef, replicas: int, template_hash: str, observed: ObservedState
-) -> tuple[list[int], list[PodDeletion]]:
-    """Indices of replica pods to create and pods to delete (see the module docstring)."""
-    deletions = [
+def plan_pods(fleet: FleetRef, replicas: int, template_hash: str, observed: ObservedState) -> PodPlan:
+    """Replica pods to create, drain, undrain and delete (see the module docstring)."""
+    out = PodPlan()
+    out.delete = [
         PodDeletion(p.name, f"pod {p.phase.lower()}") for p in observed.pods if p.failed and not p.terminating
     ]
+    retiring: set[str] = set()
+
+    def retire(pod: ObservedPod, reason: str) -> bool:
+        """Remove a pod, draining it first if it serves; True when it is deleted now."""
+        retiring.add(pod.name)
+        if (
+            not pod.ready
+            or observed.drain_seconds <= 0
+            or (pod.draining and drained(pod, observed.now, observed.drain_seconds))
+        ):
+            out.delete.append(PodDeletion(pod.name, reason))
+            return True
+        if not pod.draining:
+            out.drain.append(pod.name)
+        return False
+
     alive = [p for p in observed.pods if p.alive]
     current = [p for p in alive if p.template_hash == template_hash]
     outdated = [p for p in alive if p.template_hash != template_hash]
     creates = 0
     if not outdated:
-        if len(current) < replicas:
-            creates = replicas - len(current)
+        creates = max(0, replicas - len(current))
         for pod in _removal_order(current, observed.victims)[: max(0, len(current) - replicas)]:
-            deletions.append(PodDeletion(pod.name, "scale down"))
+            retire(pod, "scale down")
     else:
-        ready_total = sum(p.ready for p in alive)
+        serving_total = sum(p.serving for p in alive)
         remaining_outdated = len(outdated)
         for pod in outdated:
-            if not pod.ready:
-                deletions.append(PodDeletion(pod.name, "outdated and not ready"))
-                remaining_outdated -= 1
-        for pod in sorted((p for p in outdated if p.ready), key=lambda p: (p.created, p.name)):
-            # max unavailable 0: keep `replicas` ready pods; more than replicas + surge never exist
-            if ready_total - 1 >= replicas or len(current) + remaining_outdated > replicas + MAX_SURGE:
-                deletions.append(PodDeletion(pod.name, "rolling update"))
-                ready_total -= 1
-                remaining_outdated -= 1
+            if not pod.ready or pod.draining:
+                remaining_outdated -= retire(pod, "rolling update")
+        for pod in sorted((p for p in outdated if p.serving), key=lambda p: (p.created, p.name)):
+            # max unavailable 0: keep `replicas` serving pods; more than replicas + surge never exist
+            if serving_total - 1 >= replicas or len(current) + remaining_outdated > replicas + MAX_SURGE:
+                serving_total -= 1
+                remaining_outdated -= retire(pod, "rolling update")
         budget = replicas + MAX_SURGE - len(current) - remaining_outdated
         creates = max(0, min(replicas - len(current), budget))
         if len(current) > replicas:
             for pod in _removal_order(current, observed.victims)[: len(current) - replicas]:
-                deletions.append(PodDeletion(pod.name, "scale down"))
-    return _free_indices(observed.pods, fleet, creates), deletions
+                retire(pod, "scale down")
+    out.undrain = [p.name for p in alive if p.draining and p.name not in retiring]
+    out.create = _free_indices(observed.pods, fleet, creates)
+    return out
 
 
 def _condition(
@@ -622,7 +691,7 @@ def plan_status(
     failed = [p for p in observed.pods if p.failed]
     want = spec.replicas
     router_ok = spec.router.replicas == 0 or observed.router_ready_replicas >= 1
-    all_ready = len(current_ready) >= want and not outdated and len(alive) == want
+    all_ready = len([p for p in current_ready if p.serving]) >= want and not outdated
     if want == 0:
         ready_cond = (True, "ScaledToZero", "spec.replicas is 0")
     elif all_ready and router_ok:
@@ -635,6 +704,8 @@ def plan_status(
         progressing = (True, "RollingUpdate", f"{len(outdated)} replica(s) on an old template")
     elif len(alive) < want or creates:
         progressing = (True, "ScalingUp", f"{len(alive)} -> {want} replicas")
+    elif any(p.draining for p in alive):
+        progressing = (True, "Draining", "draining: " + ", ".join(p.name for p in alive if p.draining))
     elif len(alive) > want:
         progressing = (True, "ScalingDown", f"{len(alive)} -> {want} replicas")
     elif len(ready) < want:
@@ -694,8 +765,8 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     """Everything the operator should change now to move the cluster toward ``spec``."""
     spec = with_project_image(spec, observed.project_image)
     template, template_hash = replica_template(fleet, spec, observed.redis_url)
-    indices, deletions = plan_pods(fleet, spec.replicas, template_hash, observed)
-    pods = tuple(replica_pod(fleet, template, template_hash, k) for k in indices)
+    pod_plan = plan_pods(fleet, spec.replicas, template_hash, observed)
+    pods = tuple(replica_pod(fleet, template, template_hash, k) for k in pod_plan.create)
     children = []
     for manifest in desired_children(fleet, spec, observed.redis_url):
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
@@ -707,14 +778,24 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     events: list[PlannedEvent] = []
     for pod in pods:
         events.append(PlannedEvent("Normal", "CreatingReplica", f"creating pod {pod['metadata']['name']}"))
-    for d in deletions:
+    for name in pod_plan.drain:
+        events.append(PlannedEvent("Normal", "DrainingReplica", f"draining pod {name} before removing it"))
+    for d in pod_plan.delete:
         kind: EventType = "Warning" if d.reason.startswith("pod ") else "Normal"
         events.append(PlannedEvent(kind, "DeletingReplica", f"deleting pod {d.name}: {d.reason}"))
     for change in children:
         verb = "creating" if change.action == "create" else "updating"
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
-    status = plan_status(fleet, spec, observed, template_hash, len(pods), deletions)
-    return ReconcilePlan(tuple(pods), tuple(deletions), tuple(children), status, tuple(events))
+    status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete)
+    return ReconcilePlan(
+        tuple(pods),
+        tuple(pod_plan.delete),
+        tuple(children),
+        status,
+        tuple(events),
+        tuple(pod_plan.drain),
+        tuple(pod_plan.undrain),
+    )
 
 
 def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: ObservedState) -> JSON:

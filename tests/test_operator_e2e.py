@@ -47,6 +47,7 @@ class OperatorProcess:
             "KUBECONFIG": str(self.cluster.kubeconfig),
             "PREFIXFLEET_WATCH_SERVER_TIMEOUT": "20",
             "PREFIXFLEET_RECONCILE_INTERVAL": "3",
+            "PREFIXFLEET_DRAIN_SECONDS": "5",
         }
         argv = [
             str(Path(sys.executable).parent / "prefixfleet"),
@@ -258,6 +259,22 @@ def test_fleet_lifecycle_through_kubectl(fleet_env: tuple[EmulatedCluster, Opera
     assert wait_for(lambda: {k: v["url"] for k, v in members(redis_url).items()} == sidecar_urls(cluster), 15,
                     what="membership to follow the rolled pods")  # fmt: skip
 
+    # scaling down drains the victim first: requests sent meanwhile all succeed
+    cluster.kubectl("scale", f"pcf/{FLEET}", "--replicas=2")
+    served = 0
+    with httpx.Client(timeout=30) as client:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not converged(cluster, 2):
+            body = {"text": prompt + f"drain question {served}?", "sampling_params": {"max_new_tokens": 4}}
+            resp = client.post(f"{gateway}/generate", json=body)
+            assert resp.status_code == 200, resp.text
+            served += 1
+    assert converged(cluster, 2) and served > 0
+    drains = cluster.kubectl_json("get", "events", "--field-selector", f"involvedObject.name={FLEET}")[
+        "items"
+    ]
+    assert "DrainingReplica" in {e["reason"] for e in drains}
+
     # kubectl delete removes every child, the processes and the membership
     cluster.kubectl("delete", "pcf", FLEET, "--timeout=30s")
     wait_for(lambda: not pods(cluster), 20, what="replica pods to be deleted")
@@ -286,7 +303,11 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(
         operator.start()
     wait_for(lambda: converged(cluster, 3), 60, what="convergence after the restarts")
     names = sorted(p["metadata"]["name"] for p in pods(cluster))
-    assert names == [f"{FLEET}-replica-{i}" for i in range(3)]
+    events = cluster.kubectl_json("get", "events", "--field-selector", f"involvedObject.name={FLEET}")[
+        "items"
+    ]
+    history = [f"{e['reason']}: {e['message']}" for e in events]
+    assert names == [f"{FLEET}-replica-{i}" for i in range(3)], history
     assert created_names <= set(names)  # nothing was created and later found surplus
     uid = cluster.kubectl_json("get", "pcf", FLEET)["metadata"]["uid"]
     for pod in pods(cluster):  # no orphans: every pod is owned by the fleet

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from prefixfleet.operator.models import FleetSpec
 from prefixfleet.operator.planner import (
@@ -37,6 +37,8 @@ def template_hash(s: FleetSpec) -> str:
 
 
 def state(pods: list[ObservedPod], children: dict[str, str] | None = None, **kw: object) -> ObservedState:
+    """Observed state; drains are instant unless a test asks for them (drain_seconds)."""
+    kw.setdefault("drain_seconds", 0.0)
     return ObservedState(pods=pods, children=children or {}, redis_url="redis://r:6379/0", now=NOW, **kw)
 
 
@@ -65,6 +67,10 @@ def apply(plan: ReconcilePlan, observed: ObservedState, ready: bool = True) -> O
                 created=f"2026-01-01T00:{len(pods):02d}:00Z",
             )
         )
+    drain, undrain = set(plan.drain_pods), set(plan.undrain_pods)
+    stamp = observed.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    pods = [replace(p, draining_since=stamp) if p.name in drain else p for p in pods]
+    pods = [replace(p, draining_since="") if p.name in undrain else p for p in pods]
     children = dict(observed.children)
     for change in plan.children:
         children[change.key] = change.manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
@@ -211,6 +217,55 @@ def test_the_operators_own_image_replaces_the_default_project_image() -> None:
     assert (
         deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.local/prefixfleet:dev"
     )
+
+
+def test_a_serving_replica_is_drained_before_it_is_deleted() -> None:
+    h = template_hash(spec(3))
+    pods = [pod(f"chat-replica-{i}", h, created=f"2026-01-01T00:0{i}:00Z") for i in range(3)]
+    observed = state(pods, drain_seconds=15.0)
+    first = plan_reconcile(FLEET, spec(2), observed)
+    assert first.drain_pods == ("chat-replica-2",) and not first.delete_pods
+    assert any(e.reason == "DrainingReplica" for e in first.events)
+    draining = apply(first, observed)
+    progressing = next(c for c in plan_reconcile(FLEET, spec(2), draining).status["conditions"]
+                       if c["type"] == "Progressing")  # fmt: skip
+    assert progressing["reason"] == "Draining"
+
+    def at(seconds: float, in_flight: int | None) -> ReconcilePlan:
+        later = [replace(p, in_flight=in_flight) for p in draining.pods]
+        return plan_reconcile(
+            FLEET, spec(2), replace(draining, pods=later, now=NOW + timedelta(seconds=seconds))
+        )
+
+    assert at(1, 0).is_noop  # gateways may not have seen the drain yet
+    assert at(5, 3).is_noop  # requests still in flight
+    assert [d.name for d in at(5, 0).delete_pods] == ["chat-replica-2"]  # drained
+    assert [d.name for d in at(16, 3).delete_pods] == ["chat-replica-2"]  # drain timed out
+
+
+def test_a_drain_is_undone_when_the_replica_is_wanted_again() -> None:
+    h = template_hash(spec(3))
+    pods = [pod(f"chat-replica-{i}", h) for i in range(3)]
+    pods[2] = replace(pods[2], draining_since="2026-01-01T00:00:00Z")
+    plan = plan_reconcile(FLEET, spec(3), state(pods, drain_seconds=15.0))
+    assert plan.undrain_pods == ("chat-replica-2",) and not plan.delete_pods and not plan.create_pods
+
+
+def test_a_rolling_update_with_drains_keeps_serving_capacity() -> None:
+    observed, _ = converge(spec(2), state([]))
+    observed = replace(observed, drain_seconds=15.0)
+    new = spec(2, args=["--cache-tokens", "5000"])
+    for step in range(40):
+        plan = plan_reconcile(FLEET, new, observed)
+        if plan.is_noop and not any(p.draining for p in observed.pods):
+            break
+        observed = apply(plan, observed)
+        assert sum(p.serving for p in observed.pods) >= 2 or step == 0
+        assert len([p for p in observed.pods if p.alive]) <= 3
+        observed = replace(observed, now=observed.now + timedelta(seconds=20))  # drains time out
+    else:
+        raise AssertionError("rolling update with drains did not converge")
+    assert {p.template_hash for p in observed.pods} == {template_hash(new)} and len(observed.pods) == 2
 
 
 def test_a_fleet_without_redis_is_degraded() -> None:
