@@ -32,7 +32,9 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import random
 import re
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -42,13 +44,34 @@ from typing import Any
 
 import aiohttp
 
-from prefixfleet.fleet.processes import Child, Supervisor, free_port
+from prefixfleet.fleet.processes import Child, Supervisor
 
 JSON = dict[str, Any]
 PORT_MAP_ANNOTATION = "prefixfleet.io/port-map"
 PORT_MAPS_ANNOTATION = "prefixfleet.io/port-maps"
 PROBE_INTERVAL_S = 0.5
 MAX_RESTARTS = 5
+
+
+# Host ports for pods come from below the kernel's ephemeral range (32768+ by default), so an
+# outgoing connection elsewhere on the machine cannot take one between picking and binding it.
+HOST_PORT_RANGE = (20000, 32000)
+
+
+def pick_host_port(taken: set[int]) -> int:
+    """A free loopback port outside the ephemeral range, not handed out before (bounded tries)."""
+    for _ in range(200):
+        port = random.randrange(*HOST_PORT_RANGE)
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    raise RuntimeError("no free loopback port found for a pod")
 
 
 def prefixfleet_executable() -> Path:
@@ -147,6 +170,7 @@ class Kubelet:
         self.deployments: dict[str, list[Instance]] = {}
         self._deployment_hash: dict[str, str] = {}
         self.supervisor = Supervisor(run_dir, stop_timeout_s=3)
+        self.ports: set[int] = set()  # host ports handed out (never reused within a run)
         self.session: aiohttp.ClientSession | None = None
 
     # -- API -------------------------------------------------------------------------------------
@@ -202,7 +226,9 @@ class Kubelet:
             await self._stop_instance(self.pods.pop(key))
             current = None
         if current is None and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
-            instance = Instance(meta.get("uid", key), {p: free_port() for p in declared_ports(pod["spec"])})
+            instance = Instance(
+                meta.get("uid", key), {p: pick_host_port(self.ports) for p in declared_ports(pod["spec"])}
+            )
             self.pods[key] = instance
             instance.task = asyncio.create_task(self._run_pod(key, pod, instance))
 
@@ -359,7 +385,10 @@ class Kubelet:
             "spec": template.get("spec", {}),
         }
         while len(instances) < replicas:
-            inst = Instance(f"{key}#{len(instances)}", {p: free_port() for p in declared_ports(pod["spec"])})
+            inst = Instance(
+                f"{key}#{len(instances)}",
+                {p: pick_host_port(self.ports) for p in declared_ports(pod["spec"])},
+            )
             instances.append(inst)
             inst.task = asyncio.create_task(self._run_deployment_instance(dep, pod, inst))
         if replicas == 0:
