@@ -230,16 +230,30 @@ class FleetView:
         floor = wall_now - self.overlay_ttl_s
         if summary is not None:
             floor = max(floor, summary.generated_at - OVERLAY_SUMMARY_SLACK_S)
-        n = 0
-        for h in hashes:
+
+        def present(i: int) -> bool:
+            h = hashes[i]
             if summary is not None and summary.has_block(h):
-                n += 1
-                continue
+                return True
             sent = overlay.get(h)
-            if sent is None or sent < floor:
-                break
-            n += 1
-        return n * block_tokens
+            return sent is not None and sent >= floor
+
+        # Both sources are prefix-closed (a summary keeps parents of what it keeps; a send records its
+        # whole chain and re-sending a prefix only refreshes it), so the matched blocks are a prefix
+        # of the chain: binary search for its end. A non-holder costs one lookup, a holder log2(n).
+        n = len(hashes)
+        if n == 0 or not present(0):
+            return 0
+        if present(n - 1):
+            return n * block_tokens
+        lo, hi = 0, n - 1  # present(lo), not present(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if present(mid):
+                lo = mid
+            else:
+                hi = mid
+        return (lo + 1) * block_tokens
 
     def replica_states(
         self,
