@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -441,3 +442,27 @@ def test_a_reused_chain_cache_gives_the_same_summary_as_hashing_from_scratch(fir
     cached, _ = build_summary(tree, chain_cache=cache, **kwargs)
     fresh, _ = build_summary(tree, **kwargs)
     assert list(cached.blocks) == list(fresh.blocks) and cached.hot == fresh.hot
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    token_seqs,
+    st.lists(st.tuples(st.lists(st.integers(0, 5), max_size=30), st.floats(0, 60)), max_size=8),
+    st.lists(st.integers(0, 5), max_size=30),
+    st.floats(0, 100),
+)
+def test_matched_tokens_over_summary_and_overlay_equal_a_linear_walk(seqs, sends, query, now):
+    """The binary search relies on summary ∪ overlay being prefix-closed; check it against a walk."""
+    view = FleetView(block_tokens=B, overlay_ttl_s=30.0)
+    w = view.add_static("http://w")
+    w.summary = dataclasses.replace(_summary_of(_tree_with(seqs)), generated_at=0.0)  # overlay counts
+    for tokens, t in sorted(sends, key=lambda s: s[1]):
+        view.record_send(w.worker_id, block_hashes(tokens, SEED, B), 0, wall_now=t)
+    chain = block_hashes(query, SEED, B)
+    floor = max(now - 30.0, w.summary.generated_at - 1.0)
+    walk = 0
+    for h in chain:
+        if not (w.summary.has_block(h) or w.overlay.get(h, float("-inf")) >= floor):
+            break
+        walk += 1
+    assert view.matched_tokens(w, chain, B, wall_now=now) == walk * B
