@@ -33,7 +33,7 @@ from prefixfleet.observability.local_prometheus import LocalPrometheus
 from prefixfleet.observability.scenario import ALERTS, ObservedRun, ScenarioSpec, run_scenario
 
 RATE_WINDOW = "10s"  # >= 4 scrape intervals of the scenario's 1 s
-SPEC = ScenarioSpec(fleet="observed", requests=240, rate_rps=40.0, event_hold_s=2.0)
+SPEC = ScenarioSpec(fleet="observed", requests=240, rate_rps=40.0, event_hold_s=3.0)
 
 
 @dataclass(frozen=True)
