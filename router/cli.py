@@ -116,6 +116,12 @@ def register(subparsers: Any) -> None:
     gw.add_argument("--log-level", default="INFO")
     gw.set_defaults(func=run_gateway)
 
+    ins = sub.add_parser("inspect", help="show what a fleet published in Redis (members, load, summaries)")
+    ins.add_argument("--redis", required=True, metavar="URL")
+    ins.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME")
+    ins.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    ins.set_defaults(func=run_inspect)
+
 
 def _check_common(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
@@ -223,6 +229,54 @@ def run_gateway(args: argparse.Namespace) -> int:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
     )
     return _run(serve(config))
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Print the fleet's records; exit 1 when any is missing or malformed."""
+    import time
+
+    import redis.asyncio as aioredis
+
+    from .inspect import fleet_report, format_report, report_json
+    from .keys import FleetKeys
+    from .redis_conn import connect_redis, redacted
+
+    if not args.redis.startswith(("redis://", "rediss://", "unix://")):
+        raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    try:
+        keys = FleetKeys(args.fleet)
+    except ValueError as exc:
+        raise _usage_error(f"--fleet: {exc}") from None
+
+    async def read() -> dict[str, Any]:
+        client = connect_redis(args.redis, timeout_s=3.0)
+        try:
+            members = await client.hgetall(keys.members)
+            ids = [k.decode() if isinstance(k, bytes) else k for k in members]
+            loads = await client.mget([keys.load(w) for w in ids]) if ids else []
+            summaries = await client.mget([keys.summary(w) for w in ids]) if ids else []
+        finally:
+            await client.aclose()
+        return fleet_report(
+            dict(zip(ids, members.values(), strict=True)),
+            dict(zip(ids, loads, strict=True)),
+            dict(zip(ids, summaries, strict=True)),
+            time.time(),
+        )
+
+    try:
+        report = asyncio.run(read())
+    except (aioredis.RedisError, OSError) as exc:
+        raise _usage_error(f"cannot read {redacted(args.redis)}: {exc}") from None
+    if args.json == "-":
+        print(report_json(report))
+    else:
+        print(f"fleet {args.fleet}: {len(report['workers'])} member(s)")
+        print(format_report(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(report_json(report) + "\n")
+    return 0 if report["healthy"] else 1
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -390,6 +390,18 @@ async def test_malformed_records_in_redis_are_ignored_and_the_gateway_keeps_serv
             assert resp.status == 200
     assert all(child.running() for child in fleet.gateways)
     assert "Traceback" not in fleet.gateways[0].log()
+    # the operator's view of the same records: every problem named, exit status 1
+    import subprocess
+
+    done = subprocess.run(
+        prefixfleet_argv("router", "inspect", "--redis", fleet.redis.url, "--fleet", FLEET, "--json", "-"),
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    rows = {r["worker_id"]: r for r in json.loads(done.stdout)["workers"]}
+    assert not rows["w0"]["problems"] and rows["w0"]["summary_blocks"] > 0
+    assert any("bad magic" in p or "summary:" in p for p in rows["ghost"]["problems"])
+    assert any(p.startswith("member:") for p in rows["junk"]["problems"])
 
 
 # -- worker states and static workers ----------------------------------------------------------------
