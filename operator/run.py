@@ -8,11 +8,19 @@ liveness endpoint for the Deployment's probe.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 from typing import Any
 
 from prefixfleet.cli import UsageError
+
+# Modules whose import registers kopf handlers; later parts (e.g. the autoscaler's timer) add theirs
+# here and are skipped while they do not exist.
+HANDLER_MODULES: tuple[str, ...] = (
+    "prefixfleet.operator.handlers",
+    "prefixfleet.operator.autoscale_handlers",
+)
 
 
 def register(subparsers: Any) -> None:
@@ -52,7 +60,12 @@ def run_operator(args: argparse.Namespace) -> int:
         raise UsageError(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
     import kopf
 
-    from . import handlers  # noqa: F401  (registers the handlers with kopf's default registry)
+    for name in HANDLER_MODULES:
+        try:
+            importlib.import_module(name)  # registers its handlers with kopf's default registry
+        except ModuleNotFoundError as exc:
+            if not (exc.name and name.startswith(exc.name)):
+                raise
 
     kopf.configure(verbose=args.verbose)
     memo = kopf.Memo(default_redis_url=args.redis)

@@ -37,6 +37,7 @@ class OperatorProcess:
 
     def __init__(self, cluster: EmulatedCluster, redis_url: str) -> None:
         self.cluster, self.redis_url = cluster, redis_url
+        self.extra_args: list[str] = []
         self.log_path = cluster.workdir / "operator.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
@@ -57,6 +58,7 @@ class OperatorProcess:
             self.redis_url,
             "--liveness",
             self.liveness_url,
+            *self.extra_args,
         ]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -289,6 +291,7 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(
     fleet_env: tuple[EmulatedCluster, OperatorProcess], tmp_path: Path
 ) -> None:
     cluster, operator = fleet_env
+    operator.extra_args = ["--namespace", "default"]  # the restarted operators serve one namespace
     cluster.apply(fleet_manifest(tmp_path / "fleet.yaml", replicas=3))
     created_names: set[str] = set()
     # PREFIXFLEET_E2E_OPERATOR_KILLS=20 for the reliability figure; 4 keeps the suite fast
