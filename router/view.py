@@ -27,7 +27,7 @@ DEFAULT_DEAD_AFTER_S = 3.0
 DEFAULT_OVERLAY_TTL_S = 30.0
 OVERLAY_SUMMARY_SLACK_S = 1.0  # a summary generated this long after a send surely includes it
 SUSPECT_S = 2.0  # a worker that refused a connection sits out this long
-MAX_OVERLAY_PER_WORKER = 65536
+MAX_OVERLAY_PER_WORKER = 16384  # ~260k tokens of recent sends; summaries normally prune it first
 _RESTRICTIVENESS = {"ready": 0, "warming": 1, "draining": 2}
 
 
