@@ -315,3 +315,24 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(
     uid = cluster.kubectl_json("get", "pcf", FLEET)["metadata"]["uid"]
     for pod in pods(cluster):  # no orphans: every pod is owned by the fleet
         assert [ref["uid"] for ref in pod["metadata"]["ownerReferences"]] == [uid]
+
+
+@pytest.mark.timeout(120)
+def test_an_invalid_fleet_is_reported_not_acted_on(
+    fleet_env: tuple[EmulatedCluster, OperatorProcess],
+) -> None:
+    # The emulated API server has no schema validation (a real one refuses this with the CRD's
+    # schema); the operator must still refuse it itself, naming the field, and create nothing.
+    cluster, _ = fleet_env
+    bad = {"apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet", "metadata": {"name": FLEET},
+           "spec": {"model": {"name": "m"}, "engine": {"kind": "tpu"}, "replicas": 2}}  # fmt: skip
+    cluster.apply(json.dumps(bad))
+
+    def degraded() -> dict[str, Any] | None:
+        conditions = fleet_status(cluster).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "Degraded" and c["status"] == "True"), None)
+
+    condition_ = wait_for(degraded, 30, what="Degraded=True on the invalid fleet")
+    assert condition_["reason"] == "InvalidSpec" and "spec.engine.kind" in condition_["message"]
+    assert pods(cluster) == []
+    assert cluster.kubectl("get", "deployment", f"{FLEET}-router", check=False).returncode != 0
