@@ -8,7 +8,6 @@ are taken as they are. A batch (list of prompts) is routed by its first prompt.
 from __future__ import annotations
 
 import json
-from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -159,9 +158,3 @@ def parse_inference_request(
         tenant_salt=salt or None,
         model=model,
     )
-
-
-def token_array(req: InferenceRequest) -> array:
-    out = array("I")
-    out.frombytes(req.token_bytes)
-    return out
