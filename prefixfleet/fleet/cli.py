@@ -183,6 +183,7 @@ def run_up_command(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         cache_tokens=args.cache_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
+        output_tokens=args.max_output_tokens,
     )
     spec = FleetSpec(replicas=args.replicas, gateways=args.gateways, engine=engine)
     problems = spec.problems()

@@ -275,6 +275,7 @@ async def run_compare(
         time_scale=options.time_scale,
         cache_tokens=options.cache_tokens,
         prefill_tokens_per_s=options.prefill_tokens_per_s,
+        output_tokens=options.max_output_tokens,
     )
     spec = FleetSpec(replicas=options.replicas, gateways=options.gateways, engine=engine)
     runs: dict[str, LoadRun] = {}

@@ -316,13 +316,15 @@ def engine_for_workload(
     time_scale: float,
     cache_tokens: int | None = None,
     prefill_tokens_per_s: float | None = None,
+    output_tokens: int = 64,
 ) -> EngineSettings:
     """Engines equivalent to the fleet the workload is judged at (its ``recommended`` settings).
 
     The recommended fleet's total cache and prefill capacity are spread over ``replicas`` engines,
     and both shrink with the prompts of a scaled-down trace (the cache also with the share of groups
     sampled), so modelled prefill seconds per request and the fleet's cache-to-working-set ratio
-    stay those of the full-size workload.
+    stay those of the full-size workload. The cache is never smaller than the longest prompt plus
+    ``output_tokens``.
     """
     rec = workload.recommended
     base_replicas = int(rec.get("replicas", replicas))
@@ -334,7 +336,9 @@ def engine_for_workload(
         # of the working set (the same reuse distance in requests) as at full size.
         sampled = float(workload.settings.get("sampled_fraction", 1.0))
         full = int(rec.get("cache_tokens", 200_000))
-        cache_tokens = max(64, round(full * scale * merge * sampled))
+        # Never below what the longest request needs in the KV pool, or the engine must refuse it.
+        longest = max((r.num_tokens for r in workload.requests), default=0)
+        cache_tokens = max(longest + output_tokens + 1, round(full * scale * merge * sampled))
     if prefill_tokens_per_s is None:
         per_token = float(rec.get("prefill_s_per_token", 1.0 / _EMULATOR_DEFAULTS.prefill_tokens_per_s))
         prefill_tokens_per_s = round(scale * merge / per_token, 3)
