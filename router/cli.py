@@ -122,6 +122,17 @@ def register(subparsers: Any) -> None:
     ins.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     ins.set_defaults(func=run_inspect)
 
+    bench = sub.add_parser(
+        "bench-overhead",
+        help="latency and CPU each hop adds (engine vs sidecar vs gateway), side by side; table + JSON",
+    )
+    bench.add_argument("--requests", type=int, default=300, help="per path")
+    bench.add_argument("--rate", type=float, default=100.0, help="requests/s per path")
+    bench.add_argument("--time-scale", type=float, default=20.0, help="emulator speed-up")
+    bench.add_argument("--json", metavar="FILE")
+    bench.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    bench.set_defaults(func=run_bench_overhead)
+
 
 def _check_common(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
@@ -229,6 +240,25 @@ def run_gateway(args: argparse.Namespace) -> int:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
     )
     return _run(serve(config))
+
+
+def run_bench_overhead(args: argparse.Namespace) -> int:
+    import json
+
+    from .overhead_bench import format_table, measure
+
+    if args.requests < 1 or args.rate <= 0 or args.time_scale <= 0:
+        raise _usage_error("--requests, --rate and --time-scale must be positive")
+    try:
+        report = asyncio.run(measure(args.requests, args.rate, args.time_scale, progress=args.progress))
+    except RuntimeError as exc:
+        raise _usage_error(str(exc)) from None
+    print(format_table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return 0
 
 
 def run_inspect(args: argparse.Namespace) -> int:
