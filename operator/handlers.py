@@ -116,6 +116,10 @@ async def configure(
     settings.watching.client_timeout = settings.watching.server_timeout + 30
     settings.watching.connect_timeout = 10
     settings.watching.inactivity_timeout = settings.watching.client_timeout + 10
+    # Only our own pods and router Deployments are streamed, filtered by the API server: in a big
+    # cluster, watching every pod would cost the operator (and the API server) far more.
+    settings.watching.label_selectors["v1", "pods"] = f"{LABEL_MANAGED_BY}={MANAGER}"
+    settings.watching.label_selectors["apps", "deployments"] = f"{LABEL_MANAGED_BY}={MANAGER}"
     settings.networking.request_timeout = 30
     settings.networking.connect_timeout = 10
     settings.posting.level = logging.INFO
