@@ -348,7 +348,12 @@ def engine_for_workload(
 
 
 def sim_service(engine: EngineSettings) -> ServiceConfig:
-    """The simulator's batched service model with the emulator's timing."""
+    """The simulator's batched service model with the emulator's timing.
+
+    An emulator iteration is one prefill pass (a fixed overhead plus the uncached tokens) followed by
+    one decode step. The simulator's step has a single fixed term, so it carries both fixed costs;
+    its per-request overhead stays zero because the emulator charges nothing per request.
+    """
     rate = engine.prefill_tokens_per_s or _EMULATOR_DEFAULTS.prefill_tokens_per_s
     decode_step = (
         1.0 / engine.decode_tokens_per_s if engine.decode_tokens_per_s else _EMULATOR_DEFAULTS.decode_step_s
@@ -357,10 +362,10 @@ def sim_service(engine: EngineSettings) -> ServiceConfig:
         service="batched",
         prefill_s_per_token=1.0 / rate,
         cached_s_per_token=_EMULATOR_DEFAULTS.cached_token_cost_s,
-        request_overhead_s=_EMULATOR_DEFAULTS.prefill_overhead_s,
+        request_overhead_s=0.0,
         max_running=engine.max_running or _EMULATOR_DEFAULTS.max_running,
         step_token_budget=_EMULATOR_DEFAULTS.chunk_tokens,
-        decode_base_s=decode_step,
+        decode_base_s=decode_step + _EMULATOR_DEFAULTS.prefill_overhead_s,
         decode_s_per_seq=_EMULATOR_DEFAULTS.decode_step_per_req_s,
     )
 
