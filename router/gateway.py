@@ -310,10 +310,9 @@ class Gateway:
         key = (chosen.identity_seed(self.view.default_seed), chosen.block_tokens(self.view.block_tokens))
         chain = hashes[key]
         self.metrics.decision_latency.observe(time.perf_counter() - t0)
-        self.metrics.decided(self.policy.name, decision.reason)
-        self.metrics.prompt_tokens.labels(self.policy.name, decision.reason).inc(parsed.num_tokens)
-        self.metrics.matched_tokens.labels(self.policy.name, decision.reason).inc(row.matched_tokens)
-        self.metrics.worker_routed.labels(chosen.worker_id).inc()
+        self.metrics.routed(
+            self.policy.name, decision.reason, chosen.worker_id, parsed.num_tokens, row.matched_tokens
+        )
         self.metrics.matched_ratio.observe(
             row.matched_tokens / parsed.num_tokens if parsed.num_tokens else 0.0
         )

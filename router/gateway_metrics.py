@@ -80,7 +80,7 @@ class GatewayMetrics:
         )
         self.redis_up = Gauge(p + "redis_up", "1 when the last read of Redis succeeded.", registry=r)
         self._answered: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
-        self._decided: dict[tuple[str, str], Counter] = {}
+        self._routed: dict[tuple[str, str, str], tuple[Counter, Counter, Counter, Counter]] = {}
         # Token-weighted hit estimates: sum(matched) / sum(prompt) per reason, unlike the per-request
         # ratio histogram above, weighs a long prompt more than a short one.
         self.prompt_tokens = Counter(
@@ -143,16 +143,26 @@ class GatewayMetrics:
         children[0].inc()
         children[1].observe(seconds)
 
-    def decided(self, policy: str, reason: str) -> None:
-        key = (policy, reason)
-        child = self._decided.get(key)
-        if child is None:
-            child = self.decisions.labels(policy, reason)
-            if len(self._decided) < 256:
-                self._decided[key] = child
-        child.inc()
+    def routed(self, policy: str, reason: str, worker: str, prompt_tokens: int, matched_tokens: int) -> None:
+        """Hot path: one routing decision's counters, with their label children cached."""
+        key = (policy, reason, worker)
+        children = self._routed.get(key)
+        if children is None:
+            children = (
+                self.decisions.labels(policy, reason),
+                self.prompt_tokens.labels(policy, reason),
+                self.matched_tokens.labels(policy, reason),
+                self.worker_routed.labels(worker),
+            )
+            if len(self._routed) < 4096:  # policy reasons x workers: bounded by the fleet
+                self._routed[key] = children
+        children[0].inc()
+        children[1].inc(prompt_tokens)
+        children[2].inc(matched_tokens)
+        children[3].inc()
 
     def forget_worker(self, worker: str) -> None:
+        self._routed = {k: v for k, v in self._routed.items() if k[2] != worker}
         for metric in (self.worker_in_flight, self.summary_staleness, self.worker_routed):
             with contextlib.suppress(KeyError):
                 metric.remove(worker)
