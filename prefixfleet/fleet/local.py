@@ -22,7 +22,14 @@ import aiohttp
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.fleet.load import LoadRun, requests_from_workload, run_load
-from prefixfleet.fleet.processes import LOOPBACK, Child, RedisEndpoint, Supervisor, start_redis
+from prefixfleet.fleet.processes import (
+    LOOPBACK,
+    Child,
+    ChildFailedError,
+    RedisEndpoint,
+    Supervisor,
+    start_redis,
+)
 from prefixfleet.fleet.ranking import compare_rankings
 from prefixfleet.router.policies import make_policy
 from prefixfleet.sim.engine import ServiceConfig
@@ -149,7 +156,6 @@ class LocalFleet:
         self.redis: RedisEndpoint | None = None
         self.replicas: list[Replica] = []
         self.gateways: list[Child] = []
-        self.policy: str | None = None
 
     @property
     def engine_urls(self) -> list[str]:
@@ -169,14 +175,12 @@ class LocalFleet:
             raise RuntimeError("the fleet's Redis is not started")
         return self.redis.url
 
-    async def start_engines(self, *, with_sidecars: bool = True) -> None:
+    async def start_engines(self) -> None:
         """Redis, then every emulator (in parallel), then every sidecar (in parallel)."""
-        if with_sidecars:
-            self.redis = await start_redis(self.sup)
+        self.redis = await start_redis(self.sup)
         engines = await asyncio.gather(*(self._start_engine(i) for i in range(self.spec.replicas)))
         self.replicas = list(engines)
-        if with_sidecars:
-            await self.start_sidecars()
+        await self.start_sidecars()
 
     async def _start_engine(self, index: int) -> Replica:
         port = self.sup.allocate_port()
@@ -205,16 +209,8 @@ class LocalFleet:
         )
         replica.sidecar_url = url
 
-    async def stop_sidecars(self) -> None:
-        for replica in self.replicas:
-            if replica.sidecar is not None:
-                await self.sup.stop(replica.sidecar)
-                replica.sidecar = None
-                replica.sidecar_url = None
-
     async def start_gateways(self, policy: str) -> None:
         await self.stop_gateways()
-        self.policy = policy
         self.gateways = list(
             await asyncio.gather(*(self._start_gateway(i, policy) for i in range(self.spec.gateways)))
         )
@@ -244,16 +240,11 @@ class LocalFleet:
                     if have is None or have >= want:
                         break
                     if time.monotonic() > deadline:
-                        raise RuntimeError(
-                            f"gateway {url} sees {have} of {want} workers after {timeout_s:.0f}s"
+                        raise ChildFailedError(
+                            "gateway", f"{url} sees {have} of {want} workers after {timeout_s:.0f}s"
                         )
                     self.sup.check_alive()
                     await asyncio.sleep(0.1)
-
-    async def flush_engines(self) -> None:
-        """POST /flush_cache on every engine (retried while the engine still has requests running)."""
-        async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(_flush(session, url) for url in self.engine_urls))
 
     async def reset(self) -> None:
         """A cold fleet: no gateway, empty engine caches and sidecar mirrors.
@@ -287,11 +278,14 @@ async def _gateway_worker_count(session: aiohttp.ClientSession, url: str) -> int
 
 async def _flush(session: aiohttp.ClientSession, url: str) -> None:
     for _ in range(100):  # an engine refuses (400) while requests are still running
-        async with session.post(f"{url}/flush_cache", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-            if resp.status == 200:
-                return
+        try:
+            async with session.post(f"{url}/flush_cache", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status == 200:
+                    return
+        except (aiohttp.ClientError, TimeoutError):
+            pass  # retried below; a dead child is reported by the supervisor's liveness check
         await asyncio.sleep(0.1)
-    raise RuntimeError(f"engine {url} kept refusing /flush_cache")
+    raise ChildFailedError("engine", f"{url} kept refusing /flush_cache for 10 s")
 
 
 # -- the `up` benchmark ------------------------------------------------------------------------------
