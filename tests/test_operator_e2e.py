@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -25,83 +23,16 @@ import pytest
 import redis
 import yaml
 
-from prefixfleet.fleet.processes import free_port, redis_server_binary
-from tests.k8s.cluster import REPO, EmulatedCluster, wait_for
+from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, running_redis, wait_for
 
 FLEET = "e2e"
 REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
 
 
-class OperatorProcess:
-    """`prefixfleet operator run` against the emulated cluster; restartable, logs to a file."""
-
-    def __init__(self, cluster: EmulatedCluster, redis_url: str) -> None:
-        self.cluster, self.redis_url = cluster, redis_url
-        self.extra_args: list[str] = []
-        self.log_path = cluster.workdir / "operator.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
-
-    def start(self) -> None:
-        env = {
-            **os.environ,
-            "KUBECONFIG": str(self.cluster.kubeconfig),
-            "PREFIXFLEET_WATCH_SERVER_TIMEOUT": "20",
-            "PREFIXFLEET_RECONCILE_INTERVAL": "3",
-            "PREFIXFLEET_DRAIN_SECONDS": "5",
-        }
-        argv = [
-            str(Path(sys.executable).parent / "prefixfleet"),
-            "operator",
-            "run",
-            "--redis",
-            self.redis_url,
-            "--liveness",
-            self.liveness_url,
-            *self.extra_args,
-        ]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
 @pytest.fixture
 def redis_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    argv = [str(redis_server_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(tmp_path)]  # fmt: skip
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    try:
-        wait_for(lambda: _pings(client), 15, what="the Redis-compatible server")
+    with running_redis(tmp_path) as url:
         yield url
-    finally:
-        client.close()
-        server.terminate()
-        server.wait(10)
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.ConnectionError:
-        return False
 
 
 @pytest.fixture
@@ -113,10 +44,9 @@ def fleet_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[EmulatedCluster,
         cluster.start_kubelet()
         operator.start()
         yield cluster, operator
-    except BaseException:
-        print("--- operator log ---\n" + operator.log_tail(), file=sys.stderr)
-        raise
     finally:
+        # captured output: pytest shows it only when the test failed
+        print("--- operator log (tail) ---\n" + operator.log_tail(), file=sys.stderr)
         operator.stop()
         cluster.close()
 

