@@ -290,6 +290,8 @@ class Kubelet:
                     restart = restart_policy == "Always" or (restart_policy == "OnFailure" and code != 0)
                     if restart and instance.restarts.get(name, 0) < MAX_RESTARTS:
                         instance.restarts[name] = instance.restarts.get(name, 0) + 1
+                        # a crash-loop backs off, as the kubelet's CrashLoopBackOff does (shorter)
+                        await asyncio.sleep(min(0.25 * 2 ** instance.restarts[name], 4.0))
                         await self._start_container(name, container, pod, instance)
                         ready_flags[name] = False
                         continue
