@@ -93,3 +93,34 @@ def test_pod_runs_becomes_ready_and_dies_with_deletion(cluster: EmulatedCluster)
         raise AssertionError("pod still exists")
     except ApiException as exc:
         assert exc.status == 404
+
+
+def phase(core: kubernetes.client.CoreV1Api, name: str) -> str | None:
+    status = core.read_namespaced_pod(name, "default").status
+    return status.phase if status else None
+
+
+def test_a_container_that_exits_fails_a_never_restarting_pod(cluster: EmulatedCluster) -> None:
+    cluster.start_kubelet()
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    )
+    pod = emulator_pod("bad-0")
+    pod["spec"]["restartPolicy"] = "Never"
+    pod["spec"]["containers"][0]["args"] = ["--port", "not-a-port"]  # the emulator refuses it: exit 2
+    core.create_namespaced_pod("default", pod)
+    wait_for(lambda: phase(core, "bad-0") == "Failed", 30, what="the pod to fail")
+    status = core.read_namespaced_pod("bad-0", "default").status
+    assert "exited with 2" in status.message
+
+
+def test_a_non_prefixfleet_command_is_refused_with_a_reason(cluster: EmulatedCluster) -> None:
+    cluster.start_kubelet()
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    )
+    pod = emulator_pod("gpu-0")
+    pod["spec"]["containers"][0]["command"] = ["python3", "-m", "sglang.launch_server"]
+    core.create_namespaced_pod("default", pod)
+    wait_for(lambda: phase(core, "gpu-0") == "Failed", 15, what="the pod to fail")
+    assert core.read_namespaced_pod("gpu-0", "default").status.reason == "UnsupportedCommand"
