@@ -20,9 +20,13 @@ Specification:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
+import shutil
+import ssl
 import struct
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -72,8 +76,15 @@ class Fleet:
         return [*self.engines, *self.sidecars, *([self.gateway] if self.gateway else [])]
 
 
-def start_fleet(spawn: Spawner, redis_url: str, *, engines: int = 2, env: dict[str, str] | None = None,
-                gateway_env: dict[str, str] | None = None) -> Fleet:  # fmt: skip
+def start_fleet(
+    spawn: Spawner,
+    redis_url: str,
+    *,
+    engines: int = 2,
+    env: dict[str, str] | None = None,
+    gateway_env: dict[str, str] | None = None,
+    gateway_redis: str | None = None,
+) -> Fleet:
     fleet = Fleet()
     for i in range(engines):
         port = free_port()
@@ -100,7 +111,7 @@ def start_fleet(spawn: Spawner, redis_url: str, *, engines: int = 2, env: dict[s
         fleet.sidecar_urls.append(f"http://127.0.0.1:{port}")
     port = free_port()
     argv = prefixfleet_argv(
-        "router", "gateway", "--redis", redis_url, "--port", str(port), "--fleet", "tn",
+        "router", "gateway", "--redis", gateway_redis or redis_url, "--port", str(port), "--fleet", "tn",
         "--refresh-interval", "0.1", "--log-level", "DEBUG",
     )  # fmt: skip
     fleet.gateway = spawn(argv, name="gateway", env=gateway_env if gateway_env is not None else env)
@@ -445,3 +456,59 @@ def test_secret_words_are_really_in_the_prompts_used_above():
     ids = tokenize(" ".join(SECRET_WORDS))
     assert len(ids) == len(SECRET_WORDS)
     assert json.dumps({"cache_salt": SALT_A}).count(SALT_A) == 1
+
+
+# -- Redis over TLS ----------------------------------------------------------------------------------
+
+
+def self_signed_certificate(directory) -> tuple[str, str]:
+    cert, key = directory / "redis-cert.pem", directory / "redis-key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+async def tls_terminator(cert: str, key: str, backend_port: int) -> asyncio.Server:
+    """A TLS endpoint in front of a plain Redis (the bundled Valkey is built without TLS)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", backend_port)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+async def test_sidecar_and_gateway_reach_redis_over_tls_with_a_private_ca(spawn, password_redis, tmp_path):
+    port, password = password_redis
+    cert, key = self_signed_certificate(tmp_path)
+    server = await tls_terminator(cert, key, port)
+    tls_port = server.sockets[0].getsockname()[1]
+    env = {"PREFIXFLEET_REDIS_PASSWORD": password, "PREFIXFLEET_REDIS_CA_FILE": cert}
+    try:
+        fleet = await asyncio.to_thread(  # the TLS endpoint runs on this loop: keep it free
+            start_fleet, spawn, f"rediss://127.0.0.1:{tls_port}/0", engines=1, env=env,
+            # the gateway gets a redis:// URL and is told to upgrade it (spec.redis.tls: true)
+            gateway_env={**env, "PREFIXFLEET_REDIS_TLS": "1"}, gateway_redis=f"redis://127.0.0.1:{tls_port}/0",
+        )  # fmt: skip
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            await wait_all_routable(http, fleet.gateway_url, 1)
+            _, worker = await completion(http, fleet.gateway_url, "over tls", None)
+            assert worker == "w0"
+    finally:
+        server.close()
+        await server.wait_closed()
+    for child in fleet.children():
+        assert "Traceback" not in child.log() and "redis unavailable" not in child.log()
