@@ -26,6 +26,7 @@ _PHASES = (
     "after_restart",
     "after_kill",
     "after_kill_through_survivor",
+    "after_kill_aimed_at_dead_gateway",
 )
 
 
