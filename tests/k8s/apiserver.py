@@ -21,8 +21,10 @@ Also: merge-, JSON- (with ``test``, failing with 422 as kopf expects) and strate
 ``status`` subresource semantics (the main endpoint ignores status, ``/status`` only takes status);
 finalizers and ``deletionTimestamp``; a CustomResourceDefinition created through the API registers
 its resource (so ``kubectl apply -f crds/...`` works) and its ``additionalPrinterColumns`` drive the
-server-side Table that ``kubectl get`` asks for. There is still no scheduler, no controllers and no
-garbage collection: deleting an owner leaves its dependents (an operator must clean up).
+server-side Table that ``kubectl get`` asks for. Custom resources of a CRD created through the
+API are defaulted and validated with its schema and CEL rules (``operator/crd_admission.py``), so an
+invalid fleet is refused with 422 naming the field. There is still no scheduler, no controllers and
+no garbage collection: deleting an owner leaves its dependents (an operator must clean up).
 
 It runs in its own thread and event loop (:class:`ApiServerThread`), listening on 127.0.0.1.
 """
@@ -526,6 +528,11 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         # Callbacks run (on the server loop) after every change: kind of event, type, object.
         self.listeners: list[Callable[[str, ResourceType, JSON], None]] = []
         self.closing = False
+        # Custom resources are defaulted and validated against their CRD's schema and CEL rules
+        # (operator/crd_admission.py), as kube-apiserver does; tests may switch it off to reach
+        # the operator's own validation.
+        self.validate_custom_resources = True
+        self.crds: dict[tuple[str, str], JSON] = {}  # (group, plural) -> CRD object
         for rt in types:
             self.declare(rt)
         self._put(self.types[("", "v1", "namespaces")], {"metadata": {"name": "default"}})
@@ -611,6 +618,7 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         if rt.plural == "customresourcedefinitions" and event_type in ("ADDED", "MODIFIED"):
             for crd_type in resource_type_from_crd(obj):
                 self.declare(crd_type)
+                self.crds[(crd_type.group, crd_type.plural)] = copy.deepcopy(obj)
 
     def _put(self, rt: ResourceType, body: JSON, namespace: str | None = None) -> JSON:
         """Create an object (the body is already validated); returns the stored copy."""
@@ -760,7 +768,7 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             body = await self._body(raw)
             if params.get("dryRun"):
                 return aiohttp.web.json_response(body, status=201)
-            obj = self._put(rt, body, namespace)
+            obj = self._put(rt, self._admit(rt, body), namespace)
             return aiohttp.web.json_response(obj, status=201)
         if raw.method == "DELETE" and p.name is None:  # deletecollection
             deleted = [
@@ -805,10 +813,39 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
             else:
                 new = self._apply_patch(obj, raw.content_type, body)
             new = self._restrict_to_subresource(rt, p.subresource, obj, new)
+            if p.subresource is None:
+                new = self._admit(rt, new)
             if params.get("dryRun"):
                 return aiohttp.web.json_response(new)
             return aiohttp.web.json_response(self._replace(rt, key, obj, new))
         raise ApiError(405, "MethodNotAllowed", f"{raw.method} is not supported")
+
+    def _admit(self, rt: ResourceType, obj: Any) -> Any:
+        """Default and validate a custom resource like the API server (422 naming the fields)."""
+        crd = self.crds.get((rt.group, rt.plural))
+        if crd is None or not self.validate_custom_resources or not isinstance(obj, dict):
+            return obj
+        from prefixfleet.operator.crd_admission import apply_defaults, cel_errors, crd_schema, schema_errors
+
+        schema = crd_schema(crd)
+        defaulted = apply_defaults(schema, {k: v for k, v in obj.items() if k != "status"})
+        problems = schema_errors(schema, defaulted) or cel_errors(schema, defaulted)
+        if problems:
+            name = (obj.get("metadata") or {}).get("name", "")
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{rt.kind}.{rt.group} "{name}" is invalid: ' + "; ".join(problems),
+                {
+                    "name": name,
+                    "group": rt.group,
+                    "kind": rt.kind,
+                    "causes": [{"reason": "FieldValueInvalid", "message": m} for m in problems],
+                },
+            )
+        if "status" in obj:
+            defaulted["status"] = obj["status"]
+        return defaulted
 
     @staticmethod
     async def _body(raw: aiohttp.web.BaseRequest) -> Any:

@@ -248,3 +248,16 @@ def test_core_discovery_names_the_v1_group_version(cluster: EmulatedCluster) -> 
     scale = next(r for r in httpx.get(f"{cluster.api.url}/apis/apps/v1", timeout=5).json()["resources"]
                  if r["name"] == "deployments/scale")  # fmt: skip
     assert scale["kind"] == "Scale" and "shortNames" not in scale
+
+
+def test_invalid_custom_resources_are_refused_naming_the_field(cluster: EmulatedCluster) -> None:
+    cluster.install_crd()
+    bad = fleet_manifest("bad")
+    bad["spec"]["engine"]["kind"] = "tpu"
+    refused = cluster.kubectl("apply", "--validate=false", "-f", "-", stdin=json.dumps(bad), check=False)
+    assert refused.returncode != 0 and "spec.engine.kind" in refused.stderr
+    cluster.apply(json.dumps(fleet_manifest("good")))
+    defaulted = cluster.kubectl_json("get", "pcf", "good")
+    assert defaulted["spec"]["router"]["policy"]  # schema defaults are filled in, as by the API server
+    scaled = cluster.kubectl("scale", "pcf/good", "--replicas=-1", check=False)
+    assert scaled.returncode != 0
