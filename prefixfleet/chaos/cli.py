@@ -24,7 +24,7 @@ def _usage_error(message: str) -> Exception:
 
 SCENARIOS = {
     # name: (help, default rate, default duration, default stream fraction)
-    "engine-kill": ("kill 1 of N engines and its sidecar mid-run", 40.0, 20.0, 0.3),
+    "engine-kill": ("kill 1 of N engines and its sidecar mid-run", 40.0, 20.0, 0.5),
     "redis-outage": ("stop Redis for --outage seconds, restart it empty, time the recovery", 30.0, 50.0, 0.3),
     "gateway-kill": (
         "kill 1 of 2 gateways mid-run; the client retries on connection errors",
@@ -51,7 +51,7 @@ def register(subparsers: Any) -> None:
         p.add_argument(
             "--cache-tokens", type=int, default=40_000, help="each emulator's KV cache (default 40000)"
         )
-        tokens = 96 if name == "engine-kill" else 24  # long enough that streams are cut mid-way
+        tokens = 200 if name == "engine-kill" else 24  # long enough that streams are cut mid-way
         p.add_argument(
             "--max-tokens", type=int, default=tokens, help=f"output tokens per request (default {tokens})"
         )
