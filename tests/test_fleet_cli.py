@@ -81,3 +81,36 @@ def test_sampling_keeps_whole_groups_and_the_arrival_rate() -> None:
     assert sampled.settings["sampled_requests"] == len(sampled.requests)
     whole = Workload("w", reqs)
     assert sample_groups(whole, 500) is whole  # already small enough: untouched
+
+
+def test_engines_carry_the_recommended_fleet_capacity_scaled_with_the_trace() -> None:
+    from prefixfleet.fleet.local import engine_for_workload
+
+    # 8 recommended replicas of 1M tokens at 10k tok/s; prompts shrunk 512 -> 16; 25% of groups kept
+    reqs = [WorkloadRequest(0.0, b"\0\0\0\0" * 100, 1, "g")]
+    trace = Workload(
+        "trace:x",
+        reqs,
+        settings={"block_tokens": 16, "trace_block_tokens": 512, "sampled_fraction": 0.25},
+        recommended={"replicas": 8, "cache_tokens": 1_000_000, "prefill_s_per_token": 0.0001},
+    )
+    engine = engine_for_workload(trace, 4, time_scale=2.0, output_tokens=4)
+    assert engine.cache_tokens == round(1_000_000 * (16 / 512) * 2 * 0.25)
+    assert engine.prefill_tokens_per_s == pytest.approx(10_000 * (16 / 512) * 2)
+    assert engine.time_scale == 2.0
+    tiny = engine_for_workload(trace, 4, time_scale=1.0, cache_tokens=None, output_tokens=4)
+    assert tiny.cache_tokens >= 100 + 4 + 1  # never below the longest request
+    assert engine_for_workload(trace, 4, time_scale=1.0, cache_tokens=777).cache_tokens == 777
+
+
+def test_metric_series_reads_prometheus_text() -> None:
+    from prefixfleet.fleet.compare import metric_series
+
+    text = (
+        "# HELP sglang:num_requests_total x\n"
+        'sglang:num_requests_total{model_name="m"} 12.0\n'
+        "sglang:num_requests_total_created 1.7e9\n"
+        'prefixfleet_gateway_routing_decisions_total{policy="qa",reason="cache_hit"} 3\n'
+    )
+    assert metric_series(text, "sglang:num_requests_total") == {'{model_name="m"}': 12.0}
+    assert sum(metric_series(text, "prefixfleet_gateway_routing_decisions_total").values()) == 3.0
