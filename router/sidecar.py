@@ -118,6 +118,7 @@ class SidecarState:
     published_changes: int = -1
     load_seq: int = 0
     next_summary_at: float = 0.0  # monotonic: earliest next summary rebuild
+    engine_was_down: bool = False  # it refused a connection since it last answered
     redis_ok: bool = True
     state_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -193,7 +194,6 @@ class Sidecar:
     async def _engine_watch(self) -> None:
         """Learn the engine's identity and capacity, then keep probing its health."""
         assert self.session is not None
-        failed_probes = 0
         while True:
             try:
                 if not self.s.engine.known:
@@ -203,20 +203,24 @@ class Sidecar:
                 ) as resp:
                     await resp.read()
                     self.s.engine_ok = resp.status == 200
-                if self.s.engine_ok and failed_probes >= 2:
-                    # Back after an outage: most likely a restarted engine with an empty cache and
-                    # possibly another model revision. Forget the mirror and re-read the identity.
+                if self.s.engine_ok and self.s.engine_was_down:
+                    # It refused connections, so its process was gone: a restarted engine has an empty
+                    # cache and possibly another model revision. Forget the mirror, re-read identity.
                     log.warning("engine %s is back: resetting the cache mirror", self.config.engine_url)
+                    self.s.engine_was_down = False
                     self.s.mirror.flush()
                     self.s.engine.known = False
                     await self._fetch_engine_info()
-                failed_probes = 0 if self.s.engine_ok else failed_probes + 1
                 if self.s.engine_ok and self.s.engine.known and self.s.load.in_flight == 0:
                     await self._reconcile_cached_tokens()
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                self.s.engine_ok = False
-                failed_probes += 1
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self._engine_failed(exc)
             await asyncio.sleep(1.0 if self.s.engine.known else 0.2)
+
+    def _engine_failed(self, exc: BaseException) -> None:
+        self.s.engine_ok = False
+        if self.s.engine.known and isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
+            self.s.engine_was_down = True  # refused: not busy but gone (a timeout proves nothing)
 
     async def _reconcile_cached_tokens(self) -> None:
         """When idle, shrink the mirror to the engine's reported cache size (e.g. after an engine restart).
@@ -510,7 +514,7 @@ class Sidecar:
             try:
                 upstream = await sending
             except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                self.s.engine_ok = False
+                self._engine_failed(exc)
                 return json_error(
                     502,
                     f"engine unavailable: {exc.__class__.__name__}",
