@@ -40,6 +40,7 @@ from .planner import (
     LABEL_MANAGED_BY,
     LABEL_ROLE,
     MANAGER,
+    MIN_DRAIN_S,
     FleetRef,
     ObservedPod,
     ObservedState,
@@ -73,6 +74,7 @@ class OperatorContext:
     sync_redis_clients: dict[str, redis.Redis] = field(default_factory=dict)
     reconciles: int = 0
     last_reconcile: float = 0.0
+    followups: set[asyncio.Task[None]] = field(default_factory=set)
 
     def redis(self, url: str) -> aioredis.Redis:
         if url not in self.redis_clients:
@@ -100,6 +102,7 @@ class ReconcileOutcome:
     ref: FleetRef | None = None
     pods: tuple[ObservedPod, ...] = ()
     redis_url: str = ""
+    draining: bool = False  # a drain is in progress: look again soon, not only at the next timer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +144,8 @@ async def close_clients(memo: kopf.Memo, **_: Any) -> None:
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is None:
         return
+    for task in list(ctx.followups):
+        task.cancel()
     for client in ctx.redis_clients.values():
         with contextlib.suppress(Exception):
             await client.aclose()
@@ -223,6 +228,20 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
             await publish_membership(ctx, outcome, logger)
         for event in outcome.events:
             kopf.event(outcome.fleet, type=event.type, reason=event.reason, message=event.message)
+        if outcome.draining and not any(not t.done() for t in ctx.followups):
+            task = asyncio.create_task(reconcile_later(ctx, namespace, name, logger, MIN_DRAIN_S + 0.5))
+            ctx.followups.add(task)
+            task.add_done_callback(ctx.followups.discard)
+
+
+async def reconcile_later(
+    ctx: OperatorContext, namespace: str, name: str, logger: logging.Logger, delay: float
+) -> None:
+    await asyncio.sleep(delay)
+    try:
+        await reconcile(ctx, namespace, name, logger)
+    except Exception as exc:  # the timer retries; a follow-up must not die noisily
+        logger.warning("follow-up reconcile of %s/%s failed: %s", namespace, name, exc)
 
 
 def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
@@ -304,7 +323,8 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     changes = status_changes(current_status, plan.status)
     if changes:
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
-    return ReconcileOutcome(fleet, plan.events, spec, ref, pods, redis_url)
+    draining = bool(plan.drain_pods) or any(p.draining and p.alive for p in pods)
+    return ReconcileOutcome(fleet, plan.events, spec, ref, pods, redis_url, draining)
 
 
 def with_in_flight(

@@ -105,7 +105,7 @@ class OperatorProcess:
             **os.environ,
             "KUBECONFIG": str(self.cluster.kubeconfig),
             "PREFIXFLEET_WATCH_SERVER_TIMEOUT": "20",
-            "PREFIXFLEET_RECONCILE_INTERVAL": "3",
+            "PREFIXFLEET_RECONCILE_INTERVAL": "10",
             "PREFIXFLEET_DRAIN_SECONDS": "5",
         }
         argv = [
