@@ -348,6 +348,7 @@ async def run_compare(
         "settings": {
             "requests": len(requests),
             "replicas": spec.replicas,
+            "gateways": spec.gateways,
             "default_policy": DEFAULT_POLICY,
             "engine": {
                 "cache_tokens": engine.cache_tokens,
