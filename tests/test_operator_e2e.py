@@ -179,6 +179,16 @@ def test_fleet_lifecycle_through_kubectl(fleet_env: tuple[EmulatedCluster, Opera
     wait_for(lambda: converged(cluster, 3), 75, what="the deleted pod to be replaced")
     assert len(pods(cluster)) == 3
 
+    # a pod reported Failed (as a kubelet does when its containers die for good) is replaced
+    failed = {"status": {"phase": "Failed", "reason": "Error", "message": "engine exited with 137"}}
+    cluster.kubectl("patch", "pod", f"{FLEET}-replica-0", "--subresource=status", "--type=merge",
+                    "-p", json.dumps(failed))  # fmt: skip
+    wait_for(lambda: f"{FLEET}-replica-0" not in {p["metadata"]["name"] for p in pods(cluster)}, 30,
+             what="the failed pod to be deleted")  # fmt: skip
+    wait_for(lambda: converged(cluster, 3), 75, what="the failed pod to be replaced")
+    warnings = cluster.kubectl_json("get", "events", "--field-selector", "type=Warning")["items"]
+    assert any(f"{FLEET}-replica-0: pod failed" in e["message"] for e in warnings)
+
     # editing the engine args rolls every pod onto the new template
     before = fleet_status(cluster)["templateHash"]
     patch = {"spec": {"engine": {"args": ["--time-scale", "50", "--cache-tokens", "30000"]}}}
