@@ -6,9 +6,10 @@ process of the installed ``prefixfleet`` command:
 * ``command[0] == "prefixfleet"`` runs ``.venv/bin/prefixfleet`` with the remaining command and
   ``args``; any other command makes the Pod ``Failed`` with reason ``UnsupportedCommand`` (no
   SGLang/vLLM here — use the ``emulator`` engine kind).
-* ``$(VAR)`` references in command/args expand from the container's ``env`` (``value`` and the
+* ``$(VAR)`` references in command/args expand from the container's ``env`` (``value``, the
   downward-API ``fieldRef`` paths ``metadata.name``, ``metadata.namespace``, ``status.podIP``,
-  ``spec.nodeName``), as Kubernetes does.
+  ``spec.nodeName``, and ``secretKeyRef``/``configMapKeyRef`` read through the API), as Kubernetes
+  does.
 * Every pod shares one network namespace in Kubernetes, so containers reach each other on
   ``127.0.0.1:<containerPort>``. Here all pods share the host's loopback, so each declared
   ``containerPort`` of a pod gets its own free loopback port, and the shim rewrites, in every
@@ -29,6 +30,7 @@ process of the installed ``prefixfleet`` command:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
@@ -100,7 +102,11 @@ def remap_ports(arg: str, previous: str | None, port_map: dict[int, int]) -> str
     return re.sub(r":(\d+)(?=$|/|\s|,)", repl, arg)
 
 
-def container_env(container: JSON, pod: JSON, pod_ip: str) -> dict[str, str]:
+def container_env(
+    container: JSON, pod: JSON, pod_ip: str, key_values: dict[tuple[str, str, str], str] | None = None
+) -> dict[str, str]:
+    """The container's environment; ``key_values`` holds the Secret/ConfigMap keys it refers to
+    as ``{("secret"|"configmap", name, key): value}`` (fetched by the caller)."""
     field_values = {
         "metadata.name": pod.get("metadata", {}).get("name", ""),
         "metadata.namespace": pod.get("metadata", {}).get("namespace", ""),
@@ -114,7 +120,24 @@ def container_env(container: JSON, pod: JSON, pod_ip: str) -> dict[str, str]:
             env[item["name"]] = expand_vars(str(item["value"]), env)
         elif (ref := (item.get("valueFrom") or {}).get("fieldRef")) is not None:
             env[item["name"]] = field_values.get(ref.get("fieldPath", ""), "")
+        else:
+            for kind, source in (("secret", "secretKeyRef"), ("configmap", "configMapKeyRef")):
+                if (ref := (item.get("valueFrom") or {}).get(source)) is not None:
+                    value = (key_values or {}).get((kind, ref.get("name", ""), ref.get("key", "")))
+                    if value is not None:
+                        env[item["name"]] = value
     return env
+
+
+def key_refs(container: JSON) -> list[tuple[str, str, str]]:
+    """The (kind, name, key) of every Secret/ConfigMap key the container's env refers to."""
+    out = []
+    for item in container.get("env") or []:
+        value_from = item.get("valueFrom") or {}
+        for kind, source in (("secret", "secretKeyRef"), ("configmap", "configMapKeyRef")):
+            if (ref := value_from.get(source)) is not None:
+                out.append((kind, ref.get("name", ""), ref.get("key", "")))
+    return out
 
 
 def container_argv(
@@ -237,11 +260,30 @@ class Kubelet:
         return f"/api/v1/namespaces/{meta.get('namespace', 'default')}/pods/{meta['name']}{subresource}"
 
     async def _start_container(self, name: str, container: JSON, pod: JSON, instance: Instance) -> None:
-        env = container_env(container, pod, "127.0.0.1")
+        env = container_env(container, pod, "127.0.0.1", await self._key_values(container, pod))
         argv = container_argv(container, env, instance.port_map, self.executable)
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", instance.key)[-12:]
         log_name = f"{pod['metadata']['name']}-{tag}-{name}-{instance.restarts.get(name, 0)}"
         instance.children[name] = await self.supervisor.start(log_name, argv, env={**env, **self.extra_env})
+
+    async def _key_values(self, container: JSON, pod: JSON) -> dict[tuple[str, str, str], str]:
+        """Fetch the Secret/ConfigMap keys the env refers to (missing ones stay unset)."""
+        assert self.session is not None
+        namespace = pod.get("metadata", {}).get("namespace") or "default"
+        out: dict[tuple[str, str, str], str] = {}
+        for kind, name, key in key_refs(container):
+            plural = "secrets" if kind == "secret" else "configmaps"
+            async with self.session.get(
+                f"{self.api_url}/api/v1/namespaces/{namespace}/{plural}/{name}"
+            ) as resp:
+                if resp.status != 200:
+                    continue
+                data = (await resp.json()).get("data") or {}
+            if key in data:
+                out[(kind, name, key)] = (
+                    base64.b64decode(data[key]).decode() if kind == "secret" else data[key]
+                )
+        return out
 
     async def _probe(self, container: JSON, instance: Instance) -> bool:
         probe = (container.get("readinessProbe") or {}).get("httpGet")

@@ -124,3 +124,33 @@ def test_a_non_prefixfleet_command_is_refused_with_a_reason(cluster: EmulatedClu
     core.create_namespaced_pod("default", pod)
     wait_for(lambda: phase(core, "gpu-0") == "Failed", 15, what="the pod to fail")
     assert core.read_namespaced_pod("gpu-0", "default").status.reason == "UnsupportedCommand"
+
+
+def test_env_from_secrets_and_config_maps(cluster: EmulatedCluster) -> None:
+    cluster.start_kubelet()
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    )
+    core.create_namespaced_secret("default", {"metadata": {"name": "s"}, "data": {"model": "c2VjcmV0LW0="}})
+    core.create_namespaced_config_map("default", {"metadata": {"name": "c"}, "data": {"rev": "r7"}})
+    pod = emulator_pod("env-0")
+    container = pod["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "MODEL", "valueFrom": {"secretKeyRef": {"name": "s", "key": "model"}}},
+        {"name": "REV", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "rev"}}},
+    ]
+    container["args"] += ["--model-revision", "$(REV)"]
+    core.create_namespaced_pod("default", pod)
+    wait_for(lambda: phase(core, "env-0") == "Running", 30, what="the pod to run")
+    port = json.loads(core.read_namespaced_pod("env-0", "default").metadata.annotations[PORT_MAP_ANNOTATION])[
+        "30000"
+    ]
+    models = wait_for(lambda: _models(port), 20, what="the emulator to answer")
+    assert models["data"][0]["id"] == "secret-m"
+
+
+def _models(port: int) -> dict | None:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json()
+    except httpx.HTTPError:
+        return None
