@@ -135,7 +135,7 @@ def test_preble_replicates_an_overloaded_hot_prefix():
 
 
 def test_queue_aware_weighs_saved_prefill_against_wait():
-    p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=0.0)
+    p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=0.0, congestion_weight=0.0)
     # hit saves 0.09 s of prefill; a 0.05 s longer queue is worth it, a 0.2 s one is not
     assert p.choose(req(100), [rep(0, matched=90, wait=0.05), rep(1)]).replica_id == 0
     d = p.choose(req(100), [rep(0, matched=90, wait=0.2), rep(1)])
@@ -143,8 +143,9 @@ def test_queue_aware_weighs_saved_prefill_against_wait():
 
 
 def test_queue_aware_externality_prefers_less_total_work():
-    greedy = make_policy("queue_aware", COST, externality=0.0, delay_weight=0.0, eviction_weight=0.0)
-    frugal = make_policy("queue_aware", COST, externality=1.0, delay_weight=0.0, eviction_weight=0.0)
+    kw = {"delay_weight": 0.0, "eviction_weight": 0.0, "congestion_weight": 0.0}
+    greedy = make_policy("queue_aware", COST, externality=0.0, **kw)
+    frugal = make_policy("queue_aware", COST, externality=1.0, **kw)
     fleet = [rep(0, matched=90, wait=0.1), rep(1)]
     # greedy: 0.1+0.01=0.11 vs 0.1 -> cold replica; with externality the miss costs 0.2 -> hit
     assert greedy.choose(req(100), fleet).replica_id == 1
@@ -152,7 +153,7 @@ def test_queue_aware_externality_prefers_less_total_work():
 
 
 def test_queue_aware_keeps_a_long_miss_off_a_busy_stream():
-    p = make_policy("queue_aware", COST, delay_weight=1.0, eviction_weight=0.0)
+    p = make_policy("queue_aware", COST, delay_weight=1.0, eviction_weight=0.0, congestion_weight=0.0)
     # replica 0 has been receiving 20 requests/s; replica 1 nothing. Both idle right now.
     for i in range(200):
         p.on_routed(req(10, start=50_000, now=i * 0.05), Decision(0, "cache_hit", 10))
@@ -163,8 +164,18 @@ def test_queue_aware_keeps_a_long_miss_off_a_busy_stream():
     assert p.arrival_rate(0, now) > 10 > p.arrival_rate(1, now)
 
 
+def test_queue_aware_prefers_hits_harder_when_every_queue_is_long():
+    p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=0.0, congestion_weight=3.0)
+    # slack in the fleet: the cold replica answers sooner (0.1 s vs 0.15 s) and wins
+    assert p.choose(req(100), [rep(0, matched=90, wait=0.14), rep(1)]).replica_id == 1
+    # every queue is long (the idle-most waits 0.5 s = 5x a cold prefill): the miss's 90 extra
+    # tokens of work now cost more than the holder's longer queue
+    d = p.choose(req(100), [rep(0, matched=90, wait=0.64), rep(1, wait=0.5)])
+    assert (d.replica_id, d.reason) == (0, "cache_hit")
+
+
 def test_queue_aware_charges_evicting_a_full_cache():
-    p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=1.0)
+    p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=1.0, congestion_weight=0.0)
     full = rep(0, wait=0.0, cached_tokens=1000, capacity_tokens=1000)
     roomy = rep(1, wait=0.05, cached_tokens=0, capacity_tokens=1000)
     assert p.choose(req(100), [full, roomy]).replica_id == 1
@@ -178,6 +189,7 @@ def test_queue_aware_charges_evicting_a_full_cache():
         ("preble_e2", {"replicate_factor": 0.5}),
         ("queue_aware", {"externality": -1}),
         ("queue_aware", {"window_s": 0}),
+        ("queue_aware", {"congestion_weight": -1}),
     ],
 )
 def test_bad_policy_parameters_are_refused(name, params):

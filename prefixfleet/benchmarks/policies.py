@@ -30,6 +30,16 @@ from prefixfleet.sim.workloads import build_workload
 
 PEERS = ("affinity_balanced", "sglang_cache_aware", "preble_e2")
 MOONCAKE = "trace:../shared/traces/mooncake_synthetic_trace.jsonl"
+# The continuous-batching model with the engine emulator's default timing (docs/emulator.md).
+BATCHED: dict[str, Any] = {
+    "service": "batched",
+    "cached_s_per_token": 1.5e-6,
+    "request_overhead_s": 0.010,
+    "max_running": 64,
+    "step_token_budget": 8192,
+    "decode_base_s": 0.020,
+    "decode_s_per_seq": 0.00015,
+}
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,22 @@ CASES: tuple[Case, ...] = (
         "prefixroute@4x4000",
         "prefixroute",
         "prefixroute's own settings (reference): full-prefix misses set every policy's p99",
+        required=False,
+    ),
+    Case(
+        "prefixroute batched",
+        "prefixroute",
+        "continuous batching (reference), 4 x 16k-token caches shared by the running batch, 30 req/s",
+        workload_overrides={"rate_rps": 30.0},
+        fleet_overrides={**BATCHED, "cache_tokens": 16_000},
+        required=False,
+    ),
+    Case(
+        "gsp batched",
+        "gsp",
+        "continuous batching (reference), 8 x 60k-token caches at 48 req/s",
+        workload_overrides={"rate_rps": 48.0},
+        fleet_overrides={**BATCHED, "replicas": 8, "cache_tokens": 60_000},
         required=False,
     ),
     Case(

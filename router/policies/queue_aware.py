@@ -7,8 +7,12 @@ Each replica is scored by what choosing it costs:
   queue behind it, so the prefill is charged again × ``delay_weight`` × the replica's recent
   arrival rate × the time it holds the queue (M/G/1-style head-of-line cost). This is what keeps a
   long miss off the replica that serves a hot tenant's stream of short hits;
-* uncached tokens × ``externality`` (more total work makes every queue longer later) and, for a full
-  cache, evicting someone else's prefix × ``eviction_weight``.
+* uncached tokens × (``externality`` + ``congestion_weight`` × congestion), where congestion is
+  how many times its own cold prefill even the least-loaded replica would make this request wait:
+  with slack in the fleet extra work is nearly free, but when every queue is long each uncached
+  token is paid for by everyone behind it (without this a continuous-batching fleet at capacity
+  spirals: misses add work, work lengthens queues, long queues push requests off their holders);
+* for a full cache, evicting someone else's prefix × ``eviction_weight``.
 
 Ties go to the replica already holding more of the prompt, then to the shorter queue.
 
@@ -61,12 +65,16 @@ class QueueAware(RoutingPolicy):
         delay_weight: float = 0.25,
         eviction_weight: float = 0.1,
         window_s: float = 10.0,
+        congestion_weight: float = 3.0,
+        max_congestion: float = 10.0,
     ) -> None:
         super().__init__(cost)
         for pname, value in (
             ("externality", externality),
             ("delay_weight", delay_weight),
             ("eviction_weight", eviction_weight),
+            ("congestion_weight", congestion_weight),
+            ("max_congestion", max_congestion),
         ):
             if value < 0:
                 raise ValueError(f"{pname} must be >= 0")
@@ -76,6 +84,8 @@ class QueueAware(RoutingPolicy):
         self.delay_weight = delay_weight
         self.eviction_weight = eviction_weight
         self.window_s = window_s
+        self.congestion_weight = congestion_weight
+        self.max_congestion = max_congestion
         self._arrivals: dict[ReplicaId, _Decayed] = {}
 
     # -- what the policy has learned from its own decisions -------------------------------------
@@ -86,12 +96,24 @@ class QueueAware(RoutingPolicy):
 
     # -- scoring ------------------------------------------------------------------------------
 
-    def score(self, request: RouteRequest, r: ReplicaState) -> float:
+    def congestion(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> float:
+        """How many times its own prefill even the least-loaded replica would make this request wait.
+
+        Near 0 the fleet has slack and extra work is nearly free; when every queue is long, each
+        uncached token is work the whole fleet pays for again, so misses get dearer.
+        """
+        full = self.cost.prefill_s(request.num_tokens, 0)
+        if full <= 0:
+            return 0.0
+        return min(min(r.wait_s for r in replicas) / full, self.max_congestion)
+
+    def score(self, request: RouteRequest, r: ReplicaState, congestion: float = 0.0) -> float:
         uncached = request.num_tokens - r.matched_tokens
         prefill = self.cost.prefill_s(request.num_tokens, r.matched_tokens)
         lam = self.arrival_rate(r.replica_id, request.now)
         extra = self.delay_weight * lam * prefill * (r.wait_s + prefill / 2)
-        extra += self.externality * uncached * self.cost.prefill_s_per_token
+        factor = self.externality + self.congestion_weight * congestion
+        extra += factor * uncached * self.cost.prefill_s_per_token
         if r.capacity_tokens:
             overflow = max(0, r.cached_tokens + uncached - r.capacity_tokens)
             extra += self.eviction_weight * overflow * self.cost.prefill_s_per_token
@@ -99,7 +121,8 @@ class QueueAware(RoutingPolicy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
         live = healthy_or_raise(replicas)
-        scores = {r.replica_id: self.score(request, r) for r in live}
+        congestion = self.congestion(request, live)
+        scores = {r.replica_id: self.score(request, r, congestion) for r in live}
         chosen = min(live, key=lambda r: (scores[r.replica_id], -r.matched_tokens, r.wait_s))
         best_match = max(r.matched_tokens for r in live)
         if best_match == 0:
