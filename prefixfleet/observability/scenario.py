@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import math
 import random
 import sys
 import tempfile
@@ -179,7 +181,8 @@ async def run_scenario(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .report import PrometheusSource, Window, write_report
+    from prefixfleet.cli import main as prefixfleet_main
+    from prefixfleet.fleet.processes import free_port
 
     parser = argparse.ArgumentParser(description="Run the observed-fleet scenario and render the report.")
     parser.add_argument("--requests", type=int, default=1500)
@@ -188,25 +191,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="Prometheus port (0: a free one)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="emulator speed-up (1: real time)")
     parser.add_argument("--hold", type=float, default=10.0, help="seconds replica-1 stays warming/draining")
-    parser.add_argument("--rate-window", type=float, default=15.0, help="rate() window of the report, s")
+    parser.add_argument("--rate-window", default="15s", help="rate() window of the report")
+    parser.add_argument(
+        "--keep-prometheus", action="store_true", help="leave Prometheus up (its data: the run) until Ctrl-C"
+    )
     args = parser.parse_args(argv)
-    from prefixfleet.fleet.processes import free_port
-
     spec = ScenarioSpec(
         requests=args.requests, rate_rps=args.rate, time_scale=args.time_scale, event_hold_s=args.hold
     )
     with tempfile.TemporaryDirectory(prefix="pf-observed-") as tmp:
         prometheus, run = asyncio.run(run_scenario(spec, Path(tmp), args.port or free_port(), progress=True))
         try:
-            window = Window(run.start, run.end, step_s=2.0, rate_window_s=args.rate_window)
-            source = PrometheusSource(prometheus.url)
-            written = write_report(source, args.out, window, fleet=run.fleet, namespace=run.namespace)
+            print(f"{run.completed} requests completed, {run.errors} errors, {run.end - run.start:.0f} s")
+            # the pictures come from the report command itself, pointed at this run's Prometheus
+            status = prefixfleet_main([
+                "report", "--prometheus", prometheus.url,
+                "--fleet", run.fleet, "--namespace", run.namespace,
+                "--since", f"{math.ceil(run.end - run.start)}s", "--until", f"{run.end}",
+                "--rate-window", args.rate_window, "--out", str(args.out),
+            ])  # fmt: skip
+            if args.keep_prometheus:
+                print(f"Prometheus with the run's data: {prometheus.url} (Ctrl-C to stop)", flush=True)
+                with contextlib.suppress(KeyboardInterrupt):
+                    while prometheus.proc is not None and prometheus.proc.poll() is None:
+                        time.sleep(1)
         finally:
             prometheus.stop()
-    print(f"{run.completed} requests completed, {run.errors} errors, {run.end - run.start:.0f} s")
-    for path in written:
-        print(path)
-    return 0
+    return status
 
 
 if __name__ == "__main__":
