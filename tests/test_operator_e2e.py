@@ -10,6 +10,7 @@ every child. A second test kills the operator mid-reconcile several times: no du
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import sys
@@ -51,11 +52,13 @@ def fleet_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[EmulatedCluster,
         cluster.close()
 
 
-def fleet_manifest(path: Path, replicas: int) -> Path:
+def fleet_manifest(path: Path, replicas: int, redis: dict[str, Any] | None = None) -> Path:
     """examples/emulator-fleet.yaml, sized for a 2-core test machine."""
     fleet = yaml.safe_load((REPO / "examples" / "emulator-fleet.yaml").read_text())
     fleet["metadata"]["name"] = FLEET
     fleet["spec"]["replicas"] = replicas
+    if redis is not None:
+        fleet["spec"]["redis"] = redis
     fleet["spec"]["autoscaling"] = {"enabled": False}
     fleet["spec"]["router"] = {"replicas": 1, "policy": "queue_aware"}
     fleet["spec"]["engine"]["args"] = ["--time-scale", "50", "--cache-tokens", "20000"]
@@ -228,11 +231,16 @@ def test_fleet_lifecycle_through_kubectl(fleet_env: tuple[EmulatedCluster, Opera
 
 @pytest.mark.timeout(300)
 def test_operator_killed_mid_reconcile_creates_no_duplicates(
-    fleet_env: tuple[EmulatedCluster, OperatorProcess], tmp_path: Path
+    fleet_env: tuple[EmulatedCluster, OperatorProcess], tmp_path: Path, redis_url: str
 ) -> None:
     cluster, operator = fleet_env
     operator.extra_args = ["--namespace", "default"]  # the restarted operators serve one namespace
-    cluster.apply(fleet_manifest(tmp_path / "fleet.yaml", replicas=3))
+    operator.redis_url = "redis://127.0.0.1:1/0"  # unused: this fleet names its Redis in a Secret
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "fleet-redis"},
+              "data": {"url": base64.b64encode(redis_url.encode()).decode()}}  # fmt: skip
+    cluster.apply(json.dumps(secret))
+    redis_ref = {"secretRef": {"name": "fleet-redis", "key": "url"}}
+    cluster.apply(fleet_manifest(tmp_path / "fleet.yaml", replicas=3, redis=redis_ref))
     created_names: set[str] = set()
     # PREFIXFLEET_E2E_OPERATOR_KILLS=20 for the reliability figure; 4 keeps the suite fast
     for kill in range(int(os.environ.get("PREFIXFLEET_E2E_OPERATOR_KILLS", "4"))):
@@ -255,6 +263,9 @@ def test_operator_killed_mid_reconcile_creates_no_duplicates(
     uid = cluster.kubectl_json("get", "pcf", FLEET)["metadata"]["uid"]
     for pod in pods(cluster):  # no orphans: every pod is owned by the fleet
         assert [ref["uid"] for ref in pod["metadata"]["ownerReferences"]] == [uid]
+    # membership went to the Redis named by the Secret
+    assert wait_for(lambda: {k: v["url"] for k, v in members(redis_url).items()} == sidecar_urls(cluster), 20,
+                    what="membership in the Secret's Redis")  # fmt: skip
 
 
 @pytest.mark.timeout(120)
