@@ -264,7 +264,18 @@ PANELS: tuple[Panel, ...] = (
         slug="decision-latency",
     ),
     Panel(
-        "Redis reachable",
+        "Sidecars: engine and Redis reachable",
+        "Per replica: 1 while its sidecar reaches the engine (health check) and publishes to Redis. A "
+        "replica at 0 drops out of routing or goes stale in the gateways' view.",
+        "short",
+        (
+            Query(f"min by (pod) (prefixfleet_sidecar_engine_up{{{SEL}}})", "{{pod}} engine"),
+            Query(f"min by (pod) (prefixfleet_sidecar_redis_up{{{SEL}}})", "{{pod}} redis"),
+        ),
+        max=1.0,
+    ),
+    Panel(
+        "Gateways: Redis reachable",
         "1 when every gateway's last read of Redis succeeded (routing continues on the last view if not).",
         "short",
         (Query(f"min(prefixfleet_gateway_redis_up{{{SEL}}})", "redis up"),),
