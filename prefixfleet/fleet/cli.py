@@ -359,6 +359,9 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=int, default=d.requests, help="requests (traces: whole prefix groups)")
     p.add_argument("--replicas", type=int, default=d.replicas)
     p.add_argument("--gateways", type=int, default=1, help="our gateway processes (sglang-router is one)")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="rounds of the three routers, pooled (for noisy machines)"
+    )
     p.add_argument("--block-tokens", type=int, default=d.block_tokens, help="trace tokens per hash id")
     p.add_argument("--time-scale", type=float, default=d.time_scale, help="engine speed-up = replay speed-up")
     p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
@@ -379,7 +382,7 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
 def run_compare_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.compare import CompareOptions, default_trace_path, format_compare, run_compare
 
-    for flag in ("requests", "replicas", "gateways", "block_tokens", "max_output_tokens"):
+    for flag in ("requests", "replicas", "gateways", "repeats", "block_tokens", "max_output_tokens"):
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     for flag in ("time_scale", "latency_rate", "latency_seconds"):
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
@@ -405,6 +408,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         requests=args.requests,
         replicas=args.replicas,
         gateways=args.gateways,
+        repeats=args.repeats,
         block_tokens=args.block_tokens,
         time_scale=args.time_scale,
         cache_tokens=args.cache_tokens,

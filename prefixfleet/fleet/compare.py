@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import math
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -59,6 +60,7 @@ class CompareOptions:
     latency_seconds: float = 5.0
     latency_prompt_tokens: int = 16
     gateways: int = 1  # one process each: our gateway vs sglang-router
+    repeats: int = 1  # rounds of (ours, round_robin, sglang); results pooled per router
     concurrency: int = 512
     timeout_s: float = 300.0
     run_dir: Path = Path("out/compare-run")
@@ -143,6 +145,11 @@ async def gateway_decisions(url: str) -> dict[str, float]:
         text = await resp.text()
     series = metric_series(text, "prefixfleet_gateway_routing_decisions_total")
     return {labels.strip("{}"): value for labels, value in series.items()}
+
+
+def pool(runs: Sequence[LoadRun]) -> LoadRun:
+    """Several replays of the same workload as one sample (outcomes pooled, durations summed)."""
+    return LoadRun([o for r in runs for o in r.outcomes], sum(r.duration_s for r in runs))
 
 
 def router_row(run: LoadRun) -> dict[str, Any]:
@@ -278,67 +285,73 @@ async def run_compare(
         output_tokens=options.max_output_tokens,
     )
     spec = FleetSpec(replicas=options.replicas, gateways=options.gateways, engine=engine)
-    runs: dict[str, LoadRun] = {}
+    runs: dict[str, list[LoadRun]] = {name: [] for name in ROUTERS}
+    served: dict[str, list[float]] = {}
     skipped: dict[str, str] = {}
     latency: dict[str, Any] = {}
-
-    shares: dict[str, list[float]] = {}
+    decisions: dict[str, float] = {}
 
     async def replay(name: str, targets: Sequence[str]) -> None:
         before = await scrape(fleet.engine_urls, "sglang:num_requests_total")
-        runs[name] = await run_load(
-            requests,
-            targets,
-            api="openai",
-            speedup=options.time_scale,
-            concurrency=options.concurrency,
-            timeout_s=options.timeout_s,
-            progress=options.progress,
-            desc=name,
-            model=engine.model,  # sglang-router rejects completions without one (422)
+        runs[name].append(
+            await run_load(
+                requests,
+                targets,
+                api="openai",
+                speedup=options.time_scale,
+                concurrency=options.concurrency,
+                timeout_s=options.timeout_s,
+                progress=options.progress,
+                desc=name,
+                model=engine.model,  # sglang-router rejects completions without one (422)
+            )
         )
         after = await scrape(fleet.engine_urls, "sglang:num_requests_total")
-        served = [a - b for a, b in zip(after, before, strict=True)]
-        total = sum(served)
-        shares[name] = [round(x / total, 4) if total else float("nan") for x in served]
+        counts = [a - b for a, b in zip(after, before, strict=True)]
+        served[name] = [x + y for x, y in zip(served.get(name, [0.0] * len(counts)), counts, strict=True)]
 
     before = machine_load()
     async with Supervisor(options.run_dir) as sup:
         fleet = LocalFleet(sup, spec)
         await fleet.start_engines()
-        await fleet.reset()
-        await fleet.start_gateways(DEFAULT_POLICY)
-        await replay("prefixfleet", fleet.gateway_urls)
-        decisions = await gateway_decisions(fleet.gateway_urls[0])
-        latency = await measure_added_latency(
-            fleet.gateway_urls[0],
-            fleet.engine_urls,
-            rate_rps=options.latency_rate_rps,
-            seconds=options.latency_seconds,
-            prompt_tokens=options.latency_prompt_tokens,
-        )
-        await fleet.reset()
-        await fleet.start_gateways("round_robin")
-        await replay("round_robin", fleet.gateway_urls)
-        await fleet.reset()
-        if sglang_router_available():
-            port, prom = sup.allocate_port(), sup.allocate_port()
-            url = f"http://{LOOPBACK}:{port}"
-            router = await sup.start(
-                "sglang-router",
-                sglang_router_argv(port, prom, fleet.engine_urls),
-                ready=_serves_model(url, engine.model),
-                url=url,
-            )
-            await replay("sglang_cache_aware", [url])
-            await sup.stop(router)
-        else:
-            skipped["sglang_cache_aware"] = (
-                "the sglang_router module is not installed (pip install sglang-router)"
-            )
-        sup.check_alive()
+        for repeat in range(options.repeats):  # every router once per round, caches flushed before each
+            await fleet.reset()
+            await fleet.start_gateways(DEFAULT_POLICY)
+            await replay("prefixfleet", fleet.gateway_urls)
+            for reason, count in (await gateway_decisions(fleet.gateway_urls[0])).items():
+                decisions[reason] = decisions.get(reason, 0.0) + count
+            if repeat == 0:
+                latency = await measure_added_latency(
+                    fleet.gateway_urls[0],
+                    fleet.engine_urls,
+                    rate_rps=options.latency_rate_rps,
+                    seconds=options.latency_seconds,
+                    prompt_tokens=options.latency_prompt_tokens,
+                )
+            await fleet.reset()
+            await fleet.start_gateways("round_robin")
+            await replay("round_robin", fleet.gateway_urls)
+            await fleet.reset()
+            if sglang_router_available():
+                port, prom = sup.allocate_port(), sup.allocate_port()
+                url = f"http://{LOOPBACK}:{port}"
+                router = await sup.start(
+                    "sglang-router",
+                    sglang_router_argv(port, prom, fleet.engine_urls),
+                    ready=_serves_model(url, engine.model),
+                    url=url,
+                )
+                await replay("sglang_cache_aware", [url])
+                await sup.stop(router)
+            else:
+                skipped["sglang_cache_aware"] = (
+                    "the sglang_router module is not installed (pip install sglang-router)"
+                )
+            sup.check_alive()
 
-    routers: dict[str, Any] = {name: router_row(runs[name]) for name in ROUTERS if name in runs}
+    pooled = {name: pool(r) for name, r in runs.items() if r}
+    shares = {name: [round(x / sum(c), 4) if sum(c) else math.nan for x in c] for name, c in served.items()}
+    routers: dict[str, Any] = {name: router_row(pooled[name]) for name in ROUTERS if name in pooled}
     for name, reason in skipped.items():
         routers[name] = {"skipped": reason}
     report = {
@@ -347,6 +360,7 @@ async def run_compare(
         "added_latency_ms": latency["added"],
         "settings": {
             "requests": len(requests),
+            "repeats": options.repeats,
             "replicas": spec.replicas,
             "gateways": spec.gateways,
             "default_policy": DEFAULT_POLICY,
@@ -363,13 +377,15 @@ async def run_compare(
             "machine": {"before": before, "after": machine_load()},
         },
         "details": {
-            **{name: {**router_detail(run), "engine_share": shares.get(name)} for name, run in runs.items()},
+            **{
+                name: {**router_detail(run), "engine_share": shares.get(name)} for name, run in pooled.items()
+            },
             "prefixfleet_routing_decisions": decisions,
             "added_latency": latency["detail"],
         },
         "acceptance": acceptance(routers, latency["added"]),
     }
-    return report, {name: ttfts_ms(run.outcomes) for name, run in runs.items()}
+    return report, {name: ttfts_ms(run.outcomes) for name, run in pooled.items()}
 
 
 def acceptance(routers: dict[str, Any], added: dict[str, float]) -> dict[str, Any]:
@@ -393,9 +409,9 @@ def format_compare(report: dict[str, Any]) -> str:
         detail = report["details"].get(name, {})
         rows[name] = {**row, "p50_ttft_ms": detail.get("p50_ttft_ms")}
     lines = [
-        f"{report['workload']}: {s['requests']} requests, {s['replicas']} engines × "
-        f"{s['engine']['cache_tokens']} cache tokens, time-scale {s['engine']['time_scale']} "
-        "(TTFT wall-clock ms)",
+        f"{report['workload']}: {s['requests']} requests × {s['repeats']} round(s), "
+        f"{s['replicas']} engines × {s['engine']['cache_tokens']} cache tokens, "
+        f"time-scale {s['engine']['time_scale']} (TTFT wall-clock ms)",
         format_table(rows, title="router"),
     ]
     for name, row in report["routers"].items():
