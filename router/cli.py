@@ -113,6 +113,13 @@ def register(subparsers: Any) -> None:
     gw.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N")
     gw.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N")
     gw.add_argument("--prefill-tokens-per-s", type=float, default=DEFAULT_PREFILL_TOKENS_PER_S)
+    gw.add_argument(
+        "--tenant-header",
+        default=None,
+        metavar="NAME",
+        help="tenant isolation: every request must carry this header, set by a trusted proxy "
+        "(e.g. X-Prefixfleet-Tenant); it becomes the request's cache_salt",
+    )
     gw.add_argument("--log-level", default="INFO")
     gw.set_defaults(func=run_gateway)
 
@@ -223,6 +230,11 @@ def run_gateway(args: argparse.Namespace) -> int:
             raise _usage_error(f"{flag} must be positive")
     if args.max_retries < 0:
         raise _usage_error("--max-retries must not be negative")
+    header = args.tenant_header
+    if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
+        raise _usage_error(
+            f"--tenant-header must be an HTTP header name (letters, digits, '-'), got {args.tenant_header!r}"
+        )
     config = GatewayConfig(
         port=args.port,
         redis_url=args.redis,
@@ -238,6 +250,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
+        tenant_header=args.tenant_header,
     )
     return _run(serve(config))
 

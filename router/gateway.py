@@ -47,6 +47,7 @@ from .requests import (
     parse_inference_request,
 )
 from .slow_clients import ClientTimeouts, body_deadline
+from .tenancy import with_tenant_salt
 from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, FleetView, WorkerView
 
 log = logging.getLogger("prefixfleet.gateway")
@@ -71,6 +72,7 @@ class GatewayConfig:
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     upstream_timeout_s: float | None = None  # whole-request limit; None = unlimited (long generations)
+    tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
 
 
 class _Retryable(Exception):
@@ -275,6 +277,9 @@ class Gateway:
                 started,
             )
         try:
+            if self.config.tenant_header:
+                tenant = request.headers.get(self.config.tenant_header)
+                body = with_tenant_salt(body, tenant, self.config.tenant_header)
             parsed = parse_inference_request(endpoint, body, max_prompt_tokens=self.config.max_prompt_tokens)
         except BadRequest as exc:
             self.metrics.errors.labels("bad_request").inc()

@@ -52,7 +52,9 @@ from prefixfleet.router.policies import POLICIES, CostModel, RouteRequest, make_
 from prefixfleet.router.radix import as_token_bytes
 from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
 from prefixfleet.router.redis_conn import redacted, redis_options
+from prefixfleet.router.requests import BadRequest
 from prefixfleet.router.summary import Summary, encode_summary
+from prefixfleet.router.tenancy import with_tenant_salt
 from prefixfleet.router.view import FleetView
 from prefixfleet.tokenizer import tokenize
 
@@ -512,3 +514,75 @@ async def test_sidecar_and_gateway_reach_redis_over_tls_with_a_private_ca(spawn,
         await server.wait_closed()
     for child in fleet.children():
         assert "Traceback" not in child.log() and "redis unavailable" not in child.log()
+
+
+# -- isolation on: the tenant from a trusted header ----------------------------------------------------
+
+
+async def test_with_a_tenant_header_the_gateway_isolates_tenants_and_clients_cannot_pick_a_salt(
+    spawn, redis_server
+):
+    start_fleet(spawn, redis_server.url, engines=1)  # both tenants share one engine
+    port = free_port()
+    isolating = spawn(
+        prefixfleet_argv(
+            "router", "gateway", "--redis", redis_server.url, "--port", str(port), "--fleet", "tn",
+            "--refresh-interval", "0.1", "--tenant-header", "X-Prefixfleet-Tenant",
+        ),
+        name="gateway-isolating", ready_url=f"http://127.0.0.1:{port}/livez",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    prompt = " ".join(f"{SECRET_WORDS[i % 5]}{i}" for i in range(200))
+
+    async def send(tenant: str | None, salt: str | None = None) -> tuple[int, dict]:
+        body: dict = {"prompt": prompt, "max_tokens": 1}
+        if salt is not None:
+            body["cache_salt"] = salt
+        headers = {"X-Prefixfleet-Tenant": tenant} if tenant is not None else {}
+        async with http.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
+            return resp.status, await resp.json()
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        await wait_all_routable(http, url, 1)
+        status, first = await send("acme")
+        assert status == 200 and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        status, again = await send("acme")
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 192, "a tenant hits its own cache"
+        status, other = await send("globex")
+        assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, "no hit from another tenant"
+        # a client of tenant "initech" naming acme's tenant as its salt still gets nothing of acme's
+        status, sneaky = await send("initech", salt="acme")
+        assert status == 200 and sneaky["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        status, refused = await send(None)
+        assert status == 400 and "X-Prefixfleet-Tenant" in refused["error"]["message"]
+        assert refused["error"]["param"] == "X-Prefixfleet-Tenant"
+    assert isolating.running()
+
+
+def test_with_tenant_salt_overrides_the_clients_salt_and_requires_the_header():
+    body = json.dumps({"prompt": "hi", "cache_salt": "chosen-by-client"}).encode()
+    assert json.loads(with_tenant_salt(body, "acme", "X-T")) == {"prompt": "hi", "cache_salt": "acme"}
+    assert with_tenant_salt(b"{not json", "acme", "X-T") == b"{not json"  # validation reports it later
+    for missing in (None, "", "   "):
+        with pytest.raises(BadRequest, match="header X-T is required"):
+            with_tenant_salt(body, missing, "X-T")
+    with pytest.raises(BadRequest, match="longer than"):
+        with_tenant_salt(body, "x" * 300, "X-T")
+
+
+def test_tenant_isolation_in_the_fleet_spec_turns_on_the_gateways_tenant_header():
+    plain = containers(secured_spec())["gateway"]["args"]
+    isolated_spec = FleetSpec.model_validate(
+        {"model": {"name": "m"}, "engine": {"kind": "emulator"}, "cacheIdentity": {"tenantIsolation": True}}
+    )
+    isolated = containers(isolated_spec)["gateway"]["args"]
+    assert "--tenant-header" not in plain
+    assert isolated[isolated.index("--tenant-header") + 1] == "X-Prefixfleet-Tenant"
+
+
+def test_a_bad_tenant_header_name_is_refused_with_one_line():
+    argv = prefixfleet_argv(
+        "router", "gateway", "--port", "8000", "--redis", "redis://h", "--tenant-header", "a b"
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2 and "--tenant-header" in done.stderr and "Traceback" not in done.stderr

@@ -1,0 +1,36 @@
+"""Tenant isolation from a trusted header (pure): the gateway's ``--tenant-header`` mode.
+
+With isolation on, every request must carry the tenant header (set by the authenticating proxy in
+front of the gateway, never by end users); the gateway writes the tenant into the body's
+``cache_salt`` — replacing whatever the client put there, so no client can name another tenant's
+cache — and forwards that body. The gateway's block hashes, the sidecar's mirror and the engine's
+prefix cache (vLLM's ``cache_salt``; the emulator's) are then all separated per tenant.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .requests import BadRequest
+
+DEFAULT_TENANT_HEADER = "X-Prefixfleet-Tenant"
+MAX_TENANT_CHARS = 256
+
+
+def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
+    """``body`` with ``cache_salt`` set to ``tenant``; raises :class:`BadRequest` naming the header when
+    it is missing or unusable. A body that is not a JSON object is returned unchanged (request
+    validation reports it)."""
+    if tenant is None or not tenant.strip():
+        raise BadRequest(f"header {header} is required: this gateway isolates tenants", param=header)
+    if len(tenant) > MAX_TENANT_CHARS:
+        raise BadRequest(f"header {header} is longer than {MAX_TENANT_CHARS} characters", param=header)
+    try:
+        obj: Any = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return body
+    if not isinstance(obj, dict):
+        return body
+    obj["cache_salt"] = tenant.strip()
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
