@@ -148,6 +148,7 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await self.refresh_once()  # route on a real view from the first request
             self._tasks.append(asyncio.create_task(self._refresh_loop()))
+            self._tasks.append(asyncio.create_task(self._load_push_loop()))
         if self.config.workers:
             self._tasks.append(asyncio.create_task(self._health_loop()))
 
@@ -216,6 +217,42 @@ class Gateway:
             if abs(rate - current) > 0.1 * current:
                 self.cost = dataclasses.replace(self.cost, prefill_s_per_token=1.0 / rate)
                 self.policy.cost = self.cost
+
+    async def _load_push_loop(self) -> None:
+        """Apply the load records sidecars push on the loads channel as they arrive.
+
+        Polling alone leaves each gateway blind to the others' sends for up to a publish plus a
+        refresh interval, and gateways sharing a fleet then herd onto the same replica. Membership
+        and summaries still come from the polling refresh; this only keeps load fresh.
+        """
+        assert self.redis is not None
+        backoff = 0.2
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self.keys.loads)
+                backoff = 0.2
+                while True:
+                    message = await pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    data = message.get("data")
+                    if not isinstance(data, bytes | str):
+                        continue
+                    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+                    worker_id, sep, raw = text.partition("\n")
+                    if not sep:
+                        self._warn("ignoring a malformed message on the loads channel")
+                        continue
+                    warning = self.view.apply_load(worker_id, raw, time.monotonic())
+                    if warning:
+                        self._warn(warning)
+            except (aioredis.RedisError, OSError, TimeoutError):
+                await asyncio.sleep(backoff)  # the refresh loop reports the outage
+                backoff = min(backoff * 2, 2.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -43,6 +43,11 @@ class FleetKeys:
         return f"{self.prefix}load:{worker_id}"
 
     @property
+    def loads(self) -> str:
+        """Pub/sub channel: every load record as it is written, ``"<worker>\\n<load JSON>"``."""
+        return f"{self.prefix}loads"
+
+    @property
     def events(self) -> str:
         """Pub/sub channel: change notices (member joined/left/changed state)."""
         return f"{self.prefix}events"

@@ -81,6 +81,8 @@ class SidecarConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     prefill_tokens_per_s: float | None = None  # None: the engine's own figure if it reports one
+    push_load: bool = True  # also PUBLISH each load change on the fleet's loads channel
+    push_min_interval_s: float = 0.02  # coalesce load pushes: at most one per this gap
     record_ttl_s: float = 10.0  # load/summary keys expire this long after the last publish
 
     def resolved_worker_id(self) -> str:
@@ -118,6 +120,7 @@ class SidecarState:
     published_changes: int = -1
     load_seq: int = 0
     next_summary_at: float = 0.0  # monotonic: earliest next summary rebuild
+    load_dirty: asyncio.Event = field(default_factory=asyncio.Event)
     engine_was_down: bool = False  # it refused a connection since it last answered
     redis_ok: bool = True
     state_changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -202,7 +205,9 @@ class Sidecar:
                     f"{self.config.engine_url}/health", timeout=aiohttp.ClientTimeout(total=2)
                 ) as resp:
                     await resp.read()
-                    self.s.engine_ok = resp.status == 200
+                    was_ok, self.s.engine_ok = self.s.engine_ok, resp.status == 200
+                if was_ok != self.s.engine_ok:
+                    self.load_changed()  # gateways learn of an engine failure/recovery at once
                 if self.s.engine_ok and self.s.engine_was_down:
                     # It refused connections, so its process was gone: a restarted engine has an empty
                     # cache and possibly another model revision. Forget the mirror, re-read identity.
@@ -218,6 +223,8 @@ class Sidecar:
             await asyncio.sleep(1.0 if self.s.engine.known else 0.2)
 
     def _engine_failed(self, exc: BaseException) -> None:
+        if self.s.engine_ok:
+            self.load_changed()
         self.s.engine_ok = False
         if self.s.engine.known and isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
             self.s.engine_was_down = True  # refused: not busy but gone (a timeout proves nothing)
@@ -326,43 +333,61 @@ class Sidecar:
             summary_version=self.s.summary_version,
         )
 
-    async def publish_once(self, *, register: bool) -> None:
+    async def publish_once(self, *, register: bool, periodic: bool = True) -> None:
+        """Write the load record (and push it to gateways); on periodic rounds also the summary when
+        the tree changed, TTL refreshes and, when asked, the member record."""
         assert self.redis is not None
         ttl_ms = int(self.config.record_ttl_s * 1000)
         pipe = self.redis.pipeline(transaction=False)
         mirror = self.s.mirror
         now = time.monotonic()
-        if mirror.changes != self.s.published_changes and now >= self.s.next_summary_at:
-            self.s.summary_version += 1
-            summary = mirror.summary(
-                worker=self.s.worker_id,
-                version=self.s.summary_version,
-                max_blocks=self.config.max_summary_blocks,
-            )
-            # A big tree takes milliseconds to hash on the event loop: rebuild at most at a pace
-            # that keeps that under ~10% of the loop's time.
-            self.s.next_summary_at = now + 9.0 * (time.monotonic() - now)
-            pipe.set(self.keys.summary(self.s.worker_id), encode_summary(summary), px=ttl_ms)
-            self.s.published_changes = mirror.changes
-        else:
-            pipe.pexpire(self.keys.summary(self.s.worker_id), ttl_ms)
+        if periodic:
+            if mirror.changes != self.s.published_changes and now >= self.s.next_summary_at:
+                self.s.summary_version += 1
+                summary = mirror.summary(
+                    worker=self.s.worker_id,
+                    version=self.s.summary_version,
+                    max_blocks=self.config.max_summary_blocks,
+                )
+                # A big tree takes milliseconds to hash on the event loop: rebuild at most at a pace
+                # that keeps that under ~10% of the loop's time.
+                self.s.next_summary_at = now + 9.0 * (time.monotonic() - now)
+                pipe.set(self.keys.summary(self.s.worker_id), encode_summary(summary), px=ttl_ms)
+                self.s.published_changes = mirror.changes
+            else:
+                pipe.pexpire(self.keys.summary(self.s.worker_id), ttl_ms)
         self.s.load_seq += 1
-        pipe.set(self.keys.load(self.s.worker_id), encode_record(self.load_report()), px=ttl_ms)
+        load = encode_record(self.load_report())
+        pipe.set(self.keys.load(self.s.worker_id), load, px=ttl_ms)
+        if self.config.push_load:
+            # Gateways subscribed to this channel see every worker's load within milliseconds, so
+            # several gateways see each other's sends instead of a report up to an interval old.
+            pipe.publish(self.keys.loads, f"{self.s.worker_id}\n{load}")
         if register and self.config.self_register:
             pipe.hset(self.keys.members, self.s.worker_id, encode_record(self.member_record()))
         await pipe.execute()
+
+    def load_changed(self) -> None:
+        """A request arrived, started answering or finished: push the new load soon (coalesced)."""
+        if self.config.push_load:
+            self.s.load_dirty.set()
 
     async def _publish_loop(self) -> None:
         interval = self.config.publish_interval_s
         backoff = interval
         last_register = 0.0
+        last_periodic = 0.0
         while True:
             state_change = self.s.state_changed.is_set()
             self.s.state_changed.clear()
+            self.s.load_dirty.clear()
             now = time.monotonic()
-            register = state_change or now - last_register >= 2.0 or not self.s.redis_ok
+            periodic = state_change or now - last_periodic >= interval or not self.s.redis_ok
+            register = periodic and (state_change or now - last_register >= 2.0 or not self.s.redis_ok)
             try:
-                await self.publish_once(register=register)
+                await self.publish_once(register=register, periodic=periodic)
+                if periodic:
+                    last_periodic = now
                 if state_change:
                     assert self.redis is not None
                     await self.redis.publish(self.keys.events, f"state {self.s.worker_id} {self.s.state}")
@@ -381,8 +406,20 @@ class Sidecar:
                 if state_change:
                     self.s.state_changed.set()
                 backoff = min(backoff * 2, 2.0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.s.state_changed.wait(), timeout=backoff)
+            if self.s.redis_ok:
+                # coalesce load changes: at most one push per min gap, a full round every interval
+                await asyncio.sleep(self.config.push_min_interval_s)
+                wait = max(interval - (time.monotonic() - last_periodic), 0.0)
+                waiters = [self.s.state_changed.wait(), self.s.load_dirty.wait()]
+            else:
+                wait = backoff
+                waiters = [self.s.state_changed.wait()]
+            tasks = [asyncio.ensure_future(w) for w in waiters]
+            try:
+                await asyncio.wait(tasks, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
 
     async def _deregister(self) -> None:
         assert self.redis is not None
@@ -475,6 +512,7 @@ class Sidecar:
             time.monotonic(),
             timed=parsed.stream or parsed.max_new_tokens <= 1,
         )
+        self.load_changed()
         return parsed, predicted, handle
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
@@ -540,6 +578,7 @@ class Sidecar:
                     if handle is None:
                         return response
                     load.first_byte(handle, time.monotonic())
+                    self.load_changed()
                     # Answer first, learn after: the mirror update is not the client's wait.
                     with contextlib.suppress(ConnectionError):
                         await response.prepare(request)
@@ -554,6 +593,7 @@ class Sidecar:
                 sending.cancel()  # this handler was cancelled before the engine answered
             if handle is not None:
                 load.finish(handle, time.monotonic(), ok=ok)
+                self.load_changed()
 
     async def _stream(
         self,
@@ -570,10 +610,14 @@ class Sidecar:
         usage = b""  # the event(s) carrying the engine's token counts
         collected = StreamedText(parsed.path) if parsed is not None and upstream.status == 200 else None
         complete = False
+        first = True
         try:
             async for chunk in upstream.content.iter_any():
                 if handle is not None:
-                    self.s.load.first_byte(handle, time.monotonic())
+                    if first:
+                        first = False
+                        self.s.load.first_byte(handle, time.monotonic())
+                        self.load_changed()
                     if b"cached_tokens" in chunk:
                         usage = chunk
                         cached = find_cached_tokens(chunk)

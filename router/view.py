@@ -151,11 +151,9 @@ class FleetView:
             except SummaryError as exc:
                 warnings.append(f"ignoring load of {wid!r}: {exc}")
                 continue
-            if w.load is None or load.seq != w.load.seq or load.ts != w.load.ts:
-                w.load_changed_at = now
-            w.load = load
-            w.healthy = load.engine_ok
-            if load.summary_version and (w.summary is None or w.summary.version != load.summary_version):
+            self._adopt_load(w, load, now)
+            version = w.load.summary_version if w.load else 0
+            if version and (w.summary is None or w.summary.version != version):
                 need.append(wid)
         # Redis restarted empty (every member gone at once, or just back from an outage): keep the
         # view; sidecars re-register within their publish backoff.
@@ -171,6 +169,27 @@ class FleetView:
                 del self.workers[wid]
                 removed.append(wid)
         return SnapshotResult(warnings, need, removed)
+
+    @staticmethod
+    def _adopt_load(w: WorkerView, load: LoadReport, now: float) -> None:
+        current = w.load
+        if current is not None and load.seq <= current.seq and load.ts <= current.ts:
+            return  # not newer than what a push already delivered (or the same record again)
+        w.load_changed_at = now
+        w.load = load
+        w.healthy = load.engine_ok
+
+    def apply_load(self, worker_id: str, raw: bytes | str, now: float) -> str | None:
+        """Adopt a load record pushed on the loads channel; a warning when it is malformed."""
+        w = self.workers.get(worker_id)
+        if w is None or w.static:
+            return None  # membership comes from the members hash; unknown workers wait for it
+        try:
+            load = decode_load(raw)
+        except SummaryError as exc:
+            return f"ignoring pushed load of {worker_id!r}: {exc}"
+        self._adopt_load(w, load, now)
+        return None
 
     def refresh_failed(self) -> None:
         """Record a failed Redis read (the next good snapshot then forgives the outage's time)."""

@@ -53,6 +53,7 @@ def start_fleet(
     gateways: int = 2,
     engine_args: list[list[str]] | None = None,
     gateway_args: tuple[str, ...] = (),
+    sidecar_args: tuple[str, ...] = ("--publish-interval", "0.1"),
 ) -> Fleet:
     """Start every tier in parallel, then wait for each to be ready (keeps the tests fast)."""
     fleet = Fleet(redis)
@@ -66,7 +67,7 @@ def start_fleet(
         port = free_port()
         argv = prefixfleet_argv(
             "router", "sidecar", "--engine", engine_url, "--redis", redis.url, "--port", str(port),
-            "--worker-id", f"w{i}", "--fleet", FLEET, "--publish-interval", "0.1",
+            "--worker-id", f"w{i}", "--fleet", FLEET, *sidecar_args,
         )  # fmt: skip
         fleet.sidecars.append(spawn(argv, name=f"sidecar{i}"))
         fleet.sidecar_urls.append(f"http://127.0.0.1:{port}")
@@ -553,3 +554,26 @@ async def test_the_sidecar_mirror_tracks_the_engine_cache_through_a_streamed_con
     identity = CacheIdentity("emulated-llm", "main").seed()
     assert f"{block_hashes(top['input_ids'], identity)[-1]:016x}" == top["hash"]
     assert top["num_tokens"] % 16 == 0 and top["num_tokens"] >= 96
+
+
+async def test_gateways_see_load_changes_pushed_between_periodic_publishes(spawn, redis_server, http):
+    """Sidecars push each load change on the loads channel; periodic publishing is 30 s apart here,
+    so everything the gateway learns after start-up arrives by push."""
+    fleet = start_fleet(
+        spawn, redis_server, engines=1, gateways=1, engine_args=[["--time-scale", "1"]],
+        sidecar_args=("--publish-interval", "30"),
+    )  # fmt: skip
+    body = {"prompt": words("push", 30), "max_tokens": 400, "stream": True}
+    async with http.post(f"{fleet.sidecar_urls[0]}/v1/completions", json=body) as resp:  # not via the gateway
+        assert resp.status == 200
+        await resp.content.readline()
+
+        async def gateway_sees_it_in_flight() -> bool:
+            return (await view_of(http, fleet.gateway_urls[0]))["w0"]["in_flight"] == 1
+
+        await eventually(gateway_sees_it_in_flight, what="the pushed in-flight count")
+
+    async def gateway_sees_it_done() -> bool:
+        return (await view_of(http, fleet.gateway_urls[0]))["w0"]["in_flight"] == 0
+
+    await eventually(gateway_sees_it_done, what="the pushed completion")
