@@ -280,3 +280,26 @@ def test_slow_clients_are_timed_out_and_the_service_keeps_serving(
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     resp = post(client, services.urls[service] + "/v1/completions", b'{"prompt": "after", "max_tokens": 1}')
     assert resp.status_code == 200
+
+
+@pytest.mark.parametrize("service", ["gateway", "sidecar", "engine"])
+def test_malformed_http_gets_a_4xx_or_a_closed_connection_never_a_crash(
+    services: Services, client: httpx.Client, service
+):
+    port = int(services.urls[service].rsplit(":", 1)[1])
+    garbage = [
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS hello on the plain port
+        b"GARBAGE / HTTP/1.1\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n",
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ]
+    for payload in garbage:
+        closed, answer = closed_within(port, payload, SLOW_S + 8)
+        assert closed, payload[:40]
+        if answer:
+            status = int(answer.split(b" ", 2)[1])
+            assert 400 <= status < 500, (payload[:40], answer[:120])
+    resp = post(client, services.urls[service] + "/v1/completions", b'{"prompt": "fine", "max_tokens": 1}')
+    assert resp.status_code == 200 and services.all_running()
