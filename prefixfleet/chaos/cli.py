@@ -62,6 +62,15 @@ def register(subparsers: Any) -> None:
         if name == "redis-outage":
             p.add_argument("--outage", type=float, default=30.0, help="seconds Redis stays down (default 30)")
         p.set_defaults(func=run, chaos_scenario=name)
+    every = sub.add_parser(
+        "all",
+        help="run every scenario with its defaults",
+        description="Run every scenario with its defaults.",
+    )
+    every.add_argument(
+        "--json-dir", type=Path, required=True, metavar="DIR", help="one SCENARIO.json per run"
+    )
+    every.set_defaults(func=run_all)
 
 
 def _plan(args: argparse.Namespace) -> Any:
@@ -138,4 +147,15 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
+    return 0
+
+
+def run_all(args: argparse.Namespace) -> int:
+    """Every scenario in turn with its default settings, each writing ``DIR/<scenario>.json``."""
+    from prefixfleet.cli import build_parser
+
+    parser = build_parser("chaos")
+    for name in SCENARIOS:
+        scenario_args = parser.parse_args(["chaos", name, "--json", str(args.json_dir / f"{name}.json")])
+        run(scenario_args)
     return 0
