@@ -35,6 +35,10 @@ class ReplicaObservation:
     cached_tokens: int = 0
     capacity_tokens: int = 0
     created_s: float = 0.0
+    # Prefill seconds per second recently asked of this engine: uncached prompt tokens/s × prefill
+    # cost (sidecar counters, or rate(prompt_tokens_total - cached_tokens_total) from Prometheus).
+    # 1.0 = it would do nothing but prefill. Hits cost nothing here: a warm cache is capacity.
+    prefill_load: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +75,13 @@ class ScalePolicy:
     idle: float = 0.2  # a replica is idle below this × target wait
     prewarm_subtrees: int = 4  # subtrees pre-warmed per replica
     prefill_s_per_token: float = 0.0000333
+    # prefix-aware modes: keep the fleet's prefill load per replica at or below this. Queueing delay
+    # explodes only near 1.0, too late when a new replica needs tens of seconds to start.
+    target_load: float = 0.7
+    scale_down_load: float = 0.5  # remove one only if the rest would run below this
+    # A replica added now serves only after start-up: size for the demand projected this far ahead
+    # along its recent upward trend (the trend is ignored going down: scale-down waits for calm).
+    lead_time_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.mode not in SCALER_MODES:
@@ -81,6 +92,11 @@ class ScalePolicy:
             )
         if self.target_ttft_s <= 0:
             raise ValueError("targetTTFTSeconds must be > 0")
+        if not 0 < self.scale_down_load < self.target_load:
+            raise ValueError(
+                f"scale_down_load ({self.scale_down_load}) must be > 0 and below target_load "
+                f"({self.target_load})"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +106,9 @@ class PlannerMemory:
     last_scale_up_s: float | None = None
     last_scale_down_s: float | None = None
     calm_since_s: float | None = None
+    demand: float | None = None  # last round's fleet prefill demand (prefix-aware modes)
+    demand_s: float | None = None
+    demand_slope: float = 0.0  # smoothed d(demand)/dt, replica-equivalents per second
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +291,17 @@ def _plan_prefix_aware(
         if not holders or min(h.est_wait_s for h in holders) > saturated_wait:
             starved.append(s)
     fleet_busy = bool(ready) and min(r.est_wait_s for r in ready) > saturated_wait
+    demand = _demand(observed)
+    slope = memory.demand_slope
+    if memory.demand is not None and memory.demand_s is not None and now > memory.demand_s:
+        slope = 0.5 * slope + 0.5 * (demand - memory.demand) / (now - memory.demand_s)
+    memory = replace(memory, demand=demand, demand_s=now, demand_slope=slope)
+    base = replace(base, memory=memory)
+    projected = demand + max(slope, 0.0) * policy.lead_time_s
+    by_load = math.ceil(projected / policy.target_load - 1e-9)  # replicas the prefill demand needs
+    short = by_load - n  # n counts starting/warming replicas: capacity already on its way
 
-    if starved or fleet_busy:
+    if starved or fleet_busy or short > 0:
         prewarm: list[Prewarm] = []
         idle = sorted((r for r in ready if r.est_wait_s < idle_wait), key=lambda r: r.est_wait_s)
         still_starved: list[SubtreeObservation] = []
@@ -287,21 +315,27 @@ def _plan_prefix_aware(
         need = math.ceil(len(still_starved) / max(policy.prewarm_subtrees, 1))
         if fleet_busy:
             need = max(need, 1)
-        add = min(need, policy.max_step_up, policy.max_replicas - n)
         if pending:
-            add = 0  # don't stack scale-ups before the last one has landed
-        if add and _cooled(memory.last_scale_up_s, now, policy.scale_up_cooldown_s):
+            need = 0  # don't stack scale-ups before the last one has landed...
+        need = max(need, short)  # ...unless the load needs more than is already on its way
+        add = min(need, policy.max_step_up, policy.max_replicas - n)
+        # a scale-up the load asks for skips the cooldown: it already counts pending replicas
+        if add and (short > 0 or _cooled(memory.last_scale_up_s, now, policy.scale_up_cooldown_s)):
             if policy.mode == "prefix_aware_prewarm":
                 for i in range(add):
                     chunk = still_starved[i * policy.prewarm_subtrees : (i + 1) * policy.prewarm_subtrees]
                     chunk = chunk or hot[: policy.prewarm_subtrees]
                     if chunk:
                         prewarm.append(Prewarm(f"new-{i}", tuple(s.subtree_id for s in chunk)))
-            why = (
-                f"{len(starved)} hot subtree(s) saturated (holders wait > {saturated_wait:.2f}s)"
-                if starved
-                else f"every replica waits > {saturated_wait:.2f}s"
-            )
+            if starved:
+                why = f"{len(starved)} hot subtree(s) saturated (holders wait > {saturated_wait:.2f}s)"
+            elif fleet_busy:
+                why = f"every replica waits > {saturated_wait:.2f}s"
+            else:
+                why = (
+                    f"prefill load {demand:.2f} (projected {projected:.2f} in {policy.lead_time_s:g}s) "
+                    f"needs {by_load} replicas at {policy.target_load:g} each"
+                )
             return replace(
                 base,
                 desired_replicas=n + add,
@@ -320,11 +354,19 @@ def _plan_prefix_aware(
         reason = "saturated, at maxReplicas" if n >= policy.max_replicas else "saturated, waiting"
         return replace(base, memory=replace(memory, calm_since_s=None), reason=reason)
 
-    if ready and max(r.est_wait_s for r in ready) < idle_wait and not pending:
-        return _maybe_scale_down(
-            observed, policy, memory, base, active, "every replica idle", prefix_aware=True
-        )
+    # Quiet: waits are low on average (one replica's burst is not load) and the prefill demand would
+    # fit one replica fewer with room to spare (the gap to target_load is the hysteresis).
+    mean_wait = sum(r.est_wait_s for r in ready) / len(ready) if ready else 0.0
+    fits_fewer = demand <= policy.scale_down_load * (n - 1)
+    if ready and mean_wait < idle_wait and fits_fewer and not pending:
+        why = f"mean wait {mean_wait:.2f}s, prefill load {demand:.2f} fits {n - 1} replicas"
+        return _maybe_scale_down(observed, policy, memory, base, active, why, prefix_aware=True)
     return replace(base, memory=replace(memory, calm_since_s=None))
+
+
+def _demand(observed: FleetObservation) -> float:
+    """The fleet's prefill demand (replica-equivalents) from replicas that take or took traffic."""
+    return sum(r.prefill_load for r in observed.replicas if r.phase in ("ready", "warming", "draining"))
 
 
 def _maybe_scale_down(
@@ -359,6 +401,6 @@ def _maybe_scale_down(
         base,
         desired_replicas=n - 1,
         drain=(victim,),
-        memory=PlannerMemory(memory.last_scale_up_s, now, None),
+        memory=replace(memory, last_scale_down_s=now, calm_since_s=None),
         reason=f"scale down: {why} for {now - calm_since:.0f}s; drain {victim}",
     )

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 # Modules that contribute subcommands, imported lazily so a missing optional part never breaks the rest.
 COMMAND_MODULES: tuple[str, ...] = (
     "prefixfleet.sim.cli",
+    "prefixfleet.sim.autoscale_cli",
     "prefixfleet.benchmarks.tree",
     "prefixfleet.emulator.cli",
     "prefixfleet.router.cli",
@@ -29,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
 # A command missing here still works: the parser falls back to importing every module.
 COMMAND_OWNERS: dict[str, str] = {
     "sim": "prefixfleet.sim.cli",
+    "sim-autoscale": "prefixfleet.sim.autoscale_cli",
     "bench": "prefixfleet.benchmarks.tree",
     "emulator": "prefixfleet.emulator.cli",
     "emulator-bench": "prefixfleet.emulator.cli",

@@ -144,6 +144,10 @@ class ReplicaModel:
         """Process the internal event due at ``now``; return jobs that finished."""
         return []
 
+    def prefill_backlog(self, now: float) -> int:  # pragma: no cover - abstract
+        """Requests here whose prefill has not finished (what ``sglang:num_queue_reqs`` counts)."""
+        raise NotImplementedError
+
 
 class FifoReplica(ReplicaModel):
     def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
@@ -177,6 +181,10 @@ class FifoReplica(ReplicaModel):
             pending_prefill_tokens=pending,
             wait_s=max(0.0, self.free_at - now),
         )
+
+    def prefill_backlog(self, now: float) -> int:
+        self._expire(now)
+        return len(self._active)
 
     def accept(self, job: Job, now: float) -> None:
         self._expire(now)
@@ -242,6 +250,9 @@ class BatchedReplica(ReplicaModel):
             # + the fixed cost of the step that will carry this request's prefill
             wait_s=in_step + max(drain, slot_wait) + step_overhead,
         )
+
+    def prefill_backlog(self, now: float) -> int:
+        return len(self._waiting) + sum(1 for j in self._running if math.isnan(j.ttft_s))
 
     # -- service ------------------------------------------------------------------------------
 

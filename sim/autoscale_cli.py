@@ -1,0 +1,202 @@
+"""`prefixfleet sim-autoscale`: compare scalers on one scenario over an elastic simulated fleet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefixfleet.cli import UsageError
+from prefixfleet.operator.autoscale import SCALER_MODES, ScalePolicy
+from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
+
+from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
+from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
+from .engine import SERVICE_MODELS, ServiceConfig
+from .scenarios import SCENARIOS, build_scenario
+
+SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "sim-autoscale",
+        help="simulate an elastic fleet: compare autoscalers on a scenario",
+        description=(
+            "Replays a scenario over a simulated fleet whose replicas are added (start-up delay, "
+            "optional pre-warm) and drained by each scaler, all with the same routing policy."
+        ),
+    )
+    p.add_argument("--scenario", required=True, metavar="S", help=f"one of: {', '.join(SCENARIOS)}")
+    p.add_argument("--scalers", default="all", help=f"'all' or a comma list of {', '.join(SCALER_MODES)}")
+    p.add_argument("--policy", default=DEFAULT_POLICY, help=f"routing policy (default {DEFAULT_POLICY})")
+    p.add_argument("--min", type=int, dest="min_replicas", help="minReplicas (default: the scenario's)")
+    p.add_argument("--max", type=int, dest="max_replicas", help="maxReplicas (default: the scenario's)")
+    p.add_argument("--initial", type=int, help="replicas at t=0 (default minReplicas; fixed_max: max)")
+    p.add_argument("--target-ttft-ms", type=float, help="TTFT SLO in ms (default: the scenario's)")
+    p.add_argument("--startup-delay-s", type=float, default=30.0, help="new replica start-up time (30)")
+    p.add_argument("--control-interval-s", type=float, default=5.0, help="control loop period (5)")
+    p.add_argument("--cache-tokens", type=int, help="KV cache per replica in tokens")
+    p.add_argument("--service", choices=SERVICE_MODELS, help="service model (default: batched)")
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"service-model parameter, repeatable ({', '.join(sorted(SERVICE_KEYS))})",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        dest="scenario_settings",
+        metavar="KEY=VALUE",
+        help="scenario setting, repeatable (e.g. duration_s=300, speedup=8)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="scenario seed (default 0)")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="write replicas and p99 TTFT over time")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
+    p.set_defaults(func=run)
+
+
+def _pairs(items: list[str], what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"{what} {item!r} must look like KEY=VALUE")
+        out[key.strip().replace("-", "_")] = value.strip()
+    return out
+
+
+def _scalers(spec: str) -> list[str]:
+    if spec.strip() == "all":
+        return list(SCALER_MODES)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise UsageError("--scalers is empty; use 'all' or a comma-separated list")
+    for name in names:
+        if name not in SCALER_MODES:
+            raise UsageError(f"unknown scaler {name!r}; choose from {', '.join(SCALER_MODES)} or 'all'")
+    return list(dict.fromkeys(names))
+
+
+def _service(args: argparse.Namespace, rec: dict[str, Any]) -> ServiceConfig:
+    values: dict[str, Any] = {k: v for k, v in rec.items() if k in SERVICE_KEYS or k == "service"}
+    if args.service:
+        values["service"] = args.service
+    for key, value in _pairs(args.engine, "--engine").items():
+        if key not in SERVICE_KEYS:
+            raise UsageError(
+                f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
+            )
+        field_type = type(ServiceConfig.__dataclass_fields__[key].default)
+        try:
+            values[key] = field_type(value)
+        except ValueError:
+            raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
+    try:
+        return ServiceConfig(**values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _positive(value: float | int, flag: str, *, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise UsageError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {value:g}")
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    scalers = _scalers(args.scalers)
+    if args.policy not in POLICIES:
+        raise UsageError(f"unknown routing policy {args.policy!r}; choose from {', '.join(POLICIES)}")
+    try:
+        workload = build_scenario(args.scenario, seed=args.seed, **_pairs(args.scenario_settings, "--set"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not workload.requests:
+        raise UsageError(f"scenario {args.scenario!r} has no requests with these settings")
+    rec = dict(workload.recommended)
+    min_r = args.min_replicas if args.min_replicas is not None else rec["min_replicas"]
+    max_r = args.max_replicas if args.max_replicas is not None else rec["max_replicas"]
+    target_s = args.target_ttft_ms / 1000.0 if args.target_ttft_ms is not None else rec["target_ttft_s"]
+    cache = args.cache_tokens if args.cache_tokens is not None else rec["cache_tokens"]
+    if min_r < 1:
+        raise UsageError(f"--min must be at least 1 (someone has to serve), got {min_r}")
+    if max_r < min_r:
+        raise UsageError(f"--max ({max_r}) must be >= --min ({min_r})")
+    _positive(target_s, "--target-ttft-ms")
+    _positive(cache, "--cache-tokens")
+    _positive(args.startup_delay_s, "--startup-delay-s", allow_zero=True)
+    _positive(args.control_interval_s, "--control-interval-s")
+    if args.initial is not None and not min_r <= args.initial <= max_r:
+        raise UsageError(f"--initial ({args.initial}) must be between --min ({min_r}) and --max ({max_r})")
+    service = _service(args, rec)
+
+    runs: list[ElasticRun] = []
+    metrics: dict[str, dict[str, Any]] = {}
+    details: dict[str, dict[str, Any]] = {}
+    for name in scalers:
+        policy = ScalePolicy(
+            mode=name,  # type: ignore[arg-type]
+            min_replicas=min_r,
+            max_replicas=max_r,
+            target_ttft_s=target_s,
+            prefill_s_per_token=service.prefill_s_per_token,
+            lead_time_s=args.startup_delay_s,  # look as far ahead as a new replica takes to start
+        )
+        config = ElasticConfig(
+            cache_tokens=cache,
+            policy=policy,
+            service=service,
+            initial_replicas=args.initial if name != "fixed_max" else None,
+            startup_delay_s=args.startup_delay_s,
+            control_interval_s=args.control_interval_s,
+            routing_policy=args.policy,
+        )
+        result = simulate_elastic(workload.requests, config, progress=args.progress, label=name)
+        runs.append(result)
+        metrics[name] = scaler_metrics(result, target_s)
+        details[name] = run_details(result)
+    settings = {
+        "seed": args.seed,
+        "routing_policy": args.policy,
+        "min_replicas": min_r,
+        "max_replicas": max_r,
+        "initial_replicas": args.initial if args.initial is not None else min_r,
+        "target_ttft_ms": round(target_s * 1000.0, 3),
+        "startup_delay_s": args.startup_delay_s,
+        "control_interval_s": args.control_interval_s,
+        "cache_tokens": cache,
+        **service.as_dict(),
+        "requests": len(workload.requests),
+        "duration_s": round(workload.requests[-1].arrival_s, 3),
+        "scenario": workload.settings,
+        "new_replica_window_s": 30.0,
+    }
+    title = (
+        f"{workload.name}: {len(workload.requests)} requests over {settings['duration_s']:.0f} s, "
+        f"{min_r}-{max_r} replicas × {cache} tokens, {service.service}, routing {args.policy}, "
+        f"TTFT target {settings['target_ttft_ms']:g} ms, start-up {args.startup_delay_s:g} s"
+    )
+    print(format_table(title, metrics, details))
+    if args.json:
+        _write_json(args.json, {"scenario": workload.name, "settings": settings, "scalers": metrics})
+    if args.plot:
+        try:
+            write_plot(args.plot, title, runs, target_s)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.plot}: {exc.strerror}") from None
+    sys.stdout.flush()
+    return 0
