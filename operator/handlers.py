@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import decode_load
+from prefixfleet.router.redis_conn import redacted, with_credentials
 from prefixfleet.router.summary import SummaryError
 
 from .kube import Kube, load_api_client
@@ -136,7 +137,7 @@ async def configure(
     memo.ctx = OperatorContext(
         kube=Kube(await asyncio.to_thread(load_api_client)), default_redis_url=default_redis
     )
-    logger.info("prefixfleet operator configured (default Redis: %s)", default_redis or "none")
+    logger.info("prefixfleet operator configured (default Redis: %s)", redacted(default_redis) or "none")
 
 
 @kopf.on.cleanup()
@@ -245,7 +246,16 @@ async def reconcile_later(
 
 
 def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
+    """The URL the operator itself uses for a fleet's Redis, with ``passwordSecretRef`` and ``tls``
+    applied (the pods get the same settings through their env, see the planner)."""
     redis = spec.get("redis") or {}
+    url = _base_redis_url(ctx, namespace, redis)
+    ref = redis.get("passwordSecretRef") or {}
+    password = ctx.kube.read_secret_key(namespace, ref.get("name", ""), ref.get("key", "")) if ref else None
+    return with_credentials(url, password, tls=bool(redis.get("tls"))) if url else url
+
+
+def _base_redis_url(ctx: OperatorContext, namespace: str, redis: dict[str, Any]) -> str:
     if redis.get("url"):
         return str(redis["url"])
     ref = redis.get("secretRef")

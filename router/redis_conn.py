@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import redis.asyncio as aioredis
 
@@ -60,6 +60,19 @@ def connect_redis(
     """An asyncio Redis client for ``url`` with the environment's credentials and TLS settings."""
     target, options = redis_options(url, environ)
     return aioredis.from_url(target, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, **options)
+
+
+def with_credentials(url: str, password: str | None, *, tls: bool = False) -> str:
+    """``url`` carrying ``password`` (unless it has one already) and upgraded to ``rediss://`` when
+    ``tls``: for a process that read the password from a Secret itself (the operator)."""
+    parts = urlsplit(url)
+    if password and not parts.password and parts.scheme in ("redis", "rediss"):
+        user = parts.username or ""
+        netloc = f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"
+        url = parts._replace(netloc=netloc).geturl()
+    if tls and url.startswith("redis://"):
+        url = "rediss://" + url[len("redis://") :]
+    return url
 
 
 def redacted(url: str) -> str:
