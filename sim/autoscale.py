@@ -91,6 +91,7 @@ class Member:
 
     __slots__ = (
         "created_s",
+        "drain_s",
         "initial",
         "model",
         "name",
@@ -110,6 +111,7 @@ class Member:
         self.initial = initial
         self.phase: ReplicaPhase = "ready" if initial else "starting"
         self.ready_s: float | None = created_s if initial else None
+        self.drain_s: float | None = None
         self.removed_s: float | None = None
         self.prewarm: list[bytes] = []  # prefixes to warm once started
         self.warmups: list[Job] = []
@@ -148,7 +150,8 @@ class ElasticRun:
     cached_tokens: list[int]
     member: list[int]  # index into ``members`` per request
     members: list[Member]
-    timeline: list[tuple[float, int, int]]  # (t, replicas that exist, ready replicas) per round
+    # per control round: (t, replicas that exist, ready ones, ones not draining)
+    timeline: list[tuple[float, int, int, int]]
     plans: list[tuple[float, str]]  # (t, reason) of every plan that did something
     scale_events: int = 0
     warmup_requests: int = 0
@@ -166,7 +169,7 @@ class ElasticFleet:
         self.hot_state: HotState | None = None
         self.identity_seed = CacheIdentity().seed()
         self.routing = make_policy(config.routing_policy, config.service.cost)
-        self.timeline: list[tuple[float, int, int]] = []
+        self.timeline: list[tuple[float, int, int, int]] = []
         self.plans: list[tuple[float, str]] = []
         self.scale_events = 0
         self.warmup_requests = 0
@@ -296,7 +299,8 @@ class ElasticFleet:
         plan = plan_scale_fn(observed, self.config.policy, self.memory)
         self.memory = plan.memory
         self.execute(plan, observed, now)
-        self.timeline.append((now, len(self.live), len(self.ready())))
+        active = sum(1 for m in self.live if m.phase != "draining")
+        self.timeline.append((now, len(self.live), len(self.ready()), active))
         return plan
 
     def _prefix_tokens(self, sid: str, holders: frozenset[str]) -> bytes | None:
@@ -323,8 +327,9 @@ class ElasticFleet:
                 self.routing.on_replica_removed(m.model.replica_id)
         for name in plan.drain:
             m = by_name.get(name)
-            if m is not None:
+            if m is not None and m.phase != "draining":
                 m.phase = "draining"
+                m.drain_s = now
         added = [self._add(now) for _ in range(plan.add)]
         holders = {s.subtree_id: s.holders for s in observed.subtrees}
         for warm in plan.prewarm:

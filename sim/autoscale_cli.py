@@ -16,7 +16,7 @@ from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
 from .engine import SERVICE_MODELS, ServiceConfig
-from .scenarios import SCENARIOS, build_scenario
+from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
 
 SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
 
@@ -121,13 +121,9 @@ def run(args: argparse.Namespace) -> int:
     scalers = _scalers(args.scalers)
     if args.policy not in POLICIES:
         raise UsageError(f"unknown routing policy {args.policy!r}; choose from {', '.join(POLICIES)}")
-    try:
-        workload = build_scenario(args.scenario, seed=args.seed, **_pairs(args.scenario_settings, "--set"))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if not workload.requests:
-        raise UsageError(f"scenario {args.scenario!r} has no requests with these settings")
-    rec = dict(workload.recommended)
+    if args.scenario not in SCENARIOS[:-1] and not args.scenario.startswith("trace:"):
+        raise UsageError(f"unknown scenario {args.scenario!r}; choose from {', '.join(SCENARIOS)}")
+    rec = dict(SCENARIO_FLEET)  # every scenario is judged on the same fleet: check flags before building
     min_r = args.min_replicas if args.min_replicas is not None else rec["min_replicas"]
     max_r = args.max_replicas if args.max_replicas is not None else rec["max_replicas"]
     target_s = args.target_ttft_ms / 1000.0 if args.target_ttft_ms is not None else rec["target_ttft_s"]
@@ -143,6 +139,12 @@ def run(args: argparse.Namespace) -> int:
     if args.initial is not None and not min_r <= args.initial <= max_r:
         raise UsageError(f"--initial ({args.initial}) must be between --min ({min_r}) and --max ({max_r})")
     service = _service(args, rec)
+    try:
+        workload = build_scenario(args.scenario, seed=args.seed, **_pairs(args.scenario_settings, "--set"))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not workload.requests:
+        raise UsageError(f"scenario {args.scenario!r} has no requests with these settings")
 
     runs: list[ElasticRun] = []
     metrics: dict[str, dict[str, Any]] = {}

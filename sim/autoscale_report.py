@@ -53,7 +53,7 @@ def run_details(run: ElasticRun) -> dict[str, Any]:
     prompt = sum(run.prompt_tokens)
     return {
         "hit_rate": sum(run.cached_tokens) / prompt if prompt else 0.0,
-        "peak_replicas": max((live for _, live, _ in run.timeline), default=len(run.members)),
+        "peak_replicas": max((row[1] for row in run.timeline), default=len(run.members)),
         "added": sum(1 for m in run.members if not m.initial),
         "warmup_tokens": run.warmup_tokens,
     }
@@ -103,8 +103,8 @@ def write_plot(
     fig, (ax_n, ax_p) = plt.subplots(2, 1, figsize=(12, 8), sharex=True)
     for run in runs:
         if run.timeline:
-            ts = [0.0] + [t for t, _, _ in run.timeline]
-            ns = [run.timeline[0][1]] + [live for _, live, _ in run.timeline]
+            ts = [0.0] + [row[0] for row in run.timeline]
+            ns = [sum(1 for m in run.members if m.initial)] + [row[1] for row in run.timeline]
             ax_n.step(ts, ns, where="post", label=run.scaler, linewidth=1.6)
         xs, ys = windowed_p99_ms(run, window_s)
         ax_p.plot(xs, ys, marker=".", label=run.scaler, linewidth=1.4)

@@ -81,9 +81,9 @@ DIURNAL_SCENARIO: dict[str, Any] = {
     "drift": 0.5,  # how far tenant popularity rotates over the day (0: fixed ranking)
 }
 
-# The Mooncake trace at 4× (~255 s, ~16 req/s): prompts shrunk 8× (64 tokens per hash id) so the
-# 2k-token average fits the same fleet; prefix structure is kept exactly.
-TRACE_SCENARIO: dict[str, Any] = {"speedup": 4.0, "block_tokens": 64, "limit": 0}
+# The Mooncake trace at 4× (~255 s, ~16 req/s): prompts shrunk 4× (128 tokens per hash id, ~3.8k
+# tokens on average) so it loads the same fleet to ~5 replicas; prefix structure is kept exactly.
+TRACE_SCENARIO: dict[str, Any] = {"speedup": 4.0, "block_tokens": 128, "limit": 0}
 
 SCENARIOS: tuple[str, ...] = ("viral", "diurnal", "trace:PATH")
 

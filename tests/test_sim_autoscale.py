@@ -1,0 +1,181 @@
+"""The elastic simulated fleet and `prefixfleet sim-autoscale`: conservation, routing only to ready
+replicas, bounds, pre-warming, the JSON/PNG it writes and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from prefixfleet.cli import main
+from prefixfleet.operator.autoscale import SCALER_MODES, ScalePolicy
+from prefixfleet.sim.autoscale import ElasticConfig, ElasticRun, simulate_elastic
+from prefixfleet.sim.autoscale_report import new_replica_hit_rates, replica_seconds, scaler_metrics
+from prefixfleet.sim.engine import ServiceConfig
+from prefixfleet.sim.scenarios import build_scenario
+
+# A two-minute viral burst at a tenth of the acceptance scale: seconds to simulate, still forces a
+# scale-up (the viral prefix is 2000 tokens at 10k prefill tokens/s per replica).
+SMALL_VIRAL = {
+    "duration_s": "150",
+    "tenants": "8",
+    "prefix_tokens_min": "500",
+    "prefix_tokens_max": "1500",
+    "unique_tokens_min": "300",
+    "unique_tokens_max": "900",
+    "output_tokens": "16",
+    "rate_rps": "4",
+    "viral_start_s": "20",
+    "ramp_s": "20",
+    "hold_s": "60",
+    "fade_s": "20",
+    "viral_prefix_tokens": "2000",
+    "surge": "8",
+}
+SERVICE = ServiceConfig(service="batched", prefill_s_per_token=0.0001, step_token_budget=2048)
+
+
+def run(mode: str, service: ServiceConfig = SERVICE, **policy_kw) -> tuple[ElasticRun, list]:
+    workload = build_scenario("viral", seed=1, **SMALL_VIRAL)
+    kw = {"min_replicas": 1, "max_replicas": 4, "target_ttft_s": 1.0, "lead_time_s": 10.0}
+    kw.update(policy_kw)
+    policy = ScalePolicy(mode=mode, prefill_s_per_token=service.prefill_s_per_token, **kw)
+    config = ElasticConfig(cache_tokens=40_000, policy=policy, service=service, startup_delay_s=10.0)
+    return simulate_elastic(workload.requests, config, progress=False), workload.requests
+
+
+@pytest.fixture(scope="module")
+def prewarm_run() -> tuple[ElasticRun, list]:
+    return run("prefix_aware_prewarm")
+
+
+def test_every_request_is_served_exactly_once(prewarm_run) -> None:
+    result, requests = prewarm_run
+    assert len(result.ttft_s) == len(result.member) == len(requests)
+    assert all(t > 0 for t in result.ttft_s)
+    assert sum(result.prompt_tokens) == sum(r.num_tokens for r in requests)
+    assert all(0 <= c <= p for c, p in zip(result.cached_tokens, result.prompt_tokens, strict=True))
+
+
+def test_requests_only_go_to_ready_replicas(prewarm_run) -> None:
+    result, _ = prewarm_run
+    assert any(not m.initial for m in result.members), "the burst must make the fleet grow"
+    for arrival, k in zip(result.arrival_s, result.member, strict=True):
+        m = result.members[k]
+        assert m.ready_s is not None and m.ready_s <= arrival, "routed while starting or warming"
+        assert m.drain_s is None or arrival < m.drain_s, "routed while draining"
+        assert m.removed_s is None or arrival < m.removed_s
+
+
+def test_new_replicas_start_late_and_drained_ones_leave_idle(prewarm_run) -> None:
+    result, _ = prewarm_run
+    for m in result.members:
+        if not m.initial:
+            assert m.ready_s is not None and m.ready_s >= m.created_s + 10.0
+        if m.removed_s is not None:
+            assert m.drain_s is not None and m.drain_s <= m.removed_s
+
+
+def test_scale_bounds_hold_every_round() -> None:
+    for mode in SCALER_MODES:
+        result, _ = run(mode, max_replicas=3)
+        assert result.timeline, mode
+        for _t, _live, ready, active in result.timeline:
+            assert 1 <= active <= 3, mode
+            assert ready >= 1, mode
+
+
+def test_prewarmed_replicas_serve_the_hot_prefix_from_cache(prewarm_run) -> None:
+    result, requests = prewarm_run
+    assert result.warmup_requests > 0 and result.warmup_tokens > 0
+    # a pre-warmed replica's first viral request already hits the whole (block-floored) prefix
+    firsts = {}
+    for i, k in enumerate(result.member):
+        m = result.members[k]
+        if not m.initial and requests[i].group == "viral" and k not in firsts:
+            firsts[k] = i
+    warmed = [k for k in firsts if result.members[k].warmups]
+    assert warmed
+    for k in warmed:
+        assert result.cached_tokens[firsts[k]] >= 2000 - 16
+
+
+def test_metrics_of_a_run(prewarm_run) -> None:
+    result, _ = prewarm_run
+    m = scaler_metrics(result, 1.0)
+    assert set(m) == {
+        "slo_attainment",
+        "p99_ttft_ms",
+        "replica_seconds",
+        "new_replica_hit_rate_30s",
+        "scale_events",
+    }
+    assert 0.0 <= m["slo_attainment"] <= 1.0
+    assert m["replica_seconds"] == pytest.approx(replica_seconds(result), abs=0.1)
+    assert result.horizon_s <= m["replica_seconds"] <= 4 * result.horizon_s
+    assert all(0.0 <= r <= 1.0 for r in new_replica_hit_rates(result))
+    assert m["scale_events"] >= 1
+
+
+def test_fixed_max_never_scales_and_has_no_new_replicas() -> None:
+    result, _ = run("fixed_max")
+    m = scaler_metrics(result, 1.0)
+    assert m["scale_events"] == 0 and m["new_replica_hit_rate_30s"] is None
+    assert len(result.members) == 4
+
+
+def test_fifo_service_model_runs_too() -> None:
+    result, requests = run("prefix_aware_prewarm", ServiceConfig(prefill_s_per_token=0.0001))
+    assert len(result.ttft_s) == len(requests)
+
+
+def test_cli_writes_the_json_shape_and_a_png(tmp_path: Path, capsys) -> None:
+    out, png = tmp_path / "a.json", tmp_path / "a.png"
+    argv = ["sim-autoscale", "--scenario", "viral", "--min", "1", "--max", "3", "--startup-delay-s", "10",
+            "--engine", "prefill_s_per_token=0.0001", "--cache-tokens", "40000", "--no-progress",
+            "--json", str(out), "--plot", str(png)]  # fmt: skip
+    argv += [f"--set={k}={v}" for k, v in SMALL_VIRAL.items()]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert all(name in table for name in SCALER_MODES)
+    data = json.loads(out.read_text())
+    assert set(data) == {"scenario", "settings", "scalers"}
+    assert data["scenario"] == "viral"
+    assert set(data["scalers"]) == set(SCALER_MODES)
+    for metrics in data["scalers"].values():
+        assert set(metrics) == {
+            "slo_attainment",
+            "p99_ttft_ms",
+            "replica_seconds",
+            "new_replica_hit_rate_30s",
+            "scale_events",
+        }
+    s = data["settings"]
+    assert (s["min_replicas"], s["max_replicas"], s["startup_delay_s"], s["service"]) == (
+        1,
+        3,
+        10.0,
+        "batched",
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--scenario", "nope"], "unknown scenario 'nope'"),
+        (["--scenario", "viral", "--scalers", "magic"], "unknown scaler 'magic'"),
+        (["--scenario", "viral", "--policy", "magic"], "unknown routing policy 'magic'"),
+        (["--scenario", "viral", "--min", "4", "--max", "2"], "--max (2) must be >= --min (4)"),
+        (["--scenario", "viral", "--min", "0"], "--min must be at least 1"),
+        (["--scenario", "viral", "--target-ttft-ms", "-5"], "--target-ttft-ms must be positive"),
+        (["--scenario", "viral", "--set", "bogus=1"], "has no setting 'bogus'"),
+        (["--scenario", "viral", "--engine", "warp=9"], "unknown --engine parameter 'warp'"),
+        (["--scenario", "trace:/no/such/file.jsonl"], "trace file not found"),
+    ],
+)
+def test_bad_arguments_are_one_line_usage_errors(extra, message, capsys) -> None:
+    assert main(["sim-autoscale", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
