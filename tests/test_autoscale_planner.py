@@ -194,3 +194,75 @@ def test_choose_victim_ties_prefer_short_drain_then_newest():
 def test_bad_policy_is_refused_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=field):
         policy(**kw)
+
+
+# -- prefill load (prefix-aware modes) ------------------------------------------------------------
+
+
+def loaded(rid: str, load: float, wait: float = 0.0, phase: str = "ready") -> ReplicaObservation:
+    return ReplicaObservation(rid, phase, est_wait_s=wait, prefill_load=load)
+
+
+def test_prefill_load_scales_up_before_anyone_waits():
+    # two replicas at 0.9 prefill load: waits are still tiny, but 1.8 needs 3 replicas at 0.7 each
+    plan = plan_scale(obs([loaded("a", 0.9), loaded("b", 0.9)]), policy())
+    assert plan.add == 1 and "prefill load 1.80" in plan.reason and "needs 3 replicas" in plan.reason
+
+
+def test_rising_load_is_projected_over_the_lead_time():
+    first = plan_scale(obs([loaded("a", 0.5), loaded("b", 0.5)], now=100), policy(lead_time_s=30))
+    assert first.add == 0 and first.memory.demand == 1.0
+    # +0.2 in 5 s: the smoothed slope (0.02/s) projects 1.2 + 0.6 = 1.8 in 30 s -> 3 replicas
+    rising = plan_scale(
+        obs([loaded("a", 0.6), loaded("b", 0.6)], now=105), policy(lead_time_s=30), first.memory
+    )
+    assert rising.add == 1 and "projected 1.80" in rising.reason
+    assert rising.memory.demand_slope == pytest.approx(0.02)
+
+
+def test_falling_load_is_not_projected_down():
+    memory = PlannerMemory(demand=3.0, demand_s=95.0)
+    plan = plan_scale(obs([loaded("a", 0.8), loaded("b", 0.8)]), policy(), memory)
+    assert plan.add == 1  # 1.6 needs 3 replicas even though the load is falling
+    assert plan.memory.demand_slope < 0
+
+
+def test_load_scale_up_counts_pending_replicas_and_skips_the_cooldown():
+    reps = [loaded("a", 0.9), loaded("b", 0.9), loaded("c", 0.9), rep("n", phase="starting")]
+    # 2.7 needs 4: the starting replica covers it
+    assert plan_scale(obs(reps), policy()).add == 0
+    # 3.6 needs 6: two more even though one is pending and the last scale-up was 2 s ago
+    busier = [loaded("a", 1.2), loaded("b", 1.2), loaded("c", 1.2), rep("n", phase="starting")]
+    plan = plan_scale(obs(busier), policy(), PlannerMemory(last_scale_up_s=98.0))
+    assert plan.add == 2
+
+
+def test_scale_down_needs_the_load_to_fit_one_replica_fewer():
+    calm = PlannerMemory(calm_since_s=0.0)
+    # 1.2 on 3 replicas: waits are low, but 2 replicas would run at 0.6 > scale_down_load 0.5
+    held = plan_scale(obs([loaded(x, 0.4) for x in "abc"], now=1000), policy(), calm)
+    assert held.drain == () and held.memory.calm_since_s is None
+    light = plan_scale(obs([loaded(x, 0.3) for x in "abc"], now=1000), policy(), calm)
+    assert len(light.drain) == 1 and "fits 2 replicas" in light.reason
+
+
+def test_one_replicas_burst_does_not_break_the_quiet_period():
+    # mean wait (0.3 + 0 + 0) / 3 = 0.1 < idle 0.2: still quiet, although one replica waits 0.3 s
+    reps = [rep("a", wait=0.3), rep("b"), rep("c")]
+    plan = plan_scale(obs(reps, now=100), policy(), PlannerMemory(calm_since_s=80.0))
+    assert plan.memory.calm_since_s == 80.0
+
+
+def test_scale_down_keeps_the_demand_history():
+    memory = PlannerMemory(calm_since_s=0.0, demand=0.3, demand_s=995.0)
+    plan = plan_scale(obs([loaded(x, 0.1) for x in "abc"], now=1000), policy(), memory)
+    assert plan.drain and plan.memory.demand == pytest.approx(0.3) and plan.memory.last_scale_down_s == 1000
+
+
+def test_uniform_ignores_prefill_load():
+    assert plan_scale(obs([loaded("a", 5.0), loaded("b", 5.0)]), policy(mode="uniform")).add == 0
+
+
+def test_scale_down_load_must_be_below_target_load():
+    with pytest.raises(ValueError, match="scale_down_load"):
+        policy(target_load=0.5, scale_down_load=0.6)
