@@ -383,7 +383,7 @@ class Gateway:
                     worker.overlay.pop(h, None)
                 excluded.add(worker.worker_id)
             finally:
-                self.view.record_done(worker.worker_id, handle)
+                self.view.record_done(worker.worker_id, handle, time.time())
         kind = "no_worker" if not excluded else "upstream"
         self.metrics.errors.labels(kind).inc()
         return json_error(503, last_error, kind="service_unavailable")

@@ -14,6 +14,7 @@ one worker before that worker's next summary shows the prefix.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ DEFAULT_DEAD_AFTER_S = 3.0
 DEFAULT_OVERLAY_TTL_S = 30.0
 OVERLAY_SUMMARY_SLACK_S = 1.0  # a summary generated this long after a send surely includes it
 SUSPECT_S = 2.0  # a worker that refused a connection sits out this long
+MAX_RECENT_DONE = 256  # per worker: ended sends remembered to correct not-yet-updated reports
 MAX_OVERLAY_PER_WORKER = 16384  # ~260k tokens of recent sends; summaries normally prune it first
 _RESTRICTIVENESS = {"ready": 0, "warming": 1, "draining": 2}
 
@@ -35,6 +37,7 @@ _RESTRICTIVENESS = {"ready": 0, "warming": 1, "draining": 2}
 class _Send:
     sent_at: float  # wall clock (compared with the sidecar's load report timestamps)
     uncached_tokens: int
+    done_at: float = float("inf")  # wall clock when its answer ended
 
 
 @dataclass(slots=True)
@@ -51,6 +54,8 @@ class WorkerView:
     missing_since: float | None = None  # left the members hash at this time
     overlay: dict[int, float] = field(default_factory=dict)  # block hash -> wall time sent
     sends: dict[int, _Send] = field(default_factory=dict)  # own in-flight requests
+    # own requests that ended recently: a load report written before they ended still counts them
+    done: deque[_Send] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DONE))
 
     @property
     def state(self) -> str:
@@ -290,9 +295,15 @@ class FleetView:
             unreported = [s for s in w.sends.values() if s.sent_at > reported_at]
             if load is None:
                 unreported = list(w.sends.values())
-            in_flight = (load.in_flight if load else 0) + len(unreported)
-            pending = (load.pending_prefill_tokens if load else 0) + sum(
-                s.uncached_tokens for s in unreported
+            # own sends the report counts as in flight though they have ended since: subtract them
+            # (a burst right after a reply must not see the replied request as still queued)
+            ended = [d for d in w.done if d.sent_at <= reported_at < d.done_at] if load else []
+            in_flight = max((load.in_flight if load else 0) + len(unreported) - len(ended), 0)
+            pending = max(
+                (load.pending_prefill_tokens if load else 0)
+                + sum(s.uncached_tokens for s in unreported)
+                - sum(d.uncached_tokens for d in ended),
+                0,
             )
             rate = load.prefill_tokens_per_s if load and load.prefill_tokens_per_s > 0 else self.default_rate
             summary = w.summary
@@ -330,10 +341,15 @@ class FleetView:
         w.sends[handle] = _Send(wall_now, uncached_tokens)
         return handle
 
-    def record_done(self, worker_id: str, handle: int) -> None:
+    def record_done(self, worker_id: str, handle: int, wall_now: float | None = None) -> None:
+        """The answer to a send ended (``wall_now`` when known: reports older than it still count it)."""
         w = self.workers.get(worker_id)
-        if w is not None:
-            w.sends.pop(handle, None)
+        if w is None:
+            return
+        send = w.sends.pop(handle, None)
+        if send is not None and wall_now is not None:
+            send.done_at = wall_now
+            w.done.append(send)
 
     def prune_overlays(self, wall_now: float) -> None:
         """Drop overlay entries a newer summary made redundant or that outlived the TTL."""

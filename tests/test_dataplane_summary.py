@@ -267,6 +267,19 @@ def test_unreported_sends_add_to_reported_load():
     assert row.wait_s == pytest.approx(0.7)
 
 
+def test_own_sends_that_ended_after_the_last_report_no_longer_count_as_load():
+    view = FleetView(block_tokens=B)
+    view.apply_snapshot({"w1": _member()}, {"w1": _load(1, ts=100.0, in_flight=1, pending=400)}, now=0.0)
+    w1 = view.workers["w1"]
+    handle = view.record_send("w1", [], 400, wall_now=99.9)  # the report counts it...
+    view.record_done("w1", handle, wall_now=100.2)  # ...but it has ended since
+    (row,) = view.replica_states([w1], {(SEED, B): []}, 10, wall_now=100.3)
+    assert (row.in_flight, row.pending_prefill_tokens, row.wait_s) == (0, 0, 0.0)
+    view.apply_snapshot({"w1": _member()}, {"w1": _load(2, ts=100.5)}, now=0.5)  # a fresh report
+    (row,) = view.replica_states([w1], {(SEED, B): []}, 10, wall_now=100.6)
+    assert (row.in_flight, row.pending_prefill_tokens) == (0, 0)
+
+
 def test_workers_die_by_stale_heartbeat_but_a_redis_outage_freezes_the_view():
     view = FleetView(block_tokens=B, dead_after_s=3.0)
     view.apply_snapshot({"w1": _member(), "w2": _member()}, {"w1": _load(1), "w2": _load(1)}, now=0.0)
