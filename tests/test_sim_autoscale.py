@@ -4,15 +4,17 @@ replicas, bounds, pre-warming, the JSON/PNG it writes and one-line errors."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from prefixfleet.cli import main
-from prefixfleet.operator.autoscale import SCALER_MODES, ScalePolicy
-from prefixfleet.sim.autoscale import ElasticConfig, ElasticRun, simulate_elastic
+from prefixfleet.operator.autoscale import SCALER_MODES, Prewarm, ScalePlan, ScalePolicy
+from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.sim.autoscale import ElasticConfig, ElasticFleet, ElasticRun, simulate_elastic
 from prefixfleet.sim.autoscale_report import new_replica_hit_rates, replica_seconds, scaler_metrics
-from prefixfleet.sim.engine import ServiceConfig
+from prefixfleet.sim.engine import Job, ServiceConfig
 from prefixfleet.sim.scenarios import build_scenario
 
 # A two-minute viral burst at a tenth of the acceptance scale: seconds to simulate, still forces a
@@ -179,3 +181,23 @@ def test_bad_arguments_are_one_line_usage_errors(extra, message, capsys) -> None
     assert main(["sim-autoscale", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_prewarm_of_an_existing_replica_copies_a_holders_prefix() -> None:
+    policy = ScalePolicy(mode="prefix_aware_prewarm", min_replicas=2, max_replicas=2)
+    fleet = ElasticFleet(ElasticConfig(cache_tokens=10_000, policy=policy, service=SERVICE))
+    hot_prefix = as_token_bytes(range(1000, 1800))  # 800 tokens = 50 blocks of 16
+    holder, idle = fleet.members
+    fleet.observe(0.0)  # a rate needs two observations: this is the first
+    for i in range(3):
+        job = Job(i, 0.1, hot_prefix + as_token_bytes([5000 + i]), 4)
+        holder.accept(job, 0.1)
+    fleet.advance(4.0, next_tick=5.0, horizon=100.0)
+    observed = fleet.observe(5.0)
+    sid = next(s.subtree_id for s in observed.subtrees if s.tokens == 800)
+    plan = ScalePlan(desired_replicas=2, prewarm=(Prewarm(idle.name, (sid,)),), reason="test")
+    fleet.execute(plan, observed, 5.0)
+    assert len(idle.warmups) == 1 and idle.phase == "ready"  # an existing replica keeps serving
+    fleet.advance(10.0, next_tick=math.inf, horizon=0.0)
+    assert idle.model.tree.matched_tokens(hot_prefix + as_token_bytes([9])) == 800
+    assert fleet.warmup_tokens == 800
