@@ -247,9 +247,13 @@ async def reconcile_later(
 
 def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
     """The URL the operator itself uses for a fleet's Redis, with ``passwordSecretRef`` and ``tls``
-    applied (the pods get the same settings through their env, see the planner)."""
+    applied (the pods get the same settings through their env, see the planner). In memory only:
+    never put it in a manifest."""
     redis = spec.get("redis") or {}
-    url = _base_redis_url(ctx, namespace, redis)
+    return _with_auth(ctx, namespace, redis, _base_redis_url(ctx, namespace, redis))
+
+
+def _with_auth(ctx: OperatorContext, namespace: str, redis: dict[str, Any], url: str) -> str:
     ref = redis.get("passwordSecretRef") or {}
     password = ctx.kube.read_secret_key(namespace, ref.get("name", ""), ref.get("key", "")) if ref else None
     return with_credentials(url, password, tls=bool(redis.get("tls"))) if url else url
@@ -297,7 +301,9 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
             )
             if kind == "Deployment":
                 router_ready = int((child.get("status") or {}).get("readyReplicas") or 0)
-    redis_url = resolve_redis_url(ctx, namespace, fleet.get("spec") or {})
+    redis_spec = (fleet.get("spec") or {}).get("redis") or {}
+    base_redis_url = _base_redis_url(ctx, namespace, redis_spec)  # what pods may see: no password
+    redis_url = _with_auth(ctx, namespace, redis_spec, base_redis_url)
     if redis_url and any(p.draining for p in pods):
         pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
@@ -307,7 +313,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         router_ready_replicas=router_ready,
         conditions=conditions,
         victims=victims,
-        redis_url=redis_url,
+        redis_url=base_redis_url,
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,
     )
