@@ -390,6 +390,9 @@ def _maybe_scale_down(
         memory.last_scale_up_s, now, policy.scale_down_stabilization_s
     ):
         return replace(base, memory=memory, reason=f"quiet for {now - calm_since:.0f}s ({why})")
+    if sum(1 for r in active if r.phase == "ready") <= 1:
+        # the others are still starting: draining the only one serving would leave no one to route to
+        return replace(base, memory=memory, reason="quiet, but only one replica is ready")
     if prefix_aware:
         victim = choose_victim(active, observed.subtrees, policy.prefill_s_per_token)
     else:  # a cache-blind scaler removes the newest ready replica, as a ReplicaSet would

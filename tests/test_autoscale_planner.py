@@ -266,3 +266,13 @@ def test_uniform_ignores_prefill_load():
 def test_scale_down_load_must_be_below_target_load():
     with pytest.raises(ValueError, match="scale_down_load"):
         policy(target_load=0.5, scale_down_load=0.6)
+
+
+def test_the_only_ready_replica_is_never_drained():
+    # uniform with a start-up longer than the quiet period: one serves, one is still starting
+    reps = [rep("a", created=0), rep("b", phase="starting", created=50)]
+    plan = plan_scale(obs(reps, now=200), policy(mode="uniform"), PlannerMemory(calm_since_s=0))
+    assert plan.drain == () and "only one replica is ready" in plan.reason
+    # prefix-aware modes do not even consider scaling down while a replica is on its way
+    plan = plan_scale(obs(reps, now=200), policy(), PlannerMemory(calm_since_s=0))
+    assert plan.drain == ()
