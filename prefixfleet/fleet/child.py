@@ -2,7 +2,7 @@
 
 Same arguments and behaviour as ``prefixfleet emulator|router ...``, but only the one command module
 is imported: the full dispatcher imports every part of the product (operator, simulator, ...), which
-costs each of a fleet's many children a second of CPU at start-up on a small machine.
+costs each of a fleet's many children about half a second of CPU at start-up.
 """
 
 from __future__ import annotations
