@@ -38,6 +38,7 @@ from .proxying import (
     refuse_too_large,
     sse_error_event,
 )
+from .prewarm import add_routes as add_prewarm_routes
 from .radix import CacheFullError, as_token_bytes
 from .records import LoadReport, MemberRecord, encode_record, validate_state, validate_worker_id
 from .redis_conn import connect_redis
@@ -157,6 +158,7 @@ class Sidecar:
         app.router.add_post("/prefixfleet/state", self.handle_set_state)
         app.router.add_get("/prefixfleet/status", self.handle_status)
         app.router.add_get("/prefixfleet/hot", self.handle_hot)
+        add_prewarm_routes(app)
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)
         app.router.add_get("/metrics", self.handle_metrics)

@@ -1,0 +1,194 @@
+"""Pre-warming a replica from another replica's cache, sidecar to sidecar.
+
+Two endpoints on every sidecar, called by the autoscaler (never by clients, never through Redis):
+
+* ``GET /prefixfleet/prefix/{hash}`` on a replica that holds a hot prefix: the token ids of the cached
+  prefix whose chained block hash (16 hex digits, as published in the summaries) is ``hash``, found in
+  the sidecar's mirror tree; 404 when it is not held. Token ids stay pod-to-pod: Redis only ever
+  holds hashes.
+* ``POST /prefixfleet/warm {"source": URL, "hashes": [...]}`` on the replica being warmed: its state
+  becomes ``warming`` (gateways send it nothing new), each prefix is fetched from the source sidecar
+  and replayed as a prefill-only request (``max_new_tokens: 0``) to this sidecar's own ``/generate``,
+  so it goes through the mirror like any request; then the state becomes ``ready``. The answer
+  reports the warmed tokens and, per hash, ``ok`` or why it failed.
+
+Cache identity is respected: a prefix is replayed only when the source serves the same model,
+revision and adapter (another identity names different blocks, so its cache would be useless here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from prefixfleet.operator.hot_subtrees import find_prefix, parse_subtree_id
+
+from .proxying import find_cached_tokens, json_error
+from .summary import HotPrefix
+
+if TYPE_CHECKING:
+    from .sidecar import Sidecar
+
+MAX_WARM_HASHES = 64
+FETCH_TIMEOUT_S = 10.0
+PREFILL_TIMEOUT_S = 120.0
+_URL = re.compile(r"^https?://[^/\s]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class WarmRequest:
+    source: str
+    hashes: tuple[str, ...]
+
+
+def parse_warm_request(body: Any) -> WarmRequest:
+    """Validate a ``/prefixfleet/warm`` body; ValueError names the bad field."""
+    if not isinstance(body, dict):
+        raise ValueError("request body must be a JSON object")
+    source = body.get("source")
+    if not isinstance(source, str) or not _URL.match(source.rstrip("/")):
+        raise ValueError(f"field 'source' must be a sidecar base URL like http://host:port, got {source!r}")
+    hashes = body.get("hashes")
+    if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+        raise ValueError("field 'hashes' must be a list of 16-hex-digit prefix hashes")
+    if len(hashes) > MAX_WARM_HASHES:
+        raise ValueError(f"field 'hashes' holds {len(hashes)} hashes; at most {MAX_WARM_HASHES} per request")
+    for h in hashes:
+        parse_subtree_id(h)
+    return WarmRequest(source.rstrip("/"), tuple(dict.fromkeys(hashes)))
+
+
+def lookup_prefix(sidecar: Sidecar, block_hash: int) -> HotPrefix | None:
+    """The held prefix behind ``block_hash``: the summary's hot prefixes first (no walk), else the tree."""
+    mirror = sidecar.s.mirror
+    found = mirror.hot_prefixes.get(block_hash)
+    if found is not None:
+        return found
+    return find_prefix(
+        mirror.tree, block_hash, block_tokens=mirror.block_tokens, namespace_seed=mirror.namespace_seed
+    )
+
+
+async def handle_prefix(request: web.Request) -> web.Response:
+    sidecar: Sidecar = request.app["sidecar"]
+    sid = request.match_info["hash"]
+    try:
+        block_hash = parse_subtree_id(sid)
+    except ValueError as exc:
+        return json_error(400, str(exc), param="hash")
+    prefix = lookup_prefix(sidecar, block_hash)
+    if prefix is None:
+        return json_error(404, f"prefix {sid} is not cached on {sidecar.s.worker_id}", param="hash")
+    engine = sidecar.s.engine
+    return web.json_response(
+        {
+            "hash": sid,
+            "worker_id": sidecar.s.worker_id,
+            "namespace": prefix.namespace if isinstance(prefix.namespace, str) else None,
+            "model": engine.model,
+            "revision": engine.revision,
+            "adapter": sidecar.config.adapter,
+            "num_tokens": len(prefix.token_bytes) // 4,
+            "input_ids": list(memoryview(prefix.token_bytes).cast("I")),
+        }
+    )
+
+
+async def handle_warm(request: web.Request) -> web.Response:
+    sidecar: Sidecar = request.app["sidecar"]
+    try:
+        body = await request.json()
+    except ValueError:
+        return json_error(400, "request body is not valid JSON")
+    try:
+        warm = parse_warm_request(body)
+    except ValueError as exc:
+        return json_error(400, str(exc))
+    previous = sidecar.s.state
+    set_state(sidecar, "warming")
+    await announce_state(sidecar)  # gateways know before the first prefill starts
+    try:
+        results = await warm_prefixes(sidecar, warm.source, warm.hashes)
+    finally:
+        # a draining replica stays draining: warming never overrides the operator's removal
+        set_state(sidecar, "draining" if previous == "draining" else "ready")
+    return web.json_response(
+        {
+            "worker_id": sidecar.s.worker_id,
+            "state": sidecar.s.state,
+            "warmed_tokens": sum(r.get("tokens", 0) for r in results.values() if r["status"] == "ok"),
+            "results": results,
+        }
+    )
+
+
+def set_state(sidecar: Sidecar, state: str) -> None:
+    if sidecar.s.state != state:
+        sidecar.s.state = state
+        sidecar.s.state_changed.set()
+
+
+async def announce_state(sidecar: Sidecar) -> None:
+    """Publish the state now rather than at the next publish round (best effort: Redis may be down,
+    the publish loop then retries)."""
+    if sidecar.redis is None:
+        return
+    with contextlib.suppress(aioredis.RedisError, OSError, TimeoutError):
+        await sidecar.publish_once(register=True, periodic=False)
+        await sidecar.redis.publish(sidecar.keys.events, f"state {sidecar.s.worker_id} {sidecar.s.state}")
+
+
+async def warm_prefixes(sidecar: Sidecar, source: str, hashes: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Fetch and replay each prefix in order (one at a time: warming must not swamp the engine)."""
+    assert sidecar.session is not None
+    own = f"http://127.0.0.1:{sidecar.config.port}"
+    results: dict[str, dict[str, Any]] = {}
+    for sid in hashes:
+        try:
+            results[sid] = await _warm_one(sidecar.session, sidecar, source, own, sid)
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            results[sid] = {"status": "failed", "error": f"{exc.__class__.__name__}: {exc}"[:300]}
+    return results
+
+
+async def _warm_one(
+    session: aiohttp.ClientSession, sidecar: Sidecar, source: str, own: str, sid: str
+) -> dict[str, Any]:
+    async with session.get(
+        f"{source}/prefixfleet/prefix/{sid}", timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
+    ) as resp:
+        if resp.status == 404:
+            return {"status": "failed", "error": f"source {source} does not hold prefix {sid}"}
+        if resp.status != 200:
+            return {"status": "failed", "error": f"source {source} answered HTTP {resp.status}"}
+        prefix = await resp.json(content_type=None)
+    ids = prefix.get("input_ids") if isinstance(prefix, dict) else None
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+        return {"status": "failed", "error": f"source {source} sent no token ids for {sid}"}
+    mine = (sidecar.s.engine.model, sidecar.s.engine.revision, sidecar.config.adapter)
+    theirs = (prefix.get("model", ""), prefix.get("revision", ""), prefix.get("adapter", ""))
+    if sidecar.s.engine.known and theirs != mine:
+        return {"status": "failed", "error": f"cache identity differs: source {theirs}, this replica {mine}"}
+    body: dict[str, Any] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}}
+    if prefix.get("namespace"):
+        body["cache_salt"] = prefix["namespace"]
+    async with session.post(
+        f"{own}/generate", json=body, timeout=aiohttp.ClientTimeout(total=PREFILL_TIMEOUT_S)
+    ) as resp:
+        data = await resp.read()
+        if resp.status != 200:
+            return {"status": "failed", "error": f"prefill answered HTTP {resp.status}: {data[:200]!r}"}
+    return {"status": "ok", "tokens": len(ids), "cached_before": find_cached_tokens(data) or 0}
+
+
+def add_routes(app: web.Application) -> None:
+    """Register the pre-warm endpoints (before the sidecar's catch-all proxy route)."""
+    app.router.add_get("/prefixfleet/prefix/{hash}", handle_prefix)
+    app.router.add_post("/prefixfleet/warm", handle_warm)

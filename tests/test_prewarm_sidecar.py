@@ -1,0 +1,158 @@
+"""Sidecar-to-sidecar pre-warming with real processes: Valkey, two engine emulators, two sidecars.
+
+Specification:
+* ``GET /prefixfleet/prefix/{hash}`` on the holder returns the token ids of the cached prefix whose
+  chained block hash is ``hash``; an unknown hash is a 404, a malformed one a 400;
+* ``POST /prefixfleet/warm`` on a cold replica fetches each prefix from the source and prefills it
+  through its own sidecar: afterwards a request with that prefix on the cold replica is a cache hit;
+* the warmed replica is ``warming`` (in its Redis load record) while it warms, ``ready`` after;
+* an unknown hash is reported failed in the summary, not a crash; a bad body is a 400 naming the field;
+* token ids never reach Redis (only hashes do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+import redis
+from fleet_fixtures import RedisServer, Spawner, free_port, prefixfleet_argv, wait_for_http
+
+from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, block_hashes
+from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.records import decode_load
+from prefixfleet.tokenizer import tokenize
+
+FLEET = "warm"
+pytestmark = pytest.mark.timeout(120)
+PREFIX = "System: you are the billing assistant of the warm-up test tenant. Policies follow. " * 30
+
+
+@dataclass
+class Pair:
+    holder: str
+    cold: str
+    redis_url: str
+
+
+@pytest.fixture
+def pair(spawn: Spawner, redis_server: RedisServer) -> Iterator[Pair]:
+    urls = []
+    for i in range(2):
+        engine_port, sidecar_port = free_port(), free_port()
+        engine = spawn(
+            prefixfleet_argv("emulator", "--port", str(engine_port), "--time-scale", "50",
+                             "--cache-tokens", "20000"), name=f"engine{i}")  # fmt: skip
+        sidecar = spawn(
+            prefixfleet_argv("router", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}",
+                             "--redis", redis_server.url, "--port", str(sidecar_port), "--worker-id", f"w{i}",
+                             "--fleet", FLEET, "--publish-interval", "0.1"), name=f"sidecar{i}")  # fmt: skip
+        wait_for_http(f"http://127.0.0.1:{engine_port}/health", proc=engine.proc)
+        wait_for_http(f"http://127.0.0.1:{sidecar_port}/prefixfleet/status", proc=sidecar.proc)
+        urls.append(f"http://127.0.0.1:{sidecar_port}")
+    yield Pair(urls[0], urls[1], redis_server.url)
+
+
+async def generate(http: aiohttp.ClientSession, url: str, text: str) -> dict:
+    body = {"text": text, "sampling_params": {"max_new_tokens": 2}}
+    async with http.post(f"{url}/generate", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def prefix_hash(http: aiohttp.ClientSession, url: str) -> str:
+    """The hash the summaries publish for PREFIX's last full block (computed independently)."""
+    async with http.get(f"{url}/prefixfleet/status") as resp:
+        status = await resp.json()
+    seed = CacheIdentity(status["model"], status["revision"], "").seed()
+    return f"{block_hashes(tokenize(PREFIX), seed, DEFAULT_BLOCK_TOKENS)[-1]:016x}"
+
+
+def load_state(redis_url: str, worker: str) -> str | None:
+    with redis.Redis.from_url(redis_url) as client:
+        raw = client.get(FleetKeys(FLEET).load(worker))
+    return decode_load(raw).state if raw is not None else None
+
+
+async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hits(pair: Pair) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        await generate(http, pair.holder, PREFIX + "first question?")
+        sid = await prefix_hash(http, pair.holder)
+        prefix_tokens = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
+
+        async with http.get(f"{pair.holder}/prefixfleet/prefix/{sid}") as resp:
+            assert resp.status == 200, await resp.text()
+            held = await resp.json()
+        assert held["hash"] == sid and held["num_tokens"] == prefix_tokens
+        assert held["input_ids"] == list(tokenize(PREFIX))[:prefix_tokens]
+
+        # not warmed yet: the cold replica recomputes the whole prompt
+        cold_first = await generate(http, pair.cold, PREFIX + "cold probe?")
+        assert cold_first["meta_info"]["cached_tokens"] == 0
+        async with http.post(f"{pair.cold}/flush_cache") as resp:
+            assert resp.status == 200
+
+        # watch the cold replica's published state changes while it warms
+        events = redis.Redis.from_url(pair.redis_url).pubsub()
+        events.subscribe(FleetKeys(FLEET).events)
+        unknown = "00000000deadbeef"
+        async with http.post(f"{pair.cold}/prefixfleet/warm",
+                             json={"source": pair.holder, "hashes": [sid, unknown]}) as resp:  # fmt: skip
+            assert resp.status == 200, await resp.text()
+            summary = await resp.json()
+        states = []
+        for _ in range(100):
+            message = await asyncio.to_thread(events.get_message, timeout=0.1)
+            if message and message["type"] == "message" and message["data"].startswith(b"state w1 "):
+                states.append(message["data"].decode().split()[-1])
+            if states[-1:] == ["ready"]:
+                break
+        events.close()
+
+        assert summary["results"][sid] == {"status": "ok", "tokens": prefix_tokens, "cached_before": 0}
+        assert summary["results"][unknown]["status"] == "failed"
+        assert "does not hold" in summary["results"][unknown]["error"]
+        assert summary["warmed_tokens"] == prefix_tokens and summary["state"] == "ready"
+        changes = [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
+        assert changes == ["warming", "ready"]  # warming announced before the prefills, ready after
+        assert load_state(pair.redis_url, "w1") == "ready"
+
+        # the first real request on the warmed replica is a cache hit on the whole prefix
+        hit = await generate(http, pair.cold, PREFIX + "a brand new question?")
+        assert hit["meta_info"]["cached_tokens"] >= prefix_tokens
+
+    with redis.Redis.from_url(pair.redis_url) as client:
+        ids = json.dumps(held["input_ids"][:8])[1:-1].encode()
+        for key in client.keys("*"):
+            value = client.get(key) if client.type(key) == b"string" else b""
+            assert ids not in (value or b""), f"token ids leaked into Redis key {key!r}"
+
+
+async def test_bad_requests_get_a_clear_4xx_and_the_sidecar_stays_up(pair: Pair) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with http.get(f"{pair.holder}/prefixfleet/prefix/not-a-hash") as resp:
+            assert resp.status == 400 and "16 hex digits" in await resp.text()
+        async with http.get(f"{pair.holder}/prefixfleet/prefix/0123456789abcdef") as resp:
+            assert resp.status == 404 and "not cached" in await resp.text()
+        for body, field in [
+            ({"hashes": []}, "source"),
+            ({"source": "ftp://x", "hashes": []}, "source"),
+            ({"source": pair.holder, "hashes": "abc"}, "hashes"),
+            ({"source": pair.holder, "hashes": ["xyz"]}, "16 hex digits"),
+        ]:
+            async with http.post(f"{pair.cold}/prefixfleet/warm", json=body) as resp:
+                assert resp.status == 400 and field in await resp.text()
+        # an unreachable source: every hash reported failed, state back to ready
+        dead = f"http://127.0.0.1:{free_port()}"
+        async with http.post(f"{pair.cold}/prefixfleet/warm",
+                             json={"source": dead, "hashes": ["0123456789abcdef"]}) as resp:  # fmt: skip
+            assert resp.status == 200
+            summary = await resp.json()
+        assert summary["results"]["0123456789abcdef"]["status"] == "failed"
+        assert summary["warmed_tokens"] == 0 and summary["state"] == "ready"
+        async with http.get(f"{pair.cold}/prefixfleet/status") as resp:
+            assert (await resp.json())["state"] == "ready"
