@@ -488,6 +488,8 @@ def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
         "--policy", router.policy,
         "--block-tokens", str(router.block_tokens),
     ]  # fmt: skip
+    for key, value in sorted(router.policy_params.items()):
+        gateway_args += ["--policy-param", f"{key}={value:g}"]
     if spec.cache_identity.tenant_isolation:
         # the tenant (cache_salt) comes only from this header, set by the proxy that authenticates
         gateway_args += ["--tenant-header", "X-Prefixfleet-Tenant"]

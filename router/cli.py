@@ -87,6 +87,13 @@ def register(subparsers: Any) -> None:
         "--policy", default=None, metavar="NAME", help="routing policy (default: the project's default)"
     )
     gw.add_argument(
+        "--policy-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="routing policy parameter (a number), e.g. delay_weight=0.5; repeatable",
+    )
+    gw.add_argument(
         "--worker",
         action="append",
         default=[],
@@ -210,6 +217,34 @@ def run_sidecar(args: argparse.Namespace) -> int:
     return _run(serve(config))
 
 
+def _policy_params(policy: str, pairs: list[str]) -> dict[str, float]:
+    """``KEY=VALUE`` pairs for the policy's constructor, checked by building the policy once."""
+    import inspect
+
+    from .policies import POLICIES, make_policy
+
+    known = [p for p in inspect.signature(POLICIES[policy].__init__).parameters if p not in ("self", "cost")]
+
+    params: dict[str, float] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        try:
+            if not sep or not key:
+                raise ValueError
+            params[key.strip()] = float(value)
+        except ValueError:
+            raise _usage_error(f"--policy-param {pair!r}: expected KEY=NUMBER") from None
+        if key.strip() not in known:
+            raise _usage_error(
+                f"--policy-param {key.strip()!r}: {policy} takes {', '.join(known) or 'no parameters'}"
+            )
+    try:
+        make_policy(policy, None, **params)
+    except ValueError as exc:
+        raise _usage_error(f"--policy-param: {exc}") from None
+    return params
+
+
 def run_gateway(args: argparse.Namespace) -> int:
     from .gateway import GatewayConfig, serve
     from .policies import DEFAULT_POLICY, POLICIES
@@ -218,6 +253,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     policy = args.policy or DEFAULT_POLICY
     if policy not in POLICIES:
         raise _usage_error(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
+    params = _policy_params(policy, args.policy_param)
     workers = tuple(_check_url("--worker", w) for w in args.worker)
     if not args.redis and not workers:
         raise _usage_error("give --redis URL, or at least one --worker URL")
@@ -241,6 +277,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         host=args.host,
         fleet=args.fleet,
         policy=policy,
+        policy_params=params,
         workers=workers,
         block_tokens=args.block_tokens,
         refresh_interval_s=args.refresh_interval,

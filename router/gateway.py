@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -61,6 +61,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     fleet: str = DEFAULT_FLEET
     policy: str = DEFAULT_POLICY
+    policy_params: dict[str, float] = field(default_factory=dict)
     workers: tuple[str, ...] = ()
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     refresh_interval_s: float = 0.2
@@ -102,7 +103,7 @@ class Gateway:
         self.config = config
         self.keys = FleetKeys(config.fleet)
         self.cost = CostModel(prefill_s_per_token=1.0 / config.prefill_tokens_per_s)
-        self.policy: RoutingPolicy = make_policy(config.policy, self.cost)
+        self.policy: RoutingPolicy = make_policy(config.policy, self.cost, **config.policy_params)
         self.view = FleetView(
             block_tokens=config.block_tokens,
             dead_after_s=config.dead_after_s,
