@@ -230,6 +230,28 @@ class AutoscalingSpec(CamelModel):
     scale_down_stabilization_seconds: int = Field(
         default=300, ge=0, description="The fleet must be quiet this long before a scale-down."
     )
+    interval_seconds: float = Field(
+        default=10.0, ge=1, le=300, description="How often the autoscaler observes the fleet and plans."
+    )
+    target_load: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="Prefill load per replica (busy fraction) the autoscaler sizes the fleet for.",
+    )
+    scale_down_load: float = Field(
+        default=0.5,
+        gt=0,
+        lt=1,
+        description="Remove a replica only if the others would run below this prefill load (< targetLoad).",
+    )
+    hot_rate_rps: float = Field(
+        default=0.5, ge=0, description="Subtrees requested less often than this (req/s) are not hot."
+    )
+    lead_time_seconds: float = Field(
+        default=30.0, ge=0, description="Start-up time of a replica: demand is projected this far ahead."
+    )
+    max_step_up: int = Field(default=2, ge=1, description="At most this many replicas added per decision.")
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:
@@ -237,6 +259,11 @@ class AutoscalingSpec(CamelModel):
             raise ValueError(
                 f"spec.autoscaling.minReplicas ({self.min_replicas}) must be <= "
                 f"spec.autoscaling.maxReplicas ({self.max_replicas})"
+            )
+        if self.scale_down_load >= self.target_load:
+            raise ValueError(
+                f"spec.autoscaling.scaleDownLoad ({self.scale_down_load}) must be < "
+                f"spec.autoscaling.targetLoad ({self.target_load})"
             )
         return self
 
@@ -247,7 +274,12 @@ class AutoscalingSpec(CamelModel):
                     "self.minReplicas <= self.maxReplicas",
                     "spec.autoscaling.minReplicas must be <= spec.autoscaling.maxReplicas",
                     ".minReplicas",
-                )
+                ),
+                cel(
+                    "!has(self.scaleDownLoad) || !has(self.targetLoad) || self.scaleDownLoad < self.targetLoad",
+                    "spec.autoscaling.scaleDownLoad must be < spec.autoscaling.targetLoad",
+                    ".scaleDownLoad",
+                ),
             ]
         }
     )
