@@ -49,6 +49,19 @@ def register(subparsers: Any) -> None:
         default=os.environ.get("PREFIXFLEET_REDIS_URL", ""),
         help="Redis URL for fleets whose spec names none (env PREFIXFLEET_REDIS_URL)",
     )
+    run.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8081,
+        metavar="PORT",
+        help="serve the operator's Prometheus metrics on this port (0: off; default 8081)",
+    )
+    run.add_argument(
+        "--metrics-addr",
+        default=os.environ.get("PREFIXFLEET_METRICS_ADDR", "0.0.0.0"),
+        metavar="ADDR",
+        help="address the metrics port binds (env PREFIXFLEET_METRICS_ADDR; default 0.0.0.0)",
+    )
     run.add_argument("--verbose", "-v", action="store_true", help="log every API call and handler step")
     run.set_defaults(func=run_operator)
 
@@ -58,6 +71,8 @@ def run_operator(args: argparse.Namespace) -> int:
         raise UsageError(f"--liveness must look like http://HOST:PORT/PATH, got {args.liveness!r}")
     if args.redis and not re.match(r"^(redis|rediss|unix)://", args.redis):
         raise UsageError(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    if not 0 <= args.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
     import kopf
 
     for name in HANDLER_MODULES:
@@ -68,7 +83,9 @@ def run_operator(args: argparse.Namespace) -> int:
                 raise
 
     kopf.configure(verbose=args.verbose)
-    memo = kopf.Memo(default_redis_url=args.redis)
+    memo = kopf.Memo(
+        default_redis_url=args.redis, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr
+    )
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,

@@ -107,6 +107,7 @@ class OperatorProcess:
             "PREFIXFLEET_WATCH_SERVER_TIMEOUT": "20",
             "PREFIXFLEET_RECONCILE_INTERVAL": "10",
             "PREFIXFLEET_DRAIN_SECONDS": "5",
+            "PREFIXFLEET_METRICS_ADDR": "127.0.0.1",  # tests stay on loopback
         }
         argv = [
             str(Path(sys.executable).parent / "prefixfleet"),

@@ -1,0 +1,393 @@
+"""The autoscaler's kopf timer: observe a fleet, ``plan_scale``, execute the plan (the I/O shell).
+
+Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.enabled``:
+
+1. observe — replica pods (API server), each sidecar's load record and summary (Redis, decoded with
+   the data plane's own code), each engine's token counters (the sidecar's ``/metrics``), and merge
+   the summaries into hot subtrees (:func:`~.hot_subtrees.hot_subtrees`);
+2. plan — :func:`~.autoscale.plan_scale` with the policy from the spec and the memory of the last
+   round (kept here in memory per fleet: a restarted operator just starts a fresh cooldown);
+3. execute —
+   * scale up: ``spec.replicas`` through the ``/scale`` subresource (the reconcile handler creates
+     the pods); each new pod is marked ``prefixfleet.io/state: warming`` as soon as it exists, and
+     once its sidecar answers it gets ``POST /prefixfleet/warm`` with the hot subtrees the plan
+     assigned to it and a holder's sidecar as the source; then the mark is removed (ready);
+   * pre-warm of an idle existing replica: the same warm request, marked warming meanwhile;
+   * scale down: the planner's victim goes into the fleet's ``prefixfleet.io/victims`` annotation and
+     ``spec.replicas`` is lowered: the reconcile loop drains exactly that pod, then deletes it;
+   * ``status.lastScaleTime``, ``lastScaleReason``, ``hotPrefixes`` (hashes only), an Event with the
+     plan's reason, and the operator's Prometheus metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import kopf
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from redis.exceptions import RedisError
+
+from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.records import LoadReport, decode_load
+from prefixfleet.router.summary import Summary, SummaryError, decode_summary
+
+from .autoscale import PlannerMemory, ScalePlan, SubtreeObservation, plan_scale
+from .autoscale_observe import (
+    TokenCounters,
+    hot_prefixes_status,
+    observe_fleet,
+    parse_token_counters,
+    prefill_load,
+    scale_policy,
+    warm_sources,
+)
+from .handlers import ANNOTATION_VICTIMS, FLEET_RESOURCE, OperatorContext, resolve_redis_url
+from .hot_subtrees import HotState, hot_subtrees
+from .models import InvalidFleetSpec, validate_spec
+from .planner import ANNOTATION_STATE, FleetRef, ObservedPod, observe_pod, pod_url, replica_selector
+
+TICK_S = 1.0  # the timer ticks this often; each fleet's round runs every intervalSeconds
+SCRAPE_TIMEOUT_S = 2.0
+WARM_TIMEOUT_S = 180.0  # pod start + sidecar ready + prefills
+DEFAULT_METRICS_PORT = 8081
+
+
+class OperatorMetrics:
+    """The operator's own series (docs/metrics.md), in a registry owned by the running operator."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ("namespace", "fleet")
+        self.replicas = Gauge(
+            "prefixfleet_operator_replicas", "spec.replicas the operator reconciles to.", labels,
+            registry=self.registry,
+        )  # fmt: skip
+        self.max_replicas = Gauge(
+            "prefixfleet_operator_max_replicas",
+            "spec.autoscaling.maxReplicas.",
+            labels,
+            registry=self.registry,
+        )
+        self.target_ttft = Gauge(
+            "prefixfleet_operator_target_ttft_seconds", "spec.autoscaling.targetTTFTSeconds.", labels,
+            registry=self.registry,
+        )  # fmt: skip
+        self.scale_events = Counter(
+            "prefixfleet_operator_scale_events",
+            "The autoscaler's executed decisions (scale_up, scale_down, prewarm, drain).",
+            (*labels, "action"),
+            registry=self.registry,
+        )
+
+    def forget(self, namespace: str, fleet: str) -> None:
+        for gauge in (self.replicas, self.max_replicas, self.target_ttft):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, fleet)
+
+
+@dataclass
+class FleetAutoscale:
+    """What the autoscaler remembers about one fleet between rounds."""
+
+    memory: PlannerMemory = field(default_factory=PlannerMemory)
+    hot: HotState | None = None
+    counters: dict[str, TokenCounters] = field(default_factory=dict)
+    last_round: float = 0.0
+    warming: set[asyncio.Task[None]] = field(default_factory=set)
+
+
+@dataclass
+class AutoscaleContext:
+    metrics: OperatorMetrics
+    http: httpx.AsyncClient
+    fleets: dict[str, FleetAutoscale] = field(default_factory=dict)
+
+
+@kopf.on.startup()
+async def start_autoscaler(memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    metrics = OperatorMetrics()
+    port = getattr(memo, "metrics_port", DEFAULT_METRICS_PORT)
+    if port:
+        try:
+            start_http_server(port, addr=getattr(memo, "metrics_addr", "0.0.0.0"), registry=metrics.registry)
+            logger.info("operator metrics on :%d/metrics", port)
+        except OSError as exc:  # metrics are not worth refusing to reconcile
+            logger.warning("operator metrics not served: port %d: %s", port, exc)
+    memo.autoscale = AutoscaleContext(metrics, httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S))
+
+
+@kopf.on.cleanup()
+async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
+    auto: AutoscaleContext | None = getattr(memo, "autoscale", None)
+    if auto is None:
+        return
+    for state in auto.fleets.values():
+        for task in state.warming:
+            task.cancel()
+    await auto.http.aclose()
+
+
+@kopf.timer(**FLEET_RESOURCE, interval=TICK_S, sharp=False)
+async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    auto: AutoscaleContext | None = getattr(memo, "autoscale", None)
+    if ctx is None or auto is None:
+        return
+    namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
+    key = f"{namespace}/{name}"
+    raw_spec = dict(body.get("spec") or {})
+    if not (raw_spec.get("autoscaling") or {}).get("enabled") or body.metadata.get("deletionTimestamp"):
+        if auto.fleets.pop(key, None) is not None:
+            auto.metrics.forget(namespace, name)
+        return
+    try:
+        spec = validate_spec(raw_spec)
+    except InvalidFleetSpec:
+        return  # the reconcile handler reports it as Degraded
+    state = auto.fleets.setdefault(key, FleetAutoscale())
+    now = time.time()
+    if now - state.last_round < spec.autoscaling.interval_seconds:
+        return
+    state.last_round = now
+    fleet = dict(body)
+    ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
+    m = auto.metrics
+    m.replicas.labels(namespace, name).set(spec.replicas)
+    m.max_replicas.labels(namespace, name).set(spec.autoscaling.max_replicas)
+    m.target_ttft.labels(namespace, name).set(spec.autoscaling.target_ttft_seconds)
+    try:
+        await autoscale_round(ctx, auto, state, fleet, ref, spec, logger)
+    except (RedisError, OSError, kopf.TemporaryError) as exc:
+        logger.warning("autoscaler round for %s skipped: %s", key, exc)
+
+
+async def autoscale_round(
+    ctx: OperatorContext,
+    auto: AutoscaleContext,
+    state: FleetAutoscale,
+    fleet: dict[str, Any],
+    ref: FleetRef,
+    spec: Any,
+    logger: logging.Logger,
+) -> ScalePlan:
+    namespace, name = ref.namespace, ref.name
+    pods = await asyncio.to_thread(
+        lambda: [observe_pod(p) for p in ctx.kube.list("Pod", namespace, replica_selector(ref))]
+    )
+    await _clear_stale_victims(ctx, fleet, pods)
+    urls = {p.name: u for p in pods if p.alive and (u := pod_url(p, spec.sidecar.port)) is not None}
+    redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(fleet.get("spec") or {}))
+    loads, summaries = await read_records(ctx, redis_url, FleetKeys(ref.redis_fleet), [p.name for p in pods])
+    counters = await scrape_counters(auto.http, {n: u for n, u in urls.items() if n in loads})
+    loads_by_pod = {
+        n: prefill_load(state.counters.get(n), c, loads[n].prefill_tokens_per_s) for n, c in counters.items()
+    }
+    state.counters = counters
+    now = time.time()
+    subtrees, state.hot = hot_subtrees(summaries, state.hot, now)
+    observed = observe_fleet(now, spec.replicas, pods, loads, loads_by_pod, subtrees)
+    plan = plan_scale(observed, scale_policy(spec), state.memory)
+    state.memory = plan.memory
+    status: dict[str, Any] = {}
+    hot = hot_prefixes_status(subtrees)
+    if hot != ((fleet.get("status") or {}).get("hotPrefixes") or []):
+        status["hotPrefixes"] = hot
+    m = auto.metrics
+    if plan.add or plan.drain:
+        if plan.drain:
+            await asyncio.to_thread(
+                ctx.kube.annotate,
+                "PrefixCacheFleet",
+                namespace,
+                name,
+                {ANNOTATION_VICTIMS: ",".join(plan.drain)},
+            )
+        await asyncio.to_thread(scale_fleet, ctx, namespace, name, plan.desired_replicas)
+        status["lastScaleTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        status["lastScaleReason"] = plan.reason[:1024]
+        action = "scale_up" if plan.add else "scale_down"
+        m.scale_events.labels(namespace, name, action).inc()
+        if plan.drain:
+            m.scale_events.labels(namespace, name, "drain").inc(len(plan.drain))
+        m.replicas.labels(namespace, name).set(plan.desired_replicas)
+        reason = "ScalingUp" if plan.add else "ScalingDown"
+        kopf.event(fleet, type="Normal", reason=reason, message=plan.reason)
+        logger.info("autoscaler: %s", plan.reason)
+    if status:
+        await asyncio.to_thread(ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, status)
+    if plan.prewarm:
+        known = {p.name for p in pods}
+        for warm in plan.prewarm:
+            task = asyncio.create_task(
+                prewarm_replica(ctx, auto, fleet, ref, spec.sidecar.port, warm.target, warm.subtree_ids,
+                                subtrees, known, logger)
+            )  # fmt: skip
+            state.warming.add(task)
+            task.add_done_callback(state.warming.discard)
+        if not plan.add:
+            kopf.event(fleet, type="Normal", reason="Prewarming", message=plan.reason)
+    return plan
+
+
+async def _clear_stale_victims(
+    ctx: OperatorContext, fleet: dict[str, Any], pods: Sequence[ObservedPod]
+) -> None:
+    """A victim list naming no existing pod has done its job: drop it, so a later pod that reuses the
+    name is not preferred for removal."""
+    meta = fleet.get("metadata") or {}
+    victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
+    if victims and not {p.name for p in pods} & set(victims):
+        await asyncio.to_thread(
+            ctx.kube.annotate, "PrefixCacheFleet", meta["namespace"], meta["name"], {ANNOTATION_VICTIMS: None}
+        )
+
+
+def scale_fleet(ctx: OperatorContext, namespace: str, name: str, replicas: int) -> None:
+    """Change spec.replicas through the scale subresource (what an HPA or kubectl scale would do)."""
+    kube = ctx.kube
+    kube.request(
+        "PATCH",
+        kube.path("PrefixCacheFleet", namespace, name, "scale"),
+        body={"spec": {"replicas": replicas}},
+        content_type="application/merge-patch+json",
+    )
+
+
+async def read_records(
+    ctx: OperatorContext, redis_url: str, keys: FleetKeys, names: Sequence[str]
+) -> tuple[dict[str, LoadReport], dict[str, Summary]]:
+    """Each pod's load record and summary (the worker id is the pod name); malformed ones are skipped."""
+    if not redis_url or not names:
+        return {}, {}
+    client = ctx.redis(redis_url)
+    raw_loads = await client.mget([keys.load(n) for n in names])
+    raw_summaries = await client.mget([keys.summary(n) for n in names])
+    loads: dict[str, LoadReport] = {}
+    summaries: dict[str, Summary] = {}
+    for n, raw_load, raw_summary in zip(names, raw_loads, raw_summaries, strict=True):
+        with contextlib.suppress(SummaryError, ValueError):
+            if raw_load is not None:
+                loads[n] = decode_load(raw_load)
+        with contextlib.suppress(SummaryError, ValueError):
+            if raw_summary is not None:
+                summaries[n] = decode_summary(raw_summary)
+    return loads, summaries
+
+
+async def scrape_counters(http: httpx.AsyncClient, urls: Mapping[str, str]) -> dict[str, TokenCounters]:
+    async def one(url: str) -> TokenCounters | None:
+        try:
+            resp = await http.get(f"{url}/metrics")
+        except httpx.HTTPError:
+            return None
+        return parse_token_counters(resp.text, time.time()) if resp.status_code == 200 else None
+
+    names = list(urls)
+    results = await asyncio.gather(*(one(urls[n]) for n in names))
+    return {n: c for n, c in zip(names, results, strict=True) if c is not None}
+
+
+async def prewarm_replica(
+    ctx: OperatorContext,
+    auto: AutoscaleContext,
+    fleet: dict[str, Any],
+    ref: FleetRef,
+    sidecar_port: int,
+    target: str,
+    subtree_ids: Sequence[str],
+    subtrees: Sequence[SubtreeObservation],
+    known: set[str],
+    logger: logging.Logger,
+) -> None:
+    """Mark the target warming, wait for its sidecar, warm it from holders, mark it ready again."""
+    namespace = ref.namespace
+    deadline = time.monotonic() + WARM_TIMEOUT_S
+    pod_name: str | None = None
+    try:
+        pod_name = await _target_pod(ctx, ref, target, known, deadline)
+        if pod_name is None:
+            logger.warning("pre-warm of %s: no pod appeared in time", target)
+            return
+        await asyncio.to_thread(ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: "warming"})
+        url, urls = await _wait_sidecar(ctx, auto.http, ref, pod_name, sidecar_port, deadline)
+        if url is None:
+            logger.warning("pre-warm of %s: its sidecar did not become ready in time", pod_name)
+            return
+        warmed, ok, failed = 0, 0, 0
+        for source, sids in warm_sources(subtree_ids, subtrees, urls, exclude=pod_name).items():
+            try:
+                resp = await auto.http.post(
+                    f"{url}/prefixfleet/warm",
+                    json={"source": source, "hashes": sids},
+                    timeout=max(deadline - time.monotonic(), 1.0),
+                )
+                result = resp.json() if resp.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError) as exc:
+                logger.warning("pre-warm of %s from %s failed: %s", pod_name, source, exc)
+                failed += len(sids)
+                continue
+            warmed += int(result.get("warmed_tokens", 0))
+            outcomes = (result.get("results") or {}).values()
+            ok += sum(1 for r in outcomes if r.get("status") == "ok")
+            failed += len(sids) - sum(1 for r in outcomes if r.get("status") == "ok")
+        auto.metrics.scale_events.labels(namespace, ref.name, "prewarm").inc()
+        kopf.event(
+            fleet,
+            type="Normal" if not failed else "Warning",
+            reason="Prewarmed",
+            message=f"pod {pod_name}: {warmed} tokens of {ok} hot prefix(es) warmed, {failed} failed",
+        )
+    finally:
+        if pod_name is not None:  # never leave a replica out of rotation
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(
+                    ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: None}
+                )
+
+
+async def _list_pods(ctx: OperatorContext, ref: FleetRef) -> list[ObservedPod]:
+    return await asyncio.to_thread(
+        lambda: [observe_pod(p) for p in ctx.kube.list("Pod", ref.namespace, replica_selector(ref))]
+    )
+
+
+async def _target_pod(
+    ctx: OperatorContext, ref: FleetRef, target: str, known: set[str], deadline: float
+) -> str | None:
+    """The pod a prewarm target names: an existing pod, or the i-th pod created after the plan."""
+    if not target.startswith("new-"):
+        return target
+    index = int(target[len("new-") :])
+    while time.monotonic() < deadline:
+        new = sorted((p for p in await _list_pods(ctx, ref) if p.alive and p.name not in known),
+                     key=lambda p: (p.created, p.name))  # fmt: skip
+        if len(new) > index:
+            return new[index].name
+        await asyncio.sleep(0.2)
+    return None
+
+
+async def _wait_sidecar(
+    ctx: OperatorContext, http: httpx.AsyncClient, ref: FleetRef, pod_name: str, port: int, deadline: float
+) -> tuple[str | None, dict[str, str]]:
+    """The pod's sidecar URL once the pod is Ready and its engine answers, with every ready pod's URL."""
+    while time.monotonic() < deadline:
+        pods = await _list_pods(ctx, ref)
+        urls = {p.name: u for p in pods if p.ready and not p.draining and (u := pod_url(p, port)) is not None}
+        if pod_name not in {p.name for p in pods}:
+            return None, urls
+        url = urls.get(pod_name)
+        if url is not None:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                resp = await http.get(f"{url}/prefixfleet/status")
+                if resp.status_code == 200 and resp.json().get("engine_ok"):
+                    return url, urls
+        await asyncio.sleep(0.3)
+    return None, {}

@@ -1,0 +1,219 @@
+"""The prefix-aware autoscaler end to end in the emulated cluster, with the real clients: kubectl, the
+operator process (kopf), the kubelet shim running engine emulators + sidecars + the gateway, Valkey.
+
+Specification (a one-replica fleet allowed to grow to two, with short intervals set in its spec):
+* a burst of requests sharing one long prefix loads the only replica beyond spec.autoscaling.targetLoad:
+  the operator scales the fleet to 2 pods (status.lastScaleReason says why, an Event too);
+* the new pod is pre-warmed with that prefix before it takes traffic: its first requests routed by the
+  gateway with the prefix are cache hits on the whole prefix;
+* after the burst the fleet scales back to 1, removing exactly the replica the planner named in its
+  reason (the least valuable cache), and no request fails while it drains;
+* the operator exports its metrics (scale events by action, replicas, max replicas, TTFT target).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from prefixfleet.fleet.processes import free_port
+from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
+from prefixfleet.tokenizer import tokenize
+from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, running_redis, wait_for
+
+FLEET = "auto"
+REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
+PREFIX = "You are the support agent of the autoscaling tenant; follow the policy handbook closely. " * 60
+PREFIX_TOKENS = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
+
+
+@pytest.fixture
+def autoscaled(tmp_path: Path) -> Iterator[tuple[EmulatedCluster, OperatorProcess]]:
+    with running_redis(tmp_path) as redis_url:
+        cluster = EmulatedCluster(tmp_path / "cluster")
+        operator = OperatorProcess(cluster, redis_url)
+        operator.extra_args = ["--metrics-port", str(free_port())]
+        try:
+            cluster.install_crd()
+            cluster.start_kubelet()
+            operator.start()
+            yield cluster, operator
+        finally:
+            print("--- operator log (tail) ---\n" + operator.log_tail(80), file=sys.stderr)
+            operator.stop()
+            cluster.close()
+
+
+def fleet_manifest() -> str:
+    fleet = yaml.safe_load((REPO / "examples" / "emulator-fleet.yaml").read_text())
+    fleet["metadata"]["name"] = FLEET
+    fleet["spec"]["replicas"] = 1
+    fleet["spec"]["router"] = {"replicas": 1}
+    # a slow prefill (4k tokens/s) so a few clients load one replica; a roomy cache
+    fleet["spec"]["engine"]["args"] = ["--prefill-tokens-per-s", "4000", "--cache-tokens", "60000"]
+    fleet["spec"]["autoscaling"] = {
+        "enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetTTFTSeconds": 1.0,
+        "intervalSeconds": 1, "scaleUpCooldownSeconds": 0, "scaleDownStabilizationSeconds": 4,
+        "leadTimeSeconds": 0, "targetLoad": 0.5, "scaleDownLoad": 0.2, "hotRateRps": 0.2,
+    }  # fmt: skip
+    fleet["spec"]["prewarm"] = {"enabled": True, "topSubtrees": 2}
+    return yaml.safe_dump(fleet)
+
+
+def replica_pods(cluster: EmulatedCluster) -> list[dict[str, Any]]:
+    return cluster.kubectl_json("get", "pods", "-l", REPLICA_SELECTOR)["items"]
+
+
+def ready_pods(cluster: EmulatedCluster) -> list[str]:
+    return sorted(
+        p["metadata"]["name"]
+        for p in replica_pods(cluster)
+        if any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions", [])
+        )
+        and not p["metadata"].get("deletionTimestamp")
+    )
+
+
+def fleet(cluster: EmulatedCluster) -> dict[str, Any]:
+    return cluster.kubectl_json("get", "pcf", FLEET)
+
+
+def events(cluster: EmulatedCluster) -> list[dict[str, Any]]:
+    selector = f"involvedObject.name={FLEET}"
+    return cluster.kubectl_json("get", "events", "--field-selector", selector)["items"]
+
+
+def gateway_url(cluster: EmulatedCluster) -> str | None:
+    deployment = cluster.kubectl_json("get", "deployment", f"{FLEET}-router")
+    maps = (deployment["metadata"].get("annotations") or {}).get("prefixfleet.io/port-maps")
+    return f"http://127.0.0.1:{json.loads(maps)[0]['8080']}" if maps else None
+
+
+class Traffic:
+    """Client threads sending requests with PREFIX through the gateway; records every answer."""
+
+    def __init__(self, gateway: str) -> None:
+        self.gateway = gateway
+        self.answers: list[tuple[float, int, str, int]] = []  # (time, status, worker, cached tokens)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.sent = 0
+
+    def _client(self, name: str, suffix_words: int, pause_s: float) -> None:
+        with httpx.Client(timeout=60) as client:
+            i = 0
+            while not self.stop.is_set() and i < 10_000:
+                i += 1
+                tail = " ".join(f"{name}{i}w{j}" for j in range(suffix_words))
+                body = {"text": PREFIX + tail, "sampling_params": {"max_new_tokens": 1}}
+                try:
+                    resp = client.post(f"{self.gateway}/generate", json=body)
+                    status = resp.status_code
+                    worker = resp.headers.get("X-Prefixfleet-Worker", "")
+                    cached = resp.json()["meta_info"]["cached_tokens"] if status == 200 else -1
+                except httpx.HTTPError:
+                    status, worker, cached = 0, "", -1
+                with self.lock:
+                    self.answers.append((time.monotonic(), status, worker, cached))
+                if pause_s:
+                    self.stop.wait(pause_s)
+
+    def start(self, clients: int, suffix_words: int, pause_s: float = 0.0) -> Traffic:
+        for c in range(clients):
+            t = threading.Thread(target=self._client, args=(f"c{c}x", suffix_words, pause_s), daemon=True)
+            t.start()
+            self.threads.append(t)
+        return self
+
+    def finish(self) -> list[tuple[float, int, str, int]]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(70)
+        return list(self.answers)
+
+
+@pytest.mark.timeout(240)
+def test_burst_scales_up_prewarmed_then_down_removing_the_named_victim(
+    autoscaled: tuple[EmulatedCluster, OperatorProcess],
+) -> None:
+    cluster, operator = autoscaled
+    cluster.apply(fleet_manifest())
+    first = wait_for(lambda: ready_pods(cluster) or None, 90, what="the first replica to be Ready")
+    assert first == [f"{FLEET}-replica-0"]
+    gateway = wait_for(lambda: gateway_url(cluster), 60, what="the gateway's address")
+    wait_for(lambda: httpx.get(f"{gateway}/health", timeout=2).status_code == 200, 60, what="the gateway")
+
+    # the burst: four clients, long unique tails after the shared prefix keep the prefill busy
+    burst = Traffic(gateway).start(clients=4, suffix_words=60)
+    try:
+        wait_for(lambda: fleet(cluster)["spec"]["replicas"] == 2, 60, what="the operator to scale up")
+        up_reason = fleet(cluster)["status"]["lastScaleReason"]
+        assert up_reason.startswith("scale up by 1")
+        new_pod = wait_for(lambda: next((p for p in ready_pods(cluster) if p not in first), None), 90,
+                           what="the new replica to be Ready")  # fmt: skip
+        warmed = wait_for(
+            lambda: next((e for e in events(cluster) if e["reason"] == "Prewarmed"), None), 90,
+            what="the Prewarmed event",
+        )  # fmt: skip
+        assert new_pod in warmed["message"] and " 0 failed" in warmed["message"], warmed["message"]
+        # let the gateway route some of the burst to the warmed replica
+        wait_for(lambda: sum(1 for a in burst.answers if a[2] == new_pod) >= 3, 60,
+                 what="requests routed to the new replica")  # fmt: skip
+    finally:
+        answers = burst.finish()
+    assert all(status == 200 for _, status, _, _ in answers), {a[1] for a in answers}
+    on_new = [cached for _, _, worker, cached in answers if worker == new_pod]
+    # pre-warmed: its very first routed requests find the whole prefix cached
+    assert on_new[:3] and all(c >= PREFIX_TOKENS for c in on_new[:3]), (on_new[:10], PREFIX_TOKENS)
+    hot = fleet(cluster)["status"].get("hotPrefixes") or []
+    assert hot and all(re.fullmatch(r"[0-9a-f]{16}", h["hash"]) for h in hot)
+
+    # after the burst: light traffic only; the operator drains and removes the replica it names
+    light = Traffic(gateway).start(clients=1, suffix_words=5, pause_s=0.3)
+    try:
+        wait_for(lambda: fleet(cluster)["spec"]["replicas"] == 1, 90, what="the operator to scale down")
+        down_reason = fleet(cluster)["status"]["lastScaleReason"]
+        named = re.search(r"drain (\S+)$", down_reason)
+        assert named, down_reason
+        victim = named.group(1)
+        assert victim in (first[0], new_pod)
+        survivor = first[0] if victim == new_pod else new_pod
+        wait_for(lambda: ready_pods(cluster) == [survivor] and len(replica_pods(cluster)) == 1, 60,
+                 what=f"{victim} to be drained and deleted")  # fmt: skip
+        time.sleep(1.0)  # requests sent right after the deletion are served by the survivor
+    finally:
+        during_drain = light.finish()
+    assert during_drain and all(status == 200 for _, status, _, _ in during_drain), [
+        a for a in during_drain if a[1] != 200
+    ]
+    reasons = [e["reason"] for e in events(cluster)]
+    assert {"ScalingUp", "ScalingDown", "Prewarmed", "DrainingReplica"} <= set(reasons), reasons
+
+    # the operator's own metrics
+    port = operator.extra_args[1]
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    samples = {
+        (sample.name, sample.labels.get("action", "")): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("fleet") == FLEET and sample.labels.get("namespace") == "default"
+    }
+    for action in ("scale_up", "scale_down", "prewarm", "drain"):
+        assert samples[("prefixfleet_operator_scale_events_total", action)] == 1.0, action
+    assert samples[("prefixfleet_operator_replicas", "")] == 1.0
+    assert samples[("prefixfleet_operator_max_replicas", "")] == 2.0
+    assert samples[("prefixfleet_operator_target_ttft_seconds", "")] == 1.0

@@ -1,0 +1,114 @@
+"""The operator autoscaler's view of a fleet, from plain data (no I/O).
+
+Specification:
+* the planner's policy comes from spec.autoscaling and spec.prewarm (pre-warm off → plain prefix_aware);
+* an engine's prompt/cached token counters are read from a Prometheus exposition; absent → None;
+* prefill load = growth of uncached prompt tokens per second / the engine's prefill speed; a counter
+  reset counts its new value; one sample alone is no load;
+* a pod's phase: draining (marked), starting (not Ready), warming (annotation or its sidecar), ready;
+* replicas the spec wants but whose pods do not exist yet are `starting`;
+* status.hotPrefixes carries hashes, token counts, rounded rates and holders, at most 8;
+* warm sources: each subtree from a reachable holder other than the target, grouped by holder.
+"""
+
+from __future__ import annotations
+
+from prefixfleet.operator.autoscale import SubtreeObservation
+from prefixfleet.operator.autoscale_observe import (
+    TokenCounters,
+    hot_prefixes_status,
+    observe_fleet,
+    parse_token_counters,
+    prefill_load,
+    replica_phase,
+    scale_policy,
+    warm_sources,
+)
+from prefixfleet.operator.models import validate_spec
+from prefixfleet.operator.planner import ObservedPod
+from prefixfleet.router.records import LoadReport
+
+SPEC = {"model": {"name": "m"}, "engine": {"kind": "emulator"}, "replicas": 2}
+
+
+def load(state: str = "ready", pending: int = 0, speed: float = 1000.0, in_flight: int = 0) -> LoadReport:
+    return LoadReport(seq=1, ts=0.0, state=state, engine_ok=True, in_flight=in_flight, queued=0,
+                      pending_prefill_tokens=pending, prefill_tokens_per_s=speed, cached_tokens=10,
+                      capacity_tokens=100, summary_version=1)  # fmt: skip
+
+
+def test_policy_from_the_spec() -> None:
+    spec = validate_spec({**SPEC, "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 3,
+                          "targetTTFTSeconds": 0.5, "targetLoad": 0.6, "scaleDownLoad": 0.3,
+                          "leadTimeSeconds": 5, "maxStepUp": 1, "hotRateRps": 2},
+                          "prewarm": {"topSubtrees": 3}})  # fmt: skip
+    policy = scale_policy(spec)
+    assert (policy.mode, policy.min_replicas, policy.max_replicas, policy.target_ttft_s) == (
+        "prefix_aware_prewarm", 1, 3, 0.5)  # fmt: skip
+    assert (policy.target_load, policy.scale_down_load, policy.lead_time_s) == (0.6, 0.3, 5.0)
+    assert (policy.max_step_up, policy.hot_rate_rps, policy.prewarm_subtrees) == (1, 2.0, 3)
+    off = validate_spec({**SPEC, "prewarm": {"enabled": False}})
+    assert scale_policy(off).mode == "prefix_aware"
+
+
+def test_token_counters_from_an_exposition() -> None:
+    text = (
+        "# TYPE sglang:prompt_tokens counter\n"
+        'sglang:prompt_tokens_total{model_name="m"} 1200.0\n'
+        "# TYPE sglang:cached_tokens counter\n"
+        'sglang:cached_tokens_total{model_name="m"} 200.0\n'
+        "# TYPE prefixfleet_sidecar_x gauge\nprefixfleet_sidecar_x 3\n"
+    )
+    counters = parse_token_counters(text, 5.0)
+    assert counters == TokenCounters(5.0, 1200.0, 200.0) and counters.uncached_tokens == 1000.0
+    assert parse_token_counters("# nothing here\n", 5.0) is None
+    assert parse_token_counters("not { a metric", 5.0) is None
+
+
+def test_prefill_load_is_uncached_growth_over_prefill_speed() -> None:
+    before, after = TokenCounters(0.0, 1000.0, 0.0), TokenCounters(2.0, 3000.0, 1000.0)
+    assert prefill_load(before, after, 500.0) == 1.0  # 1000 uncached tokens in 2 s at 500 tok/s
+    assert prefill_load(None, after, 500.0) == 0.0
+    assert prefill_load(before, after, 0.0) == 0.0
+    restarted = TokenCounters(2.0, 400.0, 0.0)
+    assert prefill_load(before, restarted, 100.0) == 2.0  # the new counter value is the growth
+
+
+def test_replica_phases() -> None:
+    ready = ObservedPod("p", phase="Running", ready=True)
+    assert replica_phase(ready, load()) == "ready"
+    assert replica_phase(ObservedPod("p", phase="Pending"), None) == "starting"
+    assert replica_phase(ObservedPod("p", ready=True, state="warming"), load()) == "warming"
+    assert replica_phase(ready, load(state="warming")) == "warming"
+    assert (
+        replica_phase(ObservedPod("p", ready=True, draining_since="2026-01-01T00:00:00Z"), load())
+        == "draining"
+    )
+
+
+def test_observation_counts_pods_still_to_come_as_starting() -> None:
+    pods = [
+        ObservedPod("a", phase="Running", ready=True, created="2026-01-01T00:00:00Z"),
+        ObservedPod("b", phase="Running", ready=True, draining_since="2026-01-01T00:00:01Z"),
+        ObservedPod("c", phase="Failed"),
+    ]
+    observed = observe_fleet(100.0, 2, pods, {"a": load(pending=500, in_flight=2)}, {"a": 0.8}, ())
+    by_id = {r.replica_id: r for r in observed.replicas}
+    assert set(by_id) == {"a", "b", "pending-0"}  # the failed pod is gone; one more is on its way
+    assert by_id["a"].est_wait_s == 0.5 and by_id["a"].in_flight == 2 and by_id["a"].prefill_load == 0.8
+    assert by_id["b"].phase == "draining" and by_id["pending-0"].phase == "starting"
+
+
+def test_hot_prefixes_status_and_warm_sources() -> None:
+    subtrees = [
+        SubtreeObservation(f"{i:016x}", tokens=64 * i, rate_rps=1.234 * i, holders=frozenset({"a", "b"}))
+        for i in range(1, 11)
+    ]
+    status = hot_prefixes_status(subtrees)
+    assert len(status) == 8
+    assert status[0] == {"hash": "0000000000000001", "tokens": 64, "rate": 1.2, "holders": ["a", "b"]}
+    urls = {"a": "http://a", "b": "http://b", "new": "http://new"}
+    assert warm_sources(["0000000000000001", "0000000000000002"], subtrees, urls, exclude="a") == {
+        "http://b": ["0000000000000001", "0000000000000002"]
+    }
+    assert warm_sources(["ffffffffffffffff"], subtrees, urls) == {}  # nobody holds it: nothing to copy
