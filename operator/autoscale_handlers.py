@@ -101,6 +101,7 @@ class FleetAutoscale:
     counters: dict[str, TokenCounters] = field(default_factory=dict)
     last_round: float = 0.0
     warming: set[asyncio.Task[None]] = field(default_factory=set)
+    warming_pods: set[str] = field(default_factory=set)  # pods a task of this process is warming
 
 
 @dataclass
@@ -182,6 +183,10 @@ async def autoscale_round(
         lambda: [observe_pod(p) for p in ctx.kube.list("Pod", namespace, replica_selector(ref))]
     )
     await _clear_stale_victims(ctx, fleet, pods)
+    for pod in pods:
+        # marked warming by an operator that died mid-warm: nobody will finish it, put it back
+        if pod.state == "warming" and pod.ready and pod.name not in state.warming_pods:
+            await asyncio.to_thread(ctx.kube.annotate, "Pod", namespace, pod.name, {ANNOTATION_STATE: None})
     urls = {p.name: u for p in pods if p.alive and (u := pod_url(p, spec.sidecar.port)) is not None}
     redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(fleet.get("spec") or {}))
     loads, summaries = await read_records(ctx, redis_url, FleetKeys(ref.redis_fleet), [p.name for p in pods])
@@ -226,8 +231,8 @@ async def autoscale_round(
         known = {p.name for p in pods}
         for warm in plan.prewarm:
             task = asyncio.create_task(
-                prewarm_replica(ctx, auto, fleet, ref, spec.sidecar.port, warm.target, warm.subtree_ids,
-                                subtrees, known, logger)
+                prewarm_replica(ctx, auto, state, fleet, ref, spec.sidecar.port, warm.target,
+                                warm.subtree_ids, subtrees, known, logger)
             )  # fmt: skip
             state.warming.add(task)
             task.add_done_callback(state.warming.discard)
@@ -297,6 +302,7 @@ async def scrape_counters(http: httpx.AsyncClient, urls: Mapping[str, str]) -> d
 async def prewarm_replica(
     ctx: OperatorContext,
     auto: AutoscaleContext,
+    state: FleetAutoscale,
     fleet: dict[str, Any],
     ref: FleetRef,
     sidecar_port: int,
@@ -315,6 +321,7 @@ async def prewarm_replica(
         if pod_name is None:
             logger.warning("pre-warm of %s: no pod appeared in time", target)
             return
+        state.warming_pods.add(pod_name)
         await asyncio.to_thread(ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: "warming"})
         url, urls = await _wait_sidecar(ctx, auto.http, ref, pod_name, sidecar_port, deadline)
         if url is None:
@@ -346,6 +353,7 @@ async def prewarm_replica(
         )
     finally:
         if pod_name is not None:  # never leave a replica out of rotation
+            state.warming_pods.discard(pod_name)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(
                     ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: None}
