@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,19 +35,17 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
-from prefixfleet.router.records import LoadReport, decode_load
-from prefixfleet.router.summary import Summary, SummaryError, decode_summary
 
 from .autoscale import PlannerMemory, ScalePlan, SubtreeObservation, plan_scale
 from .autoscale_observe import (
     TokenCounters,
     hot_prefixes_status,
     observe_fleet,
-    parse_token_counters,
     prefill_load,
     scale_policy,
     warm_sources,
 )
+from .autoscale_sources import read_records, scrape_counters
 from .handlers import ANNOTATION_VICTIMS, FLEET_RESOURCE, OperatorContext, resolve_redis_url
 from .hot_subtrees import HotState, hot_subtrees
 from .models import InvalidFleetSpec, validate_spec
@@ -177,7 +175,7 @@ async def autoscale_round(
     ref: FleetRef,
     spec: Any,
     logger: logging.Logger,
-) -> ScalePlan:
+) -> ScalePlan | None:
     namespace, name = ref.namespace, ref.name
     pods = await asyncio.to_thread(
         lambda: [observe_pod(p) for p in ctx.kube.list("Pod", namespace, replica_selector(ref))]
@@ -189,7 +187,11 @@ async def autoscale_round(
             await asyncio.to_thread(ctx.kube.annotate, "Pod", namespace, pod.name, {ANNOTATION_STATE: None})
     urls = {p.name: u for p in pods if p.alive and (u := pod_url(p, spec.sidecar.port)) is not None}
     redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(fleet.get("spec") or {}))
-    loads, summaries = await read_records(ctx, redis_url, FleetKeys(ref.redis_fleet), [p.name for p in pods])
+    if not redis_url:
+        return None  # nothing to observe: the reconcile handler reports the missing Redis
+    loads, summaries = await read_records(
+        ctx.redis(redis_url), FleetKeys(ref.redis_fleet), [p.name for p in pods]
+    )
     counters = await scrape_counters(auto.http, {n: u for n, u in urls.items() if n in loads})
     loads_by_pod = {
         n: prefill_load(state.counters.get(n), c, loads[n].prefill_tokens_per_s) for n, c in counters.items()
@@ -263,40 +265,6 @@ def scale_fleet(ctx: OperatorContext, namespace: str, name: str, replicas: int) 
         body={"spec": {"replicas": replicas}},
         content_type="application/merge-patch+json",
     )
-
-
-async def read_records(
-    ctx: OperatorContext, redis_url: str, keys: FleetKeys, names: Sequence[str]
-) -> tuple[dict[str, LoadReport], dict[str, Summary]]:
-    """Each pod's load record and summary (the worker id is the pod name); malformed ones are skipped."""
-    if not redis_url or not names:
-        return {}, {}
-    client = ctx.redis(redis_url)
-    raw_loads = await client.mget([keys.load(n) for n in names])
-    raw_summaries = await client.mget([keys.summary(n) for n in names])
-    loads: dict[str, LoadReport] = {}
-    summaries: dict[str, Summary] = {}
-    for n, raw_load, raw_summary in zip(names, raw_loads, raw_summaries, strict=True):
-        with contextlib.suppress(SummaryError, ValueError):
-            if raw_load is not None:
-                loads[n] = decode_load(raw_load)
-        with contextlib.suppress(SummaryError, ValueError):
-            if raw_summary is not None:
-                summaries[n] = decode_summary(raw_summary)
-    return loads, summaries
-
-
-async def scrape_counters(http: httpx.AsyncClient, urls: Mapping[str, str]) -> dict[str, TokenCounters]:
-    async def one(url: str) -> TokenCounters | None:
-        try:
-            resp = await http.get(f"{url}/metrics")
-        except httpx.HTTPError:
-            return None
-        return parse_token_counters(resp.text, time.time()) if resp.status_code == 200 else None
-
-    names = list(urls)
-    results = await asyncio.gather(*(one(urls[n]) for n in names))
-    return {n: c for n, c in zip(names, results, strict=True) if c is not None}
 
 
 async def prewarm_replica(

@@ -1,0 +1,51 @@
+"""Where the autoscaler's observations come from (thin I/O shared by the operator and the local fleet):
+each worker's load record and summary from Redis, decoded with the data plane's own code, and each
+engine's token counters from its sidecar's ``/metrics``. Malformed or missing records are skipped."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+
+import httpx
+import redis.asyncio as aioredis
+
+from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.records import LoadReport, decode_load
+from prefixfleet.router.summary import Summary, SummaryError, decode_summary
+
+from .autoscale_observe import TokenCounters, parse_token_counters
+
+
+async def read_records(
+    redis: aioredis.Redis, keys: FleetKeys, names: Sequence[str]
+) -> tuple[dict[str, LoadReport], dict[str, Summary]]:
+    if not names:
+        return {}, {}
+    raw_loads = await redis.mget([keys.load(n) for n in names])
+    raw_summaries = await redis.mget([keys.summary(n) for n in names])
+    loads: dict[str, LoadReport] = {}
+    summaries: dict[str, Summary] = {}
+    for n, raw_load, raw_summary in zip(names, raw_loads, raw_summaries, strict=True):
+        with contextlib.suppress(SummaryError, ValueError):
+            if raw_load is not None:
+                loads[n] = decode_load(raw_load)
+        with contextlib.suppress(SummaryError, ValueError):
+            if raw_summary is not None:
+                summaries[n] = decode_summary(raw_summary)
+    return loads, summaries
+
+
+async def scrape_counters(http: httpx.AsyncClient, urls: Mapping[str, str]) -> dict[str, TokenCounters]:
+    async def one(url: str) -> TokenCounters | None:
+        try:
+            resp = await http.get(f"{url}/metrics")
+        except httpx.HTTPError:
+            return None
+        return parse_token_counters(resp.text, time.time()) if resp.status_code == 200 else None
+
+    names = list(urls)
+    results = await asyncio.gather(*(one(urls[n]) for n in names))
+    return {n: c for n, c in zip(names, results, strict=True) if c is not None}

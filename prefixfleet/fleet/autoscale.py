@@ -1,0 +1,235 @@
+"""The autoscaler's loop against the local fleet: the operator's observe → plan_scale → execute, with
+local processes instead of pods (``prefixfleet up --autoscale``).
+
+Observation is the operator's (:mod:`prefixfleet.operator.autoscale_observe`): each replica's load
+record and summary from Redis, its engine's token counters from the sidecar's ``/metrics``, merged by
+``hot_subtrees``. Execution with processes:
+
+* scale up: start an engine and its sidecar (``replica-<k>``); its state is set ``warming`` as soon
+  as its sidecar answers, then ``POST /prefixfleet/warm`` copies the assigned hot prefixes from a
+  holder (the warm endpoint returns it to ``ready``);
+* scale down: the planner's victim is set ``draining`` through its sidecar (gateways stop sending it
+  new requests); once nothing is in flight (at least :data:`MIN_DRAIN_S`, at most ``drain_timeout_s``)
+  its sidecar and engine are stopped (the sidecar deregisters itself from Redis on the way out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from prefixfleet.fleet.local import LocalFleet
+from prefixfleet.operator.autoscale import (
+    PlannerMemory,
+    ScalePlan,
+    ScalePolicy,
+    SubtreeObservation,
+    plan_scale,
+)
+from prefixfleet.operator.autoscale_observe import TokenCounters, observe_fleet, prefill_load, warm_sources
+from prefixfleet.operator.autoscale_sources import read_records, scrape_counters
+from prefixfleet.operator.hot_subtrees import HotState, hot_subtrees
+from prefixfleet.operator.planner import ObservedPod
+from prefixfleet.router.keys import FleetKeys
+
+MIN_DRAIN_S = 2.0  # every gateway has refreshed its view (0.2 s polls) before the process goes
+HTTP_TIMEOUT_S = 5.0
+WARM_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleEvent:
+    at_s: float
+    action: str  # scale_up, scale_down, prewarm, drain, removed
+    detail: str
+
+
+@dataclass
+class LocalAutoscaler:
+    """Runs rounds every ``interval_s`` against ``fleet`` until cancelled or ``stop`` is set."""
+
+    fleet: LocalFleet
+    policy: ScalePolicy
+    interval_s: float = 2.0
+    drain_timeout_s: float = 30.0
+    memory: PlannerMemory = field(default_factory=PlannerMemory)
+    hot: HotState | None = None
+    counters: dict[str, TokenCounters] = field(default_factory=dict)
+    events: list[ScaleEvent] = field(default_factory=list)
+    starting: int = 0
+    reserved: set[int] = field(default_factory=set)
+    draining: set[str] = field(default_factory=set)
+    warming: set[str] = field(default_factory=set)
+    created: dict[str, float] = field(default_factory=dict)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        redis = aioredis.from_url(self.fleet.redis_url, socket_timeout=2.0)
+        try:
+            async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as http:
+                while not stop.is_set():
+                    try:
+                        await self.round(redis, http)
+                    except (RedisError, OSError, httpx.HTTPError) as exc:
+                        self._event("error", f"round skipped: {exc}")
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), self.interval_s)
+                for task in list(self.tasks):
+                    task.cancel()
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+        finally:
+            await redis.aclose()
+
+    def _event(self, action: str, detail: str) -> None:
+        self.events.append(ScaleEvent(time.time(), action, detail))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def round(self, redis: aioredis.Redis, http: httpx.AsyncClient) -> ScalePlan:
+        replicas = list(self.fleet.replicas)
+        names = [r.worker_id for r in replicas]
+        keys = FleetKeys(self.fleet.spec.fleet_name)
+        loads, summaries = await read_records(redis, keys, names)
+        urls = {r.worker_id: r.sidecar_url for r in replicas if r.sidecar_url}
+        counters = await scrape_counters(http, urls)
+        per_replica = {
+            n: prefill_load(self.counters.get(n), c, loads[n].prefill_tokens_per_s)
+            for n, c in counters.items()
+            if n in loads
+        }
+        self.counters = counters
+        now = time.time()
+        subtrees, self.hot = hot_subtrees(summaries, self.hot, now)
+        pods = [
+            ObservedPod(
+                n,
+                phase="Running",
+                ready=True,
+                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created.get(n, 0.0))),
+                state="draining" if n in self.draining else "warming" if n in self.warming else "ready",
+                draining_since="local" if n in self.draining else "",
+            )
+            for n in names
+        ]
+        wanted = sum(1 for n in names if n not in self.draining) + self.starting
+        observed = observe_fleet(now, wanted, pods, loads, per_replica, subtrees)
+        plan = plan_scale(observed, self.policy, self.memory)
+        self.memory = plan.memory
+        await self.execute(plan, subtrees, urls, http)
+        return plan
+
+    async def execute(
+        self,
+        plan: ScalePlan,
+        subtrees: Sequence[SubtreeObservation],
+        urls: Mapping[str, str],
+        http: httpx.AsyncClient,
+    ) -> None:
+        if plan.add:
+            self._event("scale_up", plan.reason)
+        new_warm = {w.target: w.subtree_ids for w in plan.prewarm if w.target.startswith("new-")}
+        for i in range(plan.add):
+            self.starting += 1
+            self._spawn(self._add_replica(new_warm.get(f"new-{i}", ()), subtrees, http))
+        for warm in plan.prewarm:
+            if not warm.target.startswith("new-") and warm.target in urls:
+                self._spawn(self._warm(warm.target, urls[warm.target], warm.subtree_ids, subtrees, http))
+        for victim in plan.drain:
+            if victim in urls and victim not in self.draining:
+                self._event("scale_down", plan.reason)
+                self.draining.add(victim)
+                self._spawn(self._drain(victim, urls[victim], http))
+
+    async def _add_replica(
+        self, subtree_ids: Sequence[str], subtrees: Sequence[SubtreeObservation], http: httpx.AsyncClient
+    ) -> None:
+        index = max([r.index for r in self.fleet.replicas] + list(self.reserved), default=-1) + 1
+        self.reserved.add(index)  # concurrent additions never share an index
+        counted = True
+        try:
+            replica = await self.fleet._start_engine(index)
+            try:
+                await self.fleet._start_sidecar(replica)
+            except BaseException:
+                await self.fleet.sup.stop(replica.engine)
+                raise
+            assert replica.sidecar_url is not None
+            self.created[replica.worker_id] = time.time()
+            self.warming.add(replica.worker_id)
+            # from here on it is observed as a replica (warming), no longer as one still starting
+            self.fleet.replicas.append(replica)
+            self.starting -= 1
+            counted = False
+            if subtree_ids:
+                await self._warm(replica.worker_id, replica.sidecar_url, subtree_ids, subtrees, http)
+            self.warming.discard(replica.worker_id)
+        finally:
+            self.reserved.discard(index)
+            if counted:
+                self.starting -= 1
+
+    async def _warm(
+        self,
+        name: str,
+        url: str,
+        subtree_ids: Sequence[str],
+        subtrees: Sequence[SubtreeObservation],
+        http: httpx.AsyncClient,
+    ) -> None:
+        self.warming.add(name)
+        with contextlib.suppress(httpx.HTTPError):  # no traffic until warmed (best effort)
+            await http.post(f"{url}/prefixfleet/state", json={"state": "warming"})
+        holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
+        live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
+        warmed, failed = 0, 0
+        for source, sids in warm_sources(subtree_ids, subtrees, live, exclude=name).items():
+            try:
+                resp = await http.post(
+                    f"{url}/prefixfleet/warm", json={"source": source, "hashes": sids}, timeout=WARM_TIMEOUT_S
+                )
+                body = resp.json() if resp.status_code == 200 else {}
+            except (httpx.HTTPError, ValueError):
+                failed += len(sids)
+                continue
+            warmed += int(body.get("warmed_tokens", 0))
+            failed += sum(1 for r in (body.get("results") or {}).values() if r.get("status") != "ok")
+        with contextlib.suppress(httpx.HTTPError):
+            await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
+        self.warming.discard(name)
+        self._event("prewarm", f"{name}: {warmed} tokens warmed, {failed} failed")
+
+    async def _drain(self, name: str, url: str, http: httpx.AsyncClient) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await http.post(f"{url}/prefixfleet/state", json={"state": "draining"})
+        self._event("drain", name)
+        started = time.monotonic()
+        while time.monotonic() - started < self.drain_timeout_s:
+            await asyncio.sleep(0.25)
+            if time.monotonic() - started < MIN_DRAIN_S:
+                continue
+            try:
+                status = (await http.get(f"{url}/prefixfleet/status")).json()
+            except (httpx.HTTPError, ValueError):
+                break
+            if not status.get("load", {}).get("in_flight"):
+                break
+        replica = next((r for r in self.fleet.replicas if r.worker_id == name), None)
+        if replica is not None:
+            if replica.sidecar is not None:
+                await self.fleet.sup.stop(replica.sidecar)
+            await self.fleet.sup.stop(replica.engine)
+            self.fleet.replicas.remove(replica)
+        self.draining.discard(name)
+        self._event("removed", name)

@@ -1,0 +1,114 @@
+"""The autoscaler's loop on the local fleet (real processes: Valkey, emulators, sidecars, a gateway).
+
+Specification (one replica allowed to grow to two, short intervals):
+* a burst on one long prefix makes the loop start a second replica, pre-warmed with that prefix from
+  the holder: its first requests routed by the gateway are cache hits on the whole prefix;
+* after the burst the loop drains the replica the planner names and stops its processes; no request
+  fails meanwhile and the fleet is back to one replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from prefixfleet.fleet.autoscale import LocalAutoscaler
+from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
+from prefixfleet.fleet.processes import Supervisor
+from prefixfleet.operator.autoscale import ScalePolicy
+from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
+from prefixfleet.tokenizer import tokenize
+
+pytestmark = pytest.mark.timeout(180)
+PREFIX = "You are the support agent of the local autoscaling tenant; follow the handbook closely. " * 60
+PREFIX_TOKENS = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
+POLICY = ScalePolicy(
+    min_replicas=1, max_replicas=2, target_ttft_s=1.0, scale_up_cooldown_s=0, scale_down_stabilization_s=3,
+    hot_rate_rps=0.2, prewarm_subtrees=2, target_load=0.5, scale_down_load=0.2, lead_time_s=0,
+)  # fmt: skip
+
+
+async def send(
+    http: httpx.AsyncClient, gateway: str, tag: str, words: int, answers: list[tuple[int, str, int]]
+) -> None:
+    tail = " ".join(f"{tag}w{j}" for j in range(words))
+    body = {"text": PREFIX + tail, "sampling_params": {"max_new_tokens": 1}}
+    try:
+        resp = await http.post(f"{gateway}/generate", json=body)
+        cached = resp.json()["meta_info"]["cached_tokens"] if resp.status_code == 200 else -1
+        answers.append((resp.status_code, resp.headers.get("X-Prefixfleet-Worker", ""), cached))
+    except httpx.HTTPError:
+        answers.append((0, "", -1))
+
+
+async def clients(gateway: str, n: int, words: int, pause_s: float, stop: asyncio.Event,
+                  answers: list[tuple[int, str, int]]) -> None:  # fmt: skip
+    async def client(c: int) -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            for i in range(10_000):
+                if stop.is_set():
+                    return
+                await send(http, gateway, f"c{c}x{i}", words, answers)
+                if pause_s:
+                    await asyncio.sleep(pause_s)
+
+    await asyncio.gather(*(client(c) for c in range(n)))
+
+
+async def wait_until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def test_local_fleet_scales_up_prewarmed_and_back_down(tmp_path: Path) -> None:
+    engine = EngineSettings(cache_tokens=60_000, prefill_tokens_per_s=4000)
+    async with Supervisor(tmp_path) as sup:
+        fleet = LocalFleet(sup, FleetSpec(replicas=1, gateways=1, engine=engine))
+        await fleet.start_engines()
+        await fleet.start_gateways("queue_aware")
+        gateway = fleet.gateway_urls[0]
+        autoscaler = LocalAutoscaler(fleet, POLICY, interval_s=1.0)
+        stop_scaler = asyncio.Event()
+        scaler = asyncio.create_task(autoscaler.run(stop_scaler))
+        actions = lambda: [e.action for e in autoscaler.events]  # noqa: E731
+        try:
+            burst: list[tuple[int, str, int]] = []
+            stop_burst = asyncio.Event()
+            load = asyncio.create_task(clients(gateway, 4, 60, 0.0, stop_burst, burst))
+            await wait_until(lambda: "prewarm" in actions(), 60, "a pre-warmed second replica")
+            await wait_until(lambda: sum(1 for a in burst if a[1] == "replica-1") >= 3, 60,
+                             "requests routed to the new replica")  # fmt: skip
+            stop_burst.set()
+            await load
+            assert all(status == 200 for status, _, _ in burst), [a for a in burst if a[0] != 200][:5]
+            on_new = [cached for _, worker, cached in burst if worker == "replica-1"]
+            assert all(c >= PREFIX_TOKENS for c in on_new[:3]), (on_new[:10], PREFIX_TOKENS)
+            warm = next(e for e in autoscaler.events if e.action == "prewarm")
+            assert warm.detail.startswith("replica-1:") and warm.detail.endswith(" 0 failed")
+
+            light: list[tuple[int, str, int]] = []
+            stop_light = asyncio.Event()
+            trickle = asyncio.create_task(clients(gateway, 1, 5, 0.3, stop_light, light))
+            await wait_until(lambda: "removed" in actions(), 60, "the scale-down to finish")
+            await asyncio.sleep(0.5)
+            stop_light.set()
+            await trickle
+            down = next(e for e in autoscaler.events if e.action == "scale_down")
+            named = re.search(r"drain (\S+)$", down.detail)
+            assert named, down.detail
+            removed = next(e for e in autoscaler.events if e.action == "removed")
+            assert removed.detail == named.group(1)
+            assert [r.worker_id for r in fleet.replicas] == [
+                w for w in ("replica-0", "replica-1") if w != removed.detail
+            ]
+            assert light and all(status == 200 for status, _, _ in light), light
+        finally:
+            stop_scaler.set()
+            await scaler
