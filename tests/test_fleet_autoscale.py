@@ -112,3 +112,21 @@ async def test_local_fleet_scales_up_prewarmed_and_back_down(tmp_path: Path) -> 
         finally:
             stop_scaler.set()
             await scaler
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--replicas", "3", "--max-replicas", "2"], "--replicas (3) <= --max-replicas (2)"),
+        (["--replicas", "1", "--min-replicas", "2"], "--min-replicas (2) <= --replicas (1)"),
+        (["--autoscale-interval", "0"], "--autoscale-interval"),
+    ],
+)
+def test_up_autoscale_refuses_bad_bounds_in_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prefixfleet.cli import main
+
+    assert main(["up", "--autoscale", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -161,6 +161,19 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--keep-running", action="store_true", help="after the runs, keep the fleet up until Ctrl-C"
     )
+    p.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="after the runs, keep the fleet up (as --keep-running) with the prefix-aware autoscaler "
+        "adding pre-warmed replicas and removing the least valuable one (docs/autoscaling-operator.md)",
+    )
+    p.add_argument("--min-replicas", type=int, default=1, help="with --autoscale: lower bound")
+    p.add_argument(
+        "--max-replicas", type=int, default=None, help="with --autoscale: upper bound (default 2×)"
+    )
+    p.add_argument(
+        "--autoscale-interval", type=float, default=2.0, help="with --autoscale: seconds per round"
+    )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
     p.set_defaults(func=run_up_command)
 
@@ -197,7 +210,10 @@ def run_up_command(args: argparse.Namespace) -> int:
         progress=_progress_default(args.progress),
         sim_check=args.sim_check,
     )
-    report, runs = _run_async(lambda: _up_main(workload, spec, options, args.keep_running))
+    scaling = _autoscale_policy(args)
+    report, runs = _run_async(
+        lambda: _up_main(workload, spec, options, args.keep_running or scaling is not None, scaling)
+    )
     print(format_up(report))
     if json_path:
         from prefixfleet.fleet.local import write_json
@@ -216,7 +232,25 @@ def run_up_command(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _up_main(workload: Any, spec: Any, options: Any, keep_running: bool) -> Any:
+def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float] | None:
+    """The planner's policy and round interval for ``--autoscale`` (None without it)."""
+    if not args.autoscale:
+        return None
+    from prefixfleet.operator.autoscale import ScalePolicy
+
+    _positive("--autoscale-interval", args.autoscale_interval)
+    maximum = args.max_replicas if args.max_replicas is not None else max(2 * args.replicas, 2)
+    if not 1 <= args.min_replicas <= args.replicas <= maximum:
+        raise UsageError(
+            f"--autoscale needs 1 <= --min-replicas ({args.min_replicas}) <= --replicas ({args.replicas})"
+            f" <= --max-replicas ({maximum})"
+        )
+    return ScalePolicy(min_replicas=args.min_replicas, max_replicas=maximum), args.autoscale_interval
+
+
+async def _up_main(
+    workload: Any, spec: Any, options: Any, keep_running: bool, scaling: tuple[Any, float] | None = None
+) -> Any:
     from prefixfleet.fleet.local import LocalFleet, run_up
 
     async def hold(fleet: LocalFleet, report: dict[str, Any]) -> None:
@@ -229,11 +263,35 @@ async def _up_main(workload: Any, spec: Any, options: Any, keep_running: bool) -
             f"redis {fleet.redis_url}; logs in {options.run_dir}. Ctrl-C stops everything.",
             flush=True,
         )
+        if scaling is not None:
+            await _hold_autoscaled(fleet, *scaling)
         while True:  # until Ctrl-C / SIGTERM cancels us; a dead child ends it too
             await asyncio.sleep(1.0)
             fleet.sup.check_alive()
 
     return await run_up(workload, spec, options, hold if keep_running else None)
+
+
+async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float) -> None:
+    """Run the autoscaler until cancelled, printing each decision it executes."""
+    from prefixfleet.fleet.autoscale import LocalAutoscaler
+
+    autoscaler = LocalAutoscaler(fleet, policy, interval_s=interval_s)
+    bounds = f"{policy.min_replicas}..{policy.max_replicas}"
+    print(f"autoscaler on: {bounds} replicas, a round every {interval_s:g}s", flush=True)
+    task = asyncio.create_task(autoscaler.run())
+    shown = 0
+    try:
+        while True:
+            await asyncio.sleep(1.0)
+            fleet.sup.check_alive()
+            for event in autoscaler.events[shown:]:
+                print(f"autoscaler {event.action}: {event.detail}", flush=True)
+            shown = len(autoscaler.events)
+            if task.done():
+                task.result()  # a crashed loop is an error, not a silent stop
+    finally:
+        task.cancel()
 
 
 def format_up(report: dict[str, Any]) -> str:
