@@ -276,7 +276,8 @@ class AutoscalingSpec(CamelModel):
                     ".minReplicas",
                 ),
                 cel(
-                    "!has(self.scaleDownLoad) || !has(self.targetLoad) || self.scaleDownLoad < self.targetLoad",
+                    "!has(self.scaleDownLoad) || !has(self.targetLoad)"
+                    " || self.scaleDownLoad < self.targetLoad",
                     "spec.autoscaling.scaleDownLoad must be < spec.autoscaling.targetLoad",
                     ".scaleDownLoad",
                 ),
