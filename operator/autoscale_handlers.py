@@ -133,7 +133,29 @@ async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
     await auto.http.aclose()
 
 
-@kopf.timer(**FLEET_RESOURCE, interval=TICK_S, sharp=False)
+def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
+    return bool((spec.get("autoscaling") or {}).get("enabled"))
+
+
+@kopf.on.event(**FLEET_RESOURCE)
+async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """A fleet deleted or no longer autoscaled: drop its memory and its metric series (its timer,
+    filtered on ``spec.autoscaling.enabled``, no longer runs to do it)."""
+    auto: AutoscaleContext | None = getattr(memo, "autoscale", None)
+    if auto is None:
+        return
+    gone = kwargs.get("type") == "DELETED" or bool(body.metadata.get("deletionTimestamp"))
+    if gone or not _autoscaled(body.spec):
+        namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
+        state = auto.fleets.pop(f"{namespace}/{name}", None)
+        if state is not None:
+            for task in state.warming:
+                task.cancel()
+            auto.metrics.forget(namespace, name)
+
+
+# Only autoscaled fleets tick (every second; each fleet's round runs every intervalSeconds).
+@kopf.timer(**FLEET_RESOURCE, interval=TICK_S, sharp=False, when=_autoscaled)
 async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     auto: AutoscaleContext | None = getattr(memo, "autoscale", None)
