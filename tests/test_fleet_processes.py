@@ -38,8 +38,16 @@ async def test_children_and_their_own_children_are_gone_after_teardown(tmp_path:
     async with Supervisor(tmp_path, stop_timeout_s=2) as sup:
         # a shell that ignores SIGTERM and has a grandchild: only the group SIGKILL ends it
         child = await sup.start("stubborn", ["sh", "-c", "trap '' TERM; sleep 300 & sleep 300; wait"])
-        await asyncio.sleep(0.2)
+        # on a loaded machine the shell may take a while to fork its grandchild: wait (bounded)
+        for _ in range(100):
+            if len(group_members(child.pid)) >= 2:
+                break
+            await asyncio.sleep(0.05)
         assert len(group_members(child.pid)) >= 2
+    for _ in range(40):  # SIGKILLed members leave /proc (or turn zombie) within moments
+        if not group_members(child.pid):
+            break
+        await asyncio.sleep(0.05)
     assert group_members(child.pid) == []
     assert sup.children == []
 
