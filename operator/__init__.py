@@ -1,1 +1,0 @@
-"""Control plane: PrefixCacheFleet models, planners and kopf handlers (imported as prefixfleet.operator)."""
