@@ -12,7 +12,7 @@ ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-RUN python -m pip install "setuptools>=70.1,<81"
+RUN python -m pip install "setuptools>=77,<81"
 # Only what the wheel is built from (see .dockerignore); one folder per package-dir of pyproject.toml.
 COPY pyproject.toml README.md ./
 COPY prefixfleet ./prefixfleet
