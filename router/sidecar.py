@@ -27,6 +27,7 @@ from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
 from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import CacheMirror
+from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
     HOP_BY_HOP,
     StreamedText,
@@ -38,7 +39,6 @@ from .proxying import (
     refuse_too_large,
     sse_error_event,
 )
-from .prewarm import add_routes as add_prewarm_routes
 from .radix import CacheFullError, as_token_bytes
 from .records import LoadReport, MemberRecord, encode_record, validate_state, validate_worker_id
 from .redis_conn import connect_redis
