@@ -15,6 +15,7 @@ from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
+from .cli import parse_names, parse_pairs
 from .engine import SERVICE_MODELS, ServiceConfig
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
 
@@ -63,33 +64,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _pairs(items: list[str], what: str) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"{what} {item!r} must look like KEY=VALUE")
-        out[key.strip().replace("-", "_")] = value.strip()
-    return out
-
-
-def _scalers(spec: str) -> list[str]:
-    if spec.strip() == "all":
-        return list(SCALER_MODES)
-    names = [n.strip() for n in spec.split(",") if n.strip()]
-    if not names:
-        raise UsageError("--scalers is empty; use 'all' or a comma-separated list")
-    for name in names:
-        if name not in SCALER_MODES:
-            raise UsageError(f"unknown scaler {name!r}; choose from {', '.join(SCALER_MODES)} or 'all'")
-    return list(dict.fromkeys(names))
-
-
 def _service(args: argparse.Namespace, rec: dict[str, Any]) -> ServiceConfig:
     values: dict[str, Any] = {k: v for k, v in rec.items() if k in SERVICE_KEYS or k == "service"}
     if args.service:
         values["service"] = args.service
-    for key, value in _pairs(args.engine, "--engine").items():
+    for key, value in parse_pairs(args.engine, "--engine").items():
         if key not in SERVICE_KEYS:
             raise UsageError(
                 f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
@@ -118,7 +97,7 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    scalers = _scalers(args.scalers)
+    scalers = parse_names(args.scalers, SCALER_MODES, "--scalers", "scaler")
     if args.policy not in POLICIES:
         raise UsageError(f"unknown routing policy {args.policy!r}; choose from {', '.join(POLICIES)}")
     if args.scenario not in SCENARIOS[:-1] and not args.scenario.startswith("trace:"):
@@ -139,8 +118,9 @@ def run(args: argparse.Namespace) -> int:
     if args.initial is not None and not min_r <= args.initial <= max_r:
         raise UsageError(f"--initial ({args.initial}) must be between --min ({min_r}) and --max ({max_r})")
     service = _service(args, rec)
+    settings = parse_pairs(args.scenario_settings, "--set")
     try:
-        workload = build_scenario(args.scenario, seed=args.seed, **_pairs(args.scenario_settings, "--set"))
+        workload = build_scenario(args.scenario, seed=args.seed, **settings)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not workload.requests:

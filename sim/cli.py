@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +59,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _pairs(items: list[str], what: str) -> dict[str, str]:
+def parse_pairs(items: list[str], what: str) -> dict[str, str]:
+    """``KEY=VALUE`` flags (``--set``, ``--engine``) as a dict; dashes in keys become underscores."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise UsageError(f"{what} {item!r} must look like KEY=VALUE")
         out[key.strip().replace("-", "_")] = value.strip()
     return out
 
 
-def _policy_names(spec: str) -> list[str]:
+def parse_names(spec: str, known: Sequence[str], flag: str, what: str) -> list[str]:
+    """``all`` or a comma-separated list of names from ``known`` (duplicates dropped, order kept)."""
     if spec.strip() == "all":
-        return list(POLICIES)
+        return list(known)
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
-        raise UsageError("--policies is empty; use 'all' or a comma-separated list")
+        raise UsageError(f"{flag} is empty; use 'all' or a comma-separated list")
     for name in names:
-        if name not in POLICIES:
-            raise UsageError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)} or 'all'")
-    return names
+        if name not in known:
+            raise UsageError(f"unknown {what} {name!r}; choose from {', '.join(known)} or 'all'")
+    return list(dict.fromkeys(names))
 
 
 def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
@@ -92,7 +95,7 @@ def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
         raise UsageError(f"--cache-tokens must be positive, got {cache}")
     if args.service:
         rec["service"] = args.service
-    for key, value in _pairs(args.engine, "--engine").items():
+    for key, value in parse_pairs(args.engine, "--engine").items():
         if key not in SERVICE_KEYS:
             raise UsageError(
                 f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
@@ -140,9 +143,10 @@ def run(args: argparse.Namespace) -> int:
         return run_reproduce(args)
     if not args.workload:
         raise UsageError(f"--workload is required (one of: {', '.join(WORKLOADS)}) unless --reproduce lab")
-    names = _policy_names(args.policies)
+    names = parse_names(args.policies, list(POLICIES), "--policies", "policy")
+    settings = parse_pairs(args.workload_settings, "--set")
     try:
-        workload = build_workload(args.workload, seed=args.seed, **_pairs(args.workload_settings, "--set"))
+        workload = build_workload(args.workload, seed=args.seed, **settings)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not workload.requests:
