@@ -21,6 +21,7 @@ The simulator reads each replica only through :meth:`ReplicaModel.view`, which b
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -121,7 +122,7 @@ def _cacheable(tokens: bytes, capacity: int) -> bytes:
     return tokens if len(tokens) <= capacity * TOKEN_BYTES else tokens[: capacity * TOKEN_BYTES]
 
 
-class ReplicaModel:
+class ReplicaModel(ABC):
     """Common part: identity, cache, counters. Subclasses implement the service discipline."""
 
     def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
@@ -130,11 +131,13 @@ class ReplicaModel:
         self.config = config
         self.routed = 0
 
-    def view(self, request: RouteRequest) -> ReplicaState:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def view(self, request: RouteRequest) -> ReplicaState:
+        """What a policy may see of this replica for ``request``."""
 
-    def accept(self, job: Job, now: float) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abstractmethod
+    def accept(self, job: Job, now: float) -> None:
+        """Take a routed request."""
 
     def next_event_s(self) -> float | None:
         """Time of this replica's next internal event, or None when it has none pending."""
@@ -144,9 +147,9 @@ class ReplicaModel:
         """Process the internal event due at ``now``; return jobs that finished."""
         return []
 
-    def prefill_backlog(self, now: float) -> int:  # pragma: no cover - abstract
+    @abstractmethod
+    def prefill_backlog(self, now: float) -> int:
         """Requests here whose prefill has not finished (what ``sglang:num_queue_reqs`` counts)."""
-        raise NotImplementedError
 
 
 class FifoReplica(ReplicaModel):

@@ -5,7 +5,6 @@ Also: the real `sglang-router` (PyPI, Rust, cache_aware policy) in front of two 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -136,10 +135,6 @@ def test_cli_reports_a_busy_port_without_a_traceback(emulator_process):
     assert done.returncode == 2 and "cannot listen" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("sglang_router") is None,
-    reason="the sglang_router module (PyPI sglang-router) is not installed",
-)
 def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
     procs: list[subprocess.Popen] = []
     try:

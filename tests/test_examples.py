@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 from prefixfleet.cli import build_parser
+from prefixfleet.operator import planner
 from prefixfleet.operator.models import PrefixCacheFleet
-
-planner = pytest.importorskip("prefixfleet.operator.planner", reason="the operator's reconcile planner")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -179,7 +179,6 @@ def test_unknown_names_and_missing_files_are_one_line_errors(tmp_path: Path) -> 
     assert "trace:PATH" in WORKLOADS
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
 def test_mooncake_trace_replays_every_request_at_full_size() -> None:
     wl = build_workload(f"trace:{MOONCAKE}")
     assert len(wl.requests) == 3993
