@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
 from prefixfleet.sim.engine import ServiceConfig
 from prefixfleet.sim.report import summarize
@@ -30,15 +31,16 @@ from prefixfleet.sim.workloads import build_workload
 
 PEERS = ("affinity_balanced", "sglang_cache_aware", "preble_e2")
 MOONCAKE = "trace:../shared/traces/mooncake_synthetic_trace.jsonl"
+_EMULATOR = EmulatorConfig()
 # The continuous-batching model with the engine emulator's default timing (docs/emulator.md).
 BATCHED: dict[str, Any] = {
     "service": "batched",
-    "cached_s_per_token": 1.5e-6,
-    "request_overhead_s": 0.010,
-    "max_running": 64,
-    "step_token_budget": 8192,
-    "decode_base_s": 0.020,
-    "decode_s_per_seq": 0.00015,
+    "cached_s_per_token": _EMULATOR.cached_token_cost_s,
+    "request_overhead_s": _EMULATOR.prefill_overhead_s,
+    "max_running": _EMULATOR.max_running,
+    "step_token_budget": _EMULATOR.chunk_tokens,
+    "decode_base_s": _EMULATOR.decode_step_s,
+    "decode_s_per_seq": _EMULATOR.decode_step_per_req_s,
 }
 
 
