@@ -13,7 +13,7 @@ import pytest
 from prefixfleet.router.radix import TOKEN_BYTES, as_token_bytes
 from prefixfleet.sim.workloads import WORKLOADS, build_workload, lab_burst_token_lists
 
-MOONCAKE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
+MOONCAKE = Path(__file__).resolve().parents[1] / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
 def shared_tokens(a: bytes, b: bytes) -> int:

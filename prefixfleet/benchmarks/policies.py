@@ -30,7 +30,7 @@ from prefixfleet.sim.simulator import FleetConfig, simulate, simulate_ideal
 from prefixfleet.sim.workloads import build_workload
 
 PEERS = ("affinity_balanced", "sglang_cache_aware", "preble_e2")
-MOONCAKE = "trace:../shared/traces/mooncake_synthetic_trace.jsonl"
+MOONCAKE = "trace:traces/mooncake_synthetic_trace.jsonl"
 _EMULATOR = EmulatorConfig()
 # The continuous-batching model with the engine emulator's default timing (docs/emulator.md).
 BATCHED: dict[str, Any] = {

@@ -453,8 +453,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
         trace = Path(args.trace) if args.trace else default_trace_path()
         if trace is None or not trace.is_file():
             raise UsageError(
-                "the Mooncake trace was not found (looked for ../shared/traces/"
-                "mooncake_synthetic_trace.jsonl next to the repository); pass --trace PATH or --workload W"
+                "the Mooncake trace was not found (looked for traces/mooncake_synthetic_trace.jsonl"
+                " in the repository); pass --trace PATH or --workload W"
             )
         spec = f"trace:{trace}"
     elif args.trace:

@@ -43,7 +43,7 @@ from prefixfleet.fleet.local import FleetSpec, LocalFleet, engine_for_workload, 
 from prefixfleet.fleet.processes import LOOPBACK, Supervisor
 from prefixfleet.router.policies import DEFAULT_POLICY
 
-TRACE_RELATIVE = Path("..") / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE_RELATIVE = Path("traces") / "mooncake_synthetic_trace.jsonl"
 ROUTERS = ("prefixfleet", "round_robin", "sglang_cache_aware")
 
 
@@ -68,7 +68,7 @@ class CompareOptions:
 
 
 def default_trace_path() -> Path | None:
-    """The Mooncake synthetic trace next to the repository (``../shared/traces``), or None."""
+    """The Mooncake synthetic trace shipped in the repository (``traces/``), or None."""
     repo_root = Path(__file__).resolve().parents[2]
     for base in (repo_root, Path.cwd()):
         candidate = (base / TRACE_RELATIVE).resolve()
