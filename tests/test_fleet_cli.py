@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from prefixfleet.cli import main
 from prefixfleet.fleet.cli import policy_names
-from prefixfleet.fleet.ranking import compare_rankings, kendall_tau, rank_policies
+from prefixfleet.fleet.ranking import (
+    compare_rankings,
+    compare_resolved,
+    kendall_tau,
+    paired_order,
+    rank_policies,
+)
 from prefixfleet.fleet.sampling import sample_groups
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 from prefixfleet.sim.workloads import Workload, WorkloadRequest
@@ -65,6 +72,41 @@ def test_kendall_tau_and_rankings() -> None:
     verdict = compare_rankings(metrics, {"qa": {"mean_ttft_ms": 5.0}, "rr": {"mean_ttft_ms": 3.0}})
     assert verdict["sim_order"] == ["qa", "rr"] and verdict["live_order"] == ["rr", "qa"]
     assert verdict["kendall_tau"] == -1.0 and not verdict["same_best"]
+
+
+def test_paired_order_resolves_real_differences_and_ties_noise() -> None:
+    rng = random.Random(7)
+    base = [rng.expovariate(1 / 100.0) for _ in range(600)]
+    faster = [t * 0.5 for t in base]
+    noisy = [t + rng.gauss(0.0, 30.0) for t in base]  # same policy measured twice: only noise differs
+    assert paired_order(faster, base) == -1
+    assert paired_order(base, faster) == 1
+    assert paired_order(noisy, base) == 0
+    assert paired_order(base[:10], faster[:10]) == 0  # too few requests to resolve anything
+    with pytest.raises(ValueError, match="same length"):
+        paired_order(base, base[:-1])
+    with_failures = [math.nan if i % 7 == 0 else t for i, t in enumerate(faster)]
+    assert paired_order(with_failures, base) == -1  # failed requests are left out of the pairs
+
+
+def test_resolved_agreement_counts_contradictions_not_noise() -> None:
+    rng = random.Random(3)
+    base = [rng.expovariate(1 / 100.0) for _ in range(600)]
+    sim = {"rr": base, "qa": [t * 0.3 for t in base], "pe": [t * 0.31 for t in base]}
+    live_tied = {"rr": base, "qa": [t * 0.3 + rng.gauss(0, 20) for t in base], "pe": [t * 0.3 for t in base]}
+    rows = {n: {"mean_ttft_ms": sum(v) / len(v)} for n, v in sim.items()}
+    live_rows = {n: {"mean_ttft_ms": sum(v) / len(v)} for n, v in live_tied.items()}
+    verdict = compare_resolved(sim, live_tied, rows, live_rows)
+    assert verdict["agree"] and ["pe", "qa"] in verdict["unresolved_pairs"]
+    assert verdict["live_tiers"][-1] == ["rr"] and sorted(verdict["live_tiers"][0]) == ["pe", "qa"]
+    live_flipped = {
+        "rr": [t * 0.2 for t in base],
+        "qa": [t * 0.3 for t in base],
+        "pe": [t * 0.31 for t in base],
+    }
+    flipped_rows = {n: {"mean_ttft_ms": sum(v) / len(v)} for n, v in live_flipped.items()}
+    verdict = compare_resolved(sim, live_flipped, rows, flipped_rows)
+    assert not verdict["agree"] and ["qa", "rr"] in verdict["contradicting_pairs"]
 
 
 def test_sampling_keeps_whole_groups_and_the_arrival_rate() -> None:

@@ -61,6 +61,11 @@ def test_up_runs_each_policy_through_two_gateways_and_stops_everything(tmp_path:
         assert 0 < row["p50_ttft_ms"] <= row["p99_ttft_ms"]
     agreement = report["sim"]["agreement"]
     assert sorted(agreement["live_order"]) == sorted(agreement["sim_order"]) == ["queue_aware", "round_robin"]
+    resolved = report["sim"]["resolved_agreement"]
+    pairs = resolved["confirmed_pairs"] + resolved["contradicting_pairs"] + resolved["unresolved_pairs"]
+    assert pairs == [["queue_aware", "round_robin"]]
+    assert resolved["agree"] == (not resolved["contradicting_pairs"])
+    assert "ttft_ms_by_request" not in report["sim"]["policies"]["queue_aware"]  # kept out of the JSON
     assert out_png.stat().st_size > 0
     printed = capsys.readouterr().out
     assert "queue_aware*" in printed and "round_robin" in printed

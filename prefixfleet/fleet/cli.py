@@ -314,6 +314,17 @@ def format_up(report: dict[str, Any]) -> str:
         lines.append(
             f"Kendall tau {a['kendall_tau']:.2f}; same order: {a['same_order']}; same best: {a['same_best']}"
         )
+    resolved = (sim or {}).get("resolved_agreement")
+    if resolved:
+        lines.append("resolvable ranking (= : within noise)")
+        for label in ("live", "sim"):
+            tiers = " < ".join(" = ".join(t) for t in resolved[f"{label}_tiers"])
+            lines.append(f"  {label:<4} {tiers}")
+        lines.append(
+            f"pairs ordered alike: {len(resolved['confirmed_pairs'])}, contradicting: "
+            f"{len(resolved['contradicting_pairs'])}, unresolved in one: {len(resolved['unresolved_pairs'])}"
+            f" -> {'agree' if resolved['agree'] else 'DISAGREE'}"
+        )
     return "\n".join(lines)
 
 

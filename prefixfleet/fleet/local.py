@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import time
@@ -30,7 +31,7 @@ from prefixfleet.fleet.processes import (
     Supervisor,
     start_redis,
 )
-from prefixfleet.fleet.ranking import compare_rankings
+from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
 from prefixfleet.router.policies import make_policy
 from prefixfleet.sim.engine import ServiceConfig
 from prefixfleet.sim.report import summarize as summarize_sim
@@ -441,6 +442,16 @@ def simulate_policies(
         result = simulate(requests, make_policy(name, service.cost), fleet, progress=False)
         m = summarize_sim(result)
         out[name] = {k: m[k] for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate")}
+        out[name]["ttft_ms_by_request"] = [t * 1000.0 for t in result.ttft_s]
+    return out
+
+
+def live_ttfts_by_request(run: LoadRun) -> list[float]:
+    """Each request's TTFT in ms by its index in the replayed list (NaN where it failed)."""
+    out = [math.nan] * len(run.outcomes)
+    for o in run.outcomes:
+        if o.ok and o.ttft_s is not None and 0 <= o.index < len(out):
+            out[o.index] = o.ttft_s * 1000.0
     return out
 
 
@@ -466,11 +477,20 @@ def up_report(
         "policies": live,
     }
     if sim is not None:
+        sim_rows = {n: {k: v for k, v in m.items() if k != "ttft_ms_by_request"} for n, m in sim.items()}
         report["sim"] = {
-            "policies": dict(sim),
+            "policies": sim_rows,
             "ttft": "modelled ms (divide by time_scale to compare with the live wall-clock figures)",
-            "agreement": compare_rankings(sim, live) if len(live) > 1 else None,
+            "agreement": compare_rankings(sim_rows, live) if len(live) > 1 else None,
         }
+        if len(live) > 1:
+            # Which of those order differences each measurement can resolve at all (ties = noise).
+            report["sim"]["resolved_agreement"] = compare_resolved(
+                {n: m["ttft_ms_by_request"] for n, m in sim.items()},
+                {r.policy: live_ttfts_by_request(r.run) for r in runs},
+                sim_rows,
+                live,
+            )
     return report
 
 
