@@ -13,6 +13,7 @@ that the API server enforces on ``kubectl apply``. Both messages name the offend
 from __future__ import annotations
 
 import inspect
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
@@ -380,11 +381,58 @@ class RedisSpec(CamelModel):
     )
 
 
+# A Prometheus label name (PromQL grammar); values are quoted by the query builder.
+PROMETHEUS_LABEL_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+
+
 class PrometheusSpec(CamelModel):
+    """Where the autoscaler reads engine rates; without a URL (here or the operator's default) it
+    scrapes each sidecar's /metrics itself, and it falls back to that whenever Prometheus fails."""
+
     url: str | None = Field(
         default=None,
-        pattern=r"^https?://",
-        description="Prometheus base URL for engine metrics; absent means summaries from Redis only.",
+        pattern=r"^https?://[^/\s?#]+(/[^\s?#]*)?$",
+        description="Prometheus base URL (http(s)://host[:port][/path]) the autoscaler queries for engine"
+        " rates; absent: the operator's default, else each sidecar's /metrics.",
+    )
+    rate_window_seconds: int = Field(
+        default=60,
+        ge=2,
+        le=3600,
+        description="rate() window of the queries; at least 4 scrape intervals of the replicas.",
+    )
+    match_labels: dict[str, str] | None = Field(
+        default=None,
+        max_length=16,
+        description="Label matchers (name: exact value) selecting this fleet's engine series; default"
+        " {namespace: <fleet namespace>, fleet: <fleet name>}, the labels the chart's PodMonitor gives.",
+    )
+    pod_label: str = Field(
+        default="pod",
+        pattern=PROMETHEUS_LABEL_PATTERN,
+        description="Label naming the replica pod in those series.",
+    )
+
+    @model_validator(mode="after")
+    def _label_names(self) -> PrometheusSpec:
+        for name in self.match_labels or {}:
+            if not re.match(PROMETHEUS_LABEL_PATTERN, name):
+                raise ValueError(
+                    f"spec.prometheus.matchLabels: {name!r} is not a Prometheus label name"
+                    " ([a-zA-Z_][a-zA-Z0-9_]*)"
+                )
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.matchLabels) || self.matchLabels.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]*$'))",
+                    "spec.prometheus.matchLabels: every key must be a Prometheus label name",
+                    ".matchLabels",
+                )
+            ]
+        }
     )
 
 
@@ -498,6 +546,19 @@ class HotPrefix(CamelModel):
     holders: list[str] = Field(default_factory=list, max_length=256, description="Replica pods that hold it.")
 
 
+EngineMetricsSourceName = Literal["prometheus", "scrape", "mixed", "none"]
+
+
+class EngineMetricsSource(CamelModel):
+    """Where the autoscaler's last round read the engines' token rates and queues."""
+
+    source: EngineMetricsSourceName = Field(
+        description="prometheus, scrape (each sidecar's /metrics), mixed (Prometheus lacked some"
+        " replicas), none (no replica answered)."
+    )
+    reason: str = Field(default="", max_length=1024, description="Why that source, for humans.")
+
+
 class FleetStatus(CamelModel):
     """``status`` of a PrefixCacheFleet.
 
@@ -533,6 +594,9 @@ class FleetStatus(CamelModel):
     )
     last_scale_time: datetime | None = Field(default=None, description="When the replica count last changed.")
     last_scale_reason: str | None = Field(default=None, description="Why the replica count last changed.")
+    engine_metrics: EngineMetricsSource | None = Field(
+        default=None, description="Where the autoscaler read engine rates in its last round, and why."
+    )
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -600,6 +664,7 @@ __all__ = [
     "AutoscalingSpec",
     "CacheIdentitySpec",
     "Condition",
+    "EngineMetricsSource",
     "EngineSpec",
     "EnvVar",
     "FleetSpec",
