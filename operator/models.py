@@ -427,7 +427,8 @@ class PrometheusSpec(CamelModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "!has(self.matchLabels) || self.matchLabels.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]*$'))",
+                    "!has(self.matchLabels)"
+                    " || self.matchLabels.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]*$'))",
                     "spec.prometheus.matchLabels: every key must be a Prometheus label name",
                     ".matchLabels",
                 )
