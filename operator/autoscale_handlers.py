@@ -3,8 +3,11 @@
 Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.enabled``:
 
 1. observe — replica pods (API server), each sidecar's load record and summary (Redis, decoded with
-   the data plane's own code), each engine's token counters (the sidecar's ``/metrics``), and merge
-   the summaries into hot subtrees (:func:`~.hot_subtrees.hot_subtrees`);
+   the data plane's own code), each engine's token rates and queue (Prometheus when
+   ``spec.prometheus.url`` or the operator's ``--prometheus`` is set, else — and whenever Prometheus
+   fails or lacks a replica — the sidecar's ``/metrics``; ``status.engineMetrics`` says which, an
+   outage is one warning), and merge the summaries into hot subtrees
+   (:func:`~.hot_subtrees.hot_subtrees`);
 2. plan — :func:`~.autoscale.plan_scale` with the policy from the spec and the memory of the last
    round (kept here in memory per fleet: a restarted operator just starts a fresh cooldown);
 3. execute —
@@ -38,23 +41,26 @@ from prefixfleet.router.keys import FleetKeys
 
 from .autoscale import PlannerMemory, ScalePlan, SubtreeObservation, plan_scale
 from .autoscale_observe import (
+    EngineReading,
     TokenCounters,
     hot_prefixes_status,
     observe_fleet,
-    prefill_load,
+    outage_notice,
     scale_policy,
     warm_sources,
 )
-from .autoscale_sources import read_records, scrape_counters
+from .autoscale_sources import read_engine_metrics, read_records
 from .handlers import ANNOTATION_VICTIMS, FLEET_RESOURCE, OperatorContext, resolve_redis_url
 from .hot_subtrees import HotState, hot_subtrees
 from .models import InvalidFleetSpec, validate_spec
 from .planner import ANNOTATION_STATE, FleetRef, ObservedPod, observe_pod, pod_url, replica_selector
+from .prometheus_source import PrometheusSource, fleet_scope, prometheus_url
 
 TICK_S = 1.0  # the timer ticks this often; each fleet's round runs every intervalSeconds
 SCRAPE_TIMEOUT_S = 2.0
 WARM_TIMEOUT_S = 180.0  # pod start + sidecar ready + prefills
 DEFAULT_METRICS_PORT = 8081
+ENGINE_SOURCES = ("prometheus", "scrape", "mixed", "none")
 
 
 class OperatorMetrics:
@@ -77,6 +83,12 @@ class OperatorMetrics:
             "prefixfleet_operator_target_ttft_seconds", "spec.autoscaling.targetTTFTSeconds.", labels,
             registry=self.registry,
         )  # fmt: skip
+        self.engine_metrics_source = Gauge(
+            "prefixfleet_operator_engine_metrics_source",
+            "1 for where the autoscaler's last round read engine rates (prometheus, scrape, mixed, none).",
+            (*labels, "source"),
+            registry=self.registry,
+        )
         self.scale_events = Counter(
             "prefixfleet_operator_scale_events",
             "The autoscaler's executed decisions (scale_up, scale_down, prewarm, drain).",
@@ -88,6 +100,13 @@ class OperatorMetrics:
         for gauge in (self.replicas, self.max_replicas, self.target_ttft):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, fleet)
+        for source in ENGINE_SOURCES:
+            with contextlib.suppress(KeyError):
+                self.engine_metrics_source.remove(namespace, fleet, source)
+
+    def engine_source(self, namespace: str, fleet: str, used: str) -> None:
+        for source in ENGINE_SOURCES:
+            self.engine_metrics_source.labels(namespace, fleet, source).set(1 if source == used else 0)
 
 
 @dataclass
@@ -97,6 +116,7 @@ class FleetAutoscale:
     memory: PlannerMemory = field(default_factory=PlannerMemory)
     hot: HotState | None = None
     counters: dict[str, TokenCounters] = field(default_factory=dict)
+    metrics_degraded: bool = False  # the configured Prometheus is out: warned once, until it is back
     last_round: float = 0.0
     warming: set[asyncio.Task[None]] = field(default_factory=set)
     warming_pods: set[str] = field(default_factory=set)  # pods a task of this process is warming
@@ -107,6 +127,13 @@ class AutoscaleContext:
     metrics: OperatorMetrics
     http: httpx.AsyncClient
     fleets: dict[str, FleetAutoscale] = field(default_factory=dict)
+    default_prometheus_url: str = ""  # `operator run --prometheus` / PREFIXFLEET_PROMETHEUS_URL
+    prometheus: dict[str, PrometheusSource] = field(default_factory=dict)  # one client per URL
+
+    def prometheus_source(self, url: str) -> PrometheusSource:
+        if url not in self.prometheus:
+            self.prometheus[url] = PrometheusSource(url)
+        return self.prometheus[url]
 
 
 @kopf.on.startup()
@@ -119,7 +146,11 @@ async def start_autoscaler(memo: kopf.Memo, logger: logging.Logger, **_: Any) ->
             logger.info("operator metrics on :%d/metrics", port)
         except OSError as exc:  # metrics are not worth refusing to reconcile
             logger.warning("operator metrics not served: port %d: %s", port, exc)
-    memo.autoscale = AutoscaleContext(metrics, httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S))
+    memo.autoscale = AutoscaleContext(
+        metrics,
+        httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S),
+        default_prometheus_url=getattr(memo, "default_prometheus_url", "") or "",
+    )
 
 
 @kopf.on.cleanup()
@@ -130,6 +161,8 @@ async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
     for state in auto.fleets.values():
         for task in state.warming:
             task.cancel()
+    for source in auto.prometheus.values():
+        source.close()
     await auto.http.aclose()
 
 
@@ -214,17 +247,20 @@ async def autoscale_round(
     loads, summaries = await read_records(
         ctx.redis(redis_url), FleetKeys(ref.redis_fleet), [p.name for p in pods]
     )
-    counters = await scrape_counters(auto.http, {n: u for n, u in urls.items() if n in loads})
-    loads_by_pod = {
-        n: prefill_load(state.counters.get(n), c, loads[n].prefill_tokens_per_s) for n, c in counters.items()
-    }
-    state.counters = counters
+    reading = await _read_engines(
+        auto, state, spec, ref, {n: u for n, u in urls.items() if n in loads}, logger
+    )
     now = time.time()
     subtrees, state.hot = hot_subtrees(summaries, state.hot, now)
-    observed = observe_fleet(now, spec.replicas, pods, loads, loads_by_pod, subtrees)
+    observed = observe_fleet(
+        now, spec.replicas, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
+    )
     plan = plan_scale(observed, scale_policy(spec), state.memory)
     state.memory = plan.memory
     status: dict[str, Any] = {}
+    engine_status = {"source": reading.source, "reason": reading.reason[:1024]}
+    if engine_status != (fleet.get("status") or {}).get("engineMetrics"):
+        status["engineMetrics"] = engine_status
     hot = hot_prefixes_status(subtrees)
     if hot != ((fleet.get("status") or {}).get("hotPrefixes") or []):
         status["hotPrefixes"] = hot
@@ -263,6 +299,28 @@ async def autoscale_round(
         if not plan.add:
             kopf.event(fleet, type="Normal", reason="Prewarming", message=plan.reason)
     return plan
+
+
+async def _read_engines(
+    auto: AutoscaleContext,
+    state: FleetAutoscale,
+    spec: Any,
+    ref: FleetRef,
+    urls: dict[str, str],
+    logger: logging.Logger,
+) -> EngineReading:
+    """This round's engine rates; remembers the scrape samples and logs an outage once."""
+    url = prometheus_url(spec.prometheus, auto.default_prometheus_url)
+    source = auto.prometheus_source(url) if url else None
+    scope = fleet_scope(spec.prometheus, ref.namespace, ref.name)
+    reading = await read_engine_metrics(auto.http, urls, state.counters, source, scope)
+    state.counters = dict(reading.counters)
+    notice = outage_notice(state.metrics_degraded, reading)
+    state.metrics_degraded = reading.degraded
+    if notice is not None:
+        logger.log(*notice)
+    auto.metrics.engine_source(ref.namespace, ref.name, reading.source)
+    return reading
 
 
 async def _clear_stale_victims(

@@ -4,10 +4,12 @@ The kopf timer (``autoscale_handlers``) gathers three sources per replica pod an
 
 * the pod itself (Ready? draining? the ``prefixfleet.io/state`` annotation the autoscaler sets);
 * the sidecar's load record from Redis (in flight, queued, pending prefill tokens, prefill speed);
-* the engine's cumulative token counters (``sglang:prompt_tokens_total`` and
-  ``sglang:cached_tokens_total`` from the sidecar's ``/metrics``): their growth between two rounds is
-  the uncached prompt tokens the engine had to prefill, which divided by its prefill speed is the
-  replica's *prefill load* (1.0 = it did nothing but prefill). Hits cost nothing there.
+* the engine's token rates (:class:`EngineRates`): from Prometheus (``rate()`` of
+  ``sglang:prompt_tokens_total`` and ``sglang:cached_tokens_total``, see :mod:`.prometheus_source`) or,
+  without Prometheus or when it fails, from the growth of those counters on the sidecar's ``/metrics``
+  between two rounds. Prompt minus cached tokens per second is what the engine had to prefill, which
+  divided by its prefill speed is the replica's *prefill load* (1.0 = it did nothing but prefill).
+  Hits cost nothing there. :func:`engine_reading` merges the two sources and says which was used.
 
 Hot subtrees come from the summaries via :func:`~.hot_subtrees.hot_subtrees`. Replicas the spec asks
 for but whose pods do not exist yet count as ``starting``: capacity already on its way.
@@ -15,10 +17,11 @@ for but whose pods do not exist yet count as ``starting``: capacity already on i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,6 +33,7 @@ from .planner import ObservedPod
 
 PROMPT_TOKENS = "sglang:prompt_tokens_total"
 CACHED_TOKENS = "sglang:cached_tokens_total"
+QUEUE_REQS = "sglang:num_queue_reqs"
 HOT_PREFIXES_IN_STATUS = 8
 
 
@@ -56,20 +60,35 @@ def scale_policy(spec: FleetSpec) -> ScalePolicy:
 
 @dataclass(frozen=True, slots=True)
 class TokenCounters:
-    """An engine's cumulative prompt and cached token counters at one instant."""
+    """An engine's cumulative prompt and cached token counters (and its queue) at one instant."""
 
     at_s: float
     prompt_tokens: float
     cached_tokens: float
+    queue_reqs: float | None = None
 
     @property
     def uncached_tokens(self) -> float:
         return max(self.prompt_tokens - self.cached_tokens, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class EngineRates:
+    """An engine's prompt and cached tokens per second over the last window, and its queue."""
+
+    prompt_tokens_per_s: float
+    cached_tokens_per_s: float
+    queue_reqs: float | None = None
+
+    @property
+    def uncached_tokens_per_s(self) -> float:
+        return max(self.prompt_tokens_per_s - self.cached_tokens_per_s, 0.0)
+
+
 def parse_token_counters(exposition: str, at_s: float) -> TokenCounters | None:
     """The engine's counters from a Prometheus text exposition (summed over label sets); None if absent."""
     totals = {PROMPT_TOKENS: 0.0, CACHED_TOKENS: 0.0}
+    queue: float | None = None
     seen = False
     try:
         for family in text_string_to_metric_families(exposition):
@@ -77,21 +96,120 @@ def parse_token_counters(exposition: str, at_s: float) -> TokenCounters | None:
                 if sample.name in totals:
                     totals[sample.name] += float(sample.value)
                     seen = True
+                elif sample.name == QUEUE_REQS:
+                    queue = (queue or 0.0) + float(sample.value)
     except (ValueError, TypeError):
         return None
-    return TokenCounters(at_s, totals[PROMPT_TOKENS], totals[CACHED_TOKENS]) if seen else None
+    return TokenCounters(at_s, totals[PROMPT_TOKENS], totals[CACHED_TOKENS], queue) if seen else None
+
+
+def rates_between(before: TokenCounters | None, now: TokenCounters | None) -> EngineRates | None:
+    """Rates from two samples of the counters; None without two samples in order."""
+    if before is None or now is None or now.at_s <= before.at_s:
+        return None
+    prompt = now.prompt_tokens - before.prompt_tokens
+    cached = now.cached_tokens - before.cached_tokens
+    if prompt < 0 or cached < 0:  # the engine restarted: its counters began again from zero
+        prompt, cached = now.prompt_tokens, now.cached_tokens
+    seconds = now.at_s - before.at_s
+    return EngineRates(prompt / seconds, cached / seconds, now.queue_reqs)
+
+
+def prefill_load_of(rates: EngineRates | None, prefill_tokens_per_s: float) -> float:
+    """Prefill seconds per second; 0 without rates or a speed."""
+    if rates is None or prefill_tokens_per_s <= 0:
+        return 0.0
+    return rates.uncached_tokens_per_s / prefill_tokens_per_s
 
 
 def prefill_load(
     before: TokenCounters | None, now: TokenCounters | None, prefill_tokens_per_s: float
 ) -> float:
     """Prefill seconds per second between two samples; 0 without two samples or a speed."""
-    if before is None or now is None or now.at_s <= before.at_s or prefill_tokens_per_s <= 0:
-        return 0.0
-    grown = now.uncached_tokens - before.uncached_tokens
-    if grown < 0:  # the engine restarted: its counters began again from zero
-        grown = now.uncached_tokens
-    return grown / (now.at_s - before.at_s) / prefill_tokens_per_s
+    return prefill_load_of(rates_between(before, now), prefill_tokens_per_s)
+
+
+EngineSource = Literal["prometheus", "scrape", "mixed", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """One round's engine rates per replica, the scrape samples to keep for the next round, and
+    where the rates came from (``status.engineMetrics``). ``degraded``: a configured Prometheus was
+    unavailable or had no series of the fleet at all (an outage, worth one warning)."""
+
+    rates: Mapping[str, EngineRates]
+    counters: Mapping[str, TokenCounters]
+    source: EngineSource
+    reason: str
+    degraded: bool = False
+
+    def prefill_loads(self, loads: Mapping[str, LoadReport]) -> dict[str, float]:
+        return {
+            n: prefill_load_of(r, loads[n].prefill_tokens_per_s) for n, r in self.rates.items() if n in loads
+        }
+
+    def queues(self) -> dict[str, float]:
+        return {n: r.queue_reqs for n, r in self.rates.items() if r.queue_reqs is not None}
+
+
+def _names(names: Sequence[str], most: int = 5) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def engine_reading(
+    names: Sequence[str],
+    previous: Mapping[str, TokenCounters],
+    scraped: Mapping[str, TokenCounters],
+    *,
+    prometheus_url: str | None = None,
+    prometheus_rates: Mapping[str, EngineRates] | None = None,
+    prometheus_problem: str = "",
+) -> EngineReading:
+    """Merge Prometheus' rates (preferred) with the rates of scraped counters for the other replicas.
+
+    ``scraped`` holds this round's scrape of the replicas Prometheus did not cover, ``previous`` the
+    last round's: a replica scraped for the first time has no rate yet (as after an operator restart).
+    """
+    from_prometheus = {n: prometheus_rates[n] for n in names if prometheus_rates and n in prometheus_rates}
+    rates: dict[str, EngineRates] = dict(from_prometheus)
+    for n in names:
+        if n not in rates and (r := rates_between(previous.get(n), scraped.get(n))) is not None:
+            rates[n] = r
+    counters = {n: c for n, c in scraped.items() if n in names and n not in from_prometheus}
+    fallback_source: EngineSource = "scrape" if counters else "none"
+    if prometheus_url is None:
+        reason = "no Prometheus configured (spec.prometheus.url): each sidecar's /metrics"
+        return EngineReading(rates, counters, fallback_source, reason)
+    if prometheus_problem:
+        reason = f"Prometheus {prometheus_url} unavailable ({prometheus_problem}): each sidecar's /metrics"
+        return EngineReading(rates, counters, fallback_source, reason, degraded=True)
+    missing = [n for n in names if n not in from_prometheus]
+    if not missing:
+        return EngineReading(
+            rates, counters, "prometheus", f"Prometheus {prometheus_url}: {len(names)} replica(s)"
+        )
+    if not from_prometheus:
+        reason = (
+            f"Prometheus {prometheus_url} has no engine series of this fleet (spec.prometheus.matchLabels,"
+            " podLabel; or not scraped yet): each sidecar's /metrics"
+        )
+        return EngineReading(rates, counters, fallback_source, reason, degraded=True)
+    reason = (
+        f"Prometheus {prometheus_url}: {len(from_prometheus)} replica(s); no series yet for"
+        f" {_names(missing)}: their sidecar's /metrics"
+    )
+    return EngineReading(rates, counters, "mixed", reason)
+
+
+def outage_notice(was_degraded: bool, reading: EngineReading) -> tuple[int, str] | None:
+    """(log level, message) when an outage of the configured Prometheus begins or ends; None
+    otherwise, so a long outage is one warning, not one per round."""
+    if reading.degraded and not was_degraded:
+        return logging.WARNING, f"engine metrics: {reading.reason} (warned once until it recovers)"
+    if was_degraded and not reading.degraded:
+        return logging.INFO, f"engine metrics: recovered: {reading.reason}"
+    return None
 
 
 def replica_phase(pod: ObservedPod, load: LoadReport | None) -> ReplicaPhase:
@@ -118,8 +236,13 @@ def observe_fleet(
     loads: Mapping[str, LoadReport],
     prefill_loads: Mapping[str, float],
     subtrees: Sequence[SubtreeObservation],
+    engine_queues: Mapping[str, float] | None = None,
 ) -> FleetObservation:
-    """The planner's view: one observation per live pod, plus ``starting`` ones for pods still to come."""
+    """The planner's view: one observation per live pod, plus ``starting`` ones for pods still to come.
+
+    ``engine_queues`` (the engines' ``sglang:num_queue_reqs``) raise a replica's ``queued`` when the
+    engine reports more waiting requests than its sidecar's record (which counts every request not
+    yet past prefill, so it is usually the larger)."""
     replicas: list[ReplicaObservation] = []
     for pod in pods:
         if not pod.alive:
@@ -132,7 +255,7 @@ def observe_fleet(
                 replica_id=pod.name,
                 phase=phase,
                 in_flight=load.in_flight if load else 0,
-                queued=load.queued if load else 0,
+                queued=max(load.queued if load else 0, int((engine_queues or {}).get(pod.name, 0))),
                 est_wait_s=load.pending_prefill_tokens / speed if load and speed > 0 else 0.0,
                 cached_tokens=load.cached_tokens if load else 0,
                 capacity_tokens=load.capacity_tokens if load else 0,

@@ -1,6 +1,7 @@
 """Where the autoscaler's observations come from (thin I/O shared by the operator and the local fleet):
 each worker's load record and summary from Redis, decoded with the data plane's own code, and each
-engine's token counters from its sidecar's ``/metrics``. Malformed or missing records are skipped."""
+engine's token rates from Prometheus when one is configured, else (and for every replica Prometheus
+does not cover this round) from its sidecar's ``/metrics``. Malformed or missing records are skipped."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import LoadReport, decode_load
 from prefixfleet.router.summary import Summary, SummaryError, decode_summary
 
-from .autoscale_observe import TokenCounters, parse_token_counters
+from .autoscale_observe import EngineRates, EngineReading, TokenCounters, engine_reading, parse_token_counters
+from .prometheus_source import PrometheusScope, PrometheusSource, PrometheusUnavailable
 
 
 async def read_records(
@@ -49,3 +51,31 @@ async def scrape_counters(http: httpx.AsyncClient, urls: Mapping[str, str]) -> d
     names = list(urls)
     results = await asyncio.gather(*(one(urls[n]) for n in names))
     return {n: c for n, c in zip(names, results, strict=True) if c is not None}
+
+
+async def read_engine_metrics(
+    http: httpx.AsyncClient,
+    urls: Mapping[str, str],
+    previous: Mapping[str, TokenCounters],
+    prometheus: PrometheusSource | None = None,
+    scope: PrometheusScope | None = None,
+) -> EngineReading:
+    """Engine rates for the replicas in ``urls`` (name -> sidecar URL): Prometheus first, the
+    sidecars' ``/metrics`` for whatever it did not answer. Never raises for an unreachable source."""
+    rates: dict[str, EngineRates] | None = None
+    problem = ""
+    if prometheus is not None and scope is not None:
+        try:
+            rates = await prometheus.engine_rates(scope)
+        except PrometheusUnavailable as exc:
+            problem = str(exc) or "unavailable"
+    missing = {n: u for n, u in urls.items() if rates is None or n not in rates}
+    scraped = await scrape_counters(http, missing) if missing else {}
+    return engine_reading(
+        list(urls),
+        previous,
+        scraped,
+        prometheus_url=prometheus.url if prometheus is not None and scope is not None else None,
+        prometheus_rates=rates,
+        prometheus_problem=problem,
+    )

@@ -383,6 +383,7 @@ class RedisSpec(CamelModel):
 
 # A Prometheus label name (PromQL grammar); values are quoted by the query builder.
 PROMETHEUS_LABEL_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+PROMETHEUS_URL_PATTERN = r"^https?://[^/\s?#]+(/[^\s?#]*)?$"
 
 
 class PrometheusSpec(CamelModel):
@@ -391,7 +392,7 @@ class PrometheusSpec(CamelModel):
 
     url: str | None = Field(
         default=None,
-        pattern=r"^https?://[^/\s?#]+(/[^\s?#]*)?$",
+        pattern=PROMETHEUS_URL_PATTERN,
         description="Prometheus base URL (http(s)://host[:port][/path]) the autoscaler queries for engine"
         " rates; absent: the operator's default, else each sidecar's /metrics.",
     )

@@ -15,6 +15,8 @@ from typing import Any
 
 from prefixfleet.cli import UsageError
 
+from .models import PROMETHEUS_URL_PATTERN
+
 # Modules whose import registers kopf handlers; later parts (e.g. the autoscaler's timer) add theirs
 # here and are skipped while they do not exist.
 HANDLER_MODULES: tuple[str, ...] = (
@@ -50,6 +52,13 @@ def register(subparsers: Any) -> None:
         help="Redis URL for fleets whose spec names none (env PREFIXFLEET_REDIS_URL)",
     )
     run.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=os.environ.get("PREFIXFLEET_PROMETHEUS_URL", ""),
+        help="Prometheus the autoscaler reads engine rates from for fleets whose spec.prometheus names"
+        " none (env PREFIXFLEET_PROMETHEUS_URL); without: each sidecar's /metrics",
+    )
+    run.add_argument(
         "--metrics-port",
         type=int,
         default=8081,
@@ -71,6 +80,8 @@ def run_operator(args: argparse.Namespace) -> int:
         raise UsageError(f"--liveness must look like http://HOST:PORT/PATH, got {args.liveness!r}")
     if args.redis and not re.match(r"^(redis|rediss|unix)://", args.redis):
         raise UsageError(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    if args.prometheus and not re.match(PROMETHEUS_URL_PATTERN, args.prometheus):
+        raise UsageError(f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}")
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
     import kopf
@@ -84,7 +95,10 @@ def run_operator(args: argparse.Namespace) -> int:
 
     kopf.configure(verbose=args.verbose)
     memo = kopf.Memo(
-        default_redis_url=args.redis, metrics_port=args.metrics_port, metrics_addr=args.metrics_addr
+        default_redis_url=args.redis,
+        default_prometheus_url=args.prometheus,
+        metrics_port=args.metrics_port,
+        metrics_addr=args.metrics_addr,
     )
     kopf.run(
         standalone=True,
