@@ -66,12 +66,21 @@ def _drain_until(replicas: Sequence[ReplicaModel], t: float) -> None:
 
 def simulate(
     requests: Sequence[WorkloadRequest],
-    policy: RoutingPolicy,
+    policy: RoutingPolicy | Sequence[RoutingPolicy],
     fleet: FleetConfig,
     *,
     progress: bool | None = None,
 ) -> RunResult:
-    """Route ``requests`` with ``policy`` over a fresh fleet and serve them; returns per-request results."""
+    """Route ``requests`` with ``policy`` over a fresh fleet and serve them; returns per-request results.
+
+    A sequence of policy instances models that many gateways, each with its own routing state (an
+    SGLang router replica's tree, queue_aware's arrival rates): request ``i`` goes through gateway
+    ``i % len(policy)``, as a client alternating between gateway replicas sends it.
+    """
+    routers = [policy] if isinstance(policy, RoutingPolicy) else list(policy)
+    if not routers:
+        raise ValueError("simulate needs at least one policy instance")
+    policy = routers[0]
     replicas = [make_replica(i, fleet.cache_tokens, fleet.service) for i in range(fleet.replicas)]
     by_id = {r.replica_id: r for r in replicas}
     jobs = [Job(i, r.arrival_s, r.tokens, r.output_tokens) for i, r in enumerate(requests)]
@@ -92,11 +101,12 @@ def simulate(
                 tokens=req.tokens, num_tokens=job.total, now=now, max_new_tokens=req.output_tokens
             )
             views = [rep.view(route) for rep in replicas]
-            decision = policy.choose(route, views)
+            router = routers[i % len(routers)]
+            decision = router.choose(route, views)
             chosen = by_id.get(decision.replica_id)  # type: ignore[arg-type]
             if chosen is None:
-                raise RuntimeError(f"policy {policy.name} chose unknown replica {decision.replica_id!r}")
-            policy.on_routed(route, decision)
+                raise RuntimeError(f"policy {router.name} chose unknown replica {decision.replica_id!r}")
+            router.on_routed(route, decision)
             decisions[decision.reason] = decisions.get(decision.reason, 0) + 1
             job.replica = chosen.replica_id
             job.est_uncached = job.total - views[replicas.index(chosen)].matched_tokens

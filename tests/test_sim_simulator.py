@@ -79,6 +79,27 @@ class RecordingRoundRobin(RoundRobin):
         return decision
 
 
+def test_several_gateways_each_route_every_nth_request_with_their_own_state(small_prefixroute) -> None:
+    cfg = SERVICES["batched"]
+    fleet = FleetConfig(4, 20_000, cfg)
+    gateways = [RecordingRoundRobin(cfg.cost), RecordingRoundRobin(cfg.cost)]
+    run = simulate(small_prefixroute.requests, gateways, fleet)
+    n = len(small_prefixroute.requests)
+    assert [len(g.seen) for g in gateways] == [(n + 1) // 2, n // 2]
+    # Each gateway's round robin counts only its own requests: both start at the same replica.
+    assert run.replica[0] == run.replica[1]
+    # An SGLang router tree per gateway sees half the traffic, so locality suffers (as live).
+    one = summarize(simulate(small_prefixroute.requests, make_policy("sglang_cache_aware", cfg.cost), fleet))
+    two = summarize(
+        simulate(
+            small_prefixroute.requests, [make_policy("sglang_cache_aware", cfg.cost) for _ in range(2)], fleet
+        )
+    )
+    assert two["hit_rate"] < one["hit_rate"]
+    with pytest.raises(ValueError, match="at least one policy"):
+        simulate(small_prefixroute.requests, [], fleet)
+
+
 def test_fifo_views_show_the_exact_hit_and_wait_the_request_then_gets() -> None:
     wl = build_workload("lab-burst")
     cfg = ServiceConfig("fifo", prefill_s_per_token=0.000025, cached_s_per_token=0.0000015)

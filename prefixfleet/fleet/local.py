@@ -439,7 +439,9 @@ def simulate_policies(
     fleet = FleetConfig(spec.replicas, spec.engine.cache_tokens or _EMULATOR_DEFAULTS.cache_tokens, service)
     out = {}
     for name in policies:
-        result = simulate(requests, make_policy(name, service.cost), fleet, progress=False)
+        # One policy instance per gateway: live, each gateway keeps its own routing state.
+        routers = [make_policy(name, service.cost) for _ in range(spec.gateways)]
+        result = simulate(requests, routers, fleet, progress=False)
         m = summarize_sim(result)
         out[name] = {k: m[k] for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate")}
         out[name]["ttft_ms_by_request"] = [t * 1000.0 for t in result.ttft_s]
