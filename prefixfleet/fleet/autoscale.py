@@ -2,8 +2,10 @@
 local processes instead of pods (``prefixfleet up --autoscale``).
 
 Observation is the operator's (:mod:`prefixfleet.operator.autoscale_observe`): each replica's load
-record and summary from Redis, its engine's token counters from the sidecar's ``/metrics``, merged by
-``hot_subtrees``. Execution with processes:
+record and summary from Redis, merged by ``hot_subtrees``, and its engine's token rates — from a
+Prometheus scraping the fleet with :mod:`prefixfleet.observability.local_prometheus`'s labels
+(``namespace="local"``, ``fleet``, ``pod`` = worker id) when ``prometheus_url`` is set, else and
+whenever that fails from the sidecar's ``/metrics``. Execution with processes:
 
 * scale up: start an engine and its sidecar (``replica-<k>``); its state is set ``warming`` as soon
   as its sidecar answers, then ``POST /prefixfleet/warm`` copies the assigned hot prefixes from a
@@ -34,12 +36,20 @@ from prefixfleet.operator.autoscale import (
     SubtreeObservation,
     plan_scale,
 )
-from prefixfleet.operator.autoscale_observe import TokenCounters, observe_fleet, prefill_load, warm_sources
-from prefixfleet.operator.autoscale_sources import read_records, scrape_counters
+from prefixfleet.operator.autoscale_observe import (
+    EngineReading,
+    TokenCounters,
+    observe_fleet,
+    outage_notice,
+    warm_sources,
+)
+from prefixfleet.operator.autoscale_sources import read_engine_metrics, read_records
 from prefixfleet.operator.hot_subtrees import HotState, hot_subtrees
 from prefixfleet.operator.planner import ObservedPod
+from prefixfleet.operator.prometheus_source import PrometheusScope, PrometheusSource
 from prefixfleet.router.keys import FleetKeys
 
+LOCAL_NAMESPACE = "local"  # the namespace label local_prometheus gives a local fleet's series
 MIN_DRAIN_S = 2.0  # every gateway has refreshed its view (0.2 s polls) before the process goes
 HTTP_TIMEOUT_S = 5.0
 WARM_TIMEOUT_S = 120.0
@@ -48,7 +58,7 @@ WARM_TIMEOUT_S = 120.0
 @dataclass(frozen=True, slots=True)
 class ScaleEvent:
     at_s: float
-    action: str  # scale_up, scale_down, prewarm, drain, removed
+    action: str  # scale_up, scale_down, prewarm, drain, removed, engine_metrics, error
     detail: str
 
 
@@ -60,9 +70,12 @@ class LocalAutoscaler:
     policy: ScalePolicy
     interval_s: float = 2.0
     drain_timeout_s: float = 30.0
+    prometheus_url: str | None = None
+    prometheus_window_s: int = 10
     memory: PlannerMemory = field(default_factory=PlannerMemory)
     hot: HotState | None = None
     counters: dict[str, TokenCounters] = field(default_factory=dict)
+    engines: EngineReading | None = None  # the last round's engine rates and their source
     events: list[ScaleEvent] = field(default_factory=list)
     starting: int = 0
     reserved: set[int] = field(default_factory=set)
@@ -74,11 +87,12 @@ class LocalAutoscaler:
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         redis = aioredis.from_url(self.fleet.redis_url, socket_timeout=2.0)
+        prometheus = PrometheusSource(self.prometheus_url) if self.prometheus_url else None
         try:
             async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as http:
                 while not stop.is_set():
                     try:
-                        await self.round(redis, http)
+                        await self.round(redis, http, prometheus)
                     except (RedisError, OSError, httpx.HTTPError) as exc:
                         self._event("error", f"round skipped: {exc}")
                     with contextlib.suppress(TimeoutError):
@@ -87,6 +101,8 @@ class LocalAutoscaler:
                     task.cancel()
                 await asyncio.gather(*self.tasks, return_exceptions=True)
         finally:
+            if prometheus is not None:
+                prometheus.close()
             await redis.aclose()
 
     def _event(self, action: str, detail: str) -> None:
@@ -97,19 +113,32 @@ class LocalAutoscaler:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    async def round(self, redis: aioredis.Redis, http: httpx.AsyncClient) -> ScalePlan:
+    def prometheus_scope(self) -> PrometheusScope:
+        labels = (("fleet", self.fleet.spec.fleet_name), ("namespace", LOCAL_NAMESPACE))
+        return PrometheusScope(labels, self.prometheus_window_s)
+
+    async def read_engines(
+        self, http: httpx.AsyncClient, urls: Mapping[str, str], prometheus: PrometheusSource | None
+    ) -> EngineReading:
+        """This round's engine rates (Prometheus first, the sidecars for the rest); an outage of
+        the configured Prometheus is one ``engine_metrics`` event when it starts and one when it ends."""
+        reading = await read_engine_metrics(http, urls, self.counters, prometheus, self.prometheus_scope())
+        self.counters = dict(reading.counters)
+        notice = outage_notice(self.engines is not None and self.engines.degraded, reading)
+        if notice is not None:
+            self._event("engine_metrics", notice[1])
+        self.engines = reading
+        return reading
+
+    async def round(
+        self, redis: aioredis.Redis, http: httpx.AsyncClient, prometheus: PrometheusSource | None = None
+    ) -> ScalePlan:
         replicas = list(self.fleet.replicas)
         names = [r.worker_id for r in replicas]
         keys = FleetKeys(self.fleet.spec.fleet_name)
         loads, summaries = await read_records(redis, keys, names)
         urls = {r.worker_id: r.sidecar_url for r in replicas if r.sidecar_url}
-        counters = await scrape_counters(http, urls)
-        per_replica = {
-            n: prefill_load(self.counters.get(n), c, loads[n].prefill_tokens_per_s)
-            for n, c in counters.items()
-            if n in loads
-        }
-        self.counters = counters
+        reading = await self.read_engines(http, urls, prometheus)
         now = time.time()
         subtrees, self.hot = hot_subtrees(summaries, self.hot, now)
         pods = [
@@ -124,7 +153,9 @@ class LocalAutoscaler:
             for n in names
         ]
         wanted = sum(1 for n in names if n not in self.draining) + self.starting
-        observed = observe_fleet(now, wanted, pods, loads, per_replica, subtrees)
+        observed = observe_fleet(
+            now, wanted, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
+        )
         plan = plan_scale(observed, self.policy, self.memory)
         self.memory = plan.memory
         await self.execute(plan, subtrees, urls, http)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,13 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--autoscale-interval", type=float, default=2.0, help="with --autoscale: seconds per round"
     )
+    p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=None,
+        help="with --autoscale: read engine rates from this Prometheus (scraping the fleet with the labels"
+        " of prefixfleet.observability.local_prometheus); the sidecars' /metrics when it fails",
+    )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
     p.set_defaults(func=run_up_command)
 
@@ -232,8 +240,8 @@ def run_up_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float] | None:
-    """The planner's policy and round interval for ``--autoscale`` (None without it)."""
+def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None] | None:
+    """The planner's policy, round interval and Prometheus for ``--autoscale`` (None without it)."""
     if not args.autoscale:
         return None
     from prefixfleet.operator.autoscale import ScalePolicy
@@ -245,11 +253,23 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float] | None:
             f"--autoscale needs 1 <= --min-replicas ({args.min_replicas}) <= --replicas ({args.replicas})"
             f" <= --max-replicas ({maximum})"
         )
-    return ScalePolicy(min_replicas=args.min_replicas, max_replicas=maximum), args.autoscale_interval
+    if args.prometheus is not None:
+        from prefixfleet.operator.models import PROMETHEUS_URL_PATTERN
+
+        if not re.match(PROMETHEUS_URL_PATTERN, args.prometheus):
+            raise UsageError(
+                f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}"
+            )
+    policy = ScalePolicy(min_replicas=args.min_replicas, max_replicas=maximum)
+    return policy, args.autoscale_interval, args.prometheus
 
 
 async def _up_main(
-    workload: Any, spec: Any, options: Any, keep_running: bool, scaling: tuple[Any, float] | None = None
+    workload: Any,
+    spec: Any,
+    options: Any,
+    keep_running: bool,
+    scaling: tuple[Any, float, str | None] | None = None,
 ) -> Any:
     from prefixfleet.fleet.local import LocalFleet, run_up
 
@@ -272,11 +292,11 @@ async def _up_main(
     return await run_up(workload, spec, options, hold if keep_running else None)
 
 
-async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float) -> None:
+async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheus: str | None = None) -> None:
     """Run the autoscaler until cancelled, printing each decision it executes."""
     from prefixfleet.fleet.autoscale import LocalAutoscaler
 
-    autoscaler = LocalAutoscaler(fleet, policy, interval_s=interval_s)
+    autoscaler = LocalAutoscaler(fleet, policy, interval_s=interval_s, prometheus_url=prometheus)
     bounds = f"{policy.min_replicas}..{policy.max_replicas}"
     print(f"autoscaler on: {bounds} replicas, a round every {interval_s:g}s", flush=True)
     task = asyncio.create_task(autoscaler.run())
