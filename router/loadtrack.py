@@ -11,6 +11,11 @@ enough of both accumulated. Timed requests are streamed ones (first byte = end o
 *Pending prefill tokens*: the uncached tokens of timed requests still waiting for their first byte,
 plus, for untimed ones, their uncached tokens minus what the engine drained at the measured rate
 since they arrived.
+
+*Fixed latency*: what a timed request that found no prefill queued ahead of it waited beyond its
+own prefill (time to first byte − uncached tokens / rate), as an EWMA: the engine's per-step costs
+(the step in progress, the fixed part of its own prefill pass) that no token count explains. A
+router adds it to every replica's estimated wait, as the simulator's batched model does.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ class _Tracked:
     timed: bool  # its first byte marks the end of its prefill
     first_byte_at: float | None = None
     alone: bool = False  # no other request was in flight when it arrived
+    unqueued: bool = False  # timed, and no other timed request was waiting for its first byte
     reported_uncached: int | None = None  # the engine's own figure, once its answer told us
 
 
@@ -43,6 +49,8 @@ class LoadTracker:
         self._busy_s = 0.0
         self._done_tokens = 0
         self.samples = 0
+        self.fixed_latency_s = 0.0
+        self.latency_samples = 0
         self.completed = 0
         self.failed = 0
 
@@ -84,7 +92,10 @@ class LoadTracker:
         """Track a forwarded request; returns its handle."""
         self._next_id += 1
         alone = not self._requests
-        self._requests[self._next_id] = _Tracked(now, max(uncached_tokens, 0), timed, alone=alone)
+        unqueued = timed and self._timed_waiting == 0
+        self._requests[self._next_id] = _Tracked(
+            now, max(uncached_tokens, 0), timed, alone=alone, unqueued=unqueued
+        )
         if timed:
             self._busy_start(now)
         return self._next_id
@@ -100,6 +111,11 @@ class LoadTracker:
         r.first_byte_at = now
         if r.timed:
             self._busy_stop(now)
+        if r.unqueued:
+            sample = max(now - r.admitted_at - r.uncached_tokens / self.prefill_tokens_per_s, 0.0)
+            first = self.latency_samples == 0
+            self.fixed_latency_s += (1.0 if first else _EWMA) * (sample - self.fixed_latency_s)
+            self.latency_samples += 1
 
     def report_uncached(self, handle: int, uncached_tokens: int) -> None:
         """The engine's answer said how much it prefilled (prompt − cached tokens): it beats the

@@ -57,6 +57,8 @@ class LoadReport:
     cached_tokens: int
     capacity_tokens: int
     summary_version: int
+    # engine latency no queued token explains (optional: 0 from sidecars that do not measure it)
+    fixed_latency_s: float = 0.0
     v: int = RECORD_VERSION
 
 
@@ -126,4 +128,5 @@ def decode_load(raw: str | bytes) -> LoadReport:
         cached_tokens=_typed(obj, "cached_tokens", int, what),
         capacity_tokens=_typed(obj, "capacity_tokens", int, what),
         summary_version=_typed(obj, "summary_version", int, what),
+        fixed_latency_s=float(_typed(obj, "fixed_latency_s", (int, float), what, 0.0)),
     )

@@ -333,6 +333,7 @@ class Sidecar:
             cached_tokens=self.s.mirror.tree.cached_tokens,
             capacity_tokens=self.s.mirror.tree.capacity_tokens,
             summary_version=self.s.summary_version,
+            fixed_latency_s=round(load.fixed_latency_s, 4),
         )
 
     async def publish_once(self, *, register: bool, periodic: bool = True) -> None:

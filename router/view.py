@@ -316,7 +316,8 @@ class FleetView:
                     in_flight=in_flight,
                     queued=(load.queued if load else 0) + len(unreported),
                     pending_prefill_tokens=pending,
-                    wait_s=pending / rate,
+                    # + the engine's fixed per-step latency, which a lone request waits too
+                    wait_s=pending / rate + (load.fixed_latency_s if load else 0.0),
                     healthy=True,
                 )
             )
