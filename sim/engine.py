@@ -13,6 +13,14 @@ Two models behind one small interface (:class:`ReplicaModel`):
   ``max_running`` requests run; admission matches and inserts the prompt *pinned*, so a running
   request's prefix is never evicted, and a request that cannot get cache room waits. TTFT = end of
   the step that finishes its prefill; the pin is released when its last output token is decoded.
+* ``emulator`` — the local fleet's engine: the engine emulator's own scheduler
+  (:class:`prefixfleet.emulator.engine.EngineModel`) driven on the simulator's clock, so a simulated
+  replica admits, chunks, reserves KV room, evicts and times iterations exactly as an emulated engine
+  does (an iteration is a prefill pass, ``prefill_pass_s`` + its tokens, then a decode step,
+  ``decode_base_s`` + ``decode_s_per_seq`` per extra sequence; each only when it has work). Its
+  :meth:`~ReplicaModel.view` shows what a live gateway knows of a sidecar-fronted engine: the
+  sidecar's load record (requests forwarded and not finished, the predicted uncached tokens of those
+  without a first token, the prefill rate measured over busy periods) — not the engine's internals.
 
 The simulator reads each replica only through :meth:`ReplicaModel.view`, which builds the
 :class:`~prefixfleet.router.policies.ReplicaState` a policy is allowed to see.
@@ -23,13 +31,17 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from prefixfleet.emulator.config import EmulatorConfig
+from prefixfleet.emulator.engine import EngineModel, EngineRequest, Iteration
+from prefixfleet.emulator.text import generated_tokens, generated_words, generation_seed
+from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.policies import CostModel, ReplicaState, RouteRequest
-from prefixfleet.router.radix import TOKEN_BYTES, CacheFullError, RadixTree
+from prefixfleet.router.radix import TOKEN_BYTES, CacheFullError, RadixTree, as_token_bytes
 
-SERVICE_MODELS = ("fifo", "batched")
+SERVICE_MODELS = ("fifo", "batched", "emulator")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,17 +57,35 @@ class ServiceConfig:
     step_token_budget: int = 8192  # prefill-chunk + decode tokens per engine step
     decode_base_s: float = 0.008  # one forward pass with a tiny batch
     decode_s_per_seq: float = 0.00005  # extra per decoding sequence in the batch
+    # emulator only: fixed cost of an iteration's prefill pass (its decode step costs decode_base_s)
+    prefill_pass_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.service not in SERVICE_MODELS:
             raise ValueError(
                 f"unknown service model {self.service!r}; choose from {', '.join(SERVICE_MODELS)}"
             )
-        for name in ("prefill_s_per_token", "cached_s_per_token", "request_overhead_s"):
+        for name in (
+            "prefill_s_per_token",
+            "cached_s_per_token",
+            "request_overhead_s",
+            "decode_base_s",
+            "decode_s_per_seq",
+            "prefill_pass_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.max_running <= 0 or self.step_token_budget <= 0:
             raise ValueError("max_running and step_token_budget must be positive")
+        if self.service == "emulator":
+            if self.prefill_s_per_token <= 0:
+                raise ValueError("the emulator service model needs prefill_s_per_token > 0")
+            if self.request_overhead_s:
+                raise ValueError(
+                    "the emulator charges nothing per request: use prefill_pass_s (per prefill pass)"
+                )
+        elif self.prefill_pass_s:
+            raise ValueError("prefill_pass_s applies to the emulator service model only")
 
     @property
     def cost(self) -> CostModel:
@@ -73,12 +103,42 @@ class ServiceConfig:
         if self.service == "fifo":
             return self.compute_s(total, matched)
         steps = max(1, math.ceil((total - matched) / self.step_token_budget))
-        return self.compute_s(total, matched) + steps * self.decode_base_s
+        per_step = self.prefill_pass_s if self.service == "emulator" else self.decode_base_s
+        return self.compute_s(total, matched) + steps * per_step
+
+    def scaled_time(self, factor: float) -> ServiceConfig:
+        """The same engine on a clock ``factor`` times slower (every duration multiplied by it)."""
+        if not factor > 0:
+            raise ValueError(f"the time factor must be positive, got {factor}")
+        return replace(
+            self,
+            prefill_s_per_token=self.prefill_s_per_token * factor,
+            cached_s_per_token=self.cached_s_per_token * factor,
+            request_overhead_s=self.request_overhead_s * factor,
+            decode_base_s=self.decode_base_s * factor,
+            decode_s_per_seq=self.decode_s_per_seq * factor,
+            prefill_pass_s=self.prefill_pass_s * factor,
+        )
+
+    def emulator_config(self, cache_tokens: int) -> EmulatorConfig:
+        """The engine emulator's configuration this model stands for (``emulator`` service)."""
+        return EmulatorConfig(
+            cache_tokens=cache_tokens,
+            prefill_tokens_per_s=1.0 / self.prefill_s_per_token,
+            cached_token_cost_s=self.cached_s_per_token,
+            prefill_overhead_s=self.prefill_pass_s,
+            decode_step_s=self.decode_base_s,
+            decode_step_per_req_s=self.decode_s_per_seq,
+            max_running=self.max_running,
+            chunk_tokens=self.step_token_budget,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         keys = ["service", "prefill_s_per_token", "cached_s_per_token", "request_overhead_s"]
-        if self.service == "batched":
+        if self.service in ("batched", "emulator"):
             keys += ["max_running", "step_token_budget", "decode_base_s", "decode_s_per_seq"]
+        if self.service == "emulator":
+            keys.append("prefill_pass_s")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -347,6 +407,89 @@ class BatchedReplica(ReplicaModel):
         return finished
 
 
+class EmulatedReplica(ReplicaModel):
+    """An emulated engine behind its sidecar, as the local fleet runs it (see the module docstring).
+
+    Requests reach the engine when routed and wait for the next iteration, as in the emulator's
+    scheduler loop; the load a policy sees is the sidecar's :class:`LoadTracker`, fed the same
+    events the sidecar sees (forwarded with the uncached tokens the router predicted, first token,
+    end of the answer with the engine's own cached count).
+    """
+
+    def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
+        super().__init__(replica_id, capacity_tokens, config)
+        self.engine = EngineModel(config.emulator_config(capacity_tokens))
+        self.tree = self.engine.tree
+        # The sidecar starts from the configured engine speed, then measures it.
+        self.load = LoadTracker(1.0 / config.prefill_s_per_token)
+        self._jobs: dict[str, tuple[Job, int]] = {}  # rid -> (job, load-tracker handle)
+        self._step: Iteration | None = None
+        self._step_end: float | None = None
+
+    def view(self, request: RouteRequest) -> ReplicaState:
+        load = self.load
+        pending = load.pending_prefill_tokens(request.now)
+        return ReplicaState(
+            replica_id=self.replica_id,
+            matched_tokens=self.tree.matched_tokens(request.tokens),
+            cached_tokens=self.tree.cached_tokens,
+            capacity_tokens=self.tree.capacity_tokens,
+            in_flight=load.in_flight,
+            queued=load.queued,
+            pending_prefill_tokens=pending,
+            wait_s=pending / load.prefill_tokens_per_s,
+        )
+
+    def prefill_backlog(self, now: float) -> int:
+        return self.load.queued
+
+    def accept(self, job: Job, now: float) -> None:
+        rid = str(job.index)
+        if job.total + job.output_left > self.tree.capacity_tokens:
+            # A live engine answers 400; a simulated fleet that cannot serve its workload is a setup error.
+            raise ValueError(
+                f"request #{job.index}: {job.total} prompt + {job.output_left} output tokens exceed the "
+                f"{self.tree.capacity_tokens}-token KV pool of an emulated engine, which would refuse it"
+            )
+        # The emulator's deterministic continuation: it is cached with the prompt when done.
+        words = generated_words(generation_seed(job.tokens), job.output_left)
+        output = as_token_bytes(generated_tokens(words))
+        self.engine.submit(EngineRequest(rid, job.tokens, job.output_left, output, now))
+        self._jobs[rid] = (job, self.load.admit(job.est_uncached, now, timed=True))
+        job.start_s = now
+        self.routed += 1
+        if self._step is None:
+            self._plan(now)
+
+    def _plan(self, now: float) -> None:
+        self._step = self.engine.plan(now)
+        self._step_end = None if self._step is None else now + self._step.duration
+
+    def next_event_s(self) -> float | None:
+        return self._step_end
+
+    def on_event(self, now: float) -> list[Job]:
+        step, self._step = self._step, None
+        if step is None:
+            return []
+        finished: list[Job] = []
+        for progress in self.engine.commit(step, now):
+            request = progress.request
+            job, handle = self._jobs[request.rid]
+            if progress.first:
+                job.matched = request.cached_tokens
+                job.ttft_s = now - job.arrival_s
+                self.load.first_byte(handle, now)
+                self.load.report_uncached(handle, request.uncached_tokens)
+            if progress.finished:
+                job.finish_s = now
+                self.load.finish(handle, now)
+                del self._jobs[request.rid]
+                finished.append(job)
+        self._plan(now)
+        return finished
+
+
 def make_replica(replica_id: int, capacity_tokens: int, config: ServiceConfig) -> ReplicaModel:
-    cls = FifoReplica if config.service == "fifo" else BatchedReplica
+    cls = {"fifo": FifoReplica, "batched": BatchedReplica, "emulator": EmulatedReplica}[config.service]
     return cls(replica_id, capacity_tokens, config)

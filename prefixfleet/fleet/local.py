@@ -32,7 +32,7 @@ from prefixfleet.fleet.processes import (
     start_redis,
 )
 from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
-from prefixfleet.router.policies import make_policy
+from prefixfleet.router.policies import CostModel, make_policy
 from prefixfleet.sim.engine import ServiceConfig
 from prefixfleet.sim.report import summarize as summarize_sim
 from prefixfleet.sim.simulator import FleetConfig, simulate
@@ -343,24 +343,23 @@ def engine_for_workload(
 
 
 def sim_service(engine: EngineSettings) -> ServiceConfig:
-    """The simulator's batched service model with the emulator's timing.
+    """The simulator's model of these engines: the emulator's own scheduler with their timing.
 
-    An emulator iteration is one prefill pass (a fixed overhead plus the uncached tokens) followed by
-    one decode step. The simulator's step has a single fixed term, so it carries both fixed costs;
-    its per-request overhead stays zero because the emulator charges nothing per request.
+    Modelled seconds, as the engines report them (:func:`simulate_policies` runs it on the live
+    fleet's wall clock).
     """
     rate = engine.prefill_tokens_per_s or _EMULATOR_DEFAULTS.prefill_tokens_per_s
     decode_step = (
         1.0 / engine.decode_tokens_per_s if engine.decode_tokens_per_s else _EMULATOR_DEFAULTS.decode_step_s
     )
     return ServiceConfig(
-        service="batched",
+        service="emulator",
         prefill_s_per_token=1.0 / rate,
         cached_s_per_token=_EMULATOR_DEFAULTS.cached_token_cost_s,
-        request_overhead_s=0.0,
+        prefill_pass_s=_EMULATOR_DEFAULTS.prefill_overhead_s,
         max_running=engine.max_running or _EMULATOR_DEFAULTS.max_running,
         step_token_budget=_EMULATOR_DEFAULTS.chunk_tokens,
-        decode_base_s=decode_step + _EMULATOR_DEFAULTS.prefill_overhead_s,
+        decode_base_s=decode_step,
         decode_s_per_seq=_EMULATOR_DEFAULTS.decode_step_per_req_s,
     )
 
@@ -434,14 +433,25 @@ async def run_policies(
 def simulate_policies(
     requests: Sequence[Any], policies: Sequence[str], spec: FleetSpec
 ) -> dict[str, dict[str, Any]]:
-    """The same requests through the simulator with the emulator's timing and the same fleet shape."""
-    service = sim_service(spec.engine)
+    """The same requests through the simulator with the emulator's scheduler and the same fleet shape.
+
+    The simulation runs on the live fleet's wall clock (engine durations and arrival gaps divided by
+    the time scale) because the gateways' policies do: their constants (a load slack in seconds,
+    rate windows, eviction intervals) and their cost model are wall-clock, and a sidecar reports
+    wall-clock prefill rates. TTFTs are converted back to modelled ms for the report.
+    """
+    scale = spec.engine.time_scale
+    service = sim_service(spec.engine).scaled_time(1.0 / scale)
     fleet = FleetConfig(spec.replicas, spec.engine.cache_tokens or _EMULATOR_DEFAULTS.cache_tokens, service)
+    on_wall_clock = [replace(r, arrival_s=r.arrival_s / scale) for r in requests]
+    # What a gateway starts from: the configured engine speed in wall-clock tokens/s, nothing else.
+    cost = CostModel(prefill_s_per_token=service.prefill_s_per_token)
     out = {}
     for name in policies:
         # One policy instance per gateway: live, each gateway keeps its own routing state.
-        routers = [make_policy(name, service.cost) for _ in range(spec.gateways)]
-        result = simulate(requests, routers, fleet, progress=False)
+        routers = [make_policy(name, cost) for _ in range(spec.gateways)]
+        result = simulate(on_wall_clock, routers, fleet, progress=False)
+        result.ttft_s = [t * scale for t in result.ttft_s]
         m = summarize_sim(result)
         out[name] = {k: m[k] for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate")}
         out[name]["ttft_ms_by_request"] = [t * 1000.0 for t in result.ttft_s]

@@ -1,0 +1,119 @@
+"""The simulator's ``emulator`` service model: the local fleet's engines, as a live gateway sees them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import pytest
+
+from prefixfleet.emulator.engine import EngineModel, EngineRequest
+from prefixfleet.emulator.text import generated_tokens, generated_words, generation_seed
+from prefixfleet.router.policies import Decision, ReplicaState, RouteRequest, make_policy
+from prefixfleet.router.policies.round_robin import RoundRobin
+from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.sim.engine import ServiceConfig
+from prefixfleet.sim.simulator import FleetConfig, simulate
+from prefixfleet.sim.workloads import WorkloadRequest, build_workload
+
+# The local fleet's engines at prefixroute's settings: a 4000-token pool holds ~4 running requests.
+EMULATED = ServiceConfig(
+    "emulator",
+    prefill_s_per_token=0.0001,
+    cached_s_per_token=1.5e-6,
+    prefill_pass_s=0.010,
+    decode_base_s=0.020,
+    decode_s_per_seq=0.00015,
+    max_running=64,
+    step_token_budget=8192,
+)
+
+
+@pytest.fixture(scope="module")
+def busy_requests() -> list[WorkloadRequest]:
+    wl = build_workload("prefixroute", num_requests=150, rate_rps=30.0)
+    return [replace(r, output_tokens=4) for r in wl.requests]
+
+
+def emulator_ttfts(requests: Sequence[WorkloadRequest], service: ServiceConfig, cache: int) -> list[float]:
+    """The emulator's own scheduler serving ``requests`` on a virtual clock, as its runner loop does:
+    arrivals wait for the iteration in progress; an idle engine plans as soon as one arrives."""
+    engine = EngineModel(service.emulator_config(cache))
+    ttft: dict[int, float] = {}
+    now, nxt = 0.0, 0
+    while True:
+        while nxt < len(requests) and requests[nxt].arrival_s <= now:
+            r = requests[nxt]
+            output = as_token_bytes(
+                generated_tokens(generated_words(generation_seed(r.tokens), r.output_tokens))
+            )
+            engine.submit(EngineRequest(str(nxt), r.tokens, r.output_tokens, output, r.arrival_s))
+            nxt += 1
+        iteration = engine.plan(now)
+        if iteration is None:
+            if nxt == len(requests):
+                return [ttft[i] for i in range(len(requests))]
+            now = requests[nxt].arrival_s
+            continue
+        now += iteration.duration
+        for p in engine.commit(iteration, now):
+            if p.first:
+                ttft[int(p.request.rid)] = now - p.request.arrival
+
+
+def test_one_simulated_replica_gives_every_request_the_emulators_own_ttft(busy_requests) -> None:
+    run = simulate(busy_requests, make_policy("round_robin"), FleetConfig(1, 4000, EMULATED))
+    assert run.ttft_s == pytest.approx(emulator_ttfts(busy_requests, EMULATED, 4000), abs=1e-9)
+    assert max(run.ttft_s) > 10 * min(run.ttft_s)  # the pool, not the workload, sets the waits
+
+
+def test_the_same_engine_on_a_slower_clock_scales_every_ttft(busy_requests) -> None:
+    fleet = FleetConfig(2, 4000, EMULATED)
+    base = simulate(busy_requests, [make_policy("round_robin") for _ in range(2)], fleet)
+    slow = [replace(r, arrival_s=r.arrival_s * 2.0) for r in busy_requests]
+    scaled = simulate(
+        slow,
+        [make_policy("round_robin") for _ in range(2)],
+        replace(fleet, service=EMULATED.scaled_time(2.0)),
+    )
+    assert scaled.ttft_s == pytest.approx([2.0 * t for t in base.ttft_s], rel=1e-9)
+    assert scaled.cached_tokens == base.cached_tokens
+
+
+class RecordingRoundRobin(RoundRobin):
+    """Round robin that keeps every view it was shown (a test policy, not a mock)."""
+
+    name = "recording_round_robin"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[list[ReplicaState]] = []
+
+    def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
+        self.seen.append(list(replicas))
+        return super().choose(request, replicas)
+
+
+def test_views_are_the_sidecars_load_record_not_the_engines_internals() -> None:
+    # Three 1000-token misses at once on one replica: nothing has answered when the third is routed.
+    reqs = [WorkloadRequest(0.0, as_token_bytes(range(1000 * i, 1000 * i + 1000)), 4, "g") for i in range(3)]
+    policy = RecordingRoundRobin()
+    simulate(reqs, policy, FleetConfig(1, 4000, EMULATED))
+    third = policy.seen[2][0]
+    assert third.in_flight == 2 and third.queued == 2
+    # the sidecar counts each forwarded request's predicted uncached tokens until its first byte,
+    # including the one the engine is prefilling right now
+    assert third.pending_prefill_tokens == 2000
+    assert third.wait_s == pytest.approx(2000 * EMULATED.prefill_s_per_token)
+
+
+def test_configurations_the_emulator_cannot_run_are_refused() -> None:
+    with pytest.raises(ValueError, match="prefill_pass_s"):
+        ServiceConfig("emulator", prefill_s_per_token=0.0001, request_overhead_s=0.01)
+    with pytest.raises(ValueError, match="emulator service model only"):
+        ServiceConfig("batched", prefill_pass_s=0.01)
+    with pytest.raises(ValueError, match="prefill_s_per_token > 0"):
+        ServiceConfig("emulator", prefill_s_per_token=0.0)
+    too_long = [WorkloadRequest(0.0, as_token_bytes(range(200)), 4, "g")]
+    with pytest.raises(ValueError, match="KV pool"):
+        simulate(too_long, make_policy("round_robin"), FleetConfig(1, 150, EMULATED))
