@@ -41,6 +41,7 @@ from prefixfleet.router.keys import FleetKeys
 
 from .autoscale import PlannerMemory, ScalePlan, SubtreeObservation, plan_scale
 from .autoscale_observe import (
+    EngineRates,
     EngineReading,
     TokenCounters,
     hot_prefixes_status,
@@ -116,6 +117,7 @@ class FleetAutoscale:
     memory: PlannerMemory = field(default_factory=PlannerMemory)
     hot: HotState | None = None
     counters: dict[str, TokenCounters] = field(default_factory=dict)
+    rates: dict[str, EngineRates] = field(default_factory=dict)  # last round's, whatever the source
     metrics_degraded: bool = False  # the configured Prometheus is out: warned once, until it is back
     last_round: float = 0.0
     warming: set[asyncio.Task[None]] = field(default_factory=set)
@@ -313,7 +315,8 @@ async def _read_engines(
     url = prometheus_url(spec.prometheus, auto.default_prometheus_url)
     source = auto.prometheus_source(url) if url else None
     scope = fleet_scope(spec.prometheus, ref.namespace, ref.name)
-    reading = await read_engine_metrics(auto.http, urls, state.counters, source, scope)
+    reading = await read_engine_metrics(auto.http, urls, state.counters, source, scope, state.rates)
+    state.rates = dict(reading.rates)
     state.counters = dict(reading.counters)
     notice = outage_notice(state.metrics_degraded, reading)
     state.metrics_degraded = reading.degraded

@@ -165,17 +165,25 @@ def engine_reading(
     prometheus_url: str | None = None,
     prometheus_rates: Mapping[str, EngineRates] | None = None,
     prometheus_problem: str = "",
+    last_rates: Mapping[str, EngineRates] | None = None,
 ) -> EngineReading:
     """Merge Prometheus' rates (preferred) with the rates of scraped counters for the other replicas.
 
     ``scraped`` holds this round's scrape of the replicas Prometheus did not cover, ``previous`` the
-    last round's: a replica scraped for the first time has no rate yet (as after an operator restart).
+    last round's. A replica scraped for the first time has no rate from it yet: it keeps its rate of
+    the last round (``last_rates``, e.g. Prometheus' before an outage) for this one round rather than
+    reading as idle; without one (a new pod, an operator restart) it has none.
     """
     from_prometheus = {n: prometheus_rates[n] for n in names if prometheus_rates and n in prometheus_rates}
     rates: dict[str, EngineRates] = dict(from_prometheus)
     for n in names:
-        if n not in rates and (r := rates_between(previous.get(n), scraped.get(n))) is not None:
-            rates[n] = r
+        if n in rates or n not in scraped:
+            continue
+        if n in previous:
+            if (r := rates_between(previous[n], scraped[n])) is not None:
+                rates[n] = r
+        elif last_rates and n in last_rates:  # bounded: next round it has a previous sample
+            rates[n] = last_rates[n]
     counters = {n: c for n, c in scraped.items() if n in names and n not in from_prometheus}
     fallback_source: EngineSource = "scrape" if counters else "none"
     if prometheus_url is None:

@@ -59,6 +59,7 @@ async def read_engine_metrics(
     previous: Mapping[str, TokenCounters],
     prometheus: PrometheusSource | None = None,
     scope: PrometheusScope | None = None,
+    last_rates: Mapping[str, EngineRates] | None = None,
 ) -> EngineReading:
     """Engine rates for the replicas in ``urls`` (name -> sidecar URL): Prometheus first, the
     sidecars' ``/metrics`` for whatever it did not answer. Never raises for an unreachable source."""
@@ -75,7 +76,8 @@ async def read_engine_metrics(
         list(urls),
         previous,
         scraped,
-        prometheus_url=prometheus.url if prometheus is not None and scope is not None else None,
+        prometheus_url=prometheus.display_url if prometheus is not None and scope is not None else None,
         prometheus_rates=rates,
         prometheus_problem=problem,
+        last_rates=last_rates,
     )

@@ -27,6 +27,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
@@ -124,6 +125,16 @@ class PrometheusSource:
         self.timeout_s = timeout_s
         # No retries: the next round (seconds later) is the retry, and the scrape covers this one.
         self._client = PrometheusConnect(url=self.url, retry=Retry(total=0), timeout=timeout_s)  # type: ignore[arg-type]
+
+    @property
+    def display_url(self) -> str:
+        """The URL without user:password, for logs and the fleet's status."""
+        parts = urlsplit(self.url)
+        if parts.username is None and parts.password is None:
+            return self.url
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit(parts._replace(netloc=netloc))
 
     def _query_all(self, queries: Mapping[str, str]) -> dict[str, list[dict[str, Any]]]:
         return {key: self._client.custom_query(query) for key, query in queries.items()}

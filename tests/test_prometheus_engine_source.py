@@ -273,6 +273,39 @@ def test_replicas_prometheus_lacks_are_read_from_their_sidecar() -> None:
     assert alone.source == "none" and "no Prometheus configured" in alone.reason
 
 
+def test_a_replica_switched_to_its_sidecar_keeps_its_last_rate_for_one_round() -> None:
+    from prefixfleet.operator.autoscale_observe import TokenCounters
+
+    last = {"a": EngineRates(900.0, 300.0)}  # Prometheus' rate before it went down
+    first = engine_reading(["a"], {}, {"a": TokenCounters(10.0, 5000.0, 1000.0)}, prometheus_url="http://p:9090",
+                           prometheus_problem="cannot connect", last_rates=last)  # fmt: skip
+    assert first.rates["a"] == last["a"]  # not idle: the planner keeps seeing the load
+    second = engine_reading(["a"], first.counters, {"a": TokenCounters(12.0, 5400.0, 1000.0)},
+                            prometheus_url="http://p:9090", prometheus_problem="cannot connect",
+                            last_rates=first.rates)  # fmt: skip
+    assert second.rates["a"] == EngineRates(200.0, 0.0)  # measured by the scrape from now on
+    unanswered = engine_reading(["a"], {}, {}, prometheus_url=None, last_rates=last)
+    assert unanswered.rates == {}  # a sidecar that does not answer gets no stale rate
+
+
+def test_credentials_in_the_url_stay_out_of_logs_and_status() -> None:
+    source = PrometheusSource("https://reader:s3cret@prom.example:9443/prometheus")
+    try:
+        assert source.display_url == "https://prom.example:9443/prometheus"
+    finally:
+        source.close()
+
+
+def test_the_chart_checks_its_default_url_like_the_crd() -> None:
+    import json
+
+    schema = json.loads(
+        (Path(__file__).resolve().parents[1] / "charts/prefixfleet/values.schema.json").read_text()
+    )
+    default = schema["properties"]["operator"]["properties"]["defaultPrometheusUrl"]
+    assert {"pattern": models.PROMETHEUS_URL_PATTERN} in default["anyOf"]
+
+
 def test_an_outage_is_one_warning_and_its_end_one_notice() -> None:
     down = EngineReading({}, {}, "scrape", "Prometheus x unavailable (cannot connect)", degraded=True)
     up = EngineReading({}, {}, "prometheus", "Prometheus x: 2 replica(s)")

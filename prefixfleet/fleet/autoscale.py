@@ -122,7 +122,10 @@ class LocalAutoscaler:
     ) -> EngineReading:
         """This round's engine rates (Prometheus first, the sidecars for the rest); an outage of
         the configured Prometheus is one ``engine_metrics`` event when it starts and one when it ends."""
-        reading = await read_engine_metrics(http, urls, self.counters, prometheus, self.prometheus_scope())
+        last = self.engines.rates if self.engines is not None else None
+        reading = await read_engine_metrics(
+            http, urls, self.counters, prometheus, self.prometheus_scope(), last
+        )
         self.counters = dict(reading.counters)
         notice = outage_notice(self.engines is not None and self.engines.degraded, reading)
         if notice is not None:
