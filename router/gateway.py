@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
@@ -32,8 +33,10 @@ from .proxying import (
     HOP_BY_HOP,
     RETRYABLE_HEADER,
     WORKER_HEADER,
-    forward_headers,
+    answer_headers,
+    forward_header_pairs,
     json_error,
+    request_target,
     sse_error_event,
 )
 from .records import WORKER_STATES
@@ -48,6 +51,7 @@ from .requests import (
 )
 from .slow_clients import ClientTimeouts, body_deadline
 from .tenancy import with_tenant_salt
+from .upstream import Origin, UpstreamPool, UpstreamResponse, split_url
 from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, FleetView, WorkerView
 
 log = logging.getLogger("prefixfleet.gateway")
@@ -113,7 +117,9 @@ class Gateway:
         for url in config.workers:
             self.view.add_static(url)
         self.metrics = GatewayMetrics()
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # health checks and /v1/models
+        self.upstream: UpstreamPool | None = None  # the generation hot path
+        self._origins: dict[str, tuple[Origin, str]] = {}
         self.redis: aioredis.Redis | None = None
         self.redis_ok = True
         self._warn = _WarnOnce()
@@ -144,6 +150,7 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, sock_connect=2),
             auto_decompress=False,
         )
+        self.upstream = UpstreamPool(connect_timeout_s=2.0)
         if self.config.redis_url:
             self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
             with contextlib.suppress(Exception):
@@ -162,6 +169,8 @@ class Gateway:
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
+        if self.upstream is not None:
+            self.upstream.close()
         if self.session is not None:
             await self.session.close()
 
@@ -389,6 +398,15 @@ class Gateway:
         self.metrics.errors.labels(kind).inc()
         return json_error(503, last_error, kind="service_unavailable")
 
+    def _origin(self, url: str) -> tuple[Origin, str]:
+        found = self._origins.get(url)
+        if found is None:
+            found = split_url(url)
+            if len(self._origins) > 4096:  # worker URLs churn with the fleet: keep the cache bounded
+                self._origins.clear()
+            self._origins[url] = found
+        return found
+
     async def _forward(
         self,
         request: web.Request,
@@ -397,21 +415,37 @@ class Gateway:
         worker: WorkerView,
         started: float,
     ) -> web.StreamResponse:
-        assert self.session is not None
+        if self.config.upstream_timeout_s is None:
+            return await self._exchange(request, body, worker, started)
         try:
-            upstream = await self.session.post(
-                f"{worker.url}{request.path_qs}",
-                data=body,
-                headers=forward_headers(request.headers),
-                allow_redirects=False,
+            async with asyncio.timeout(self.config.upstream_timeout_s):
+                return await self._exchange(request, body, worker, started)
+        except TimeoutError as exc:
+            if isinstance(exc, ConnectionError):
+                raise _Retryable(exc.__class__.__name__) from exc
+            self.metrics.errors.labels("timeout").inc()
+            return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
+
+    async def _exchange(
+        self, request: web.Request, body: bytes, worker: WorkerView, started: float
+    ) -> web.StreamResponse:
+        assert self.upstream is not None
+        try:
+            origin, prefix = self._origin(worker.url)
+        except ValueError as exc:
+            raise _Retryable(str(exc)) from None
+        try:
+            exchange = await self.upstream.send(
+                origin, "POST", prefix + request_target(request), forward_header_pairs(request.headers), body
             )
         except _RETRY_ERRORS as exc:
             raise _Retryable(exc.__class__.__name__) from exc
-        except TimeoutError:
-            self.metrics.errors.labels("timeout").inc()
-            return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
-        async with upstream:
-            headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
+        async with exchange:
+            try:
+                upstream = await exchange.response()
+            except _RETRY_ERRORS as exc:
+                raise _Retryable(exc.__class__.__name__) from exc
+            headers = answer_headers(upstream.headers)
             headers[WORKER_HEADER] = worker.worker_id
             is_stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
             if not is_stream:
@@ -427,9 +461,9 @@ class Gateway:
             return await self._stream(request, upstream, headers, started)
 
     async def _stream(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, headers: dict[str, str], started: float
+        self, request: web.Request, upstream: UpstreamResponse, headers: CIMultiDict[str], started: float
     ) -> web.StreamResponse:
-        chunks = upstream.content.iter_any()
+        chunks = upstream.iter_chunks()
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:

@@ -40,6 +40,22 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
 
 
+def forward_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The end-to-end request headers (repeats kept) as pairs, for :class:`~.upstream.UpstreamPool`."""
+    return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
+
+
+def answer_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """An upstream response's end-to-end headers, to answer the client with."""
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+
+
+def request_target(request: web.Request) -> str:
+    """The path and query to send upstream, as the client wrote them (no re-encoding)."""
+    raw = request.raw_path
+    return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
 def json_error(
     status: int, message: str, *, kind: str | None = None, param: str | None = None, retryable: bool = False
 ) -> web.Response:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prefixfleet.tokenizer import tokenize
@@ -29,14 +30,15 @@ from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import CacheMirror
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
-    HOP_BY_HOP,
     StreamedText,
+    answer_headers,
     find_cached_tokens,
     find_uncached_tokens,
-    forward_headers,
+    forward_header_pairs,
     json_error,
     output_text,
     refuse_too_large,
+    request_target,
     sse_error_event,
 )
 from .radix import CacheFullError, as_token_bytes
@@ -53,6 +55,7 @@ from .requests import (
 from .sidecar_metrics import exposition, fetch_engine_metrics, sidecar_registry
 from .slow_clients import ClientTimeouts, body_deadline
 from .summary import DEFAULT_MAX_BLOCKS, encode_summary
+from .upstream import Exchange, UpstreamPool, UpstreamResponse, split_url
 
 log = logging.getLogger("prefixfleet.sidecar")
 DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports max_total_num_tokens
@@ -142,7 +145,9 @@ class Sidecar:
             load=LoadTracker(config.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S),
         )
         self.keys = FleetKeys(config.fleet)
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # engine discovery, health, metrics, pre-warming
+        self.upstream: UpstreamPool | None = None  # every proxied request
+        self._engine_origin, self._engine_prefix = split_url(config.engine_url.rstrip("/"))
         self.redis: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics = sidecar_registry(lambda: self.s)
@@ -174,6 +179,7 @@ class Sidecar:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=3),
             auto_decompress=False,
         )
+        self.upstream = UpstreamPool(connect_timeout_s=3.0)
         if self.config.redis_url:
             self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
         self._tasks = [asyncio.create_task(self._engine_watch())]
@@ -191,6 +197,8 @@ class Sidecar:
                 await self._deregister()
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
+        if self.upstream is not None:
+            self.upstream.close()
         if self.session is not None:
             await self.session.close()
 
@@ -529,32 +537,37 @@ class Sidecar:
         return response
 
     async def _forward(self, request: web.Request, body: bytes, *, track: bool = False) -> web.StreamResponse:
-        assert self.session is not None
+        assert self.upstream is not None
         load = self.s.load
         handle = predicted = None
         parsed: InferenceRequest | None = None
-        sending = asyncio.ensure_future(
-            self.session.request(
+        exchange: Exchange | None = None
+        failure: BaseException | None = None
+        try:
+            # On a pooled connection the request is on the wire when this returns, without a suspension.
+            exchange = await self.upstream.send(
+                self._engine_origin,
                 request.method,
-                f"{self.config.engine_url}{request.rel_url}",
-                data=body if body else None,
-                headers=forward_headers(request.headers),
-                allow_redirects=False,
+                self._engine_prefix + request_target(request),
+                forward_header_pairs(request.headers),
+                body if body else None,
             )
-        )
+        except (OSError, TimeoutError) as exc:
+            failure = exc
         if track:
-            # Bookkeeping off the critical path: let the request reach the engine first, then
-            # tokenize and mirror it while the engine works (the ordering costs nothing: the
-            # engine cannot answer before the next await).
-            await asyncio.sleep(0)
+            # Bookkeeping off the critical path: the request reached the engine first; tokenize and
+            # mirror it while the engine works (it cannot answer before the next await).
             tracked = self._track(request.path, body)
             if tracked is not None:
                 parsed, predicted, handle = tracked
         ok = False
         try:
             try:
-                upstream = await sending
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                if exchange is None:
+                    assert failure is not None
+                    raise failure
+                upstream = await exchange.response()
+            except (OSError, TimeoutError) as exc:
                 self._engine_failed(exc)
                 return json_error(
                     502,
@@ -562,38 +575,38 @@ class Sidecar:
                     kind="engine_unavailable",
                     retryable=True,
                 )
-            async with upstream:
-                headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-                streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-                if not streaming:
-                    try:
-                        data = await upstream.read()
-                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                        self.s.engine_ok = False
-                        return json_error(
-                            502,
-                            f"engine failed mid-response: {exc.__class__.__name__}",
-                            kind="engine_unavailable",
-                            retryable=True,
-                        )
-                    ok = upstream.status < 500
-                    response = web.Response(status=upstream.status, body=data, headers=headers)
-                    if handle is None:
-                        return response
-                    load.first_byte(handle, time.monotonic())
-                    self.load_changed()
-                    # Answer first, learn after: the mirror update is not the client's wait.
-                    with contextlib.suppress(ConnectionError):
-                        await response.prepare(request)
-                        await response.write_eof()
-                    if parsed is not None and upstream.status == 200:
-                        self._learn(parsed, data, predicted or 0, handle)
-                    return response
+            headers = answer_headers(upstream.headers)
+            streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
+            if not streaming:
+                try:
+                    data = await upstream.read()
+                except (OSError, TimeoutError) as exc:
+                    self.s.engine_ok = False
+                    return json_error(
+                        502,
+                        f"engine failed mid-response: {exc.__class__.__name__}",
+                        kind="engine_unavailable",
+                        retryable=True,
+                    )
+                exchange.close()  # the connection goes back to the pool before the client is answered
                 ok = upstream.status < 500
-                return await self._stream(request, upstream, headers, parsed, handle, predicted or 0)
+                response = web.Response(status=upstream.status, body=data, headers=headers)
+                if handle is None:
+                    return response
+                load.first_byte(handle, time.monotonic())
+                self.load_changed()
+                # Answer first, learn after: the mirror update is not the client's wait.
+                with contextlib.suppress(ConnectionError):
+                    await response.prepare(request)
+                    await response.write_eof()
+                if parsed is not None and upstream.status == 200:
+                    self._learn(parsed, data, predicted or 0, handle)
+                return response
+            ok = upstream.status < 500
+            return await self._stream(request, upstream, headers, parsed, handle, predicted or 0)
         finally:
-            if not sending.done():
-                sending.cancel()  # this handler was cancelled before the engine answered
+            if exchange is not None:
+                exchange.close()  # unfinished (client left, handler cancelled): aborts the engine's request
             if handle is not None:
                 load.finish(handle, time.monotonic(), ok=ok)
                 self.load_changed()
@@ -601,8 +614,8 @@ class Sidecar:
     async def _stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        headers: dict[str, str],
+        upstream: UpstreamResponse,
+        headers: CIMultiDict[str],
         parsed: InferenceRequest | None,
         handle: int | None,
         predicted: int,
@@ -615,7 +628,7 @@ class Sidecar:
         complete = False
         first = True
         try:
-            async for chunk in upstream.content.iter_any():
+            async for chunk in upstream.iter_chunks():
                 if handle is not None:
                     if first:
                         first = False
@@ -631,7 +644,7 @@ class Sidecar:
                 except ConnectionError:
                     return response  # the client left; closing upstream aborts the engine's request
             complete = True
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError) as exc:
             self.s.engine_ok = False
             with contextlib.suppress(ConnectionError, aiohttp.ClientError):
                 await response.write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))

@@ -1,0 +1,532 @@
+"""A lean keep-alive HTTP/1.1 client for the proxies' hot path (gateway -> sidecar -> engine).
+
+aiohttp's client costs ~270 µs of CPU per tiny request (URL objects, request/response objects, a
+connector, timers, trace hooks); a proxy hop spends more on that than on its own work. This client
+does only what a hop needs: write one request on a pooled connection, parse the status line and
+headers, then hand the body over whole or chunk by chunk as it arrives (streams stay unbuffered).
+Bodies are framed by Content-Length, chunked encoding or connection close. A reused connection the
+server closed while idle is detected before any response byte and the request re-sent once on a new
+connection; every other failure raises a :class:`ConnectionError` (``ConnectionRefusedError`` when
+nothing listens, :class:`UpstreamClosed` when the server broke off mid-answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import NamedTuple
+
+from multidict import CIMultiDict
+
+_MAX_HEAD_BYTES = 64 * 1024
+_PAUSE_BYTES = 1024 * 1024  # stop reading the socket while this much body waits for the consumer
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+class Origin(NamedTuple):
+    host: str
+    port: int
+    tls: bool = False
+
+    @property
+    def authority(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+class UpstreamClosed(ConnectionError):
+    """The upstream closed the connection or sent something that is not HTTP/1.1 before the answer ended."""
+
+
+class ConnectTimeout(ConnectionError, TimeoutError):
+    """No connection within the connect limit: the upstream is as good as unreachable (retryable)."""
+
+
+class UpstreamResponse:
+    """One response: status and headers once :meth:`Exchange.response` returned, then the body."""
+
+    __slots__ = (
+        "_buffered",
+        "_chunks",
+        "_conn",
+        "_done",
+        "_exc",
+        "_waiter",
+        "headers",
+        "reason",
+        "status",
+    )
+
+    def __init__(self, conn: _Connection, status: int, reason: str, headers: CIMultiDict[str]) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        self._conn = conn
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._done = False
+        self._exc: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- fed by the connection -------------------------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > _PAUSE_BYTES:
+            self._conn.pause()
+        self._wake()
+
+    def _finish(self, exc: BaseException | None = None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._exc = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = self._conn.loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    # -- consumer side ---------------------------------------------------------------------------
+
+    async def read(self) -> bytes:
+        """The whole body (raises :class:`UpstreamClosed` if the connection broke before its end)."""
+        while not self._done:
+            await self._wait()
+        if self._exc is not None:
+            raise self._exc
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        return data
+
+    async def iter_chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: each step yields everything received since the previous one."""
+        while True:
+            if self._chunks:
+                data = b"".join(self._chunks) if len(self._chunks) > 1 else self._chunks[0]
+                self._chunks.clear()
+                self._buffered = 0
+                self._conn.resume()
+                yield data
+            elif self._done:
+                if self._exc is not None:
+                    raise self._exc
+                return
+            else:
+                await self._wait()
+
+    @property
+    def complete(self) -> bool:
+        return self._done and self._exc is None
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection and the HTTP/1.1 response parser of the request in flight on it."""
+
+    def __init__(self, pool: UpstreamPool, origin: Origin) -> None:
+        self.pool = pool
+        self.origin = origin
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reusable = False  # the last response ended cleanly on a keep-alive connection
+        self.idle_since = 0.0
+        self.served = 0  # responses completed on this connection
+        self._paused = False
+        self._buffer = b""
+        self._head: asyncio.Future[UpstreamResponse] | None = None
+        self._response: UpstreamResponse | None = None
+        self._method = b""
+        self._got_bytes = False
+        self._keep_alive = True
+        # body framing of the current response
+        self._remaining = -1  # Content-Length bytes still due; -1 = not length-framed
+        self._chunked = False
+        self._chunk_left = 0  # bytes of the current chunk still due (then its CRLF)
+        self._chunk_state = 0  # 0 size line, 1 data, 2 CRLF after data, 3 trailers
+        self._until_close = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport subclass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.reusable = False
+        if self._response is not None:
+            if self._until_close and exc is None:
+                self._response._finish()
+            else:
+                self._response._finish(UpstreamClosed("connection closed before the response ended"))
+            self._response = None
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(UpstreamClosed("connection closed before the response head"))
+
+    def data_received(self, data: bytes) -> None:
+        self._got_bytes = True
+        if self._response is not None:
+            self._body(data)
+        elif self._head is not None:
+            self._buffer += data
+            self._parse_head()
+        else:
+            self.abort()  # bytes nobody asked for: the connection is out of sync
+
+    def eof_received(self) -> bool | None:
+        return False  # close the transport: connection_lost finishes or fails the response
+
+    def pause(self) -> None:
+        if not self._paused and self.transport is not None and not self.closed:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        self.closed = True
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- one exchange ----------------------------------------------------------------------------
+
+    def send(self, method: bytes, request: bytes) -> asyncio.Future[UpstreamResponse]:
+        assert self.transport is not None
+        self.reusable = False
+        self._method = method
+        self._got_bytes = False
+        self._buffer = b""
+        self._head = self.loop.create_future()
+        self.transport.write(request)
+        return self._head
+
+    def _fail(self, message: str) -> None:
+        error = UpstreamClosed(message)
+        if self._head is not None and not self._head.done():
+            self._head.set_exception(error)
+        if self._response is not None:
+            self._response._finish(error)
+            self._response = None
+        self.abort()
+
+    def _parse_head(self) -> None:
+        while True:
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buffer) > _MAX_HEAD_BYTES:
+                    self._fail("response head too large")
+                return
+            head = self._buffer[:end].decode("latin-1")
+            rest = self._buffer[end + 4 :]
+            lines = head.split("\r\n")
+            parts = lines[0].split(" ", 2)
+            try:
+                version, status = parts[0], int(parts[1])
+            except (IndexError, ValueError):
+                self._fail(f"malformed status line {lines[0][:80]!r}")
+                return
+            if not version.startswith("HTTP/1."):
+                self._fail(f"not an HTTP/1.x response: {lines[0][:80]!r}")
+                return
+            if 100 <= status < 200:
+                self._buffer = rest  # an interim answer (100 Continue): the real head follows
+                continue
+            headers: CIMultiDict[str] = CIMultiDict()
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if not sep:
+                    self._fail("malformed response header line")
+                    return
+                headers.add(name.strip(), value.strip())
+            self._buffer = b""
+            self._start_body(version, status, parts[2] if len(parts) > 2 else "", headers, rest)
+            return
+
+    def _start_body(
+        self, version: str, status: int, reason: str, headers: CIMultiDict[str], rest: bytes
+    ) -> None:
+        connection = headers.get("Connection", "").lower()
+        self._keep_alive = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
+        self._remaining = -1
+        self._chunked = False
+        self._until_close = False
+        self._chunk_state = 0
+        response = UpstreamResponse(self, status, reason, headers)
+        self._response = response
+        head, self._head = self._head, None
+        if self._method == b"HEAD" or status in _NO_BODY_STATUS:
+            self._remaining = 0
+        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+            self._chunked = True
+        elif "Content-Length" in headers:
+            try:
+                self._remaining = int(headers["Content-Length"])
+            except ValueError:
+                self._remaining = -2
+            if self._remaining < 0:
+                self._response = None
+                self._fail("malformed Content-Length")
+                return
+        else:
+            self._until_close = True
+            self._keep_alive = False
+        if head is not None and not head.done():
+            head.set_result(response)
+        if self._remaining == 0:
+            self._complete()
+        elif rest:
+            self._body(rest)
+
+    def _body(self, data: bytes) -> None:
+        response = self._response
+        assert response is not None
+        if self._chunked:
+            self._dechunk(data)
+        elif self._remaining >= 0:
+            if len(data) > self._remaining:
+                self._fail("more body bytes than Content-Length")
+                return
+            self._remaining -= len(data)
+            response._feed(data)
+            if self._remaining == 0:
+                self._complete()
+        else:
+            response._feed(data)
+
+    def _dechunk(self, data: bytes) -> None:
+        response = self._response
+        assert response is not None
+        buffer = self._buffer + data if self._buffer else data
+        self._buffer = b""
+        pos = 0
+        out: list[bytes] = []
+        while pos < len(buffer):
+            if self._chunk_state == 1:  # chunk data
+                take = min(self._chunk_left, len(buffer) - pos)
+                out.append(buffer[pos : pos + take])
+                pos += take
+                self._chunk_left -= take
+                if self._chunk_left == 0:
+                    self._chunk_state = 2
+                continue
+            end = buffer.find(b"\r\n", pos)
+            if end < 0:
+                if len(buffer) - pos > _MAX_HEAD_BYTES:
+                    self._fail("chunk size line too long")
+                    return
+                self._buffer = buffer[pos:]
+                break
+            line = buffer[pos:end]
+            pos = end + 2
+            if self._chunk_state == 0:  # size line (extensions after ';' ignored)
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    self._fail("malformed chunk size")
+                    return
+                if size < 0:
+                    self._fail("malformed chunk size")
+                    return
+                if size == 0:
+                    self._chunk_state = 3
+                else:
+                    self._chunk_left = size
+                    self._chunk_state = 1
+            elif self._chunk_state == 2:  # the CRLF closing a chunk's data
+                if line:
+                    self._fail("chunk data longer than its size")
+                    return
+                self._chunk_state = 0
+            elif not line:  # end of trailers: the body is complete
+                if out:
+                    response._feed(b"".join(out))
+                if pos < len(buffer):
+                    self._fail("bytes after the end of a chunked body")
+                    return
+                self._complete()
+                return
+        if out:
+            response._feed(b"".join(out) if len(out) > 1 else out[0])
+
+    def _complete(self) -> None:
+        response, self._response = self._response, None
+        self.served += 1
+        self.reusable = self._keep_alive and not self.closed
+        if response is not None:
+            response._finish()
+
+
+class Exchange:
+    """A request written to an upstream; :meth:`response` waits for its head."""
+
+    __slots__ = ("_conn", "_head", "_method", "_origin", "_pool", "_request", "_response", "_reused")
+
+    def __init__(self, pool: UpstreamPool, origin: Origin, method: bytes, request: bytes) -> None:
+        self._pool = pool
+        self._origin = origin
+        self._method = method
+        self._request = request
+        self._conn: _Connection | None = None
+        self._head: asyncio.Future[UpstreamResponse] | None = None
+        self._reused = False
+        self._response: UpstreamResponse | None = None
+
+    async def _send(self) -> None:
+        self._conn, self._reused = await self._pool._acquire(self._origin)
+        self._head = self._conn.send(self._method, self._request)
+
+    async def response(self) -> UpstreamResponse:
+        assert self._head is not None and self._conn is not None
+        try:
+            self._response = await self._head
+        except UpstreamClosed:
+            if not self._reused or self._conn._got_bytes:
+                raise
+            # The server closed this idle keep-alive connection as we reused it: it never saw the
+            # request, so sending it once more on a fresh connection is safe.
+            self._conn.abort()
+            self._conn = await self._pool._connect(self._origin)
+            self._reused = False
+            self._head = self._conn.send(self._method, self._request)
+            self._response = await self._head
+        return self._response
+
+    def close(self) -> None:
+        """Give the connection back if its response ended cleanly, otherwise abort it."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        response = self._response
+        if response is not None and response.complete and conn.reusable:
+            response._chunks.clear()
+            self._pool._release(conn)
+        else:
+            conn.abort()
+
+    async def __aenter__(self) -> Exchange:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections per (host, port); owned by one proxy app, closed with it."""
+
+    def __init__(
+        self, *, connect_timeout_s: float = 3.0, idle_timeout_s: float = 15.0, max_idle: int = 256
+    ) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_timeout_s = idle_timeout_s  # below the servers' own keep-alive limit (aiohttp 75 s)
+        self.max_idle = max_idle
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._closed = False
+        self._ssl: ssl.SSLContext | None = None
+
+    async def send(
+        self,
+        origin: Origin,
+        method: str,
+        target: str,
+        headers: Iterable[tuple[str, str]],
+        body: bytes | None,
+    ) -> Exchange:
+        """Write the request (on an idle connection when there is one, without suspending)."""
+        lines = [f"{method} {target} HTTP/1.1\r\nHost: {origin.authority}\r\n"]
+        for name, value in headers:
+            lines.append(f"{name}: {value}\r\n")
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body) if body else 0}\r\n")
+        lines.append("\r\n")
+        head = "".join(lines).encode("utf-8")
+        exchange = Exchange(self, origin, method.encode("ascii"), head + body if body else head)
+        await exchange._send()
+        return exchange
+
+    async def _acquire(self, origin: Origin) -> tuple[_Connection, bool]:
+        idle = self._idle.get(origin)
+        if idle:
+            deadline = time.monotonic() - self.idle_timeout_s
+            while idle:
+                conn = idle.pop()
+                if not conn.closed and conn.idle_since >= deadline:
+                    return conn, True
+                conn.abort()
+        return await self._connect(origin), False
+
+    async def _connect(self, origin: Origin) -> _Connection:
+        if self._closed:
+            raise ConnectionError("the upstream pool is closed")
+        loop = asyncio.get_running_loop()
+        tls: dict[str, object] = {}
+        if origin.tls:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            tls = {"ssl": self._ssl, "server_hostname": origin.host}
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _transport, conn = await loop.create_connection(
+                    lambda: _Connection(self, origin), origin.host, origin.port, **tls
+                )
+        except TimeoutError as exc:
+            if isinstance(exc, ConnectionError):
+                raise
+            raise ConnectTimeout(
+                f"no connection to {origin.authority} within {self.connect_timeout_s:g} s"
+            ) from None
+        return conn
+
+    def _release(self, conn: _Connection) -> None:
+        idle = self._idle.setdefault(conn.origin, [])
+        if self._closed or len(idle) >= self.max_idle:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    def close(self) -> None:
+        self._closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                with contextlib.suppress(Exception):
+                    conn.abort()
+        self._idle.clear()
+
+
+def split_url(url: str) -> tuple[Origin, str]:
+    """``http[s]://host[:port][/prefix]`` -> (its origin, the path prefix without a trailing slash)."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https"):
+        raise ValueError(f"upstream URL {url!r} must start with http:// or https://")
+    hostport, slash, path = rest.partition("/")
+    if hostport.startswith("["):
+        host, _, port = hostport[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":")
+    if not host:
+        raise ValueError(f"upstream URL {url!r} has no host")
+    try:
+        number = int(port) if port else (443 if scheme == "https" else 80)
+    except ValueError:
+        raise ValueError(f"upstream URL {url!r} has a malformed port") from None
+    prefix = (slash + path).rstrip("/")
+    return Origin(host, number, scheme == "https"), prefix
