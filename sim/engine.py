@@ -28,6 +28,7 @@ The simulator reads each replica only through :meth:`ReplicaModel.view`, which b
 
 from __future__ import annotations
 
+import contextlib
 import math
 from abc import ABC, abstractmethod
 from collections import deque
@@ -37,6 +38,7 @@ from typing import Any
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.engine import EngineModel, EngineRequest, Iteration
 from prefixfleet.emulator.text import generated_tokens, generated_words, generation_seed
+from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
 from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.policies import CostModel, ReplicaState, RouteRequest
 from prefixfleet.router.radix import TOKEN_BYTES, CacheFullError, RadixTree, as_token_bytes
@@ -59,6 +61,10 @@ class ServiceConfig:
     decode_s_per_seq: float = 0.00005  # extra per decoding sequence in the batch
     # emulator only: fixed cost of an iteration's prefill pass (its decode step costs decode_base_s)
     prefill_pass_s: float = 0.0
+    # emulator only: a sidecar pushes its load at most once per report_gap_s and gateways see it
+    # report_delay_s later (0, 0: every gateway sees each load change at once)
+    report_gap_s: float = 0.0
+    report_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.service not in SERVICE_MODELS:
@@ -72,6 +78,8 @@ class ServiceConfig:
             "decode_base_s",
             "decode_s_per_seq",
             "prefill_pass_s",
+            "report_gap_s",
+            "report_delay_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -84,8 +92,10 @@ class ServiceConfig:
                 raise ValueError(
                     "the emulator charges nothing per request: use prefill_pass_s (per prefill pass)"
                 )
-        elif self.prefill_pass_s:
-            raise ValueError("prefill_pass_s applies to the emulator service model only")
+        elif self.prefill_pass_s or self.report_gap_s or self.report_delay_s:
+            raise ValueError(
+                "prefill_pass_s, report_gap_s and report_delay_s apply to the emulator service model only"
+            )
 
     @property
     def cost(self) -> CostModel:
@@ -118,6 +128,8 @@ class ServiceConfig:
             decode_base_s=self.decode_base_s * factor,
             decode_s_per_seq=self.decode_s_per_seq * factor,
             prefill_pass_s=self.prefill_pass_s * factor,
+            report_gap_s=self.report_gap_s * factor,
+            report_delay_s=self.report_delay_s * factor,
         )
 
     def emulator_config(self, cache_tokens: int) -> EmulatorConfig:
@@ -138,7 +150,7 @@ class ServiceConfig:
         if self.service in ("batched", "emulator"):
             keys += ["max_running", "step_token_budget", "decode_base_s", "decode_s_per_seq"]
         if self.service == "emulator":
-            keys.append("prefill_pass_s")
+            keys += ["prefill_pass_s", "report_gap_s", "report_delay_s"]
         return {k: getattr(self, k) for k in keys}
 
 
@@ -192,12 +204,12 @@ class ReplicaModel(ABC):
         self.routed = 0
 
     @abstractmethod
-    def view(self, request: RouteRequest) -> ReplicaState:
-        """What a policy may see of this replica for ``request``."""
+    def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
+        """What a policy in gateway number ``gateway`` may see of this replica for ``request``."""
 
     @abstractmethod
-    def accept(self, job: Job, now: float) -> None:
-        """Take a routed request."""
+    def accept(self, job: Job, now: float, gateway: int = 0) -> None:
+        """Take a request routed by gateway number ``gateway``."""
 
     def next_event_s(self) -> float | None:
         """Time of this replica's next internal event, or None when it has none pending."""
@@ -224,7 +236,7 @@ class FifoReplica(ReplicaModel):
         while active and active[0].finish_s <= now:
             self._active_uncached -= active.popleft().prefill_left
 
-    def view(self, request: RouteRequest) -> ReplicaState:
+    def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
         now = request.now
         self._expire(now)
         queued = sum(1 for j in self._active if j.start_s > now) if self._active else 0
@@ -249,7 +261,7 @@ class FifoReplica(ReplicaModel):
         self._expire(now)
         return len(self._active)
 
-    def accept(self, job: Job, now: float) -> None:
+    def accept(self, job: Job, now: float, gateway: int = 0) -> None:
         self._expire(now)
         cfg = self.config
         result = self.tree.insert(_cacheable(job.tokens, self.tree.capacity_tokens))
@@ -277,7 +289,7 @@ class BatchedReplica(ReplicaModel):
 
     # -- what a policy may see ----------------------------------------------------------------
 
-    def view(self, request: RouteRequest) -> ReplicaState:
+    def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
         cfg = self.config
         now = request.now
         running_prefill = sum(j.prefill_left for j in self._running if j.prefill_left > 0)
@@ -319,7 +331,7 @@ class BatchedReplica(ReplicaModel):
 
     # -- service ------------------------------------------------------------------------------
 
-    def accept(self, job: Job, now: float) -> None:
+    def accept(self, job: Job, now: float, gateway: int = 0) -> None:
         self._waiting.append(job)
         self._waiting_uncached += job.est_uncached
         self.routed += 1
@@ -407,43 +419,83 @@ class BatchedReplica(ReplicaModel):
         return finished
 
 
+@dataclass(slots=True)
+class _LoadRecord:
+    """One load record a sidecar pushes to the gateways (router/records.py ``LoadReport``)."""
+
+    ts: float
+    in_flight: int = 0
+    queued: int = 0
+    pending_prefill_tokens: int = 0
+    prefill_tokens_per_s: float = 1.0
+    fixed_latency_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Send:
+    """A gateway's own request to this replica (router/view.py keeps these per worker)."""
+
+    sent_at: float
+    uncached_tokens: int
+    done_at: float = math.inf
+
+
 class EmulatedReplica(ReplicaModel):
     """An emulated engine behind its sidecar, as the local fleet runs it (see the module docstring).
 
     Requests reach the engine when routed and wait for the next iteration, as in the emulator's
-    scheduler loop; the load a policy sees is the sidecar's :class:`LoadTracker`, fed the same
-    events the sidecar sees (forwarded with the uncached tokens the router predicted, first token,
-    end of the answer with the engine's own cached count).
+    scheduler loop. The sidecar is modelled by what gateways learn from it: its cache mirror (every
+    forwarded prompt inserted when forwarded, the answer's tokens when it ends; matched in whole
+    hash blocks) and its :class:`LoadTracker`, fed the events the sidecar sees, pushed as a load
+    record at most once per ``report_gap_s`` and seen by gateways ``report_delay_s`` later. Each
+    gateway adds its own sends the latest record it has does not count yet and takes out those that
+    record counts but that have ended since — as ``router/view.py`` does.
     """
 
     def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
         super().__init__(replica_id, capacity_tokens, config)
         self.engine = EngineModel(config.emulator_config(capacity_tokens))
         self.tree = self.engine.tree
+        self.mirror = RadixTree(capacity_tokens)  # the sidecar's prediction of the engine's cache
         # The sidecar starts from the configured engine speed, then measures it.
         self.load = LoadTracker(1.0 / config.prefill_s_per_token)
-        self._jobs: dict[str, tuple[Job, int]] = {}  # rid -> (job, load-tracker handle)
+        self._jobs: dict[str, tuple[Job, int, _Send]] = {}  # rid -> (job, tracker handle, send)
         self._step: Iteration | None = None
         self._step_end: float | None = None
+        self._record = _LoadRecord(-math.inf, prefill_tokens_per_s=self.load.prefill_tokens_per_s)
+        self._in_transit: deque[tuple[float, _LoadRecord]] = deque()
+        self._push_at: float | None = None
+        self._last_push = -math.inf
+        self._sends: dict[int, list[_Send]] = {}  # gateway -> its sends here not yet irrelevant
 
-    def view(self, request: RouteRequest) -> ReplicaState:
-        load = self.load
-        pending = load.pending_prefill_tokens(request.now)
+    def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
+        rec = self._record
+        now = request.now
+        own = self._sends.get(gateway, ())
+        unreported = [s for s in own if s.sent_at > rec.ts and s.done_at > now]
+        ended = [s for s in own if s.sent_at <= rec.ts < s.done_at <= now]
+        pending = max(
+            rec.pending_prefill_tokens
+            + sum(s.uncached_tokens for s in unreported)
+            - sum(s.uncached_tokens for s in ended),
+            0,
+        )
+        matched = self.mirror.matched_tokens(request.tokens)
         return ReplicaState(
             replica_id=self.replica_id,
-            matched_tokens=self.tree.matched_tokens(request.tokens),
-            cached_tokens=self.tree.cached_tokens,
-            capacity_tokens=self.tree.capacity_tokens,
-            in_flight=load.in_flight,
-            queued=load.queued,
+            matched_tokens=matched - matched % DEFAULT_BLOCK_TOKENS,
+            cached_tokens=self.mirror.cached_tokens,
+            capacity_tokens=self.mirror.capacity_tokens,
+            in_flight=max(rec.in_flight + len(unreported) - len(ended), 0),
+            queued=rec.queued + len(unreported),
             pending_prefill_tokens=pending,
-            wait_s=pending / load.prefill_tokens_per_s,
+            wait_s=pending / rec.prefill_tokens_per_s + rec.fixed_latency_s,
         )
 
     def prefill_backlog(self, now: float) -> int:
         return self.load.queued
 
-    def accept(self, job: Job, now: float) -> None:
+    def accept(self, job: Job, now: float, gateway: int = 0) -> None:
         rid = str(job.index)
         if job.total + job.output_left > self.tree.capacity_tokens:
             # A live engine answers 400; a simulated fleet that cannot serve its workload is a setup error.
@@ -455,27 +507,76 @@ class EmulatedReplica(ReplicaModel):
         words = generated_words(generation_seed(job.tokens), job.output_left)
         output = as_token_bytes(generated_tokens(words))
         self.engine.submit(EngineRequest(rid, job.tokens, job.output_left, output, now))
-        self._jobs[rid] = (job, self.load.admit(job.est_uncached, now, timed=True))
+        predicted = self._mirror_admit(job.tokens)
+        handle = self.load.admit(job.total - predicted, now, timed=True)
+        send = _Send(now, job.est_uncached)
+        self._sends.setdefault(gateway, []).append(send)
+        self._jobs[rid] = (job, handle, send)
         job.start_s = now
         self.routed += 1
+        self._load_changed(now)
         if self._step is None:
             self._plan(now)
+
+    def _mirror_admit(self, tokens: bytes) -> int:
+        """As the sidecar's ``CacheMirror.admit``: returns the tokens it predicted cached."""
+        matched = self.mirror.matched_tokens(tokens)
+        if matched * TOKEN_BYTES == len(tokens):
+            self.mirror.match_prefix(tokens)  # a full hit only refreshes recency
+        else:
+            with contextlib.suppress(ValueError, CacheFullError):
+                self.mirror.insert(tokens)
+        return matched
+
+    def _load_changed(self, now: float) -> None:
+        if self._push_at is None:
+            self._push_at = max(now, self._last_push + self.config.report_gap_s)
 
     def _plan(self, now: float) -> None:
         self._step = self.engine.plan(now)
         self._step_end = None if self._step is None else now + self._step.duration
 
     def next_event_s(self) -> float | None:
-        return self._step_end
+        times = [t for t in (self._step_end, self._push_at) if t is not None]
+        if self._in_transit:
+            times.append(self._in_transit[0][0])
+        return min(times, default=None)
 
     def on_event(self, now: float) -> list[Job]:
+        finished = self._commit(now) if self._step_end is not None and self._step_end <= now else []
+        if self._push_at is not None and self._push_at <= now:
+            self._push(now)
+        while self._in_transit and self._in_transit[0][0] <= now:
+            self._record = self._in_transit.popleft()[1]
+            self._forget_settled_sends()
+        return finished
+
+    def _push(self, now: float) -> None:
+        load = self.load
+        record = _LoadRecord(
+            ts=now,
+            in_flight=load.in_flight,
+            queued=load.queued,
+            pending_prefill_tokens=load.pending_prefill_tokens(now),
+            prefill_tokens_per_s=load.prefill_tokens_per_s,
+            # a sidecar that measures its engine's fixed latency reports it (router/loadtrack.py)
+            fixed_latency_s=getattr(load, "fixed_latency_s", 0.0),
+        )
+        self._push_at, self._last_push = None, now
+        self._in_transit.append((now + self.config.report_delay_s, record))
+
+    def _forget_settled_sends(self) -> None:
+        ts = self._record.ts
+        for gateway, sends in self._sends.items():
+            self._sends[gateway] = [s for s in sends if s.done_at > ts]
+
+    def _commit(self, now: float) -> list[Job]:
         step, self._step = self._step, None
-        if step is None:
-            return []
+        assert step is not None
         finished: list[Job] = []
         for progress in self.engine.commit(step, now):
             request = progress.request
-            job, handle = self._jobs[request.rid]
+            job, handle, send = self._jobs[request.rid]
             if progress.first:
                 job.matched = request.cached_tokens
                 job.ttft_s = now - job.arrival_s
@@ -483,9 +584,13 @@ class EmulatedReplica(ReplicaModel):
                 self.load.report_uncached(handle, request.uncached_tokens)
             if progress.finished:
                 job.finish_s = now
+                send.done_at = now
                 self.load.finish(handle, now)
+                with contextlib.suppress(ValueError, CacheFullError):
+                    self.mirror.insert(request.prompt + request.output[: request.generated * TOKEN_BYTES])
                 del self._jobs[request.rid]
                 finished.append(job)
+        self._load_changed(now)
         self._plan(now)
         return finished
 

@@ -100,8 +100,9 @@ def simulate(
             route = RouteRequest(
                 tokens=req.tokens, num_tokens=job.total, now=now, max_new_tokens=req.output_tokens
             )
-            views = [rep.view(route) for rep in replicas]
-            router = routers[i % len(routers)]
+            gateway = i % len(routers)
+            views = [rep.view(route, gateway) for rep in replicas]
+            router = routers[gateway]
             decision = router.choose(route, views)
             chosen = by_id.get(decision.replica_id)  # type: ignore[arg-type]
             if chosen is None:
@@ -110,7 +111,7 @@ def simulate(
             decisions[decision.reason] = decisions.get(decision.reason, 0) + 1
             job.replica = chosen.replica_id
             job.est_uncached = job.total - views[replicas.index(chosen)].matched_tokens
-            chosen.accept(job, now)
+            chosen.accept(job, now, gateway)
             if i % 256 == 255:
                 bar.update(256)
         _drain_until(replicas, math.inf)

@@ -117,3 +117,50 @@ def test_configurations_the_emulator_cannot_run_are_refused() -> None:
     too_long = [WorkloadRequest(0.0, as_token_bytes(range(200)), 4, "g")]
     with pytest.raises(ValueError, match="KV pool"):
         simulate(too_long, make_policy("round_robin"), FleetConfig(1, 150, EMULATED))
+
+
+def test_a_gateway_sees_another_gateways_sends_only_once_the_sidecar_pushed_its_load() -> None:
+    # Pushes at most every 20 ms, seen 5 ms later: a miss routed by gateway 0 at t=0 is invisible
+    # to gateway 1 at t=1 ms, visible at t=10 ms (pushed at once, the first push after a quiet spell).
+    lagged = replace(EMULATED, report_gap_s=0.020, report_delay_s=0.005)
+    reqs = [
+        WorkloadRequest(t, as_token_bytes(range(1000 * i, 1000 * i + 800)), 4, "g")
+        for i, t in enumerate((0.0, 0.001, 0.002, 0.010))
+    ]
+    gateways = [RecordingRoundRobin(), RecordingRoundRobin()]
+    simulate(reqs, gateways, FleetConfig(1, 4000, lagged))
+    first_look_1, first_look_0, second_look_1 = (
+        gateways[1].seen[0][0],
+        gateways[0].seen[1][0],
+        gateways[1].seen[1][0],
+    )
+    assert first_look_1.in_flight == 0 and first_look_1.wait_s == 0.0
+    # its own send counts at once, whatever the report says
+    assert first_look_0.in_flight == 1 and first_look_0.pending_prefill_tokens == 800
+    # t=10 ms: the push at t=0 arrived (it counts #0); #1 and #2 wait for the next push (t=20 ms),
+    # but #1 was gateway 1's own send
+    assert second_look_1.in_flight == 2 and second_look_1.pending_prefill_tokens == 1600
+
+
+def test_matched_tokens_are_the_sidecar_mirrors_in_whole_hash_blocks_from_the_moment_of_routing() -> None:
+    prefix = as_token_bytes(range(500))
+    reqs = [
+        WorkloadRequest(0.0, prefix + as_token_bytes(range(10_000, 10_100)), 4, "g"),
+        WorkloadRequest(0.0001, prefix + as_token_bytes(range(20_000, 20_100)), 4, "g"),
+    ]
+    policy = RecordingRoundRobin()
+    run = simulate(reqs, policy, FleetConfig(1, 4000, EMULATED))
+    # The first is not admitted yet (the engine's tree is empty) but its prompt was forwarded.
+    assert policy.seen[1][0].matched_tokens == 496  # 500 shared tokens = 31 whole 16-token blocks
+    assert run.cached_tokens[1] == 500  # the engine itself matches token by token
+
+
+def test_the_up_sim_check_routes_the_token_ids_the_live_fleet_sees(busy_requests) -> None:
+    from prefixfleet.fleet.load import requests_from_workload
+    from prefixfleet.fleet.local import live_tokens
+    from prefixfleet.sim.workloads import Workload
+    from prefixfleet.tokenizer import tokenize
+
+    sent = requests_from_workload(Workload("w", busy_requests[:5], {}, {}))
+    for req, wire in zip(busy_requests, sent, strict=False):
+        assert live_tokens(req.tokens) == as_token_bytes(tokenize(wire.prompt))

@@ -33,9 +33,12 @@ from prefixfleet.fleet.processes import (
 )
 from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
 from prefixfleet.router.policies import CostModel, make_policy
+from prefixfleet.router.radix import as_token_bytes, decode_tokens
+from prefixfleet.router.sidecar import SidecarConfig
 from prefixfleet.sim.engine import ServiceConfig
 from prefixfleet.sim.report import summarize as summarize_sim
 from prefixfleet.sim.simulator import FleetConfig, simulate
+from prefixfleet.tokenizer import text_for_tokens, tokenize
 
 FLEET_NAME = "local"
 
@@ -294,6 +297,10 @@ async def _flush(session: aiohttp.ClientSession, url: str) -> None:
 # The emulator's own timing defaults, mirrored into the simulator's batched service model so the sim
 # check runs the same engine model the live fleet runs.
 _EMULATOR_DEFAULTS = EmulatorConfig()
+# A sidecar pushes a load change at most this often (wall seconds); gateways are assumed to see a push
+# this long after it (Redis pub/sub on loopback plus a busy event loop).
+_SIDECAR_PUSH_GAP_S: float = SidecarConfig.__dataclass_fields__["push_min_interval_s"].default
+REPORT_DELAY_S = 0.002
 
 
 def token_scale(workload: Any) -> float:
@@ -430,20 +437,35 @@ async def run_policies(
     return out
 
 
+def live_tokens(tokens: bytes) -> bytes:
+    """The token ids the fleet sees for a workload prompt: the client sends it as text
+    (:func:`~prefixfleet.fleet.load.requests_from_workload`) and every hop tokenizes that text. The
+    sharing structure is the workload's, the ids are not, and hash-based choices (a policy's
+    placement of a prefix nobody holds) depend on the ids."""
+    return as_token_bytes(tokenize(text_for_tokens(decode_tokens(tokens))))
+
+
 def simulate_policies(
     requests: Sequence[Any], policies: Sequence[str], spec: FleetSpec
 ) -> dict[str, dict[str, Any]]:
     """The same requests through the simulator with the emulator's scheduler and the same fleet shape.
 
-    The simulation runs on the live fleet's wall clock (engine durations and arrival gaps divided by
+    The simulator gets the token ids the fleet sees (:func:`live_tokens`) and runs on the live fleet's
+    wall clock (engine durations and arrival gaps divided by
     the time scale) because the gateways' policies do: their constants (a load slack in seconds,
     rate windows, eviction intervals) and their cost model are wall-clock, and a sidecar reports
     wall-clock prefill rates. TTFTs are converted back to modelled ms for the report.
     """
     scale = spec.engine.time_scale
-    service = sim_service(spec.engine).scaled_time(1.0 / scale)
+    service = replace(
+        sim_service(spec.engine).scaled_time(1.0 / scale),
+        report_gap_s=_SIDECAR_PUSH_GAP_S,
+        report_delay_s=REPORT_DELAY_S,
+    )
     fleet = FleetConfig(spec.replicas, spec.engine.cache_tokens or _EMULATOR_DEFAULTS.cache_tokens, service)
-    on_wall_clock = [replace(r, arrival_s=r.arrival_s / scale) for r in requests]
+    on_wall_clock = [
+        replace(r, arrival_s=r.arrival_s / scale, tokens=live_tokens(r.tokens)) for r in requests
+    ]
     # What a gateway starts from: the configured engine speed in wall-clock tokens/s, nothing else.
     cost = CostModel(prefill_s_per_token=service.prefill_s_per_token)
     out = {}
