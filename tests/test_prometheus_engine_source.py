@@ -27,7 +27,7 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from prefixfleet.fleet.autoscale import LOCAL_NAMESPACE, LocalAutoscaler
+from prefixfleet.fleet.autoscale import LOCAL_NAMESPACE, FleetPrometheus, LocalAutoscaler
 from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
 from prefixfleet.fleet.processes import Supervisor, free_port
 from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
@@ -216,6 +216,58 @@ async def test_closed_port_falls_back_to_the_sidecars_and_warns_once(tmp_path: P
     warnings = [e for e in autoscaler.events if e.action == "engine_metrics"]
     assert len(warnings) == 1, autoscaler.events
     assert "unavailable" in warnings[0].detail
+
+
+async def test_a_local_prometheus_follows_the_fleet_and_feeds_the_autoscaler(tmp_path: Path) -> None:
+    """``prefixfleet up --autoscale --prometheus local``: its targets follow scale-downs (and ups)."""
+    require_prometheus()
+    async with Supervisor(tmp_path / "fleet") as sup:
+        fleet = LocalFleet(sup, FleetSpec(replicas=2, gateways=0, engine=ENGINE))
+        await fleet.start_engines()
+        local = FleetPrometheus(fleet, tmp_path / "prometheus", free_port(), interval_s=SCRAPE_S)
+        autoscaler = LocalAutoscaler(
+            fleet, ScalePolicy(min_replicas=1, max_replicas=2), prometheus_url=local.url
+        )
+        source = PrometheusSource(local.url)
+
+        async def scraped_pods() -> set[str]:
+            async with httpx.AsyncClient(timeout=5) as http:
+                answer = (await http.get(f"{local.url}/api/v1/targets", params={"state": "active"})).json()
+            return {t["labels"]["pod"] for t in answer["data"]["activeTargets"] if t["health"] == "up"}
+
+        try:
+            await local.start()
+            assert not await local.follow()  # nothing changed yet
+            await eventually(
+                lambda: scraped_pods_are(scraped_pods, {"replica-0", "replica-1"}), 20, "both up"
+            )
+            gone = fleet.replicas.pop()  # as the autoscaler's drain does: stop, then forget
+            assert gone.sidecar is not None
+            await sup.stop(gone.sidecar)
+            await sup.stop(gone.engine)
+            assert await local.follow()
+            await eventually(lambda: scraped_pods_are(scraped_pods, {"replica-0"}), 20, "the reload")
+
+            survivor = fleet.replicas[0]
+            assert survivor.sidecar_url is not None
+            urls = {survivor.worker_id: survivor.sidecar_url}
+            async with httpx.AsyncClient(timeout=30) as http:
+                await serve(http, survivor.sidecar_url, 3, "local")
+
+                async def from_prometheus() -> EngineReading | None:
+                    reading = await autoscaler.read_engines(http, urls, source)
+                    served = reading.rates.get(survivor.worker_id, EngineRates(0.0, 0.0)).prompt_tokens_per_s
+                    return reading if reading.source == "prometheus" and served > 0 else None
+
+                reading = await eventually(from_prometheus, 30, "the served tokens in the local Prometheus")
+            assert reading.reason == f"Prometheus {local.url}: 1 replica(s)"
+        finally:
+            source.close()
+            await local.stop()
+
+
+async def scraped_pods_are(scraped, expected: set[str]) -> bool:  # type: ignore[no-untyped-def]
+    return await scraped() == expected
 
 
 # ------------------------------------------------------------------ pure parts

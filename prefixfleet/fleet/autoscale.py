@@ -22,13 +22,16 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+import yaml
 from redis.exceptions import RedisError
 
 from prefixfleet.fleet.local import LocalFleet
+from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 from prefixfleet.operator.autoscale import (
     PlannerMemory,
     ScalePlan,
@@ -53,6 +56,62 @@ LOCAL_NAMESPACE = "local"  # the namespace label local_prometheus gives a local 
 MIN_DRAIN_S = 2.0  # every gateway has refreshed its view (0.2 s polls) before the process goes
 HTTP_TIMEOUT_S = 5.0
 WARM_TIMEOUT_S = 120.0
+
+
+def fleet_targets(fleet: LocalFleet) -> list[ScrapeTarget]:
+    """What a Prometheus for this fleet scrapes: every replica's sidecar (engine metrics included)
+    and every gateway, labelled like the chart's monitors label them."""
+    targets = [
+        ScrapeTarget("prefixfleet-replica", r.sidecar_url, r.worker_id)
+        for r in fleet.replicas
+        if r.sidecar_url
+    ]
+    targets += [
+        ScrapeTarget("prefixfleet-gateway", url, f"gateway-{i}") for i, url in enumerate(fleet.gateway_urls)
+    ]
+    return targets
+
+
+class FleetPrometheus:
+    """A local Prometheus (``prefixfleet up --autoscale --prometheus local``) whose static targets
+    follow the fleet as the autoscaler adds and removes replicas (config rewritten, then reloaded)."""
+
+    def __init__(self, fleet: LocalFleet, directory: Path, port: int, interval_s: float = 1.0) -> None:
+        self.fleet = fleet
+        self.interval_s = interval_s
+        self.targets = fleet_targets(fleet)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.prometheus = LocalPrometheus(directory, port, self._config(self.targets))
+
+    @property
+    def url(self) -> str:
+        return self.prometheus.url
+
+    def _config(self, targets: Sequence[ScrapeTarget]) -> dict[str, Any]:
+        return scrape_config(
+            targets, fleet=self.fleet.spec.fleet_name, namespace=LOCAL_NAMESPACE, interval_s=self.interval_s
+        )
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.prometheus.start)
+
+    async def follow(self) -> bool:
+        """Rewrite and reload the scrape config if the fleet's processes changed; True if it did."""
+        targets = fleet_targets(self.fleet)
+        if targets == self.targets:
+            return False
+        self.prometheus.config_path.write_text(yaml.safe_dump(self._config(targets), sort_keys=False))
+        async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as http:
+            resp = await http.post(f"{self.url}/-/reload")
+        if resp.status_code != 200:
+            raise RuntimeError(
+                f"prometheus refused the new config: HTTP {resp.status_code} {resp.text[:200]}"
+            )
+        self.targets = targets
+        return True
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self.prometheus.stop)
 
 
 @dataclass(frozen=True, slots=True)

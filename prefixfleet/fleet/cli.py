@@ -180,7 +180,8 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
         metavar="URL",
         default=None,
         help="with --autoscale: read engine rates from this Prometheus (scraping the fleet with the labels"
-        " of prefixfleet.observability.local_prometheus); the sidecars' /metrics when it fails",
+        " of prefixfleet.observability.local_prometheus), or 'local' to start one that follows the fleet;"
+        " the sidecars' /metrics when it fails",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
     p.set_defaults(func=run_up_command)
@@ -256,9 +257,10 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
     if args.prometheus is not None:
         from prefixfleet.operator.models import PROMETHEUS_URL_PATTERN
 
-        if not re.match(PROMETHEUS_URL_PATTERN, args.prometheus):
+        if args.prometheus != "local" and not re.match(PROMETHEUS_URL_PATTERN, args.prometheus):
             raise UsageError(
-                f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}"
+                "--prometheus must be an http(s)://HOST[:PORT][/PATH] URL or 'local',"
+                f" got {args.prometheus!r}"
             )
     policy = ScalePolicy(min_replicas=args.min_replicas, max_replicas=maximum)
     return policy, args.autoscale_interval, args.prometheus
@@ -294,8 +296,15 @@ async def _up_main(
 
 async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheus: str | None = None) -> None:
     """Run the autoscaler until cancelled, printing each decision it executes."""
-    from prefixfleet.fleet.autoscale import LocalAutoscaler
+    from prefixfleet.fleet.autoscale import FleetPrometheus, LocalAutoscaler
+    from prefixfleet.fleet.processes import free_port
 
+    local = None
+    if prometheus == "local":  # a Prometheus of our own whose targets follow the fleet
+        local = FleetPrometheus(fleet, fleet.sup.run_dir / "prometheus", free_port())
+        await local.start()
+        prometheus = local.url
+        print(f"prometheus on {prometheus} (scraping the fleet every second)", flush=True)
     autoscaler = LocalAutoscaler(fleet, policy, interval_s=interval_s, prometheus_url=prometheus)
     bounds = f"{policy.min_replicas}..{policy.max_replicas}"
     print(f"autoscaler on: {bounds} replicas, a round every {interval_s:g}s", flush=True)
@@ -305,6 +314,8 @@ async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheu
         while True:
             await asyncio.sleep(1.0)
             fleet.sup.check_alive()
+            if local is not None:
+                await local.follow()
             for event in autoscaler.events[shown:]:
                 print(f"autoscaler {event.action}: {event.detail}", flush=True)
             shown = len(autoscaler.events)
@@ -312,6 +323,8 @@ async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheu
                 task.result()  # a crashed loop is an error, not a silent stop
     finally:
         task.cancel()
+        if local is not None:
+            await local.stop()
 
 
 def format_up(report: dict[str, Any]) -> str:
