@@ -188,7 +188,7 @@ class LocalAutoscaler:
         self.counters = dict(reading.counters)
         notice = outage_notice(self.engines is not None and self.engines.degraded, reading)
         if notice is not None:
-            self._event("engine_metrics", notice[1])
+            self._event("engine_metrics", notice[1].removeprefix("engine metrics: "))
         self.engines = reading
         return reading
 
