@@ -120,6 +120,7 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None  # health checks and /v1/models
         self.upstream: UpstreamPool | None = None  # the generation hot path
         self._origins: dict[str, tuple[Origin, str]] = {}
+        self._ranked_versions: tuple[tuple[str, int, float], ...] | None = None
         self.redis: aioredis.Redis | None = None
         self.redis_ok = True
         self._warn = _WarnOnce()
@@ -207,7 +208,10 @@ class Gateway:
             in_state = sum(1 for w in self.view.workers.values() if w.state == state)
             self.metrics.workers_in_state.labels(state).set(in_state)
         summaries = [w.summary for w in self.view.workers.values() if w.summary is not None]
-        self.metrics.set_hot_subtrees(rank_hot_subtrees(summaries))
+        versions = tuple((s.worker, s.version, s.generated_at) for s in summaries)
+        if versions != self._ranked_versions:  # re-rank only when a summary changed
+            self._ranked_versions = versions
+            self.metrics.set_hot_subtrees(rank_hot_subtrees(summaries))
         rates = []
         for w in self.view.workers.values():
             unreported = sum(1 for s in w.sends.values() if w.load is None or s.sent_at > w.load.ts)

@@ -108,6 +108,19 @@ class _EngineInfo:
     known: bool = False
 
 
+class _LinkedEvent(asyncio.Event):
+    """An event whose ``set()`` also sets another: the publish loop then waits on one event for
+    either reason (a load change or a state change) without a task per wait."""
+
+    def __init__(self, also: asyncio.Event) -> None:
+        super().__init__()
+        self._also = also
+
+    def set(self) -> None:
+        super().set()
+        self._also.set()
+
+
 @dataclass(slots=True)
 class SidecarState:
     """Mutable state of one running sidecar (owned by its app; no module globals)."""
@@ -124,10 +137,13 @@ class SidecarState:
     published_changes: int = -1
     load_seq: int = 0
     next_summary_at: float = 0.0  # monotonic: earliest next summary rebuild
-    load_dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # any reason to publish (load or state)
     engine_was_down: bool = False  # it refused a connection since it last answered
     redis_ok: bool = True
-    state_changed: asyncio.Event = field(default_factory=asyncio.Event)
+    state_changed: asyncio.Event = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.state_changed = _LinkedEvent(self.wake)
 
 
 class Sidecar:
@@ -381,7 +397,7 @@ class Sidecar:
     def load_changed(self) -> None:
         """A request arrived, started answering or finished: push the new load soon (coalesced)."""
         if self.config.push_load:
-            self.s.load_dirty.set()
+            self.s.wake.set()
 
     async def _publish_loop(self) -> None:
         interval = self.config.publish_interval_s
@@ -391,7 +407,7 @@ class Sidecar:
         while True:
             state_change = self.s.state_changed.is_set()
             self.s.state_changed.clear()
-            self.s.load_dirty.clear()
+            self.s.wake.clear()
             now = time.monotonic()
             periodic = state_change or now - last_periodic >= interval or not self.s.redis_ok
             register = periodic and (state_change or now - last_register >= 2.0 or not self.s.redis_ok)
@@ -421,16 +437,13 @@ class Sidecar:
                 # coalesce load changes: at most one push per min gap, a full round every interval
                 await asyncio.sleep(self.config.push_min_interval_s)
                 wait = max(interval - (time.monotonic() - last_periodic), 0.0)
-                waiters = [self.s.state_changed.wait(), self.s.load_dirty.wait()]
+                event = self.s.wake  # a load change or a state change
             else:
                 wait = backoff
-                waiters = [self.s.state_changed.wait()]
-            tasks = [asyncio.ensure_future(w) for w in waiters]
-            try:
-                await asyncio.wait(tasks, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in tasks:
-                    task.cancel()
+                event = self.s.state_changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await event.wait()
 
     async def _deregister(self) -> None:
         assert self.redis is not None

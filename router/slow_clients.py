@@ -70,7 +70,11 @@ def body_deadline(
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.body_exists:
             try:
-                await asyncio.wait_for(request.read(), timeouts.body_s)
+                if request.content.is_eof():
+                    await request.read()  # already all here (the usual small body): no timer to arm
+                else:
+                    async with asyncio.timeout(timeouts.body_s):
+                        await request.read()
             except TimeoutError:
                 response = respond(request, 408, f"request body not received within {timeouts.body_s:g} s")
                 response.force_close()
