@@ -244,6 +244,8 @@ def run_up_command(args: argparse.Namespace) -> int:
 def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None] | None:
     """The planner's policy, round interval and Prometheus for ``--autoscale`` (None without it)."""
     if not args.autoscale:
+        if args.prometheus is not None:
+            raise UsageError("--prometheus needs --autoscale (it is where the autoscaler reads engine rates)")
         return None
     from prefixfleet.operator.autoscale import ScalePolicy
 
