@@ -12,10 +12,15 @@ enough of both accumulated. Timed requests are streamed ones (first byte = end o
 plus, for untimed ones, their uncached tokens minus what the engine drained at the measured rate
 since they arrived.
 
-*Fixed latency*: what a timed request that found no prefill queued ahead of it waited beyond its
-own prefill (time to first byte − uncached tokens / rate), as an EWMA: the engine's per-step costs
-(the step in progress, the fixed part of its own prefill pass) that no token count explains. A
-router adds it to every replica's estimated wait, as the simulator's batched model does.
+*Fixed latency*: the engine's per-step costs (the step in progress, the fixed part of a prefill
+pass) that no token count explains; a router adds it to every replica's estimated wait, as the
+simulator's batched model does. Timed requests that found no prefill queued ahead of them give
+clean pairs (uncached tokens, time to first byte) = fixed latency + tokens / rate. An
+exponentially weighted least-squares line through those pairs gives both numbers once their sizes
+spread enough (a mix of hits and misses); its slope then also replaces the busy-period rate, which
+counts the fixed costs as prefill time and, on a stream of mostly cache hits, reads a fraction of
+the real rate (then ``pending / rate`` inflates every queue). Until then the fixed latency is the
+EWMA of what the busy-period rate leaves unexplained.
 """
 
 from __future__ import annotations
@@ -26,6 +31,39 @@ DEFAULT_PREFILL_TOKENS_PER_S = 30000.0
 _SAMPLE_MIN_TOKENS = 256  # fold a sample in once this much prefill work finished...
 _SAMPLE_MIN_S = 0.02  # ...over at least this much busy time
 _EWMA = 0.3
+_FIT_DECAY = 0.03  # weight of each new pair in the latency line (a memory of ~30 requests)
+_FIT_MIN_SPREAD = 64.0  # tokens: below this spread of sizes the line's slope is noise
+_FIT_MIN_WEIGHT = 8.0  # pairs (decayed) before the line is trusted
+
+
+class _LatencyLine:
+    """Exponentially weighted least squares of time to first byte on uncached tokens."""
+
+    __slots__ = ("w", "x", "xx", "xy", "y")
+
+    def __init__(self) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        keep = 1.0 - _FIT_DECAY
+        self.w = self.w * keep + 1.0
+        self.x = self.x * keep + tokens
+        self.y = self.y * keep + seconds
+        self.xx = self.xx * keep + tokens * tokens
+        self.xy = self.xy * keep + tokens * seconds
+
+    def fit(self) -> tuple[float, float] | None:
+        """(seconds per token, fixed seconds) when identifiable, else None."""
+        if self.w < _FIT_MIN_WEIGHT:
+            return None
+        mx, my = self.x / self.w, self.y / self.w
+        var = self.xx / self.w - mx * mx
+        if var < _FIT_MIN_SPREAD**2:
+            return None
+        slope = (self.xy / self.w - mx * my) / var
+        if slope <= 0:
+            return None
+        return slope, max(my - slope * mx, 0.0)
 
 
 @dataclass(slots=True)
@@ -51,6 +89,8 @@ class LoadTracker:
         self.samples = 0
         self.fixed_latency_s = 0.0
         self.latency_samples = 0
+        self.fitted = False  # the latency line (not busy periods) sets the rate
+        self._line = _LatencyLine()
         self.completed = 0
         self.failed = 0
 
@@ -79,7 +119,8 @@ class LoadTracker:
         busy = self._busy_s + (now - self._busy_since if self._busy_since is not None else 0.0)
         if self._done_tokens >= _SAMPLE_MIN_TOKENS and busy >= _SAMPLE_MIN_S:
             sample = self._done_tokens / busy
-            self.prefill_tokens_per_s += _EWMA * (sample - self.prefill_tokens_per_s)
+            if not self.fitted:
+                self.prefill_tokens_per_s += _EWMA * (sample - self.prefill_tokens_per_s)
             self.samples += 1
             self._done_tokens = 0
             self._busy_s = 0.0
@@ -111,11 +152,6 @@ class LoadTracker:
         r.first_byte_at = now
         if r.timed:
             self._busy_stop(now)
-        if r.unqueued:
-            sample = max(now - r.admitted_at - r.uncached_tokens / self.prefill_tokens_per_s, 0.0)
-            first = self.latency_samples == 0
-            self.fixed_latency_s += (1.0 if first else _EWMA) * (sample - self.fixed_latency_s)
-            self.latency_samples += 1
 
     def report_uncached(self, handle: int, uncached_tokens: int) -> None:
         """The engine's answer said how much it prefilled (prompt − cached tokens): it beats the
@@ -135,10 +171,25 @@ class LoadTracker:
                 done = r.uncached_tokens if r.reported_uncached is None else r.reported_uncached
                 self._done_tokens += done
                 self._maybe_sample(now)
+                if r.unqueued:
+                    self._learn_latency(done, r.first_byte_at - r.admitted_at)
         if ok:
             self.completed += 1
         else:
             self.failed += 1
+
+    def _learn_latency(self, uncached_tokens: int, ttft_s: float) -> None:
+        self._line.add(uncached_tokens, ttft_s)
+        self.latency_samples += 1
+        line = self._line.fit()
+        if line is not None:
+            self.fitted = True
+            self.prefill_tokens_per_s = 1.0 / line[0]
+            self.fixed_latency_s = line[1]
+            return
+        sample = max(ttft_s - uncached_tokens / self.prefill_tokens_per_s, 0.0)
+        weight = 1.0 if self.latency_samples == 1 else _EWMA
+        self.fixed_latency_s += weight * (sample - self.fixed_latency_s)
 
     def pending_prefill_tokens(self, now: float) -> int:
         timed = 0

@@ -30,25 +30,39 @@ def test_the_tracker_learns_fixed_latency_only_from_requests_with_nothing_queued
     b = t.admit(100, 0.01, timed=True)  # queued behind a: its wait is queueing, not fixed cost
     t.first_byte(a, 0.15)
     t.first_byte(b, 0.5)
-    assert t.latency_samples == 1 and t.fixed_latency_s == pytest.approx(0.05)
     t.finish(a, 0.2)
     t.finish(b, 0.6)
-    # An engine at 2000 tok/s with 0.05 s of fixed cost per request, prompts of 100 and 1000
-    # tokens: the rate (measured over busy periods) absorbs part of the fixed cost, the fixed latency
-    # is what the rate leaves unexplained, and together they predict an unqueued request's wait.
-    for i in range(60):
-        u = 100 if i % 2 else 1000
+    assert t.latency_samples == 1 and t.fixed_latency_s == pytest.approx(0.05)
+    untimed = t.admit(100, 10.0, timed=False)  # its first byte comes after decoding: no sample
+    t.first_byte(untimed, 15.0)
+    t.finish(untimed, 15.0)
+    assert t.latency_samples == 1
+
+
+def test_a_mix_of_hits_and_misses_separates_the_prefill_rate_from_the_fixed_latency() -> None:
+    # An engine at 2000 tok/s with 0.05 s of fixed cost per request, serving mostly cache hits
+    # (50 uncached tokens) and some misses (900). Busy periods count the fixed cost as prefill time
+    # and read a fraction of the real rate; the line through (tokens, first-byte time) does not.
+    t = LoadTracker(prefill_tokens_per_s=2000.0)
+    for i in range(80):
+        u = 900 if i % 4 == 0 else 50
         h = t.admit(u, 10.0 * i, timed=True)
         t.first_byte(h, 10.0 * i + u / 2000 + 0.05)
         t.finish(h, 10.0 * i + 1.0)
-    for u in (100, 1000):
-        predicted = u / t.prefill_tokens_per_s + t.fixed_latency_s
-        assert predicted == pytest.approx(u / 2000 + 0.05, rel=0.2)
-    assert t.fixed_latency_s > 0.01
-    learned = t.fixed_latency_s
-    untimed = t.admit(100, 1000.0, timed=False)  # its first byte comes after decoding: no sample
-    t.first_byte(untimed, 1005.0)
-    assert t.fixed_latency_s == learned
+    assert t.fitted
+    assert t.prefill_tokens_per_s == pytest.approx(2000, rel=0.02)
+    assert t.fixed_latency_s == pytest.approx(0.05, rel=0.05)
+
+
+def test_without_a_spread_of_sizes_the_fixed_latency_is_what_the_busy_period_rate_leaves() -> None:
+    t = LoadTracker(prefill_tokens_per_s=2000.0)
+    for i in range(40):  # every prompt the same size: the line's slope is not identifiable
+        h = t.admit(1000, 10.0 * i, timed=True)
+        t.first_byte(h, 10.0 * i + 0.55)
+        t.finish(h, 10.0 * i + 1.0)
+    assert not t.fitted
+    predicted = 1000 / t.prefill_tokens_per_s + t.fixed_latency_s
+    assert predicted == pytest.approx(0.55, rel=0.05)
 
 
 def test_load_records_carry_fixed_latency_and_older_records_read_as_zero() -> None:
