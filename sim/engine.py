@@ -44,6 +44,14 @@ from prefixfleet.router.policies import CostModel, ReplicaState, RouteRequest
 from prefixfleet.router.radix import TOKEN_BYTES, CacheFullError, RadixTree, as_token_bytes
 
 SERVICE_MODELS = ("fifo", "batched", "emulator")
+_EMULATOR_ONLY = (
+    "prefill_pass_s",
+    "report_gap_s",
+    "report_delay_s",
+    "summary_interval_s",
+    "summary_delay_s",
+    "overlay_slack_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,12 @@ class ServiceConfig:
     # report_delay_s later (0, 0: every gateway sees each load change at once)
     report_gap_s: float = 0.0
     report_delay_s: float = 0.0
+    # emulator only: the sidecar publishes a summary of its cache mirror every summary_interval_s
+    # (when it changed), gateways adopt it summary_delay_s later and keep counting their own sends
+    # made up to overlay_slack_s before it was generated (0: every gateway sees the mirror itself)
+    summary_interval_s: float = 0.0
+    summary_delay_s: float = 0.0
+    overlay_slack_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.service not in SERVICE_MODELS:
@@ -80,6 +94,9 @@ class ServiceConfig:
             "prefill_pass_s",
             "report_gap_s",
             "report_delay_s",
+            "summary_interval_s",
+            "summary_delay_s",
+            "overlay_slack_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -92,10 +109,8 @@ class ServiceConfig:
                 raise ValueError(
                     "the emulator charges nothing per request: use prefill_pass_s (per prefill pass)"
                 )
-        elif self.prefill_pass_s or self.report_gap_s or self.report_delay_s:
-            raise ValueError(
-                "prefill_pass_s, report_gap_s and report_delay_s apply to the emulator service model only"
-            )
+        elif any(getattr(self, name) for name in _EMULATOR_ONLY):
+            raise ValueError(f"{', '.join(_EMULATOR_ONLY)} apply to the emulator service model only")
 
     @property
     def cost(self) -> CostModel:
@@ -130,6 +145,9 @@ class ServiceConfig:
             prefill_pass_s=self.prefill_pass_s * factor,
             report_gap_s=self.report_gap_s * factor,
             report_delay_s=self.report_delay_s * factor,
+            summary_interval_s=self.summary_interval_s * factor,
+            summary_delay_s=self.summary_delay_s * factor,
+            overlay_slack_s=self.overlay_slack_s * factor,
         )
 
     def emulator_config(self, cache_tokens: int) -> EmulatorConfig:
@@ -150,7 +168,7 @@ class ServiceConfig:
         if self.service in ("batched", "emulator"):
             keys += ["max_running", "step_token_budget", "decode_base_s", "decode_s_per_seq"]
         if self.service == "emulator":
-            keys += ["prefill_pass_s", "report_gap_s", "report_delay_s"]
+            keys += list(_EMULATOR_ONLY)
         return {k: getattr(self, k) for k in keys}
 
 
@@ -440,6 +458,28 @@ class _Send:
     done_at: float = math.inf
 
 
+class _Overlay:
+    """One gateway's recent sends to one replica (router/view.py's overlay): prompts it counts as
+    cached there until a summary generated ``slack`` after the send covers them."""
+
+    def __init__(self) -> None:
+        self.sends: deque[tuple[float, bytes]] = deque()
+        self.tree = RadixTree(1 << 40)  # holds every prompt in ``sends``; never evicts
+
+    def add(self, sent_at: float, tokens: bytes) -> None:
+        self.sends.append((sent_at, tokens))
+        self.tree.insert(tokens)
+
+    def matched_tokens(self, tokens: bytes, floor: float) -> int:
+        if self.sends and self.sends[0][0] < floor:
+            while self.sends and self.sends[0][0] < floor:
+                self.sends.popleft()
+            self.tree = RadixTree(1 << 40)
+            for _, kept in self.sends:
+                self.tree.insert(kept)
+        return self.tree.matched_tokens(tokens)
+
+
 class EmulatedReplica(ReplicaModel):
     """An emulated engine behind its sidecar, as the local fleet runs it (see the module docstring).
 
@@ -449,7 +489,9 @@ class EmulatedReplica(ReplicaModel):
     hash blocks) and its :class:`LoadTracker`, fed the events the sidecar sees, pushed as a load
     record at most once per ``report_gap_s`` and seen by gateways ``report_delay_s`` later. Each
     gateway adds its own sends the latest record it has does not count yet and takes out those that
-    record counts but that have ended since — as ``router/view.py`` does.
+    record counts but that have ended since — as ``router/view.py`` does. With a
+    ``summary_interval_s`` gateways match prompts against the mirror's last summary they adopted
+    plus their own recent sends (which they count even where the mirror has evicted them since).
     """
 
     def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
@@ -467,6 +509,24 @@ class EmulatedReplica(ReplicaModel):
         self._push_at: float | None = None
         self._last_push = -math.inf
         self._sends: dict[int, list[_Send]] = {}  # gateway -> its sends here not yet irrelevant
+        # what gateways match against: None = the mirror itself (no summary lag)
+        self._summary: RadixTree | None = None
+        self._summary_generated = -math.inf
+        self._summary_at: float | None = None  # next summary publish (the mirror changed)
+        self._summaries: deque[tuple[float, float, RadixTree]] = deque()  # (seen at, generated, tree)
+        self._overlays: dict[int, _Overlay] = {}
+
+    def carry_sidecar_from(self, earlier: EmulatedReplica) -> None:
+        """Start with what the sidecar of ``earlier`` measured (its prefill rate, its engine's fixed
+        latency): a live sidecar outlives the cache flush between two ``up`` policy runs."""
+        load, old = self.load, earlier.load
+        load.prefill_tokens_per_s, load.samples = old.prefill_tokens_per_s, old.samples
+        # (a sidecar that measures no fixed latency has neither attribute)
+        for name in ("fixed_latency_s", "latency_samples"):
+            if hasattr(old, name):
+                setattr(load, name, getattr(old, name))
+        self._record.prefill_tokens_per_s = load.prefill_tokens_per_s
+        self._record.fixed_latency_s = getattr(load, "fixed_latency_s", 0.0)
 
     def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
         rec = self._record
@@ -480,7 +540,7 @@ class EmulatedReplica(ReplicaModel):
             - sum(s.uncached_tokens for s in ended),
             0,
         )
-        matched = self.mirror.matched_tokens(request.tokens)
+        matched = self._matched_tokens(request, gateway)
         return ReplicaState(
             replica_id=self.replica_id,
             matched_tokens=matched - matched % DEFAULT_BLOCK_TOKENS,
@@ -491,6 +551,19 @@ class EmulatedReplica(ReplicaModel):
             pending_prefill_tokens=pending,
             wait_s=pending / rec.prefill_tokens_per_s + rec.fixed_latency_s,
         )
+
+    def _matched_tokens(self, request: RouteRequest, gateway: int) -> int:
+        if self._summary is None and not self.config.summary_interval_s:
+            matched = self.mirror.matched_tokens(request.tokens)
+        else:
+            summary = self._summary.matched_tokens(request.tokens) if self._summary is not None else 0
+            overlay = self._overlays.get(gateway)
+            own = 0
+            if overlay is not None:
+                floor = self._summary_generated - self.config.overlay_slack_s
+                own = overlay.matched_tokens(request.tokens, floor)
+            matched = max(summary, own)  # both are prefix-closed: their union's prefix is the longer
+        return matched - matched % DEFAULT_BLOCK_TOKENS
 
     def prefill_backlog(self, now: float) -> int:
         return self.load.queued
@@ -507,7 +580,9 @@ class EmulatedReplica(ReplicaModel):
         words = generated_words(generation_seed(job.tokens), job.output_left)
         output = as_token_bytes(generated_tokens(words))
         self.engine.submit(EngineRequest(rid, job.tokens, job.output_left, output, now))
-        predicted = self._mirror_admit(job.tokens)
+        predicted = self._mirror_admit(job.tokens, now)
+        if self.config.summary_interval_s:
+            self._overlays.setdefault(gateway, _Overlay()).add(now, job.tokens)
         handle = self.load.admit(job.total - predicted, now, timed=True)
         send = _Send(now, job.est_uncached)
         self._sends.setdefault(gateway, []).append(send)
@@ -518,7 +593,7 @@ class EmulatedReplica(ReplicaModel):
         if self._step is None:
             self._plan(now)
 
-    def _mirror_admit(self, tokens: bytes) -> int:
+    def _mirror_admit(self, tokens: bytes, now: float) -> int:
         """As the sidecar's ``CacheMirror.admit``: returns the tokens it predicted cached."""
         matched = self.mirror.matched_tokens(tokens)
         if matched * TOKEN_BYTES == len(tokens):
@@ -526,7 +601,23 @@ class EmulatedReplica(ReplicaModel):
         else:
             with contextlib.suppress(ValueError, CacheFullError):
                 self.mirror.insert(tokens)
+            self._mirror_changed(now)
         return matched
+
+    def _mirror_changed(self, now: float) -> None:
+        interval = self.config.summary_interval_s
+        if interval and self._summary_at is None:
+            # the sidecar's periodic publish round after the change
+            self._summary_at = (math.floor(now / interval) + 1) * interval
+
+    def _publish_summary(self, now: float) -> None:
+        self._summary_at = None
+        snapshot = RadixTree(1 << 40)
+        for seq in self.mirror.cached_sequences():
+            whole = len(seq) - len(seq) % DEFAULT_BLOCK_TOKENS  # a summary holds whole blocks only
+            if whole:
+                snapshot.insert(as_token_bytes(seq[:whole]))
+        self._summaries.append((now + self.config.summary_delay_s, now, snapshot))
 
     def _load_changed(self, now: float) -> None:
         if self._push_at is None:
@@ -537,9 +628,11 @@ class EmulatedReplica(ReplicaModel):
         self._step_end = None if self._step is None else now + self._step.duration
 
     def next_event_s(self) -> float | None:
-        times = [t for t in (self._step_end, self._push_at) if t is not None]
+        times = [t for t in (self._step_end, self._push_at, self._summary_at) if t is not None]
         if self._in_transit:
             times.append(self._in_transit[0][0])
+        if self._summaries:
+            times.append(self._summaries[0][0])
         return min(times, default=None)
 
     def on_event(self, now: float) -> list[Job]:
@@ -549,6 +642,10 @@ class EmulatedReplica(ReplicaModel):
         while self._in_transit and self._in_transit[0][0] <= now:
             self._record = self._in_transit.popleft()[1]
             self._forget_settled_sends()
+        if self._summary_at is not None and self._summary_at <= now:
+            self._publish_summary(now)
+        while self._summaries and self._summaries[0][0] <= now:
+            _, self._summary_generated, self._summary = self._summaries.popleft()
         return finished
 
     def _push(self, now: float) -> None:
@@ -588,6 +685,7 @@ class EmulatedReplica(ReplicaModel):
                 self.load.finish(handle, now)
                 with contextlib.suppress(ValueError, CacheFullError):
                     self.mirror.insert(request.prompt + request.output[: request.generated * TOKEN_BYTES])
+                self._mirror_changed(now)
                 del self._jobs[request.rid]
                 finished.append(job)
         self._load_changed(now)

@@ -70,18 +70,24 @@ def simulate(
     fleet: FleetConfig,
     *,
     progress: bool | None = None,
+    replicas: Sequence[ReplicaModel] | None = None,
 ) -> RunResult:
     """Route ``requests`` with ``policy`` over a fresh fleet and serve them; returns per-request results.
 
     A sequence of policy instances models that many gateways, each with its own routing state (an
     SGLang router replica's tree, queue_aware's arrival rates): request ``i`` goes through gateway
-    ``i % len(policy)``, as a client alternating between gateway replicas sends it.
+    ``i % len(policy)``, as a client alternating between gateway replicas sends it. ``replicas``:
+    unused replica models to serve on (built from ``fleet`` when omitted), e.g. ones that carry
+    what their sidecars measured in an earlier run; the caller can read them afterwards.
     """
     routers = [policy] if isinstance(policy, RoutingPolicy) else list(policy)
     if not routers:
         raise ValueError("simulate needs at least one policy instance")
     policy = routers[0]
-    replicas = [make_replica(i, fleet.cache_tokens, fleet.service) for i in range(fleet.replicas)]
+    if replicas is None:
+        replicas = [make_replica(i, fleet.cache_tokens, fleet.service) for i in range(fleet.replicas)]
+    elif len(replicas) != fleet.replicas or any(r.routed for r in replicas):
+        raise ValueError(f"simulate needs {fleet.replicas} unused replicas, got {len(replicas)}")
     by_id = {r.replica_id: r for r in replicas}
     jobs = [Job(i, r.arrival_s, r.tokens, r.output_tokens) for i, r in enumerate(requests)]
     decisions: dict[str, int] = {}

@@ -12,7 +12,7 @@ from prefixfleet.emulator.text import generated_tokens, generated_words, generat
 from prefixfleet.router.policies import Decision, ReplicaState, RouteRequest, make_policy
 from prefixfleet.router.policies.round_robin import RoundRobin
 from prefixfleet.router.radix import as_token_bytes
-from prefixfleet.sim.engine import ServiceConfig
+from prefixfleet.sim.engine import EmulatedReplica, ServiceConfig
 from prefixfleet.sim.simulator import FleetConfig, simulate
 from prefixfleet.sim.workloads import WorkloadRequest, build_workload
 
@@ -164,3 +164,35 @@ def test_the_up_sim_check_routes_the_token_ids_the_live_fleet_sees(busy_requests
     sent = requests_from_workload(Workload("w", busy_requests[:5], {}, {}))
     for req, wire in zip(busy_requests, sent, strict=False):
         assert live_tokens(req.tokens) == as_token_bytes(tokenize(wire.prompt))
+
+
+def test_gateways_match_against_the_last_summary_they_adopted_plus_their_own_recent_sends() -> None:
+    # Summaries every 250 ms, adopted 100 ms later; own sends count until a summary generated 1 s
+    # after them. Gateway 0 sends a 640-token prompt at t=0; gateway 1 asks about it at t=0.1 s
+    # (nothing adopted yet) and t=0.5 s (the t=0.25 s summary has it); gateway 0 sees it at once.
+    lagged = replace(EMULATED, summary_interval_s=0.25, summary_delay_s=0.1, overlay_slack_s=1.0)
+    prompt = as_token_bytes(range(640))
+    reqs = [
+        WorkloadRequest(t, prompt + as_token_bytes(range(10_000 * i, 10_000 * i + 50)), 4, "g")
+        for i, t in enumerate((0.0, 0.1, 0.2, 0.5))
+    ]
+    gateways = [RecordingRoundRobin(), RecordingRoundRobin()]
+    simulate(reqs, gateways, FleetConfig(1, 4000, lagged))
+    assert [views[0].matched_tokens for views in gateways[1].seen] == [0, 640]
+    assert [views[0].matched_tokens for views in gateways[0].seen] == [0, 640]
+
+
+def test_a_sidecar_carries_its_measurements_into_the_next_policys_run(busy_requests) -> None:
+    fleet = FleetConfig(1, 4000, EMULATED)
+    first = EmulatedReplica(0, 4000, EMULATED)
+    simulate(busy_requests, make_policy("round_robin"), fleet, replicas=[first])
+    measured = first.load.prefill_tokens_per_s
+    assert first.load.samples > 0 and measured != pytest.approx(1.0 / EMULATED.prefill_s_per_token)
+    second = EmulatedReplica(0, 4000, EMULATED)
+    second.carry_sidecar_from(first)
+    policy = RecordingRoundRobin()
+    two = [WorkloadRequest(0.0, as_token_bytes(range(1000 * i, 1000 * i + 1000)), 4, "g") for i in range(2)]
+    simulate(two, policy, fleet, replicas=[second])
+    assert policy.seen[1][0].wait_s == pytest.approx(1000 / measured + first.load.fixed_latency_s)
+    with pytest.raises(ValueError, match="unused replicas"):
+        simulate(two, make_policy("round_robin"), fleet, replicas=[second])

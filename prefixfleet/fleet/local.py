@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +32,12 @@ from prefixfleet.fleet.processes import (
     start_redis,
 )
 from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
+from prefixfleet.router.gateway import GatewayConfig
 from prefixfleet.router.policies import CostModel, make_policy
 from prefixfleet.router.radix import as_token_bytes, decode_tokens
 from prefixfleet.router.sidecar import SidecarConfig
-from prefixfleet.sim.engine import ServiceConfig
+from prefixfleet.router.view import OVERLAY_SUMMARY_SLACK_S
+from prefixfleet.sim.engine import EmulatedReplica, ServiceConfig
 from prefixfleet.sim.report import summarize as summarize_sim
 from prefixfleet.sim.simulator import FleetConfig, simulate
 from prefixfleet.tokenizer import text_for_tokens, tokenize
@@ -297,10 +299,20 @@ async def _flush(session: aiohttp.ClientSession, url: str) -> None:
 # The emulator's own timing defaults, mirrored into the simulator's batched service model so the sim
 # check runs the same engine model the live fleet runs.
 _EMULATOR_DEFAULTS = EmulatorConfig()
-# A sidecar pushes a load change at most this often (wall seconds); gateways are assumed to see a push
-# this long after it (Redis pub/sub on loopback plus a busy event loop).
-_SIDECAR_PUSH_GAP_S: float = SidecarConfig.__dataclass_fields__["push_min_interval_s"].default
-REPORT_DELAY_S = 0.002
+# How the gateways learn about the engines, in wall seconds, for the simulator's emulator model: a
+# sidecar pushes a load change at most every push_min_interval_s (gateways are assumed to see it 2 ms
+# later: Redis pub/sub on loopback plus a busy event loop); it publishes its mirror's summary every
+# publish_interval_s, which a gateway fetches at its next refresh (on average half an interval
+# later) and then still counts its own sends from up to OVERLAY_SUMMARY_SLACK_S before it.
+_SIDECAR = {f.name: f.default for f in fields(SidecarConfig)}
+_GATEWAY = {f.name: f.default for f in fields(GatewayConfig)}
+LIVE_VIEW_TIMING: dict[str, float] = {
+    "report_gap_s": _SIDECAR["push_min_interval_s"],
+    "report_delay_s": 0.002,
+    "summary_interval_s": _SIDECAR["publish_interval_s"],
+    "summary_delay_s": _GATEWAY["refresh_interval_s"] / 2,
+    "overlay_slack_s": OVERLAY_SUMMARY_SLACK_S,
+}
 
 
 def token_scale(workload: Any) -> float:
@@ -446,22 +458,20 @@ def live_tokens(tokens: bytes) -> bytes:
 
 
 def simulate_policies(
-    requests: Sequence[Any], policies: Sequence[str], spec: FleetSpec
+    requests: Sequence[Any], policies: Sequence[str], spec: FleetSpec, *, carry_sidecars: bool = True
 ) -> dict[str, dict[str, Any]]:
     """The same requests through the simulator with the emulator's scheduler and the same fleet shape.
 
     The simulator gets the token ids the fleet sees (:func:`live_tokens`) and runs on the live fleet's
-    wall clock (engine durations and arrival gaps divided by
-    the time scale) because the gateways' policies do: their constants (a load slack in seconds,
-    rate windows, eviction intervals) and their cost model are wall-clock, and a sidecar reports
-    wall-clock prefill rates. TTFTs are converted back to modelled ms for the report.
+    wall clock (engine durations and arrival gaps divided by the time scale) because the gateways'
+    policies do: their constants (a load slack in seconds, rate windows, eviction intervals) and
+    their cost model are wall-clock, and a sidecar reports wall-clock prefill rates. Policies run
+    in the given order and, with ``carry_sidecars``, each starts with what the sidecars measured
+    during the one before (prefill rate, fixed latency), as live: :meth:`LocalFleet.reset` flushes
+    the caches and restarts the gateways, not the sidecars. TTFTs are reported in modelled ms.
     """
     scale = spec.engine.time_scale
-    service = replace(
-        sim_service(spec.engine).scaled_time(1.0 / scale),
-        report_gap_s=_SIDECAR_PUSH_GAP_S,
-        report_delay_s=REPORT_DELAY_S,
-    )
+    service = replace(sim_service(spec.engine).scaled_time(1.0 / scale), **LIVE_VIEW_TIMING)
     fleet = FleetConfig(spec.replicas, spec.engine.cache_tokens or _EMULATOR_DEFAULTS.cache_tokens, service)
     on_wall_clock = [
         replace(r, arrival_s=r.arrival_s / scale, tokens=live_tokens(r.tokens)) for r in requests
@@ -469,10 +479,16 @@ def simulate_policies(
     # What a gateway starts from: the configured engine speed in wall-clock tokens/s, nothing else.
     cost = CostModel(prefill_s_per_token=service.prefill_s_per_token)
     out = {}
+    earlier: list[EmulatedReplica] = []
     for name in policies:
         # One policy instance per gateway: live, each gateway keeps its own routing state.
         routers = [make_policy(name, cost) for _ in range(spec.gateways)]
-        result = simulate(on_wall_clock, routers, fleet, progress=False)
+        replicas = [EmulatedReplica(i, fleet.cache_tokens, service) for i in range(spec.replicas)]
+        if carry_sidecars:
+            for replica, before in zip(replicas, earlier, strict=False):
+                replica.carry_sidecar_from(before)
+        result = simulate(on_wall_clock, routers, fleet, progress=False, replicas=replicas)
+        earlier = replicas
         result.ttft_s = [t * scale for t in result.ttft_s]
         m = summarize_sim(result)
         out[name] = {k: m[k] for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate")}
