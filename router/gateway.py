@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
+from .front import serve_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -33,9 +34,12 @@ from .proxying import (
     HOP_BY_HOP,
     RETRYABLE_HEADER,
     WORKER_HEADER,
+    Answer,
+    AnyRequest,
     answer_headers,
     forward_header_pairs,
     json_error,
+    open_stream,
     request_target,
     sse_error_event,
 )
@@ -303,7 +307,7 @@ class Gateway:
 
     # -- request handling ------------------------------------------------------------------------
 
-    def _body_error(self, request: web.Request, status: int, message: str) -> web.Response:
+    def _body_error(self, request: AnyRequest, status: int, message: str) -> web.Response:
         """A body too slow (408) or too large (413), refused before any handler ran."""
         self.metrics.errors.labels("bad_request").inc()
         self.metrics.requests.labels(
@@ -311,11 +315,11 @@ class Gateway:
         ).inc()
         return json_error(status, message, param="body")
 
-    def _answer(self, endpoint: str, response: web.StreamResponse, started: float) -> web.StreamResponse:
+    def _answer(self, endpoint: str, response: Answer, started: float) -> Answer:
         self.metrics.request_answered(endpoint, response.status, time.perf_counter() - started)
         return response
 
-    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+    async def handle_generate(self, request: AnyRequest) -> Answer:
         started = time.perf_counter()
         endpoint = request.path
         try:
@@ -375,8 +379,8 @@ class Gateway:
         return chosen, chain, parsed.num_tokens - row.matched_tokens
 
     async def _route_and_forward(
-        self, request: web.Request, body: bytes, parsed: InferenceRequest, started: float
-    ) -> web.StreamResponse:
+        self, request: AnyRequest, body: bytes, parsed: InferenceRequest, started: float
+    ) -> Answer:
         excluded: set[str] = set()
         last_error = "no worker is available"
         for attempt in range(self.config.max_retries + 1):
@@ -413,12 +417,12 @@ class Gateway:
 
     async def _forward(
         self,
-        request: web.Request,
+        request: AnyRequest,
         body: bytes,
         parsed: InferenceRequest,
         worker: WorkerView,
         started: float,
-    ) -> web.StreamResponse:
+    ) -> Answer:
         if self.config.upstream_timeout_s is None:
             return await self._exchange(request, body, worker, started)
         try:
@@ -430,9 +434,7 @@ class Gateway:
             self.metrics.errors.labels("timeout").inc()
             return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
 
-    async def _exchange(
-        self, request: web.Request, body: bytes, worker: WorkerView, started: float
-    ) -> web.StreamResponse:
+    async def _exchange(self, request: AnyRequest, body: bytes, worker: WorkerView, started: float) -> Answer:
         assert self.upstream is not None
         try:
             origin, prefix = self._origin(worker.url)
@@ -465,8 +467,8 @@ class Gateway:
             return await self._stream(request, upstream, headers, started)
 
     async def _stream(
-        self, request: web.Request, upstream: UpstreamResponse, headers: CIMultiDict[str], started: float
-    ) -> web.StreamResponse:
+        self, request: AnyRequest, upstream: UpstreamResponse, headers: CIMultiDict[str], started: float
+    ) -> Answer:
         chunks = upstream.iter_chunks()
         try:
             first = await chunks.__anext__()
@@ -476,12 +478,11 @@ class Gateway:
             raise _Retryable(exc.__class__.__name__) from exc
         if first.startswith(b'data: {"error"') and b"upstream_disconnected" in first:
             raise _Retryable("engine died before its first byte")  # the sidecar's error event
-        response = web.StreamResponse(status=upstream.status, headers=headers)
         try:
-            await response.prepare(request)
+            response = await open_stream(request, upstream.status, headers)
             await response.write(first)
         except ConnectionError:
-            return response
+            return web.Response(status=upstream.status)  # the client left before the stream began
         self.metrics.ttft.observe(time.perf_counter() - started)
         try:
             async for chunk in chunks:
@@ -561,14 +562,23 @@ class Gateway:
 
 async def serve(config: GatewayConfig) -> None:
     gateway = Gateway(config)
-    runner = web.AppRunner(
-        gateway.app(), access_log=None, handle_signals=False, **ClientTimeouts.from_env().runner_kwargs()
-    )
+    timeouts = ClientTimeouts.from_env()
+    runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False, **timeouts.runner_kwargs())
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
+    # Generation requests take the lean front; everything else (and anything unusual) aiohttp.
+    server, front = await serve_front(
+        runner,
+        config.host,
+        config.port,
+        dict.fromkeys(GENERATE_PATHS, gateway.handle_generate),
+        gateway._body_error,
+        timeouts=timeouts,
+        max_body_bytes=config.max_body_bytes,
+    )
     log.info("gateway on %s:%d, policy %s, fleet %s", config.host, config.port, config.policy, config.fleet)
     try:
         await asyncio.Event().wait()
     finally:
+        server.close()
+        await front.shutdown()
         await runner.cleanup()

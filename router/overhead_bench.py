@@ -143,8 +143,11 @@ async def measure(requests: int, rate_rps: float, time_scale: float, progress: b
     with tempfile.TemporaryDirectory(prefix="pf-bench-") as tmp, _processes(Path(tmp), time_scale) as procs:
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as probe:
+            # Readiness probes on their own connections, as a load balancer's would be: the measured
+            # connections then carry generation requests only, like an LLM client's.
+            await _wait_ready(probe, procs)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await _wait_ready(session, procs)
             for i in range(30):  # warm connections and code paths on every hop
                 await _one(session, procs[PATHS[i % 3]].url, f"warm{i}")
             cpu_before = {n: cpu_seconds(p.popen.pid) for n, p in procs.items()}

@@ -12,6 +12,11 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from .front import HotRequest, HotStream
+
+AnyRequest = web.Request | HotRequest
+Answer = web.StreamResponse | HotStream
+
 # Connection-scoped headers never forwarded (RFC 9110 §7.6.1) plus ones aiohttp recomputes.
 HOP_BY_HOP = frozenset(
     {
@@ -50,10 +55,30 @@ def answer_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
 
 
-def request_target(request: web.Request) -> str:
+def request_target(request: AnyRequest) -> str:
     """The path and query to send upstream, as the client wrote them (no re-encoding)."""
     raw = request.raw_path
     return raw if raw.startswith("/") else request.rel_url.raw_path_qs
+
+
+async def open_stream(
+    request: AnyRequest, status: int, headers: Mapping[str, str]
+) -> web.StreamResponse | HotStream:
+    """Send a streamed answer's head; the result takes ``write(chunk)`` and ``write_eof()``."""
+    if isinstance(request, HotRequest):
+        return request.start_stream(status, headers)
+    response = web.StreamResponse(status=status, headers=headers)
+    await response.prepare(request)
+    return response
+
+
+async def answer_now(request: AnyRequest, response: web.Response) -> None:
+    """Send a whole answer before the handler returns (it still has bookkeeping to do)."""
+    if isinstance(request, HotRequest):
+        request.send_response(response)
+        return
+    await response.prepare(request)
+    await response.write_eof()
 
 
 def json_error(

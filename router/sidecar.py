@@ -25,17 +25,22 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prefixfleet.tokenizer import tokenize
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
+from .front import serve_front
 from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import CacheMirror
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
+    Answer,
+    AnyRequest,
     StreamedText,
     answer_headers,
+    answer_now,
     find_cached_tokens,
     find_uncached_tokens,
     forward_header_pairs,
     json_error,
+    open_stream,
     output_text,
     refuse_too_large,
     request_target,
@@ -61,7 +66,7 @@ log = logging.getLogger("prefixfleet.sidecar")
 DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports max_total_num_tokens
 
 
-def _body_error(_request: web.Request, status: int, message: str) -> web.Response:
+def _body_error(_request: AnyRequest, status: int, message: str) -> web.Response:
     return json_error(status, message, param="body")
 
 
@@ -517,7 +522,7 @@ class Sidecar:
 
     # -- proxying --------------------------------------------------------------------------------
 
-    async def handle_generate(self, request: web.Request) -> web.StreamResponse:
+    async def handle_generate(self, request: AnyRequest) -> Answer:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
@@ -549,7 +554,7 @@ class Sidecar:
             self.s.mirror.flush()
         return response
 
-    async def _forward(self, request: web.Request, body: bytes, *, track: bool = False) -> web.StreamResponse:
+    async def _forward(self, request: AnyRequest, body: bytes, *, track: bool = False) -> Answer:
         assert self.upstream is not None
         load = self.s.load
         handle = predicted = None
@@ -610,8 +615,7 @@ class Sidecar:
                 self.load_changed()
                 # Answer first, learn after: the mirror update is not the client's wait.
                 with contextlib.suppress(ConnectionError):
-                    await response.prepare(request)
-                    await response.write_eof()
+                    await answer_now(request, response)
                 if parsed is not None and upstream.status == 200:
                     self._learn(parsed, data, predicted or 0, handle)
                 return response
@@ -626,15 +630,14 @@ class Sidecar:
 
     async def _stream(
         self,
-        request: web.Request,
+        request: AnyRequest,
         upstream: UpstreamResponse,
         headers: CIMultiDict[str],
         parsed: InferenceRequest | None,
         handle: int | None,
         predicted: int,
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, headers=headers)
-        await response.prepare(request)
+    ) -> Answer:
+        response = await open_stream(request, upstream.status, headers)
         cached: int | None = None
         usage = b""  # the event(s) carrying the engine's token counts
         collected = StreamedText(parsed.path) if parsed is not None and upstream.status == 200 else None
@@ -689,12 +692,19 @@ class Sidecar:
 async def serve(config: SidecarConfig) -> None:
     """Run a sidecar until cancelled."""
     sidecar = Sidecar(config)
-    runner = web.AppRunner(
-        sidecar.app(), access_log=None, handle_signals=False, **ClientTimeouts.from_env().runner_kwargs()
-    )
+    timeouts = ClientTimeouts.from_env()
+    runner = web.AppRunner(sidecar.app(), access_log=None, handle_signals=False, **timeouts.runner_kwargs())
     await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port)
-    await site.start()
+    # Generation requests take the lean front; every other path (and anything unusual) aiohttp.
+    server, front = await serve_front(
+        runner,
+        config.host,
+        config.port,
+        dict.fromkeys(GENERATE_PATHS, sidecar.handle_generate),
+        _body_error,
+        timeouts=timeouts,
+        max_body_bytes=config.max_body_bytes,
+    )
     log.info(
         "sidecar %s on %s:%d -> %s (fleet %s)",
         sidecar.s.worker_id,
@@ -706,4 +716,6 @@ async def serve(config: SidecarConfig) -> None:
     try:
         await asyncio.Event().wait()
     finally:
+        server.close()
+        await front.shutdown()
         await runner.cleanup()

@@ -1,0 +1,435 @@
+"""A lean HTTP/1.1 front for the proxies' generation endpoints; every other request goes to aiohttp.
+
+aiohttp's server spends ~230 µs of CPU on a tiny request (request and response objects, routing,
+middleware, timers); for a proxy hop that is most of the cost. This front parses well-formed
+``POST`` requests to the hot paths itself (HTTP/1.1, a Content-Length body, no Expect, no
+Transfer-Encoding) and runs their handler with a :class:`HotRequest`. The first request on a
+connection that is anything else (another path or method, an odd or oversized head or body, HTTP/1.0)
+hands the whole connection to aiohttp's own protocol with the bytes received so far, so aiohttp
+answers it exactly as it would have (errors, 413, admin endpoints); that connection stays with aiohttp.
+
+Slow clients are bounded as under aiohttp: a connection idle (or sending a head) longer than the idle
+limit is closed; a body not complete within the body limit gets the app's 408 answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+from .slow_clients import ClientTimeouts
+
+log = logging.getLogger("prefixfleet.front")
+
+_MAX_HEAD_BYTES = 8190  # aiohttp's own line limit: a longer head is aiohttp's to refuse
+_PIPELINE_PAUSE_BYTES = 256 * 1024  # stop reading while a handler runs and this much is queued
+_FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+HotHandler = Callable[["HotRequest"], Awaitable[web.StreamResponse | Any]]
+Responder = Callable[[Any, int, str], web.StreamResponse]
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+class _DateHeader:
+    """The Date header, formatted once per second."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._line = b""
+
+    def line(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._line = b"Date: " + formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self._line
+
+
+class HotStream:
+    """A streamed (chunked) answer to a :class:`HotRequest`: ``write`` chunks, then ``write_eof``."""
+
+    def __init__(self, conn: _FrontConnection, status: int) -> None:
+        self.status = status
+        self._conn = conn
+        self._ended = False
+
+    async def write(self, data: bytes) -> None:
+        if not data:
+            return
+        conn = self._conn
+        if conn.closed:
+            raise ConnectionResetError("the client closed the connection")
+        conn.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+        if conn.write_paused:
+            await conn.drain()
+
+    async def write_eof(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._conn.closed:
+            raise ConnectionResetError("the client closed the connection")
+        self._conn.transport.write(b"0\r\n\r\n")
+
+
+class HotRequest:
+    """What the generation handlers read of a request (the subset of ``web.Request`` they use)."""
+
+    __slots__ = ("_body", "_conn", "headers", "method", "path", "raw_path", "response", "sent", "version")
+
+    def __init__(
+        self, conn: _FrontConnection, method: str, raw_path: str, headers: CIMultiDict[str], body: bytes
+    ) -> None:
+        self._conn = conn
+        self.method = method
+        self.raw_path = raw_path
+        self.path = raw_path.split("?", 1)[0]
+        self.headers = headers
+        self._body = body
+        self.version = (1, 1)
+        self.sent = False  # an answer (whole or the head of a stream) went out
+        self.response: HotStream | None = None
+
+    @property
+    def path_qs(self) -> str:
+        return self.raw_path
+
+    async def read(self) -> bytes:
+        return self._body
+
+    def start_stream(self, status: int, headers: Mapping[str, str]) -> HotStream:
+        conn = self._conn
+        if conn.closed:
+            raise ConnectionResetError("the client closed the connection")
+        self.sent = True
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status).encode())]
+        head.extend(_header_lines(headers))
+        head.append(b"Transfer-Encoding: chunked\r\n")
+        head.append(conn.front.date.line())
+        head.append(b"\r\n")
+        conn.transport.write(b"".join(head))
+        self.response = HotStream(conn, status)
+        return self.response
+
+    def send_response(self, response: web.Response) -> None:
+        """Write a whole ``web.Response`` now (its handler may keep working afterwards)."""
+        if self.sent:
+            return
+        self.sent = True
+        conn = self._conn
+        if conn.closed:
+            return
+        body = response.body
+        if body is None:
+            data = b""
+        elif isinstance(body, bytes | bytearray | memoryview):
+            data = bytes(body)
+        else:  # a payload object (not produced by the proxies): aiohttp would stream it
+            data = bytes(getattr(body, "_value", b""))
+        head = [
+            b"HTTP/1.1 %d %s\r\n" % (response.status, (response.reason or _reason(response.status)).encode())
+        ]
+        head.extend(_header_lines(response.headers))
+        head.append(b"Content-Length: %d\r\n" % len(data))
+        head.append(conn.front.date.line())
+        if response.keep_alive is False:
+            conn.close_after = True
+        if conn.close_after:
+            head.append(b"Connection: close\r\n")
+        head.append(b"\r\n")
+        conn.transport.write(b"".join(head) + data)
+
+
+def _header_lines(headers: Mapping[str, str]) -> list[bytes]:
+    return [
+        f"{name}: {value}\r\n".encode()
+        for name, value in headers.items()
+        if name.lower() not in _FRAMING and "\n" not in value and "\r" not in value
+    ]
+
+
+class _FrontConnection(asyncio.Protocol):
+    def __init__(self, front: HotFront) -> None:
+        self.front = front
+        self.loop = front.loop
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.closed = False
+        self.close_after = False
+        self.write_paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self._buffer = b""
+        self._busy = False
+        self._read_paused = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._body_wait = False  # the timer is the body deadline (else the idle/head limit)
+        self._handed = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.front.connections.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.front.connections.discard(self)
+        self._cancel_timer()
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_exception(ConnectionResetError("the client closed the connection"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    async def drain(self) -> None:
+        if not self.write_paused:
+            return
+        if self._drain is None or self._drain.done():
+            self._drain = self.loop.create_future()
+        await self._drain
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer = self._buffer + data if self._buffer else data
+        if self._busy:
+            if len(self._buffer) > _PIPELINE_PAUSE_BYTES and not self._read_paused:
+                self._read_paused = True
+                self.transport.pause_reading()
+            return
+        self._next()
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    # -- timers ----------------------------------------------------------------------------------
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm_idle(self) -> None:
+        self._cancel_timer()
+        self._body_wait = False
+        self._timer = self.loop.call_later(self.front.timeouts.idle_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self.closed or self._busy:
+            return
+        if self._body_wait:
+            self._body_timed_out()
+        else:
+            self.transport.close()  # idle keep-alive, or a head that never completed
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _next(self) -> None:
+        buffer = self._buffer
+        if not buffer:
+            return
+        end = buffer.find(b"\r\n\r\n", 0, _MAX_HEAD_BYTES + 4)
+        if end < 0:
+            if len(buffer) > _MAX_HEAD_BYTES:
+                self._hand_over()
+            return
+        parsed = self._parse_head(buffer[:end])
+        if parsed is None:
+            self._hand_over()
+            return
+        method, target, headers, length, close = parsed
+        if len(buffer) < end + 4 + length:
+            if not self._body_wait:
+                self._cancel_timer()
+                self._body_wait = True
+                self._timer = self.loop.call_later(self.front.timeouts.body_s, self._on_timer)
+            return
+        self._cancel_timer()
+        self._body_wait = False
+        body = buffer[end + 4 : end + 4 + length]
+        self._buffer = buffer[end + 4 + length :]
+        self.close_after = close
+        self._busy = True
+        request = HotRequest(self, method, target, headers, body)
+        self.loop.create_task(self._run(request))
+
+    def _parse_head(self, head: bytes) -> tuple[str, str, CIMultiDict[str], int, bool] | None:
+        """The head of a request this front serves, or None (then aiohttp serves the connection)."""
+        try:
+            text = head.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        lines = text.split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or parts[0] != "POST" or parts[2] != "HTTP/1.1":
+            return None
+        target = parts[1]
+        if not target.startswith("/") or target.split("?", 1)[0] not in self.front.paths:
+            return None
+        headers: CIMultiDict[str] = CIMultiDict()
+        length: int | None = None
+        close = False
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or not _TOKEN_CHARS.issuperset(name):
+                return None
+            value = value.strip(" \t")
+            lower = name.lower()
+            if lower == "content-length":
+                if length is not None or not value.isdigit():
+                    return None
+                length = int(value)
+            elif lower in ("transfer-encoding", "expect", "upgrade"):
+                return None
+            elif lower == "connection":
+                tokens = {t.strip().lower() for t in value.split(",")}
+                if "upgrade" in tokens:
+                    return None
+                close = close or "close" in tokens
+            headers.add(name, value)
+        if length is None or length > self.front.max_body_bytes:
+            return None
+        return parts[0], target, headers, length, close
+
+    async def _run(self, request: HotRequest) -> None:
+        try:
+            result = await self.front.handlers[request.path](request)
+            if not request.sent and isinstance(result, web.Response):
+                request.send_response(result)
+            elif not request.sent:
+                raise RuntimeError(f"handler answered {type(result).__name__}, not a web.Response")
+        except Exception:
+            log.exception("error handling %s %s", request.method, request.path)
+            if not request.sent:
+                self.close_after = True
+                request.send_response(
+                    web.json_response({"error": {"message": "internal error", "code": 500}}, status=500)
+                )
+            else:
+                self.close_after = True  # a stream cut mid-way: the client sees the connection end
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        self._busy = False
+        if self.closed:
+            return
+        if self.close_after:
+            self.transport.close()
+            return
+        if self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
+        self._arm_idle()
+        if self._buffer:
+            self._next()
+
+    def _body_timed_out(self) -> None:
+        """A body still incomplete at the body limit: the app's 408, then close (like the middleware)."""
+        request = HotRequest(self, "POST", "", CIMultiDict(), b"")
+        end = self._buffer.find(b"\r\n\r\n")
+        with contextlib.suppress(Exception):
+            request.path = self._buffer[:end].decode("ascii").split(" ")[1].split("?", 1)[0]
+        self.close_after = True
+        response = self.front.respond(
+            request, 408, f"request body not received within {self.front.timeouts.body_s:g} s"
+        )
+        if isinstance(response, web.Response):
+            request.send_response(response)
+        self.transport.close()
+
+    def _hand_over(self) -> None:
+        """Give this connection (and what it sent so far) to aiohttp's protocol for good."""
+        self._cancel_timer()
+        self._handed = True
+        self.front.connections.discard(self)
+        protocol = self.front.fallback()
+        if self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        buffer, self._buffer = self._buffer, b""
+        if buffer:
+            protocol.data_received(buffer)
+
+
+class HotFront:
+    """Protocol factory for ``loop.create_server``: hot paths here, everything else to ``fallback``."""
+
+    def __init__(
+        self,
+        handlers: Mapping[str, HotHandler],
+        fallback: Callable[[], asyncio.Protocol],
+        respond: Responder,
+        *,
+        timeouts: ClientTimeouts,
+        max_body_bytes: int,
+    ) -> None:
+        self.handlers = dict(handlers)
+        self.paths: Collection[str] = frozenset(self.handlers)
+        self.fallback = fallback
+        self.respond = respond
+        self.timeouts = timeouts
+        self.max_body_bytes = max_body_bytes
+        self.loop = asyncio.get_running_loop()
+        self.date = _DateHeader()
+        self.connections: set[_FrontConnection] = set()
+
+    def __call__(self) -> _FrontConnection:
+        return _FrontConnection(self)
+
+    def close_idle(self) -> None:
+        for conn in list(self.connections):
+            if not conn._busy and not conn.closed:
+                conn.transport.close()
+
+    async def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Close idle connections now and busy ones once their answer ended (or at the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        for conn in self.connections:
+            conn.close_after = True
+        self.close_idle()
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for conn in list(self.connections):
+            conn.transport.abort()
+
+
+async def serve_front(
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    handlers: Mapping[str, HotHandler],
+    respond: Responder,
+    *,
+    timeouts: ClientTimeouts,
+    max_body_bytes: int,
+) -> tuple[asyncio.AbstractServer, HotFront]:
+    """Listen on ``host:port`` with the front; ``runner`` (set up) serves what the front hands over."""
+    assert runner.server is not None, "set the runner up first"
+    front = HotFront(handlers, runner.server, respond, timeouts=timeouts, max_body_bytes=max_body_bytes)
+    server = await asyncio.get_running_loop().create_server(
+        front, host, port, reuse_address=True, backlog=128
+    )
+    return server, front
