@@ -9,7 +9,9 @@ Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.ena
    outage is one warning), and merge the summaries into hot subtrees
    (:func:`~.hot_subtrees.hot_subtrees`);
 2. plan — :func:`~.autoscale.plan_scale` with the policy from the spec and the memory of the last
-   round (kept here in memory per fleet: a restarted operator just starts a fresh cooldown);
+   round (kept in memory per fleet and in ``status.autoscaler.memory``: an operator that has none —
+   restarted, failed over — restores it from there, so cooldowns and the quiet period survive it;
+   see :mod:`.autoscale_memory`);
 3. execute —
    * scale up: ``spec.replicas`` through the ``/scale`` subresource (the reconcile handler creates
      the pods); each new pod is marked ``prefixfleet.io/state: warming`` as soon as it exists, and
@@ -19,7 +21,9 @@ Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.ena
    * scale down: the planner's victim goes into the fleet's ``prefixfleet.io/victims`` annotation and
      ``spec.replicas`` is lowered: the reconcile loop drains exactly that pod, then deletes it;
    * ``status.lastScaleTime``, ``lastScaleReason``, ``hotPrefixes`` (hashes only), an Event with the
-     plan's reason, and the operator's Prometheus metrics.
+     plan's reason, and the operator's Prometheus metrics;
+   * ``status.autoscaler.memory`` when the planner's memory changed a decision time (before the
+     scale itself, so a crash in between cannot forget it) or the stored copy is due a refresh.
 """
 
 from __future__ import annotations
@@ -40,6 +44,14 @@ from redis.exceptions import RedisError
 from prefixfleet.router.keys import FleetKeys
 
 from .autoscale import PlannerMemory, ScalePlan, SubtreeObservation, plan_scale
+from .autoscale_memory import (
+    STALE_AFTER_REFRESHES,
+    decode_memory,
+    encode_memory,
+    memory_due,
+    observed_time,
+    refresh_period,
+)
 from .autoscale_observe import (
     EngineRates,
     EngineReading,
@@ -115,6 +127,7 @@ class FleetAutoscale:
     """What the autoscaler remembers about one fleet between rounds."""
 
     memory: PlannerMemory = field(default_factory=PlannerMemory)
+    stored_memory: dict[str, Any] | None = None  # status.autoscaler.memory as last written or restored
     hot: HotState | None = None
     counters: dict[str, TokenCounters] = field(default_factory=dict)
     rates: dict[str, EngineRates] = field(default_factory=dict)  # last round's, whatever the source
@@ -207,8 +220,13 @@ async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
         spec = validate_spec(raw_spec)
     except InvalidFleetSpec:
         return  # the reconcile handler reports it as Degraded
-    state = auto.fleets.setdefault(key, FleetAutoscale())
     now = time.time()
+    state = auto.fleets.get(key)
+    status = dict(body.get("status") or {})
+    if state is None or _written_elsewhere(state, status):
+        state = auto.fleets[key] = restored_state(
+            state, status, now, spec.autoscaling.interval_seconds, logger
+        )
     if now - state.last_round < spec.autoscaling.interval_seconds:
         return
     state.last_round = now
@@ -260,6 +278,11 @@ async def autoscale_round(
     plan = plan_scale(observed, scale_policy(spec), state.memory)
     state.memory = plan.memory
     status: dict[str, Any] = {}
+    memory = encode_memory(plan.memory, now)
+    refresh = refresh_period(spec.autoscaling.interval_seconds)
+    if (plan.add or plan.drain) and memory_due(state.stored_memory, memory, now, refresh):
+        # written before the scale: an operator dying in between must not forget the cooldown
+        await _write_memory(ctx, state, namespace, name, memory)
     engine_status = {"source": reading.source, "reason": reading.reason[:1024]}
     if engine_status != (fleet.get("status") or {}).get("engineMetrics"):
         status["engineMetrics"] = engine_status
@@ -287,7 +310,10 @@ async def autoscale_round(
         reason = "ScalingUp" if plan.add else "ScalingDown"
         kopf.event(fleet, type="Normal", reason=reason, message=plan.reason)
         logger.info("autoscaler: %s", plan.reason)
-    if status:
+    changed = _without_nulls(memory) != state.stored_memory
+    if memory_due(state.stored_memory, memory, now, refresh) or (status and changed):
+        await _write_memory(ctx, state, namespace, name, memory, also=status)
+    elif status:
         await asyncio.to_thread(ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, status)
     if plan.prewarm:
         known = {p.name for p in pods}
@@ -301,6 +327,57 @@ async def autoscale_round(
         if not plan.add:
             kopf.event(fleet, type="Normal", reason="Prewarming", message=plan.reason)
     return plan
+
+
+def restored_state(
+    state: FleetAutoscale | None,
+    status: dict[str, Any],
+    now: float,
+    interval_s: float,
+    logger: logging.Logger,
+) -> FleetAutoscale:
+    """The fleet's autoscaler state with the planner memory its status holds (warnings logged)."""
+    restored = decode_memory(status, now, STALE_AFTER_REFRESHES * refresh_period(interval_s))
+    for warning in restored.warnings:
+        logger.warning("autoscaler: %s", warning)
+    for note in restored.notes:
+        logger.info("autoscaler: %s", note)
+    state = state or FleetAutoscale()
+    state.memory = restored.memory
+    state.stored_memory = None  # rewritten on the first round: this operator now owns it
+    if restored.observed_s is not None:
+        m = restored.memory
+        logger.info(
+            "autoscaler: planner memory restored from status (last scale-up %s, last scale-down %s)",
+            "none" if m.last_scale_up_s is None else f"{now - m.last_scale_up_s:.0f}s ago",
+            "none" if m.last_scale_down_s is None else f"{now - m.last_scale_down_s:.0f}s ago",
+        )
+    return state
+
+
+def _written_elsewhere(state: FleetAutoscale, status: dict[str, Any]) -> bool:
+    """The status holds a memory newer than this process wrote: another operator ran the fleet
+    meanwhile (a failover and back), and its cooldowns are the ones that count."""
+    theirs = observed_time(status)
+    ours = observed_time({"autoscaler": {"memory": state.stored_memory}}) if state.stored_memory else None
+    return theirs is not None and ours is not None and theirs > ours
+
+
+async def _write_memory(
+    ctx: OperatorContext,
+    state: FleetAutoscale,
+    namespace: str,
+    name: str,
+    memory: dict[str, Any],
+    also: dict[str, Any] | None = None,
+) -> None:
+    status = {**(also or {}), "autoscaler": {"memory": memory}}
+    await asyncio.to_thread(ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, status)
+    state.stored_memory = _without_nulls(memory)
+
+
+def _without_nulls(memory: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in memory.items() if v is not None}  # what the merge patch leaves stored
 
 
 async def _read_engines(

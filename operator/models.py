@@ -561,6 +561,46 @@ class EngineMetricsSource(CamelModel):
     reason: str = Field(default="", max_length=1024, description="Why that source, for humans.")
 
 
+class PlannerMemoryStatus(CamelModel):
+    """The autoscaler's memory between rounds (``PlannerMemory``), kept here so that a restarted or
+    failed-over operator keeps its cooldowns and quiet period instead of starting afresh."""
+
+    observed_time: datetime | None = Field(
+        default=None,
+        description="When an operator last wrote this memory (at least every 30 s while it runs the"
+        " fleet's rounds): an older memory's quiet period and demand trend are not trusted.",
+    )
+    last_scale_up_time: datetime | None = Field(
+        default=None, description="The last scale-up (scaleUpCooldownSeconds counts from here)."
+    )
+    last_scale_down_time: datetime | None = Field(default=None, description="The last scale-down.")
+    calm_since: datetime | None = Field(
+        default=None,
+        description="Start of the current quiet period (scaleDownStabilizationSeconds counts from"
+        " here); absent while the fleet is busy.",
+    )
+    demand: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="The fleet's prefill demand (replica-equivalents) at demandTime.",
+    )
+    demand_time: datetime | None = Field(default=None, description="When demand was measured.")
+    demand_slope: float = Field(
+        default=0.0,
+        allow_inf_nan=False,
+        description="Smoothed trend of demand (replica-equivalents per second).",
+    )
+
+
+class AutoscalerStatus(CamelModel):
+    """What the autoscaler keeps in the fleet's status."""
+
+    memory: PlannerMemoryStatus | None = Field(
+        default=None, description="The planner's memory, restored by an operator that has none."
+    )
+
+
 class FleetStatus(CamelModel):
     """``status`` of a PrefixCacheFleet.
 
@@ -598,6 +638,9 @@ class FleetStatus(CamelModel):
     last_scale_reason: str | None = Field(default=None, description="Why the replica count last changed.")
     engine_metrics: EngineMetricsSource | None = Field(
         default=None, description="Where the autoscaler read engine rates in its last round, and why."
+    )
+    autoscaler: AutoscalerStatus | None = Field(
+        default=None, description="The autoscaler's state that must survive an operator restart."
     )
 
     def condition(self, type_: str) -> Condition | None:
@@ -663,6 +706,7 @@ __all__ = [
     "SINGULAR",
     "VERSION",
     "AdmissionSpec",
+    "AutoscalerStatus",
     "AutoscalingSpec",
     "CacheIdentitySpec",
     "Condition",
@@ -674,6 +718,7 @@ __all__ = [
     "HotPrefix",
     "InvalidFleetSpec",
     "ModelSpec",
+    "PlannerMemoryStatus",
     "PrefixCacheFleet",
     "PrewarmSpec",
     "PrometheusSpec",

@@ -1,0 +1,190 @@
+"""The planner's memory in the fleet's status: encode, decide when to write, restore (pure functions).
+
+``PlannerMemory`` (cooldowns, quiet period, demand trend) lives in the operator process between
+rounds. A restarted or failed-over operator would start with a fresh one and could scale again right
+after a scale-up it forgot, so the autoscaler also writes it to ``status.autoscaler.memory`` and an
+operator without it in memory restores it from there. Times are the planner's clock (``time.time()``,
+epoch seconds) written as RFC 3339 UTC with milliseconds.
+
+Writing every round would patch the API server every ``intervalSeconds`` (``demandTime`` moves each
+round), so :func:`memory_due` asks for a write only when a decision time changes (a scale, the quiet
+period starting or ending) or the stored copy is older than the refresh period. ``observedTime`` (the
+write's time) tells a restarted operator whether the quiet period and the demand trend are still
+fresh: if nobody watched the fleet for longer than a few refresh periods they restart, while the
+cooldowns (facts about past scaling) are always kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from .autoscale import PlannerMemory
+from .models import PlannerMemoryStatus, describe_validation_error
+
+STATUS_PATH = "status.autoscaler.memory"
+MEMORY_REFRESH_S = 30.0  # the stored memory is rewritten at least this often while rounds run
+STALE_AFTER_REFRESHES = 3  # older than this many refresh periods: the quiet period restarts
+FUTURE_SLACK_S = 5.0  # clock skew between operator hosts tolerated without a warning
+
+# PlannerMemory field -> status field, for the times
+_TIMES = {
+    "last_scale_up_s": "lastScaleUpTime",
+    "last_scale_down_s": "lastScaleDownTime",
+    "calm_since_s": "calmSince",
+    "demand_s": "demandTime",
+}
+# what the planner decides on: a change here is written at once
+_DECISION_FIELDS = ("lastScaleUpTime", "lastScaleDownTime", "calmSince")
+WIRE_FIELDS = ("observedTime", *_TIMES.values(), "demand", "demandSlope")
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredMemory:
+    memory: PlannerMemory
+    observed_s: float | None  # when the stored memory was written (None: not stored)
+    warnings: tuple[str, ...] = ()  # malformed fields, each naming its status field
+    notes: tuple[str, ...] = ()  # informational: what was restored or deliberately dropped
+
+
+def refresh_period(interval_s: float) -> float:
+    """How often the stored memory is rewritten at least (never more often than a round runs)."""
+    return max(MEMORY_REFRESH_S, interval_s)
+
+
+def format_time(epoch_s: float) -> str:
+    """RFC 3339 UTC with milliseconds (what Kubernetes' date-time format accepts)."""
+    moment = datetime.fromtimestamp(round(epoch_s, 3), tz=UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _epoch(moment: datetime) -> float:
+    if moment.tzinfo is None:  # a time without an offset is read as UTC, as Kubernetes writes them
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def encode_memory(memory: PlannerMemory, now_s: float) -> dict[str, Any]:
+    """The ``status.autoscaler.memory`` object for ``memory`` written at ``now_s``.
+
+    Every field is present: an absent time is ``None``, which a merge patch turns into a removal (a
+    quiet period that ended must disappear from the status, not linger)."""
+    out: dict[str, Any] = {"observedTime": format_time(now_s)}
+    for attr, wire in _TIMES.items():
+        value = _finite(getattr(memory, attr))
+        out[wire] = format_time(value) if value is not None else None
+    demand = _finite(memory.demand)
+    out["demand"] = round(max(demand, 0.0), 6) if demand is not None else None
+    out["demandSlope"] = round(_finite(memory.demand_slope) or 0.0, 6)
+    return out
+
+
+def memory_due(stored: Mapping[str, Any] | None, encoded: Mapping[str, Any], now_s: float,
+               refresh_s: float) -> bool:  # fmt: skip
+    """Whether ``encoded`` (this round's memory) must be written over ``stored`` (what the status
+    holds, as this operator last wrote or restored it)."""
+    if not stored:
+        return True
+    if any(stored.get(f) != encoded.get(f) for f in _DECISION_FIELDS):
+        return True
+    written = _parse_time(stored.get("observedTime"))
+    return written is None or now_s - written >= refresh_s
+
+
+def _parse_time(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return _epoch(datetime.fromisoformat(value.replace("Z", "+00:00")))
+    except ValueError:
+        return None
+
+
+def stored_memory(status: Mapping[str, Any] | None) -> Any:
+    """``status.autoscaler.memory`` as stored (any type; None when absent)."""
+    autoscaler = (status or {}).get("autoscaler") if isinstance(status, Mapping) else None
+    return autoscaler.get("memory") if isinstance(autoscaler, Mapping) else None
+
+
+def observed_time(status: Mapping[str, Any] | None) -> float | None:
+    """When the stored memory was written (None when absent or unreadable)."""
+    stored = stored_memory(status)
+    return _parse_time(stored.get("observedTime")) if isinstance(stored, Mapping) else None
+
+
+def decode_memory(status: Mapping[str, Any] | None, now_s: float, stale_after_s: float) -> RestoredMemory:
+    """The planner memory a fleet's ``status`` holds, for an operator that has none.
+
+    Never raises: a malformed field is dropped with a warning naming it (the others are kept), a
+    missing or malformed memory is a fresh one. Times later than ``now_s`` (another host's clock)
+    are clamped to ``now_s``. A memory written more than ``stale_after_s`` ago keeps its cooldowns
+    but not its quiet period or demand trend: nobody watched the fleet meanwhile."""
+    raw = stored_memory(status)
+    if raw is None:
+        return RestoredMemory(PlannerMemory(), None)
+    if not isinstance(raw, Mapping):
+        warning = f"{STATUS_PATH}: expected an object, got {type(raw).__name__}; starting with a fresh memory"
+        return RestoredMemory(PlannerMemory(), None, (warning,))
+    data = dict(raw)
+    warnings: list[str] = []
+    parsed: PlannerMemoryStatus | None = None
+    for _ in range(len(data) + 1):  # each pass drops at least one bad field: bounded
+        try:
+            parsed = PlannerMemoryStatus.model_validate(data)
+            break
+        except ValidationError as exc:
+            bad = {str(e["loc"][0]) for e in exc.errors() if e["loc"]}
+            warnings += [f"{line}; ignored" for line in describe_validation_error(exc, STATUS_PATH)]
+            if not bad & set(data):
+                break
+            data = {k: v for k, v in data.items() if k not in bad}
+    if parsed is None:
+        return RestoredMemory(
+            PlannerMemory(), None, (*warnings, f"{STATUS_PATH}: starting with a fresh memory")
+        )
+
+    notes: list[str] = []
+
+    def moment(field: str) -> float | None:
+        value = getattr(parsed, field)
+        if value is None:
+            return None
+        epoch = _epoch(value)
+        if epoch > now_s:
+            if epoch - now_s > FUTURE_SLACK_S:
+                wire = PlannerMemoryStatus.model_fields[field].alias or field
+                warnings.append(
+                    f"{STATUS_PATH}.{wire}: {format_time(epoch)} is {epoch - now_s:.0f}s in the future"
+                    " (clock skew?); read as now"
+                )
+            epoch = now_s
+        return epoch
+
+    observed = moment("observed_time")
+    memory = PlannerMemory(
+        last_scale_up_s=moment("last_scale_up_time"),
+        last_scale_down_s=moment("last_scale_down_time"),
+        calm_since_s=moment("calm_since"),
+        demand=parsed.demand,
+        demand_s=moment("demand_time"),
+        demand_slope=parsed.demand_slope,
+    )
+    if memory.demand is None or memory.demand_s is None:
+        memory = replace(memory, demand=None, demand_s=None)  # one without the other means nothing
+    if observed is None or now_s - observed > stale_after_s:
+        age = "of unknown age" if observed is None else f"written {now_s - observed:.0f}s ago"
+        if memory.calm_since_s is not None or memory.demand is not None or memory.demand_slope:
+            notes.append(
+                f"planner memory {age}: keeping cooldowns; the quiet period and demand trend restart"
+            )
+        memory = replace(memory, calm_since_s=None, demand=None, demand_s=None, demand_slope=0.0)
+    return RestoredMemory(memory, observed, tuple(warnings), tuple(notes))
