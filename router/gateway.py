@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import statistics
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -43,7 +44,7 @@ from .proxying import (
     request_target,
     sse_error_event,
 )
-from .records import WORKER_STATES
+from .records import SENDS_MAGIC, WORKER_STATES, SendNotice, decode_send, encode_send
 from .redis_conn import connect_redis
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
@@ -129,6 +130,11 @@ class Gateway:
         self.redis_ok = True
         self._warn = _WarnOnce()
         self._tasks: list[asyncio.Task[None]] = []
+        # own sends told to the other gateways (published off the request path, batched)
+        self.gateway_id = uuid.uuid4().hex[:12]
+        self._own_notice_prefix = SENDS_MAGIC + f"{self.gateway_id}\n".encode()
+        self._shares: list[bytes] = []
+        self._share_ready = asyncio.Event()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -162,6 +168,7 @@ class Gateway:
                 await self.refresh_once()  # route on a real view from the first request
             self._tasks.append(asyncio.create_task(self._refresh_loop()))
             self._tasks.append(asyncio.create_task(self._load_push_loop()))
+            self._tasks.append(asyncio.create_task(self._share_loop()))
         if self.config.workers:
             self._tasks.append(asyncio.create_task(self._health_loop()))
 
@@ -248,7 +255,7 @@ class Gateway:
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self.keys.loads)
+                await pubsub.subscribe(self.keys.loads, self.keys.sends)
                 backoff = 0.2
                 while True:
                     message = await pubsub.get_message(timeout=1.0)
@@ -256,6 +263,9 @@ class Gateway:
                         continue
                     data = message.get("data")
                     if not isinstance(data, bytes | str):
+                        continue
+                    if _channel(message) == self.keys.sends:
+                        self._apply_peer_send(data)
                         continue
                     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
                     worker_id, sep, raw = text.partition("\n")
@@ -271,6 +281,37 @@ class Gateway:
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
+
+    def _apply_peer_send(self, data: bytes | str) -> None:
+        if isinstance(data, bytes) and data.startswith(self._own_notice_prefix):
+            return  # our own notice back from the channel
+        try:
+            notice: SendNotice = decode_send(data)
+        except ValueError as exc:
+            self._warn(f"ignoring a malformed message on the sends channel: {exc}")
+            return
+        if notice.gateway != self.gateway_id:
+            self.view.record_peer_send(notice.worker, notice.hashes, notice.sent_at)
+
+    def _share_send(self, worker_id: str, chain: list[int], wall: float) -> None:
+        if self.redis is not None and chain:
+            self._shares.append(encode_send(self.gateway_id, worker_id, wall, chain))
+            self._share_ready.set()
+
+    async def _share_loop(self) -> None:
+        """Publish own sends on the sends channel, so other gateways count them before a summary."""
+        assert self.redis is not None
+        while True:
+            await self._share_ready.wait()
+            self._share_ready.clear()
+            batch, self._shares = self._shares, []
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                for notice in batch:
+                    pipe.publish(self.keys.sends, notice)
+                await pipe.execute()
+            except (aioredis.RedisError, OSError, TimeoutError):
+                await asyncio.sleep(0.2)  # best effort: summaries still carry the prefixes
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -390,7 +431,9 @@ class Gateway:
             worker, chain, uncached = picked
             if attempt:
                 self.metrics.retries.inc()
-            handle = self.view.record_send(worker.worker_id, chain, uncached, time.time())
+            wall = time.time()
+            handle = self.view.record_send(worker.worker_id, chain, uncached, wall)
+            self._share_send(worker.worker_id, chain, wall)
             try:
                 return await self._forward(request, body, parsed, worker, started)
             except _Retryable as exc:
@@ -582,3 +625,8 @@ async def serve(config: GatewayConfig) -> None:
         server.close()
         await front.shutdown()
         await runner.cleanup()
+
+
+def _channel(message: dict) -> str:
+    channel = message.get("channel")
+    return channel.decode("utf-8", "replace") if isinstance(channel, bytes) else str(channel)

@@ -48,6 +48,11 @@ class FleetKeys:
         return f"{self.prefix}loads"
 
     @property
+    def sends(self) -> str:
+        """Pub/sub channel: every gateway's routed requests as send notices (``records.encode_send``)."""
+        return f"{self.prefix}sends"
+
+    @property
     def events(self) -> str:
         """Pub/sub channel: change notices (member joined/left/changed state)."""
         return f"{self.prefix}events"

@@ -1,9 +1,14 @@
-"""Small JSON records a sidecar keeps in Redis next to its summary: membership and load (format v1)."""
+"""Small records in Redis next to a sidecar's summary: membership and load (JSON, format v1), and
+the send notices gateways exchange so each sees the prefixes the others just routed."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import sys
+from array import array
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -130,3 +135,58 @@ def decode_load(raw: str | bytes) -> LoadReport:
         summary_version=_typed(obj, "summary_version", int, what),
         fixed_latency_s=float(_typed(obj, "fixed_latency_s", (int, float), what, 0.0)),
     )
+
+
+# -- send notices (gateway -> gateways) --------------------------------------------------------------
+
+SENDS_MAGIC = b"PFX1"
+_GATEWAY_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+@dataclass(frozen=True, slots=True)
+class SendNotice:
+    """One gateway routed a request whose hash chain is ``hashes`` to ``worker`` at ``sent_at``."""
+
+    gateway: str
+    worker: str
+    sent_at: float  # unix seconds
+    hashes: array  # array('Q'): the request's chained block hashes, in chain order
+
+
+def encode_send(gateway: str, worker: str, sent_at: float, hashes: Sequence[int]) -> bytes:
+    """``PFX1 <gateway>\\n<worker>\\n<sent_at>\\n`` then the hashes as little-endian u64."""
+    if not _GATEWAY_ID.match(gateway):
+        raise ValueError(f"gateway id {gateway!r} must be 1-64 letters, digits, '_', '.', ':' or '-'")
+    validate_worker_id(worker)
+    blocks = array("Q", hashes)
+    if sys.byteorder != "little":
+        blocks.byteswap()
+    return SENDS_MAGIC + f"{gateway}\n{worker}\n{sent_at!r}\n".encode() + blocks.tobytes()
+
+
+def decode_send(data: bytes | str) -> SendNotice:
+    """Parse a send notice; anything malformed raises :class:`SummaryError`."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogateescape")
+    if not data.startswith(SENDS_MAGIC):
+        raise SummaryError("send notice: bad magic")
+    parts = data[len(SENDS_MAGIC) :].split(b"\n", 3)
+    if len(parts) != 4:
+        raise SummaryError("send notice: header must be gateway, worker and time lines")
+    gateway, worker, sent, body = parts
+    try:
+        gateway_s, worker_s = gateway.decode("ascii"), worker.decode("ascii")
+        sent_at = float(sent)
+    except (UnicodeDecodeError, ValueError):
+        raise SummaryError("send notice: unreadable gateway, worker or time") from None
+    if not _GATEWAY_ID.match(gateway_s) or not _WORKER_ID.match(worker_s):
+        raise SummaryError("send notice: bad gateway or worker id")
+    if not math.isfinite(sent_at) or sent_at < 0:
+        raise SummaryError("send notice: time must be a finite non-negative number")
+    if len(body) % 8:
+        raise SummaryError(f"send notice: {len(body)} bytes of hashes is not a multiple of 8")
+    hashes = array("Q")
+    hashes.frombytes(body)
+    if sys.byteorder != "little":
+        hashes.byteswap()
+    return SendNotice(gateway_s, worker_s, sent_at, hashes)

@@ -331,16 +331,22 @@ class FleetView:
         w = self.workers.get(worker_id)
         if w is None:
             return handle
-        overlay = w.overlay
-        for h in hashes:
-            overlay.pop(h, None)  # re-insert: dict order stays oldest-first for trimming
-            overlay[h] = wall_now
-        excess = len(overlay) - MAX_OVERLAY_PER_WORKER
-        if excess > 0:
-            for h in list(itertools.islice(overlay, excess)):
-                del overlay[h]
+        _add_to_overlay(w.overlay, hashes, wall_now)
         w.sends[handle] = _Send(wall_now, uncached_tokens)
         return handle
+
+    def record_peer_send(self, worker_id: str, hashes: Iterable[int], sent_at: float) -> None:
+        """Another gateway sent a request with this chain to ``worker_id``: until a summary generated
+        after it shows the prefix (or its eviction), count it as cached there like an own send.
+
+        Without this, a prefix gateway A just routed is invisible to gateway B until the worker's
+        next summary reaches B (a publish plus a refresh interval, more under CPU load), and B
+        sends the conversation's next turn elsewhere as a miss. Its load still comes from the
+        sidecar's pushed load records.
+        """
+        w = self.workers.get(worker_id)
+        if w is not None:
+            _add_to_overlay(w.overlay, hashes, sent_at)
 
     def record_done(self, worker_id: str, handle: int, wall_now: float | None = None) -> None:
         """The answer to a send ended (``wall_now`` when known: reports older than it still count it)."""
@@ -365,3 +371,13 @@ class FleetView:
                 stale.append(h)
             for h in stale:
                 del w.overlay[h]
+
+
+def _add_to_overlay(overlay: dict[int, float], hashes: Iterable[int], sent_at: float) -> None:
+    for h in hashes:
+        overlay.pop(h, None)  # re-insert: dict order stays (roughly) oldest-first for trimming
+        overlay[h] = sent_at
+    excess = len(overlay) - MAX_OVERLAY_PER_WORKER
+    if excess > 0:
+        for h in list(itertools.islice(overlay, excess)):
+            del overlay[h]
