@@ -29,7 +29,9 @@ The simulator reads each replica only through :meth:`ReplicaModel.view`, which b
 from __future__ import annotations
 
 import contextlib
+import heapq
 import math
+import random
 from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass, replace
@@ -51,6 +53,7 @@ _EMULATOR_ONLY = (
     "summary_interval_s",
     "summary_delay_s",
     "overlay_slack_s",
+    "forward_delay_s",
 )
 
 
@@ -79,6 +82,9 @@ class ServiceConfig:
     summary_interval_s: float = 0.0
     summary_delay_s: float = 0.0
     overlay_slack_s: float = 0.0
+    # emulator only: a routed request reaches its sidecar and engine this long after the gateway sent
+    # it (until then no load record counts it, though one built meanwhile is newer than the send)
+    forward_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.service not in SERVICE_MODELS:
@@ -97,6 +103,7 @@ class ServiceConfig:
             "summary_interval_s",
             "summary_delay_s",
             "overlay_slack_s",
+            "forward_delay_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -148,6 +155,7 @@ class ServiceConfig:
             summary_interval_s=self.summary_interval_s * factor,
             summary_delay_s=self.summary_delay_s * factor,
             overlay_slack_s=self.overlay_slack_s * factor,
+            forward_delay_s=self.forward_delay_s * factor,
         )
 
     def emulator_config(self, cache_tokens: int) -> EmulatorConfig:
@@ -494,8 +502,11 @@ class EmulatedReplica(ReplicaModel):
     plus their own recent sends (which they count even where the mirror has evicted them since).
     """
 
-    def __init__(self, replica_id: int, capacity_tokens: int, config: ServiceConfig) -> None:
+    def __init__(
+        self, replica_id: int, capacity_tokens: int, config: ServiceConfig, rng: random.Random | None = None
+    ) -> None:
         super().__init__(replica_id, capacity_tokens, config)
+        self.rng = rng  # given: forwarding delays are exponential with mean forward_delay_s
         self.engine = EngineModel(config.emulator_config(capacity_tokens))
         self.tree = self.engine.tree
         self.mirror = RadixTree(capacity_tokens)  # the sidecar's prediction of the engine's cache
@@ -515,6 +526,7 @@ class EmulatedReplica(ReplicaModel):
         self._summary_at: float | None = None  # next summary publish (the mirror changed)
         self._summaries: deque[tuple[float, float, RadixTree]] = deque()  # (seen at, generated, tree)
         self._overlays: dict[int, _Overlay] = {}
+        self._forwarded: list[tuple[float, int, Job, _Send]] = []  # heap: (reaches the sidecar at, ...)
 
     def carry_sidecar_from(self, earlier: EmulatedReplica) -> None:
         """Start with what the sidecar of ``earlier`` measured (its prefill rate, its engine's fixed
@@ -569,27 +581,39 @@ class EmulatedReplica(ReplicaModel):
         return self.load.queued
 
     def accept(self, job: Job, now: float, gateway: int = 0) -> None:
-        rid = str(job.index)
         if job.total + job.output_left > self.tree.capacity_tokens:
             # A live engine answers 400; a simulated fleet that cannot serve its workload is a setup error.
             raise ValueError(
                 f"request #{job.index}: {job.total} prompt + {job.output_left} output tokens exceed the "
                 f"{self.tree.capacity_tokens}-token KV pool of an emulated engine, which would refuse it"
             )
-        # The emulator's deterministic continuation: it is cached with the prompt when done.
-        words = generated_words(generation_seed(job.tokens), job.output_left)
-        output = as_token_bytes(generated_tokens(words))
-        self.engine.submit(EngineRequest(rid, job.tokens, job.output_left, output, now))
-        predicted = self._mirror_admit(job.tokens, now)
-        if self.config.summary_interval_s:
-            self._overlays.setdefault(gateway, _Overlay()).add(now, job.tokens)
-        handle = self.load.admit(job.total - predicted, now, timed=True)
+        # The gateway's side, now: its own send (counted until a load record counts it) and overlay.
         send = _Send(now, job.est_uncached)
         self._sends.setdefault(gateway, []).append(send)
-        self._jobs[rid] = (job, handle, send)
-        job.start_s = now
+        if self.config.summary_interval_s:
+            self._overlays.setdefault(gateway, _Overlay()).add(now, job.tokens)
         self.routed += 1
-        self._load_changed(now)
+        delay = self.config.forward_delay_s
+        if delay and self.rng is not None:
+            delay = self.rng.expovariate(1.0 / delay)
+        heapq.heappush(self._forwarded, (now + delay, job.index, job, send))
+        if not delay:
+            self._arrive(now)
+
+    def _arrive(self, now: float) -> None:
+        """Forwarded requests reach the sidecar (mirror, load tracker) and the engine's queue."""
+        while self._forwarded and self._forwarded[0][0] <= now:
+            _, _, job, send = heapq.heappop(self._forwarded)
+            rid = str(job.index)
+            # The emulator's deterministic continuation: it is cached with the prompt when done.
+            words = generated_words(generation_seed(job.tokens), job.output_left)
+            output = as_token_bytes(generated_tokens(words))
+            self.engine.submit(EngineRequest(rid, job.tokens, job.output_left, output, now))
+            predicted = self._mirror_admit(job.tokens, now)
+            handle = self.load.admit(job.total - predicted, now, timed=True)
+            self._jobs[rid] = (job, handle, send)
+            job.start_s = now
+            self._load_changed(now)
         if self._step is None:
             self._plan(now)
 
@@ -629,6 +653,8 @@ class EmulatedReplica(ReplicaModel):
 
     def next_event_s(self) -> float | None:
         times = [t for t in (self._step_end, self._push_at, self._summary_at) if t is not None]
+        if self._forwarded:
+            times.append(self._forwarded[0][0])
         if self._in_transit:
             times.append(self._in_transit[0][0])
         if self._summaries:
@@ -637,6 +663,8 @@ class EmulatedReplica(ReplicaModel):
 
     def on_event(self, now: float) -> list[Job]:
         finished = self._commit(now) if self._step_end is not None and self._step_end <= now else []
+        if self._forwarded and self._forwarded[0][0] <= now:
+            self._arrive(now)
         if self._push_at is not None and self._push_at <= now:
             self._push(now)
         while self._in_transit and self._in_transit[0][0] <= now:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import math
 import os
+import random
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -300,18 +301,22 @@ async def _flush(session: aiohttp.ClientSession, url: str) -> None:
 # check runs the same engine model the live fleet runs.
 _EMULATOR_DEFAULTS = EmulatorConfig()
 # How the gateways learn about the engines, in wall seconds, for the simulator's emulator model: a
-# sidecar pushes a load change at most every push_min_interval_s (gateways are assumed to see it 2 ms
-# later: Redis pub/sub on loopback plus a busy event loop); it publishes its mirror's summary every
-# publish_interval_s, which a gateway fetches at its next refresh (on average half an interval
-# later) and then still counts its own sends from up to OVERLAY_SUMMARY_SLACK_S before it.
+# request reaches its sidecar and engine ~4 ms after the gateway sent it (measured on a busy 2-core
+# machine: client send to the sidecar's load push, median 4.6 ms, p90 23 ms; exponential in the
+# simulator); a sidecar pushes a load change at most every push_min_interval_s and gateways see it
+# ~2 ms later (measured median 2.1 ms); it publishes its mirror's summary every publish_interval_s,
+# which a gateway fetches at its next refresh (on average half an interval later) and then still
+# counts its own sends from up to OVERLAY_SUMMARY_SLACK_S before it.
 _SIDECAR = {f.name: f.default for f in fields(SidecarConfig)}
 _GATEWAY = {f.name: f.default for f in fields(GatewayConfig)}
+SIM_REALIZATIONS = 8
 LIVE_VIEW_TIMING: dict[str, float] = {
     "report_gap_s": _SIDECAR["push_min_interval_s"],
     "report_delay_s": 0.002,
     "summary_interval_s": _SIDECAR["publish_interval_s"],
     "summary_delay_s": _GATEWAY["refresh_interval_s"] / 2,
     "overlay_slack_s": OVERLAY_SUMMARY_SLACK_S,
+    "forward_delay_s": 0.004,
 }
 
 
@@ -458,7 +463,12 @@ def live_tokens(tokens: bytes) -> bytes:
 
 
 def simulate_policies(
-    requests: Sequence[Any], policies: Sequence[str], spec: FleetSpec, *, carry_sidecars: bool = True
+    requests: Sequence[Any],
+    policies: Sequence[str],
+    spec: FleetSpec,
+    *,
+    carry_sidecars: bool = True,
+    realizations: int = SIM_REALIZATIONS,
 ) -> dict[str, dict[str, Any]]:
     """The same requests through the simulator with the emulator's scheduler and the same fleet shape.
 
@@ -468,7 +478,12 @@ def simulate_policies(
     their cost model are wall-clock, and a sidecar reports wall-clock prefill rates. Policies run
     in the given order and, with ``carry_sidecars``, each starts with what the sidecars measured
     during the one before (prefill rate, fixed latency), as live: :meth:`LocalFleet.reset` flushes
-    the caches and restarts the gateways, not the sidecars. TTFTs are reported in modelled ms.
+    the caches and restarts the gateways, not the sidecars.
+
+    Load-sensitive policies turn a few milliseconds of forwarding delay into different placements,
+    so one run is one draw of a chaotic process. The fleet is simulated ``realizations`` times
+    with seeded random forwarding delays (0: once, with the mean delay). Per request, the figures are
+    averaged over the draws. The TTFTs and percentiles are in modelled ms.
     """
     scale = spec.engine.time_scale
     service = replace(sim_service(spec.engine).scaled_time(1.0 / scale), **LIVE_VIEW_TIMING)
@@ -478,21 +493,39 @@ def simulate_policies(
     ]
     # What a gateway starts from: the configured engine speed in wall-clock tokens/s, nothing else.
     cost = CostModel(prefill_s_per_token=service.prefill_s_per_token)
+    draws: dict[str, list[Any]] = {name: [] for name in policies}
+    for draw in range(max(realizations, 1)):
+        earlier: list[EmulatedReplica] = []
+        for name in policies:
+            # One policy instance per gateway: live, each gateway keeps its own routing state.
+            routers = [make_policy(name, cost) for _ in range(spec.gateways)]
+            replicas = [
+                EmulatedReplica(
+                    i,
+                    fleet.cache_tokens,
+                    service,
+                    rng=random.Random(f"{draw}/{name}/{i}") if realizations else None,
+                )
+                for i in range(spec.replicas)
+            ]
+            if carry_sidecars:
+                for replica, before in zip(replicas, earlier, strict=False):
+                    replica.carry_sidecar_from(before)
+            draws[name].append(simulate(on_wall_clock, routers, fleet, progress=False, replicas=replicas))
+            earlier = replicas
     out = {}
-    earlier: list[EmulatedReplica] = []
-    for name in policies:
-        # One policy instance per gateway: live, each gateway keeps its own routing state.
-        routers = [make_policy(name, cost) for _ in range(spec.gateways)]
-        replicas = [EmulatedReplica(i, fleet.cache_tokens, service) for i in range(spec.replicas)]
-        if carry_sidecars:
-            for replica, before in zip(replicas, earlier, strict=False):
-                replica.carry_sidecar_from(before)
-        result = simulate(on_wall_clock, routers, fleet, progress=False, replicas=replicas)
-        earlier = replicas
-        result.ttft_s = [t * scale for t in result.ttft_s]
-        m = summarize_sim(result)
+    for name, runs in draws.items():
+        n = len(runs)
+        # Per request: the mean TTFT (modelled seconds) and cached tokens over the draws.
+        averaged = replace(
+            runs[0],
+            ttft_s=[scale * sum(ts) / n for ts in zip(*(r.ttft_s for r in runs), strict=True)],
+            cached_tokens=[round(sum(cs) / n) for cs in zip(*(r.cached_tokens for r in runs), strict=True)],
+        )
+        m = summarize_sim(averaged)
         out[name] = {k: m[k] for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate")}
-        out[name]["ttft_ms_by_request"] = [t * 1000.0 for t in result.ttft_s]
+        out[name]["ttft_ms_by_request"] = [t * 1000.0 for t in averaged.ttft_s]
+        out[name]["realizations"] = n
     return out
 
 
