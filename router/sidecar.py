@@ -140,6 +140,7 @@ class SidecarState:
     engine: _EngineInfo = field(default_factory=_EngineInfo)
     summary_version: int = 0
     published_changes: int = -1
+    pushed_load: tuple[object, ...] | None = None  # the queue figures of the last load record written
     load_seq: int = 0
     next_summary_at: float = 0.0  # monotonic: earliest next summary rebuild
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # any reason to publish (load or state)
@@ -389,7 +390,8 @@ class Sidecar:
             else:
                 pipe.pexpire(self.keys.summary(self.s.worker_id), ttl_ms)
         self.s.load_seq += 1
-        load = encode_record(self.load_report())
+        report = self.load_report()
+        load = encode_record(report)
         pipe.set(self.keys.load(self.s.worker_id), load, px=ttl_ms)
         if self.config.push_load:
             # Gateways subscribed to this channel see every worker's load within milliseconds, so
@@ -398,6 +400,18 @@ class Sidecar:
         if register and self.config.self_register:
             pipe.hset(self.keys.members, self.s.worker_id, encode_record(self.member_record()))
         await pipe.execute()
+        self.s.pushed_load = self._queue_figures(report)
+
+    @staticmethod
+    def _queue_figures(report: LoadReport) -> tuple[object, ...]:
+        """What a load push is for: the figures that change as requests come and go."""
+        return (
+            report.state,
+            report.engine_ok,
+            report.in_flight,
+            report.queued,
+            report.pending_prefill_tokens,
+        )
 
     def load_changed(self) -> None:
         """A request arrived, started answering or finished: push the new load soon (coalesced)."""
@@ -417,7 +431,12 @@ class Sidecar:
             periodic = state_change or now - last_periodic >= interval or not self.s.redis_ok
             register = periodic and (state_change or now - last_register >= 2.0 or not self.s.redis_ok)
             try:
-                await self.publish_once(register=register, periodic=periodic)
+                if not periodic and self._queue_figures(self.load_report()) == self.s.pushed_load:
+                    # Requests came and went between two pushes and left the queue as gateways last
+                    # saw it: nothing to tell them (the periodic round refreshes the slow figures).
+                    pass
+                else:
+                    await self.publish_once(register=register, periodic=periodic)
                 if periodic:
                     last_periodic = now
                 if state_change:
