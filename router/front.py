@@ -33,6 +33,7 @@ log = logging.getLogger("prefixfleet.front")
 _MAX_HEAD_BYTES = 8190  # aiohttp's own line limit: a longer head is aiohttp's to refuse
 _PIPELINE_PAUSE_BYTES = 256 * 1024  # stop reading while a handler runs and this much is queued
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
+_NO_BODY_STATUS = frozenset({204, 304})
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 HotHandler = Callable[["HotRequest"], Awaitable[web.StreamResponse | Any]]
@@ -146,7 +147,12 @@ class HotRequest:
             b"HTTP/1.1 %d %s\r\n" % (response.status, (response.reason or _reason(response.status)).encode())
         ]
         head.extend(_header_lines(response.headers))
-        head.append(b"Content-Length: %d\r\n" % len(data))
+        if response.status in _NO_BODY_STATUS or response.status < 200:
+            data = b""  # these answers carry no body and no Content-Length (RFC 9110)
+        else:
+            if data and "Content-Type" not in response.headers:
+                head.append(b"Content-Type: application/octet-stream\r\n")  # as aiohttp would
+            head.append(b"Content-Length: %d\r\n" % len(data))
         head.append(conn.front.date.line())
         if response.keep_alive is False:
             conn.close_after = True
