@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -227,3 +228,14 @@ def test_up_sim_check_averages_seeded_draws_of_forwarding_delays_per_request(bus
         assert m["mean_ttft_ms"] == pytest.approx(sum(m["ttft_ms_by_request"]) / len(reqs), abs=1e-3)
     once = simulate_policies(reqs, ["round_robin"], spec, realizations=0)
     assert once["round_robin"]["realizations"] == 1
+
+
+def test_up_sim_check_leaves_out_what_the_engines_would_refuse(busy_requests) -> None:
+    from prefixfleet.fleet.local import EngineSettings, FleetSpec, simulate_policies
+
+    spec = FleetSpec(2, 2, EngineSettings(cache_tokens=1000, prefill_tokens_per_s=10_000.0, time_scale=0.5))
+    reqs = busy_requests[:40]
+    fits = [r.num_tokens + r.output_tokens <= 1000 for r in reqs]
+    assert any(fits) and not all(fits)
+    got = simulate_policies(reqs, ["round_robin"], spec, realizations=1)["round_robin"]["ttft_ms_by_request"]
+    assert [not math.isnan(t) for t in got] == fits

@@ -488,8 +488,13 @@ def simulate_policies(
     scale = spec.engine.time_scale
     service = replace(sim_service(spec.engine).scaled_time(1.0 / scale), **LIVE_VIEW_TIMING)
     fleet = FleetConfig(spec.replicas, spec.engine.cache_tokens or _EMULATOR_DEFAULTS.cache_tokens, service)
+    # An engine refuses a request its KV pool cannot hold (live: an error, no TTFT): leave it out.
+    served = [
+        i for i, r in enumerate(requests) if r.num_tokens + max(r.output_tokens, 1) <= fleet.cache_tokens
+    ]
     on_wall_clock = [
-        replace(r, arrival_s=r.arrival_s / scale, tokens=live_tokens(r.tokens)) for r in requests
+        replace(r, arrival_s=r.arrival_s / scale, tokens=live_tokens(r.tokens))
+        for r in (requests[i] for i in served)
     ]
     # What a gateway starts from: the configured engine speed in wall-clock tokens/s, nothing else.
     cost = CostModel(prefill_s_per_token=service.prefill_s_per_token)
@@ -516,6 +521,11 @@ def simulate_policies(
     out = {}
     for name, runs in draws.items():
         n = len(runs)
+        if not on_wall_clock:
+            out[name] = {"mean_ttft_ms": math.nan, "p50_ttft_ms": math.nan, "p99_ttft_ms": math.nan}
+            out[name] |= {"hit_rate": 0.0, "ttft_ms_by_request": [math.nan] * len(requests)}
+            out[name]["realizations"] = n
+            continue
         # Per request: the mean TTFT (modelled seconds) and cached tokens over the draws.
         averaged = replace(
             runs[0],
@@ -524,7 +534,10 @@ def simulate_policies(
         )
         m = summarize_sim(averaged)
         out[name] = {k: m[k] for k in ("mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate")}
-        out[name]["ttft_ms_by_request"] = [t * 1000.0 for t in averaged.ttft_s]
+        by_request = [math.nan] * len(requests)
+        for i, t in zip(served, averaged.ttft_s, strict=True):
+            by_request[i] = t * 1000.0
+        out[name]["ttft_ms_by_request"] = by_request
         out[name]["realizations"] = n
     return out
 
