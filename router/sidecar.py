@@ -317,6 +317,13 @@ class Sidecar:
             rate, scale = emulated.get("prefill_tokens_per_s"), emulated.get("time_scale")
             if isinstance(rate, int | float) and isinstance(scale, int | float) and rate > 0 and scale > 0:
                 self.s.load.prefill_tokens_per_s = float(rate) * float(scale)
+        if isinstance(emulated, dict) and not self.s.load.latency_samples:
+            # ...and its fixed cost per iteration (a prefill pass, then a decode step): the first
+            # estimate of the latency no queued token explains, until requests measure it. Without
+            # it a cold fleet's idle replicas look free for the first requests.
+            costs = [emulated.get(k) for k in ("prefill_overhead_s", "decode_step_s", "time_scale")]
+            if all(isinstance(v, int | float) and v >= 0 for v in costs) and costs[2] > 0:
+                self.s.load.fixed_latency_s = (costs[0] + costs[1]) / costs[2]
         identity = CacheIdentity(model, revision, self.config.adapter)
         if identity != self.s.mirror.identity:
             # A different cache identity names different blocks: start the mirror afresh.

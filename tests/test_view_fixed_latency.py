@@ -8,9 +8,14 @@ from busy holders of a prefix far more often than the simulator does on the same
 
 from __future__ import annotations
 
-import pytest
+import time
 
+import pytest
+from fleet_fixtures import free_port, prefixfleet_argv, wait_for_http
+
+from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.router.blockhash import CacheIdentity
+from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.policies import CostModel, make_policy
 from prefixfleet.router.policies.base import RouteRequest
@@ -135,3 +140,44 @@ def test_queue_aware_keeps_a_busy_holder_once_the_engines_fixed_latency_is_in_th
     policy = make_policy("queue_aware", CostModel(prefill_s_per_token=1.0 / RATE))
     decision = policy.choose(RouteRequest(tokens=b"", num_tokens=n, now=100.5), rows)
     assert decision.replica_id == expected
+
+
+@pytest.mark.timeout(60)
+def test_a_sidecar_in_front_of_the_emulator_starts_from_its_stated_step_costs(spawn, redis_server) -> None:
+    # The emulator states its timing in /get_server_info, as it does its prefill speed: a cold
+    # sidecar publishes (prefill pass overhead + decode step) / time scale before any request.
+    engine_port, sidecar_port = free_port(), free_port()
+    engine = spawn(
+        prefixfleet_argv("emulator", "--port", str(engine_port), "--time-scale", "4"), name="engine"
+    )
+    wait_for_http(f"http://127.0.0.1:{engine_port}/health", proc=engine.proc)
+    sidecar = spawn(
+        prefixfleet_argv(
+            "router",
+            "sidecar",
+            "--engine",
+            f"http://127.0.0.1:{engine_port}",
+            "--redis",
+            redis_server.url,
+            "--port",
+            str(sidecar_port),
+            "--worker-id",
+            "w0",
+            "--fleet",
+            "t",
+            "--publish-interval",
+            "0.1",
+        ),
+        name="sidecar",
+    )
+    wait_for_http(f"http://127.0.0.1:{sidecar_port}/prefixfleet/status", proc=sidecar.proc)
+    stated = EmulatorConfig()
+    expected = (stated.prefill_overhead_s + stated.decode_step_s) / 4
+    client = redis_server.client()
+    for _ in range(100):  # bounded: the load record is republished every 0.1 s
+        raw = client.get(FleetKeys("t").load("w0"))
+        if raw is not None and decode_load(raw).fixed_latency_s > 0:
+            break
+        time.sleep(0.05)
+    assert raw is not None
+    assert decode_load(raw).fixed_latency_s == pytest.approx(expected, rel=0.01)
