@@ -276,13 +276,14 @@ async def autoscale_round(
         now, spec.replicas, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
     )
     plan = plan_scale(observed, scale_policy(spec), state.memory)
-    state.memory = plan.memory
     status: dict[str, Any] = {}
     memory = encode_memory(plan.memory, now)
     refresh = refresh_period(spec.autoscaling.interval_seconds)
     if (plan.add or plan.drain) and memory_due(state.stored_memory, memory, now, refresh):
-        # written before the scale: an operator dying in between must not forget the cooldown
+        # written before the scale: an operator dying in between must not forget the cooldown (and a
+        # failed write leaves the old memory here too: the next round may plan the scale again)
         await _write_memory(ctx, state, namespace, name, memory)
+    state.memory = plan.memory
     engine_status = {"source": reading.source, "reason": reading.reason[:1024]}
     if engine_status != (fleet.get("status") or {}).get("engineMetrics"):
         status["engineMetrics"] = engine_status

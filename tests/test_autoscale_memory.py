@@ -225,3 +225,19 @@ def test_a_restored_memory_holds_the_scale_up_cooldown_a_fresh_one_would_not() -
     assert plan_scale(busy_fleet(NOW), policy, restored).add == 0  # inside the remembered cooldown
     assert plan_scale(busy_fleet(NOW), policy, PlannerMemory()).add == 1  # what a fresh operator did
     assert plan_scale(busy_fleet(scaled_at + 60), policy, restored).add == 1  # once it has passed
+
+
+def quiet_fleet(now: float) -> FleetObservation:
+    replicas = tuple(ReplicaObservation(f"r{i}", "ready") for i in range(3))
+    return FleetObservation(now_s=now, replicas=replicas)
+
+
+def test_a_restored_quiet_period_is_not_restarted_by_the_restart() -> None:
+    policy = ScalePolicy(mode="prefix_aware", max_replicas=4, scale_down_stabilization_s=60)
+    calm_since = NOW - 50
+    written = PlannerMemory(last_scale_up_s=NOW - 3600, calm_since_s=calm_since)
+    restored = decode_memory(status_of(stored(encode_memory(written, NOW - 1))), NOW, STALE).memory
+    assert plan_scale(quiet_fleet(NOW), policy, restored).drain == ()  # 50 s of the 60 s window
+    assert len(plan_scale(quiet_fleet(calm_since + 60), policy, restored).drain) == 1  # 10 s later
+    # a fresh memory would have waited the whole window again from the restart
+    assert plan_scale(quiet_fleet(calm_since + 60), policy, PlannerMemory()).drain == ()

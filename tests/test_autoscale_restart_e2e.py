@@ -9,20 +9,26 @@ Specification (a fleet of 1 allowed to grow to 3, scaleUpCooldownSeconds 30, eve
 * it is killed (SIGKILL) inside the cooldown and started again: the new process restores the memory
   from the status (its log says so), and although the fleet stays saturated its next scale-up
   (2 -> 3) comes only after the remembered cooldown — a fresh memory would have scaled at once;
-* the status still holds the memory afterwards, rewritten by the new process.
+* the status still holds the memory afterwards, rewritten by the new process;
+* a malformed memory in the status (written by hand, another version) does not stop the operator: it
+  logs a warning naming each bad field, keeps the good ones and writes a valid memory back.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
-from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, wait_for
+from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, running_redis, wait_for
 from tests.test_autoscale_e2e import FLEET, autoscaled, fleet, gateway_url, ready_pods
 
 __all__ = ["autoscaled"]  # the fixture, shared with the burst test
@@ -139,3 +145,43 @@ def test_a_restarted_operator_keeps_the_scale_up_cooldown_from_the_status(
     assert "lastScaleDownTime" not in stored and "demandSlope" in stored
     new_log = operator.log_path.read_text(errors="replace")[len(log_before) :]
     assert "planner memory restored from status" in new_log, new_log[-3000:]
+
+
+@pytest.fixture
+def cluster_without_operator(tmp_path: Path) -> Iterator[tuple[EmulatedCluster, OperatorProcess]]:
+    """The emulated cluster (no kubelet: pods never start) and an operator not started yet."""
+    with running_redis(tmp_path) as redis_url:
+        cluster = EmulatedCluster(tmp_path / "cluster")
+        operator = OperatorProcess(cluster, redis_url)
+        operator.extra_args = ["--metrics-port", "0"]
+        try:
+            cluster.install_crd()
+            yield cluster, operator
+        finally:
+            print("--- operator log (tail) ---\n" + operator.log_tail(80), file=sys.stderr)
+            operator.stop()
+            cluster.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_malformed_memory_in_the_status_is_named_in_a_warning_and_replaced(
+    cluster_without_operator: tuple[EmulatedCluster, OperatorProcess],
+) -> None:
+    cluster, operator = cluster_without_operator
+    cluster.apply(saturating_fleet())
+    recent = datetime.fromtimestamp(time.time() - 5).astimezone().isoformat()
+    bad = {"observedTime": recent, "lastScaleUpTime": recent, "calmSince": "soon", "demandSlope": "steep"}
+    cluster.kubectl("patch", "pcf", FLEET, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"autoscaler": {"memory": bad}}}))  # fmt: skip
+    assert memory(cluster)["calmSince"] == "soon"
+
+    operator.start()
+    stored = wait_for(lambda: (m := memory(cluster)).get("calmSince") != "soon" and m, 60,
+                      what="the operator to write a valid memory")  # fmt: skip
+    log = operator.log_path.read_text(errors="replace")
+    for field in ("calmSince", "demandSlope"):
+        assert f"status.autoscaler.memory.{field}:" in log, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+    # the good field survived: the remembered scale-up is still the one written by hand
+    assert abs(epoch(stored["lastScaleUpTime"]) - epoch(recent)) < 0.001, stored
+    assert epoch(stored["observedTime"]) > epoch(recent) and isinstance(stored["demandSlope"], int | float)
