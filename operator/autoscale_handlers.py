@@ -22,8 +22,9 @@ Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.ena
      ``spec.replicas`` is lowered: the reconcile loop drains exactly that pod, then deletes it;
    * ``status.lastScaleTime``, ``lastScaleReason``, ``hotPrefixes`` (hashes only), an Event with the
      plan's reason, and the operator's Prometheus metrics;
-   * ``status.autoscaler.memory`` when the planner's memory changed a decision time (before the
-     scale itself, so a crash in between cannot forget it) or the stored copy is due a refresh.
+   * ``status.autoscaler.memory`` on a scale (before the scale itself, so a crash in between cannot
+     forget it), when a stored quiet period ended, when the stored copy is due a refresh, and along
+     with any other status patch (:func:`~.autoscale_memory.memory_due`).
 """
 
 from __future__ import annotations

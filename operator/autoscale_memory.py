@@ -7,8 +7,8 @@ operator without it in memory restores it from there. Times are the planner's cl
 epoch seconds) written as RFC 3339 UTC with milliseconds.
 
 Writing every round would patch the API server every ``intervalSeconds`` (``demandTime`` moves each
-round), so :func:`memory_due` asks for a write only when a decision time changes (a scale, the quiet
-period starting or ending) or the stored copy is older than the refresh period. ``observedTime`` (the
+round), so :func:`memory_due` asks for a write only when a scale happened, a stored quiet period
+ended, or the stored copy is older than the refresh period. ``observedTime`` (the
 write's time) tells a restarted operator whether the quiet period and the demand trend are still
 fresh: if nobody watched the fleet for longer than a few refresh periods they restart, while the
 cooldowns (facts about past scaling) are always kept.
@@ -39,8 +39,8 @@ _TIMES = {
     "calm_since_s": "calmSince",
     "demand_s": "demandTime",
 }
-# what the planner decides on: a change here is written at once
-_DECISION_FIELDS = ("lastScaleUpTime", "lastScaleDownTime", "calmSince")
+# a change here is written at once: forgetting a scale would let a restarted operator scale again
+_SCALE_FIELDS = ("lastScaleUpTime", "lastScaleDownTime")
 WIRE_FIELDS = ("observedTime", *_TIMES.values(), "demand", "demandSlope")
 
 
@@ -91,10 +91,17 @@ def encode_memory(memory: PlannerMemory, now_s: float) -> dict[str, Any]:
 def memory_due(stored: Mapping[str, Any] | None, encoded: Mapping[str, Any], now_s: float,
                refresh_s: float) -> bool:  # fmt: skip
     """Whether ``encoded`` (this round's memory) must be written over ``stored`` (what the status
-    holds, as this operator last wrote or restored it)."""
+    holds, as this operator last wrote it).
+
+    A scale is written at once. So is the end of a stored quiet period: a restarted operator must not
+    believe the fleet has been quiet since before it got busy. A quiet period that just began waits
+    for the next write (a restart forgetting it only delays a scale-down), so a fleet hovering at the
+    edge of quiet does not patch its status every round."""
     if not stored:
         return True
-    if any(stored.get(f) != encoded.get(f) for f in _DECISION_FIELDS):
+    if any(stored.get(f) != encoded.get(f) for f in _SCALE_FIELDS):
+        return True
+    if stored.get("calmSince") is not None and stored.get("calmSince") != encoded.get("calmSince"):
         return True
     written = _parse_time(stored.get("observedTime"))
     return written is None or now_s - written >= refresh_s

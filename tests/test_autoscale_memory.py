@@ -188,7 +188,7 @@ def test_future_times_are_read_as_now_with_a_warning_beyond_small_skew() -> None
 # ------------------------------------------------------------------ when to write
 
 
-def test_a_write_is_due_for_a_new_decision_time_or_an_old_copy_not_for_a_moved_demand_sample() -> None:
+def test_a_write_is_due_for_a_scale_an_ended_quiet_period_or_an_old_copy_not_for_a_moved_sample() -> None:
     base = encode_memory(FULL, NOW)
     refresh = refresh_period(1.0)
     assert refresh == MEMORY_REFRESH_S and refresh_period(120.0) == 120.0
@@ -201,7 +201,11 @@ def test_a_write_is_due_for_a_new_decision_time_or_an_old_copy_not_for_a_moved_d
     scaled = PlannerMemory(**{**_fields(FULL), "last_scale_up_s": NOW + 1})
     assert memory_due(copy, encode_memory(scaled, NOW + 1), NOW + 1, refresh)
     busy = PlannerMemory(**{**_fields(FULL), "calm_since_s": None})
-    assert memory_due(copy, encode_memory(busy, NOW + 1), NOW + 1, refresh)
+    assert memory_due(copy, encode_memory(busy, NOW + 1), NOW + 1, refresh)  # quiet period ended
+    busy_copy = stored(encode_memory(busy, NOW))
+    # a quiet period that just began can wait: forgetting it only delays a scale-down
+    assert not memory_due(busy_copy, encode_memory(FULL, NOW + 1), NOW + 1, refresh)
+    assert memory_due(busy_copy, encode_memory(FULL, NOW + refresh), NOW + refresh, refresh)
 
 
 def _fields(memory: PlannerMemory) -> dict[str, Any]:
