@@ -43,7 +43,13 @@ from prefixfleet.emulator.text import generated_tokens, generated_words, generat
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
 from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.policies import CostModel, ReplicaState, RouteRequest
-from prefixfleet.router.radix import TOKEN_BYTES, CacheFullError, RadixTree, as_token_bytes
+from prefixfleet.router.radix import (
+    TOKEN_BYTES,
+    CacheFullError,
+    RadixTree,
+    as_token_bytes,
+    common_prefix_bytes,
+)
 
 SERVICE_MODELS = ("fifo", "batched", "emulator")
 _EMULATOR_ONLY = (
@@ -466,6 +472,38 @@ class _Send:
     done_at: float = math.inf
 
 
+class _FrozenPrefixes:
+    """A published summary: an immutable copy of a radix tree's cached prefixes, for matching only.
+
+    Copying shares the (immutable) edge bytes, so it costs one step per node, not per token.
+    """
+
+    __slots__ = ("_root",)
+
+    def __init__(self, tree: RadixTree) -> None:
+        self._root: tuple[bytes, dict[bytes, Any]] = (b"", {})
+        stack = [(self._root[1], tree.root())]
+        while stack:
+            into, node = stack.pop()
+            for key, child in node.children.items():
+                copy: tuple[bytes, dict[bytes, Any]] = (child.edge, {})
+                into[key] = copy
+                stack.append((copy[1], child))
+
+    def matched_tokens(self, key: bytes) -> int:
+        children, pos, n = self._root[1], 0, len(key)
+        while pos < n:
+            child = children.get(key[pos : pos + TOKEN_BYTES])
+            if child is None:
+                break
+            edge, grandchildren = child
+            if not key.startswith(edge, pos):
+                return pos // TOKEN_BYTES + common_prefix_bytes(edge, key, pos)
+            pos += len(edge)
+            children = grandchildren
+        return pos // TOKEN_BYTES
+
+
 class _Overlay:
     """One gateway's recent sends to one replica (router/view.py's overlay): prompts it counts as
     cached there until a summary generated ``slack`` after the send covers them."""
@@ -521,10 +559,10 @@ class EmulatedReplica(ReplicaModel):
         self._last_push = -math.inf
         self._sends: dict[int, list[_Send]] = {}  # gateway -> its sends here not yet irrelevant
         # what gateways match against: None = the mirror itself (no summary lag)
-        self._summary: RadixTree | None = None
+        self._summary: _FrozenPrefixes | None = None
         self._summary_generated = -math.inf
         self._summary_at: float | None = None  # next summary publish (the mirror changed)
-        self._summaries: deque[tuple[float, float, RadixTree]] = deque()  # (seen at, generated, tree)
+        self._summaries: deque[tuple[float, float, _FrozenPrefixes]] = deque()  # (seen at, generated, ...)
         self._overlays: dict[int, _Overlay] = {}
         self._forwarded: list[tuple[float, int, Job, _Send]] = []  # heap: (reaches the sidecar at, ...)
 
@@ -635,13 +673,9 @@ class EmulatedReplica(ReplicaModel):
             self._summary_at = (math.floor(now / interval) + 1) * interval
 
     def _publish_summary(self, now: float) -> None:
+        # (a summary holds whole blocks only: matches are floored to blocks when shown)
         self._summary_at = None
-        snapshot = RadixTree(1 << 40)
-        for seq in self.mirror.cached_sequences():
-            whole = len(seq) - len(seq) % DEFAULT_BLOCK_TOKENS  # a summary holds whole blocks only
-            if whole:
-                snapshot.insert(as_token_bytes(seq[:whole]))
-        self._summaries.append((now + self.config.summary_delay_s, now, snapshot))
+        self._summaries.append((now + self.config.summary_delay_s, now, _FrozenPrefixes(self.mirror)))
 
     def _load_changed(self, now: float) -> None:
         if self._push_at is None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import numpy as np
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.fleet.load import LoadRun, requests_from_workload, run_load
@@ -35,7 +36,7 @@ from prefixfleet.fleet.processes import (
 from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
 from prefixfleet.router.gateway import GatewayConfig
 from prefixfleet.router.policies import CostModel, make_policy
-from prefixfleet.router.radix import as_token_bytes, decode_tokens
+from prefixfleet.router.radix import as_token_bytes
 from prefixfleet.router.sidecar import SidecarConfig
 from prefixfleet.router.view import OVERLAY_SUMMARY_SLACK_S
 from prefixfleet.sim.engine import EmulatedReplica, ServiceConfig
@@ -454,12 +455,27 @@ async def run_policies(
     return out
 
 
-def live_tokens(tokens: bytes) -> bytes:
-    """The token ids the fleet sees for a workload prompt: the client sends it as text
+def live_tokens(prompts: Sequence[bytes]) -> list[bytes]:
+    """The token ids the fleet sees for workload prompts: the client sends each as text
     (:func:`~prefixfleet.fleet.load.requests_from_workload`) and every hop tokenizes that text. The
     sharing structure is the workload's, the ids are not, and hash-based choices (a policy's
-    placement of a prefix nobody holds) depend on the ids."""
-    return as_token_bytes(tokenize(text_for_tokens(decode_tokens(tokens))))
+    placement of a prefix nobody holds) depend on the ids. One word per token, so each distinct
+    id is mapped once, for all prompts together."""
+    if not prompts:
+        return []
+    ids = np.frombuffer(b"".join(prompts), dtype="<u4")
+    # distinct ids by sorting (numpy's hash-based unique is far slower on millions of ids)
+    order = np.argsort(ids, kind="stable")
+    ranked = ids[order]
+    first = np.empty(len(ranked), dtype=bool)
+    first[:1] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+    group = np.empty(len(ids), dtype=np.int64)
+    group[order] = np.cumsum(first) - 1
+    mapped = np.frombuffer(as_token_bytes(tokenize(text_for_tokens(ranked[first].tolist()))), dtype="<u4")
+    out = mapped[group].astype("<u4").tobytes()
+    ends = np.cumsum([len(p) for p in prompts]).tolist()
+    return [out[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def simulate_policies(
@@ -492,9 +508,10 @@ def simulate_policies(
     served = [
         i for i, r in enumerate(requests) if r.num_tokens + max(r.output_tokens, 1) <= fleet.cache_tokens
     ]
+    kept = [requests[i] for i in served]
     on_wall_clock = [
-        replace(r, arrival_s=r.arrival_s / scale, tokens=live_tokens(r.tokens))
-        for r in (requests[i] for i in served)
+        replace(r, arrival_s=r.arrival_s / scale, tokens=tokens)
+        for r, tokens in zip(kept, live_tokens([r.tokens for r in kept]), strict=True)
     ]
     # What a gateway starts from: the configured engine speed in wall-clock tokens/s, nothing else.
     cost = CostModel(prefill_s_per_token=service.prefill_s_per_token)
