@@ -245,3 +245,14 @@ def test_a_restored_quiet_period_is_not_restarted_by_the_restart() -> None:
     assert len(plan_scale(quiet_fleet(calm_since + 60), policy, restored).drain) == 1  # 10 s later
     # a fresh memory would have waited the whole window again from the restart
     assert plan_scale(quiet_fleet(calm_since + 60), policy, PlannerMemory()).drain == ()
+
+
+def test_an_operator_adopts_a_memory_another_operator_wrote_after_its_own() -> None:
+    from prefixfleet.operator.autoscale_handlers import FleetAutoscale, _written_elsewhere
+
+    mine = FleetAutoscale(stored_memory=stored(encode_memory(FULL, NOW)))
+    theirs_later = status_of(stored(encode_memory(PlannerMemory(last_scale_up_s=NOW + 4), NOW + 5)))
+    assert _written_elsewhere(mine, theirs_later)  # a failover and back: their cooldown counts
+    assert not _written_elsewhere(mine, status_of(stored(encode_memory(FULL, NOW))))  # my own write
+    assert not _written_elsewhere(mine, status_of(stored(encode_memory(FULL, NOW - 30))))  # a lagging view
+    assert not _written_elsewhere(FleetAutoscale(), theirs_later)  # nothing written yet: restored already
