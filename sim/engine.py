@@ -60,6 +60,8 @@ _EMULATOR_ONLY = (
     "summary_delay_s",
     "overlay_slack_s",
     "forward_delay_s",
+    "share_sends",
+    "share_delay_s",
 )
 
 
@@ -91,6 +93,10 @@ class ServiceConfig:
     # emulator only: a routed request reaches its sidecar and engine this long after the gateway sent
     # it (until then no load record counts it, though one built meanwhile is newer than the send)
     forward_delay_s: float = 0.0
+    # emulator only, with summaries: gateways also count each other's sends (send notices), seen
+    # share_delay_s after them
+    share_sends: bool = False
+    share_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.service not in SERVICE_MODELS:
@@ -110,6 +116,7 @@ class ServiceConfig:
             "summary_delay_s",
             "overlay_slack_s",
             "forward_delay_s",
+            "share_delay_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
@@ -162,6 +169,7 @@ class ServiceConfig:
             summary_delay_s=self.summary_delay_s * factor,
             overlay_slack_s=self.overlay_slack_s * factor,
             forward_delay_s=self.forward_delay_s * factor,
+            share_delay_s=self.share_delay_s * factor,
         )
 
     def emulator_config(self, cache_tokens: int) -> EmulatorConfig:
@@ -509,17 +517,17 @@ class _Overlay:
     cached there until a summary generated ``slack`` after the send covers them."""
 
     def __init__(self) -> None:
-        self.sends: deque[tuple[float, bytes]] = deque()
+        self.sends: list[tuple[float, bytes]] = []  # (sent at, prompt); peers' arrive late
         self.tree = RadixTree(1 << 40)  # holds every prompt in ``sends``; never evicts
+        self.notices_seen = 0  # how many of the replica's send notices this gateway has taken in
 
     def add(self, sent_at: float, tokens: bytes) -> None:
         self.sends.append((sent_at, tokens))
         self.tree.insert(tokens)
 
     def matched_tokens(self, tokens: bytes, floor: float) -> int:
-        if self.sends and self.sends[0][0] < floor:
-            while self.sends and self.sends[0][0] < floor:
-                self.sends.popleft()
+        if any(sent_at < floor for sent_at, _ in self.sends):
+            self.sends = [(t, kept) for t, kept in self.sends if t >= floor]
             self.tree = RadixTree(1 << 40)
             for _, kept in self.sends:
                 self.tree.insert(kept)
@@ -548,12 +556,18 @@ class EmulatedReplica(ReplicaModel):
         self.engine = EngineModel(config.emulator_config(capacity_tokens))
         self.tree = self.engine.tree
         self.mirror = RadixTree(capacity_tokens)  # the sidecar's prediction of the engine's cache
-        # The sidecar starts from the configured engine speed, then measures it.
+        # A sidecar in front of the emulator starts from the speed and the fixed cost per iteration
+        # (a prefill pass, then a decode step) the emulator states, then measures both.
         self.load = LoadTracker(1.0 / config.prefill_s_per_token)
+        self.load.fixed_latency_s = config.prefill_pass_s + config.decode_base_s
         self._jobs: dict[str, tuple[Job, int, _Send]] = {}  # rid -> (job, tracker handle, send)
         self._step: Iteration | None = None
         self._step_end: float | None = None
-        self._record = _LoadRecord(-math.inf, prefill_tokens_per_s=self.load.prefill_tokens_per_s)
+        self._record = _LoadRecord(
+            -math.inf,
+            prefill_tokens_per_s=self.load.prefill_tokens_per_s,
+            fixed_latency_s=self.load.fixed_latency_s,
+        )
         self._in_transit: deque[tuple[float, _LoadRecord]] = deque()
         self._push_at: float | None = None
         self._last_push = -math.inf
@@ -564,19 +578,18 @@ class EmulatedReplica(ReplicaModel):
         self._summary_at: float | None = None  # next summary publish (the mirror changed)
         self._summaries: deque[tuple[float, float, _FrozenPrefixes]] = deque()  # (seen at, generated, ...)
         self._overlays: dict[int, _Overlay] = {}
+        self._notices: list[tuple[float, float, int, bytes]] = []  # (seen at, sent at, gateway, prompt)
         self._forwarded: list[tuple[float, int, Job, _Send]] = []  # heap: (reaches the sidecar at, ...)
 
     def carry_sidecar_from(self, earlier: EmulatedReplica) -> None:
-        """Start with what the sidecar of ``earlier`` measured (its prefill rate, its engine's fixed
-        latency): a live sidecar outlives the cache flush between two ``up`` policy runs."""
-        load, old = self.load, earlier.load
-        load.prefill_tokens_per_s, load.samples = old.prefill_tokens_per_s, old.samples
-        # (a sidecar that measures no fixed latency has neither attribute)
-        for name in ("fixed_latency_s", "latency_samples"):
-            if hasattr(old, name):
-                setattr(load, name, getattr(old, name))
-        self._record.prefill_tokens_per_s = load.prefill_tokens_per_s
-        self._record.fixed_latency_s = getattr(load, "fixed_latency_s", 0.0)
+        """Keep the sidecar of ``earlier`` with everything it measured (prefill rate, fixed latency):
+        a live sidecar outlives the cache flush between two ``up`` policy runs. ``earlier`` must
+        have finished every request."""
+        if earlier.load.in_flight:
+            raise ValueError("a sidecar can be carried over only once its requests have finished")
+        self.load = earlier.load
+        self._record.prefill_tokens_per_s = self.load.prefill_tokens_per_s
+        self._record.fixed_latency_s = self.load.fixed_latency_s
 
     def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
         rec = self._record
@@ -607,11 +620,15 @@ class EmulatedReplica(ReplicaModel):
             matched = self.mirror.matched_tokens(request.tokens)
         else:
             summary = self._summary.matched_tokens(request.tokens) if self._summary is not None else 0
-            overlay = self._overlays.get(gateway)
-            own = 0
-            if overlay is not None:
-                floor = self._summary_generated - self.config.overlay_slack_s
-                own = overlay.matched_tokens(request.tokens, floor)
+            overlay = self._overlays.setdefault(gateway, _Overlay())
+            notices = self._notices
+            while overlay.notices_seen < len(notices) and notices[overlay.notices_seen][0] <= request.now:
+                _, sent_at, sender, tokens = notices[overlay.notices_seen]
+                if sender != gateway:
+                    overlay.add(sent_at, tokens)  # a peer's send, stamped with its send time
+                overlay.notices_seen += 1
+            floor = self._summary_generated - self.config.overlay_slack_s
+            own = overlay.matched_tokens(request.tokens, floor)
             matched = max(summary, own)  # both are prefix-closed: their union's prefix is the longer
         return matched - matched % DEFAULT_BLOCK_TOKENS
 
@@ -630,6 +647,8 @@ class EmulatedReplica(ReplicaModel):
         self._sends.setdefault(gateway, []).append(send)
         if self.config.summary_interval_s:
             self._overlays.setdefault(gateway, _Overlay()).add(now, job.tokens)
+            if self.config.share_sends:
+                self._notices.append((now + self.config.share_delay_s, now, gateway, job.tokens))
         self.routed += 1
         delay = self.config.forward_delay_s
         if delay and self.rng is not None:
@@ -718,8 +737,7 @@ class EmulatedReplica(ReplicaModel):
             queued=load.queued,
             pending_prefill_tokens=load.pending_prefill_tokens(now),
             prefill_tokens_per_s=load.prefill_tokens_per_s,
-            # a sidecar that measures its engine's fixed latency reports it (router/loadtrack.py)
-            fixed_latency_s=getattr(load, "fixed_latency_s", 0.0),
+            fixed_latency_s=load.fixed_latency_s,
         )
         self._push_at, self._last_push = None, now
         self._in_transit.append((now + self.config.report_delay_s, record))

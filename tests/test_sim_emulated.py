@@ -105,7 +105,9 @@ def test_views_are_the_sidecars_load_record_not_the_engines_internals() -> None:
     # the sidecar counts each forwarded request's predicted uncached tokens until its first byte,
     # including the one the engine is prefilling right now
     assert third.pending_prefill_tokens == 2000
-    assert third.wait_s == pytest.approx(2000 * EMULATED.prefill_s_per_token)
+    # + the fixed latency, which a sidecar in front of the emulator starts from its stated step costs
+    stated = EMULATED.prefill_pass_s + EMULATED.decode_base_s
+    assert third.wait_s == pytest.approx(2000 * EMULATED.prefill_s_per_token + stated)
 
 
 def test_configurations_the_emulator_cannot_run_are_refused() -> None:
@@ -135,7 +137,7 @@ def test_a_gateway_sees_another_gateways_sends_only_once_the_sidecar_pushed_its_
         gateways[0].seen[1][0],
         gateways[1].seen[1][0],
     )
-    assert first_look_1.in_flight == 0 and first_look_1.wait_s == 0.0
+    assert first_look_1.in_flight == 0 and first_look_1.pending_prefill_tokens == 0
     # its own send counts at once, whatever the report says
     assert first_look_0.in_flight == 1 and first_look_0.pending_prefill_tokens == 800
     # t=10 ms: the push at t=0 arrived (it counts #0); #1 and #2 wait for the next push (t=20 ms),
@@ -240,3 +242,24 @@ def test_up_sim_check_leaves_out_what_the_engines_would_refuse(busy_requests) ->
     assert any(fits) and not all(fits)
     got = simulate_policies(reqs, ["round_robin"], spec, realizations=1)["round_robin"]["ttft_ms_by_request"]
     assert [not math.isnan(t) for t in got] == fits
+
+
+def test_gateways_that_share_sends_see_each_others_prefixes_before_any_summary() -> None:
+    # Gateway 0 sends prefix A at t=0; gateway 1 (which never sent A) asks about A at 20 ms. No
+    # summary comes before 250 ms, so only a shared send notice (seen 10 ms after it) can tell it.
+    summaries = replace(EMULATED, summary_interval_s=0.25, summary_delay_s=0.1, overlay_slack_s=1.0)
+    a = as_token_bytes(range(640))
+    prompts = (a, as_token_bytes(range(50_000, 50_640)), as_token_bytes(range(60_000, 60_640)), a)
+    reqs = [
+        WorkloadRequest(t, prompt + as_token_bytes(range(10_000 * i, 10_000 * i + 50)), 4, "g")
+        for i, (t, prompt) in enumerate(zip((0.0, 0.005, 0.010, 0.020), prompts, strict=True))
+    ]
+    seen = {}
+    for share in (False, True):
+        gateways = [RecordingRoundRobin(), RecordingRoundRobin()]
+        config = replace(summaries, share_sends=share, share_delay_s=0.010 if share else 0.0)
+        simulate(reqs, gateways, FleetConfig(1, 4000, config))
+        seen[share] = gateways[1].seen[1][0].matched_tokens
+    assert seen == {False: 0, True: 640}
+    with pytest.raises(ValueError, match="emulator service model only"):
+        ServiceConfig("batched", share_sends=True)
