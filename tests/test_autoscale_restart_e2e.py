@@ -47,7 +47,7 @@ def saturating_fleet() -> str:
         "--prefill-tokens-per-s", "4000", "--max-running", "1", "--decode-tokens-per-s", "50",
     ]  # fmt: skip
     manifest["spec"]["autoscaling"] = {
-        "enabled": True, "minReplicas": 1, "maxReplicas": 3, "targetTTFTSeconds": 0.05,
+        "enabled": True, "minReplicas": 1, "maxReplicas": 3, "targetTTFTSeconds": 0.02,
         "intervalSeconds": 1, "scaleUpCooldownSeconds": COOLDOWN_S,
         "scaleDownStabilizationSeconds": 3600, "leadTimeSeconds": 0, "targetLoad": 1.0,
         "scaleDownLoad": 0.05, "hotRateRps": 1000,
@@ -74,7 +74,7 @@ class StreamingClients:
             for i in range(100_000):
                 if self.stop.is_set():
                     return
-                text = " ".join(f"{name}r{i}w{j}" for j in range(40))
+                text = " ".join(f"{name}r{i}w{j}" for j in range(120))
                 body = {"text": text, "stream": True, "sampling_params": {"max_new_tokens": 100}}
                 try:
                     with client.stream("POST", f"{gateway}/generate", json=body) as resp:
