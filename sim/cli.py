@@ -101,6 +101,12 @@ def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
                 f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
             )
         field_type = type(ServiceConfig.__dataclass_fields__[key].default)
+        if field_type is bool:  # bool("false") is True: spell the choices out
+            flags = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+            if value.lower() not in flags:
+                raise UsageError(f"--engine {key} must be true or false, got {value!r}")
+            rec[key] = flags[value.lower()]
+            continue
         try:
             rec[key] = field_type(value)
         except ValueError:

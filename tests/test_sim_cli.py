@@ -64,6 +64,23 @@ def test_flags_override_the_workloads_acceptance_settings(tmp_path: Path, capsys
     )
 
 
+def test_the_emulator_service_model_takes_its_own_parameters(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    argv = [
+        "sim", "--workload", "lab-burst", "--policies", "round_robin", "--service", "emulator",
+        "--engine", "prefill_pass_s=0.01", "--engine", "summary_interval_s=0.25",
+        "--engine", "share_sends=true", "--engine", "share_delay_s=0.007", "--json", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    s = json.loads(out.read_text())["settings"]
+    assert (s["service"], s["prefill_pass_s"], s["share_sends"], s["share_delay_s"]) == (
+        "emulator",
+        0.01,
+        True,
+        0.007,
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -74,6 +91,8 @@ def test_flags_override_the_workloads_acceptance_settings(tmp_path: Path, capsys
         (["--workload", "gsp", "--cache-tokens", "-5"], "--cache-tokens must be positive"),
         (["--workload", "gsp", "--set", "groups"], "must look like KEY=VALUE"),
         (["--workload", "gsp", "--engine", "warp=9"], "unknown --engine parameter 'warp'"),
+        (["--workload", "gsp", "--service", "emulator", "--engine", "share_sends=maybe"], "true or false"),
+        (["--workload", "gsp", "--engine", "prefill_pass_s=0.01"], "emulator service model only"),
         ([], "--workload is required"),
         (["--workload", "viral", "--set", "duration_s=0.001"], "has no requests"),
     ],
