@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, salted_seed
 from .radix import CacheFullError, RadixTree
-from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, ChainCache, HotPrefix, Summary, build_summary
+from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, BlockIndex, HotPrefix, Summary
 
 _TICK_SAMPLES = 4096
 
@@ -38,7 +38,8 @@ class CacheMirror:
         # (tree tick, unix time) samples to turn the tree's logical recency into wall time
         self._ticks: deque[tuple[int, float]] = deque(maxlen=_TICK_SAMPLES)
         self.hot_prefixes: dict[int, HotPrefix] = {}
-        self._chain_cache: ChainCache = {}
+        # the summary's block hashes, kept as prompts come and go: publishing never walks the tree
+        self.index = BlockIndex(self.tree, block_tokens, self.namespace_seed)
         # prediction quality: what the mirror said was cached vs what the engine reported
         self.compared_requests = 0
         self.predicted_tokens_total = 0
@@ -51,7 +52,8 @@ class CacheMirror:
     def admit(self, token_bytes: bytes, namespace: str | None) -> int:
         """Record a prompt sent to the engine; return how many of its tokens the mirror had cached."""
         matched = self.tree.matched_tokens(token_bytes, namespace)
-        if matched * 4 == len(token_bytes):
+        full_hit = matched * 4 == len(token_bytes)
+        if full_hit:
             self.tree.match_prefix(token_bytes, namespace)  # a full hit: only recency and hits move
         else:
             # longer than the whole cache, or pinned: the engine cannot keep it either
@@ -59,6 +61,8 @@ class CacheMirror:
                 self.tree.insert(token_bytes, namespace)
             self.changes += 1
         node = self.tree.match_prefix(token_bytes, namespace, touch=False).node
+        if not full_hit:
+            self.index.track_path(node)
         self._ticks.append((node.last_access, self._clock()))
         return matched
 
@@ -84,6 +88,7 @@ class CacheMirror:
 
     def flush(self) -> None:
         self.tree.clear()
+        self.index.clear()
         self.hot_prefixes = {}
         self.changes += 1
 
@@ -121,18 +126,14 @@ class CacheMirror:
         max_blocks: int = DEFAULT_MAX_BLOCKS,
         hot_k: int = DEFAULT_HOT_K,
     ) -> Summary:
-        summary, hot = build_summary(
-            self.tree,
+        summary, hot = self.index.summary(
             worker=worker,
             version=version,
             now=self._clock(),
             identity_seed=self.identity_seed,
-            block_tokens=self.block_tokens,
-            namespace_seed=self.namespace_seed,
             wall_time_of=self._tick_clock(),
             max_blocks=max_blocks,
             hot_k=hot_k,
-            chain_cache=self._chain_cache,
         )
         self.hot_prefixes = hot
         return summary

@@ -362,3 +362,233 @@ def build_summary(
         truncated=truncated,
     )
     return summary, exports
+
+
+# -- keeping a summary current as the tree changes -------------------------------------------------
+
+
+class _Indexed:
+    """One tree node's share of the summary: the blocks whose last token lies on its edge."""
+
+    __slots__ = ("end", "first_block", "hashes", "last_hash", "namespace", "rest", "start")
+
+    def __init__(
+        self,
+        namespace: object,
+        start: int,
+        end: int,
+        first_block: int,
+        hashes: list[int],
+        rest: bytes,
+        last_hash: int,
+    ) -> None:
+        self.namespace = namespace
+        self.start = start  # prefix length (tokens) where the node's edge begins
+        self.end = end
+        self.first_block = first_block  # index of the first block it completes
+        self.hashes = hashes
+        self.rest = rest  # bytes of the partial block left open at ``end``
+        self.last_hash = last_hash  # hash of the last full block ending at or before ``end``
+
+
+class BlockIndex:
+    """Every cached node's block hashes, kept as the tree changes, so a summary needs no tree walk.
+
+    :func:`build_summary` hashes the whole tree per summary (milliseconds per thousand prompts, on
+    the sidecar's event loop). The index instead hashes each node once, when it appears: the owner
+    calls :meth:`track_path` after an insert (new nodes, and a split edge's lower half, lie on or
+    under the inserted path), :meth:`drop_detached` notices evicted nodes (the tree detaches them),
+    and :meth:`clear` follows a flush. The set of block hashes is kept as reference counts (two
+    namespaces may share a seed, hence a hash) plus a sorted list patched at each summary; the hot
+    nodes are the nodes completing a block, ranked from their live hit counts. The result equals
+    :func:`build_summary` of the same tree (a property test holds the two together).
+    """
+
+    def __init__(self, tree: RadixTree, block_tokens: int, namespace_seed: Callable[[object], int]) -> None:
+        self.tree = tree
+        self.block_tokens = block_tokens
+        self.namespace_seed = namespace_seed
+        self._nodes: dict[RadixNode, _Indexed] = {}
+        self._refs: dict[int, int] = {}  # block hash -> nodes completing it
+        self._owners: dict[int, list[RadixNode]] = {}  # a node's last own block hash -> such nodes
+        self._total = 0  # block hashes over all nodes, duplicates included (the cap counts these)
+        self._sorted: list[int] = []  # distinct hashes, sorted, as of the last summary
+        self._added: set[int] = set()  # distinct hashes gained / lost since then
+        self._removed: set[int] = set()
+        self._evictions_seen = tree.evictions_total
+
+    def clear(self) -> None:
+        self._nodes.clear()
+        self._refs.clear()
+        self._owners.clear()
+        self._total = 0
+        self._sorted = []
+        self._added.clear()
+        self._removed.clear()
+        self._evictions_seen = self.tree.evictions_total
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    # -- following the tree ----------------------------------------------------------------------
+
+    def track_path(self, node: RadixNode) -> None:
+        """Index the nodes from ``node``'s root down to ``node`` that are new since the last call."""
+        path: list[RadixNode] = []
+        cur: RadixNode | None = node
+        nodes = self._nodes
+        while cur is not None and cur.parent is not None:
+            info = nodes.get(cur)
+            if info is not None and info.end - info.start == cur.num_tokens:
+                break  # indexed and unchanged, and so is everything above it
+            path.append(cur)
+            cur = cur.parent
+        for n in reversed(path):
+            self._index(n)
+            for child in n.children.values():
+                info = nodes.get(child)
+                if info is not None and info.end - info.start != child.num_tokens:
+                    self._index(child)  # the lower half of a split edge: its first blocks moved up
+
+    def _index(self, node: RadixNode) -> None:
+        parent = node.parent
+        assert parent is not None
+        above = self._nodes.get(parent)
+        if above is None:  # a namespace root: the chain starts from the namespace's seed
+            namespace = next(ns for ns in self.tree.namespaces() if self.tree.root(ns) is parent)
+            start, prev_hash, leftover = 0, self.namespace_seed(namespace), b""
+        else:
+            namespace, start, prev_hash, leftover = above.namespace, above.end, above.last_hash, above.rest
+        hashes, rest = extend_chain(prev_hash, leftover, node.edge, self.block_tokens)
+        end = start + node.num_tokens
+        first_block = (start - len(leftover) // TOKEN_BYTES) // self.block_tokens
+        last_hash = hashes[-1] if hashes else prev_hash
+        fresh = _Indexed(namespace, start, end, first_block, hashes, rest, last_hash)
+        old = self._nodes.get(node)
+        self._nodes[node] = fresh
+        self._count(node, fresh, +1)  # gain before loss: a moved block never drops to zero refs
+        if old is not None:
+            self._count(node, old, -1)
+
+    def _count(self, node: RadixNode, info: _Indexed, sign: int) -> None:
+        refs, added, removed = self._refs, self._added, self._removed
+        for h in info.hashes:
+            n = refs.get(h, 0) + sign
+            if n > 0:
+                refs[h] = n
+                if n == 1 and sign > 0:
+                    if h in removed:
+                        removed.discard(h)
+                    else:
+                        added.add(h)
+            else:
+                del refs[h]
+                if h in added:
+                    added.discard(h)
+                else:
+                    removed.add(h)
+        self._total += sign * len(info.hashes)
+        if info.hashes:
+            owners = self._owners.setdefault(info.last_hash, [])
+            if sign > 0:
+                owners.append(node)
+            else:
+                owners.remove(node)
+                if not owners:
+                    del self._owners[info.last_hash]
+
+    def drop_detached(self) -> None:
+        """Forget nodes the tree evicted since the last call (an eviction detaches a node)."""
+        if self.tree.evictions_total == self._evictions_seen:
+            return
+        self._evictions_seen = self.tree.evictions_total
+        gone = [(node, info) for node, info in self._nodes.items() if node.parent is None]
+        for node, info in gone:
+            del self._nodes[node]
+            self._count(node, info, -1)
+
+    # -- the summary -----------------------------------------------------------------------------
+
+    def _sorted_hashes(self) -> list[int]:
+        if self._removed or self._added:
+            if len(self._added) + len(self._removed) > len(self._sorted) // 2:
+                self._sorted = sorted(self._refs)
+            else:
+                removed = self._removed
+                kept = [h for h in self._sorted if h not in removed] if removed else self._sorted
+                kept.extend(self._added)
+                kept.sort()  # a sorted run plus a short tail: timsort merges it in near-linear time
+                self._sorted = kept
+            self._added.clear()
+            self._removed.clear()
+        return self._sorted
+
+    def _capped(self, max_blocks: int) -> list[int]:
+        """The most recently used blocks when they do not all fit (as :func:`build_summary`)."""
+        per_node = sorted(
+            (
+                (node.last_access, info.first_block, info.hashes)
+                for node, info in self._nodes.items()
+                if info.hashes
+            ),
+            key=lambda e: (-e[0], e[1]),
+        )
+        blocks: list[int] = []
+        for _tick, _first, hashes in per_node:
+            room = max_blocks - len(blocks)
+            if room <= 0:
+                break
+            blocks.extend(hashes[:room])
+        return sorted(set(blocks))
+
+    def _candidate(self, nodes: list[RadixNode]) -> RadixNode:
+        """Among nodes completing the same block hash (namespaces sharing a seed): most hits, then
+        the first namespace, as a walk in namespace order would pick."""
+        if len(nodes) == 1:
+            return nodes[0]
+        order = {ns: i for i, ns in enumerate(self.tree.namespaces())}
+        return max(nodes, key=lambda n: (n.hits, -order[self._nodes[n].namespace]))
+
+    def summary(
+        self,
+        *,
+        worker: str,
+        version: int,
+        now: float,
+        identity_seed: int,
+        wall_time_of: Callable[[int], float],
+        max_blocks: int = DEFAULT_MAX_BLOCKS,
+        hot_k: int = DEFAULT_HOT_K,
+    ) -> tuple[Summary, dict[int, HotPrefix]]:
+        """The summary :func:`build_summary` would give for the tree now, from the index."""
+        self.drop_detached()
+        truncated = self._total > max_blocks
+        blocks = self._capped(max_blocks) if truncated else self._sorted_hashes()
+        # A node that completes no block ties its hash with an ancestor that has strictly more hits
+        # (an ancestor is touched whenever a descendant is), so the hot candidates are exactly the
+        # nodes completing a block, ranked by (hits, recency) as the walk ranks them.
+        candidates = [(h, self._candidate(nodes)) for h, nodes in self._owners.items()]
+        top = heapq.nlargest(hot_k, candidates, key=lambda hn: (hn[1].hits, hn[1].last_access))
+        step = self.block_tokens
+        hot: list[HotNode] = []
+        exports: dict[int, HotPrefix] = {}
+        for h, node in top:
+            info = self._nodes[node]
+            tokens = (info.end // step) * step
+            hot.append(
+                HotNode(hash=h, tokens=tokens, hits=node.hits, last_access=wall_time_of(node.last_access))
+            )
+            exports[h] = HotPrefix(info.namespace, _prefix_bytes(node)[: tokens * TOKEN_BYTES])
+        summary = Summary(
+            worker=worker,
+            version=version,
+            generated_at=now,
+            block_tokens=step,
+            identity_seed=identity_seed,
+            cached_tokens=self.tree.cached_tokens,
+            capacity_tokens=self.tree.capacity_tokens,
+            blocks=array("Q", blocks),
+            hot=tuple(hot),
+            truncated=truncated,
+        )
+        return summary, exports
