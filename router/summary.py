@@ -367,6 +367,10 @@ def build_summary(
 # -- keeping a summary current as the tree changes -------------------------------------------------
 
 
+_RANK = operator.attrgetter("hits", "last_access")
+_first = operator.itemgetter(0)
+
+
 class _Indexed:
     """One tree node's share of the summary: the blocks whose last token lies on its edge."""
 
@@ -411,6 +415,7 @@ class BlockIndex:
         self._nodes: dict[RadixNode, _Indexed] = {}
         self._refs: dict[int, int] = {}  # block hash -> nodes completing it
         self._owners: dict[int, list[RadixNode]] = {}  # a node's last own block hash -> such nodes
+        self._shared = 0  # hashes with more than one such node (namespaces sharing a seed)
         self._total = 0  # block hashes over all nodes, duplicates included (the cap counts these)
         self._sorted: list[int] = []  # distinct hashes, sorted, as of the last summary
         self._added: set[int] = set()  # distinct hashes gained / lost since then
@@ -421,6 +426,7 @@ class BlockIndex:
         self._nodes.clear()
         self._refs.clear()
         self._owners.clear()
+        self._shared = 0
         self._total = 0
         self._sorted = []
         self._added.clear()
@@ -492,9 +498,13 @@ class BlockIndex:
             owners = self._owners.setdefault(info.last_hash, [])
             if sign > 0:
                 owners.append(node)
+                if len(owners) == 2:
+                    self._shared += 1
             else:
                 owners.remove(node)
-                if not owners:
+                if len(owners) == 1:
+                    self._shared -= 1
+                elif not owners:
                     del self._owners[info.last_hash]
 
     def drop_detached(self) -> None:
@@ -567,8 +577,14 @@ class BlockIndex:
         # A node that completes no block ties its hash with an ancestor that has strictly more hits
         # (an ancestor is touched whenever a descendant is), so the hot candidates are exactly the
         # nodes completing a block, ranked by (hits, recency) as the walk ranks them.
-        candidates = [(h, self._candidate(nodes)) for h, nodes in self._owners.items()]
-        top = heapq.nlargest(hot_k, candidates, key=lambda hn: (hn[1].hits, hn[1].last_access))
+        if self._shared:
+            candidates = [(h, self._candidate(nodes)) for h, nodes in self._owners.items()]
+            top = heapq.nlargest(hot_k, candidates, key=lambda hn: (hn[1].hits, hn[1].last_access))
+        else:
+            # One node per hash: rank the nodes with a C-level key, newest first so that the many
+            # nodes tying on hits with a newer one are rejected without entering the heap.
+            ranked = heapq.nlargest(hot_k, map(_first, reversed(self._owners.values())), key=_RANK)
+            top = [(self._nodes[node].last_hash, node) for node in ranked]
         step = self.block_tokens
         hot: list[HotNode] = []
         exports: dict[int, HotPrefix] = {}
