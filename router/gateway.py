@@ -146,7 +146,6 @@ class Gateway:
             client_max_size=self.config.max_body_bytes,
             middlewares=[body_deadline(ClientTimeouts.from_env(), self._body_error)],
         )
-        app["gateway"] = self
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)
         app.router.add_get("/v1/models", self.handle_models)
