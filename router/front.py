@@ -1,12 +1,15 @@
 """A lean HTTP/1.1 front for the proxies' generation endpoints; every other request goes to aiohttp.
 
 aiohttp's server spends ~230 µs of CPU on a tiny request (request and response objects, routing,
-middleware, timers); for a proxy hop that is most of the cost. This front parses well-formed
-``POST`` requests to the hot paths itself (HTTP/1.1, a Content-Length body, no Expect, no
-Transfer-Encoding) and runs their handler with a :class:`HotRequest`. The first request on a
-connection that is anything else (another path or method, an odd or oversized head or body, HTTP/1.0)
-hands the whole connection to aiohttp's own protocol with the bytes received so far, so aiohttp
-answers it exactly as it would have (errors, 413, admin endpoints); that connection stays with aiohttp.
+middleware, timers); for a proxy hop that is most of the cost. This front serves well-formed ``POST``
+requests to the hot paths itself (HTTP/1.1, a Content-Length body, no Expect, no Transfer-Encoding)
+and runs their handler with a :class:`HotRequest`. Parsing is llhttp's (via ``httptools``), which
+refuses what could be misread (Content-Length with Transfer-Encoding, duplicate lengths, obs-fold,
+bare LF, invalid bytes). The front keeps a request's raw bytes until its head is parsed; a request
+that is anything else (another path or method, a head llhttp refuses, an oversized head or body,
+HTTP/1.0) hands the whole connection to aiohttp's own protocol with the bytes received so far, so
+aiohttp answers it exactly as it would have (errors, 413, admin endpoints); that connection stays
+with aiohttp.
 
 Slow clients are bounded as under aiohttp: a connection idle (or sending a head) longer than the idle
 limit is closed; a body not complete within the body limit gets the app's 408 answer.
@@ -15,7 +18,6 @@ limit is closed; a body not complete within the body limit gets the app's 408 an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
@@ -23,6 +25,7 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
 
+import httptools
 from aiohttp import web
 from multidict import CIMultiDict
 
@@ -34,7 +37,7 @@ _MAX_HEAD_BYTES = 8190  # aiohttp's own line limit: a longer head is aiohttp's t
 _PIPELINE_PAUSE_BYTES = 256 * 1024  # stop reading while a handler runs and this much is queued
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 _NO_BODY_STATUS = frozenset({204, 304})
-_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_HANDED_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
 
 HotHandler = Callable[["HotRequest"], Awaitable[web.StreamResponse | Any]]
 Responder = Callable[[Any, int, str], web.StreamResponse]
@@ -170,6 +173,62 @@ def _header_lines(headers: Mapping[str, str]) -> list[bytes]:
     ]
 
 
+class _NotHot(Exception):
+    """Raised from a parser callback: this request is aiohttp's to answer."""
+
+
+class _RequestParse:
+    """What llhttp reports of one request; httptools calls the ``on_*`` methods while it parses."""
+
+    __slots__ = (
+        "body",
+        "complete",
+        "head_complete",
+        "headers",
+        "keep_alive",
+        "length",
+        "parser",
+        "size",
+        "target",
+        "url",
+    )
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.target = ""
+        self.headers: CIMultiDict[str] = CIMultiDict()
+        self.length = -1  # Content-Length; -1: none
+        self.head_complete = False
+        self.keep_alive = True
+        self.size = 0  # bytes of the head, up to and including the blank line
+        self.body: list[bytes] = []
+        self.complete = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("ascii")  # llhttp lets only token characters into a name
+        text = value.decode("ascii").strip(" \t")  # non-ASCII: aiohttp decides how to read it
+        lower = key.lower()
+        if lower == "content-length":
+            self.length = int(text)  # llhttp accepted it: digits only, and only one
+        elif lower in _HANDED_OVER_HEADERS or (lower == "connection" and "upgrade" in text.lower()):
+            raise _NotHot
+        self.headers.add(key, text)
+
+    def on_headers_complete(self) -> None:
+        self.head_complete = True
+        self.keep_alive = self.parser.should_keep_alive()  # only valid before the message ends
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
 class _FrontConnection(asyncio.Protocol):
     def __init__(self, front: HotFront) -> None:
         self.front = front
@@ -185,6 +244,8 @@ class _FrontConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._body_wait = False  # the timer is the body deadline (else the idle/head limit)
         self._handed = False
+        # the request at the front of the buffer, once its head is parsed
+        self._head: _RequestParse | None = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -254,68 +315,72 @@ class _FrontConnection(asyncio.Protocol):
         buffer = self._buffer
         if not buffer:
             return
-        end = buffer.find(b"\r\n\r\n", 0, _MAX_HEAD_BYTES + 4)
-        if end < 0:
-            if len(buffer) > _MAX_HEAD_BYTES:
+        head = self._head
+        if head is None:
+            # Only the head's extent is found here: llhttp requires CRLF line ends, so the first blank
+            # line ends any head it accepts, and the bytes stay whole for a hand-over.
+            end = buffer.find(b"\r\n\r\n", 0, _MAX_HEAD_BYTES + 4)
+            if end < 0:
+                if len(buffer) > _MAX_HEAD_BYTES:
+                    self._hand_over()
+                return
+            head = self._parse_head(buffer[: end + 4])
+            if head is None:
                 self._hand_over()
-            return
-        parsed = self._parse_head(buffer[:end])
-        if parsed is None:
-            self._hand_over()
-            return
-        method, target, headers, length, close = parsed
-        if len(buffer) < end + 4 + length:
+                return
+            self._head = head
+        size = head.size + head.length
+        if len(buffer) < size:
             if not self._body_wait:
                 self._cancel_timer()
                 self._body_wait = True
                 self._timer = self.loop.call_later(self.front.timeouts.body_s, self._on_timer)
             return
+        if head.length:
+            try:
+                head.parser.feed_data(buffer[head.size : size])
+            except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+                head.complete = False
+        if not head.complete:  # llhttp disagrees with the framing: let aiohttp answer it
+            self._hand_over()
+            return
         self._cancel_timer()
         self._body_wait = False
-        body = buffer[end + 4 : end + 4 + length]
-        self._buffer = buffer[end + 4 + length :]
-        self.close_after = close
+        self._head = None
+        self._buffer = buffer[size:]
+        self.close_after = not head.keep_alive
         self._busy = True
-        request = HotRequest(self, method, target, headers, body)
+        body = head.body[0] if len(head.body) == 1 else b"".join(head.body)
+        request = HotRequest(self, "POST", head.target, head.headers, body)
         self.loop.create_task(self._run(request))
 
-    def _parse_head(self, head: bytes) -> tuple[str, str, CIMultiDict[str], int, bool] | None:
+    def _parse_head(self, data: bytes) -> _RequestParse | None:
         """The head of a request this front serves, or None (then aiohttp serves the connection)."""
+        head = _RequestParse()
+        parser = head.parser
         try:
-            text = head.decode("ascii")
+            parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            return None  # malformed, ambiguous, not ours (_NotHot) or an upgrade: aiohttp answers it
+        if (
+            not head.head_complete
+            or head.body
+            or head.length < 0
+            or head.length > self.front.max_body_bytes
+            or head.complete != (head.length == 0)
+            or parser.get_method() != b"POST"
+            or parser.get_http_version() != "1.1"
+            or not head.url.startswith(b"/")
+        ):
+            return None
+        try:
+            head.target = head.url.decode("ascii")
         except UnicodeDecodeError:
             return None
-        lines = text.split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or parts[0] != "POST" or parts[2] != "HTTP/1.1":
+        if head.target.split("?", 1)[0] not in self.front.paths:
             return None
-        target = parts[1]
-        if not target.startswith("/") or target.split("?", 1)[0] not in self.front.paths:
-            return None
-        headers: CIMultiDict[str] = CIMultiDict()
-        length: int | None = None
-        close = False
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or not _TOKEN_CHARS.issuperset(name):
-                return None
-            value = value.strip(" \t")
-            lower = name.lower()
-            if lower == "content-length":
-                if length is not None or not value.isdigit():
-                    return None
-                length = int(value)
-            elif lower in ("transfer-encoding", "expect", "upgrade"):
-                return None
-            elif lower == "connection":
-                tokens = {t.strip().lower() for t in value.split(",")}
-                if "upgrade" in tokens:
-                    return None
-                close = close or "close" in tokens
-            headers.add(name, value)
-        if length is None or length > self.front.max_body_bytes:
-            return None
-        return parts[0], target, headers, length, close
+        head.size = len(data)
+        return head
 
     async def _run(self, request: HotRequest) -> None:
         try:
@@ -352,10 +417,8 @@ class _FrontConnection(asyncio.Protocol):
 
     def _body_timed_out(self) -> None:
         """A body still incomplete at the body limit: the app's 408, then close (like the middleware)."""
-        request = HotRequest(self, "POST", "", CIMultiDict(), b"")
-        end = self._buffer.find(b"\r\n\r\n")
-        with contextlib.suppress(Exception):
-            request.path = self._buffer[:end].decode("ascii").split(" ")[1].split("?", 1)[0]
+        head = self._head
+        request = HotRequest(self, "POST", head.target if head else "", CIMultiDict(), b"")
         self.close_after = True
         response = self.front.respond(
             request, 408, f"request body not received within {self.front.timeouts.body_s:g} s"
@@ -368,6 +431,7 @@ class _FrontConnection(asyncio.Protocol):
         """Give this connection (and what it sent so far) to aiohttp's protocol for good."""
         self._cancel_timer()
         self._handed = True
+        self._head = None
         self.front.connections.discard(self)
         protocol = self.front.fallback()
         if self._read_paused:

@@ -2,9 +2,10 @@
 
 aiohttp's client costs ~270 µs of CPU per tiny request (URL objects, request/response objects, a
 connector, timers, trace hooks); a proxy hop spends more on that than on its own work. This client
-does only what a hop needs: write one request on a pooled connection, parse the status line and
-headers, then hand the body over whole or chunk by chunk as it arrives (streams stay unbuffered).
-Bodies are framed by Content-Length, chunked encoding or connection close. A reused connection the
+does only what a hop needs: write one request on a pooled connection, parse the answer with llhttp
+(via ``httptools``), and hand the body over whole or chunk by chunk as it arrives (streams stay
+unbuffered). Bodies are framed by Content-Length, chunked encoding (extensions and trailers read and
+dropped) or connection close; llhttp refuses ambiguous framing. A reused connection the
 server closed while idle is detected before any response byte and the request re-sent once on a new
 connection; every other failure raises a :class:`ConnectionError` (``ConnectionRefusedError`` when
 nothing listens, :class:`UpstreamClosed` when the server broke off mid-answer).
@@ -19,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import NamedTuple
 
+import httptools
 from multidict import CIMultiDict
 
 _MAX_HEAD_BYTES = 64 * 1024
@@ -133,8 +135,20 @@ class UpstreamResponse:
         return self._done and self._exc is None
 
 
+def _framed_by_close(headers: CIMultiDict[str]) -> bool:
+    """Whether a body ends only when the connection does (RFC 9112 §6.3: no length, not chunked)."""
+    encodings = ",".join(headers.getall("Transfer-Encoding", ()))
+    if encodings:
+        return encodings.rsplit(",", 1)[-1].strip().lower() != "chunked"
+    return "Content-Length" not in headers
+
+
 class _Connection(asyncio.Protocol):
-    """One TCP connection and the HTTP/1.1 response parser of the request in flight on it."""
+    """One TCP connection and the llhttp parse of the response in flight on it.
+
+    httptools calls the ``on_*`` methods while it parses; a new parser per request keeps no state
+    from the previous answer. A body is handed to its response as llhttp yields it.
+    """
 
     def __init__(self, pool: UpstreamPool, origin: Origin) -> None:
         self.pool = pool
@@ -146,18 +160,18 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.served = 0  # responses completed on this connection
         self._paused = False
-        self._buffer = b""
+        self._parser: httptools.HttpResponseParser | None = None  # None: no request in flight
         self._head: asyncio.Future[UpstreamResponse] | None = None
+        self._head_bytes = 0
         self._response: UpstreamResponse | None = None
         self._method = b""
         self._got_bytes = False
         self._keep_alive = True
-        # body framing of the current response
-        self._remaining = -1  # Content-Length bytes still due; -1 = not length-framed
-        self._chunked = False
-        self._chunk_left = 0  # bytes of the current chunk still due (then its CRLF)
-        self._chunk_state = 0  # 0 size line, 1 data, 2 CRLF after data, 3 trailers
-        self._until_close = False
+        self._until_close = False  # the body ends with the connection
+        self._reason = ""
+        self._headers: CIMultiDict[str] = CIMultiDict()
+        self._message_done = False  # the final answer ended (completed once the feed returns)
+        self._error = ""  # why a callback stopped the parse
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -167,6 +181,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.reusable = False
+        self._parser = None
         if self._response is not None:
             if self._until_close and exc is None:
                 self._response._finish()
@@ -178,13 +193,31 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._got_bytes = True
-        if self._response is not None:
-            self._body(data)
-        elif self._head is not None:
-            self._buffer += data
-            self._parse_head()
-        else:
+        parser = self._parser
+        if parser is None:
             self.abort()  # bytes nobody asked for: the connection is out of sync
+            return
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if self._error:
+                self._fail(self._error)
+                return
+            if not self._message_done:
+                self._fail(f"malformed response: {exc}")
+                return
+        except httptools.HttpParserUpgrade:
+            self._fail("the upstream switched protocols")
+            return
+        except httptools.HttpParserError as exc:
+            self._fail(f"malformed response: {exc}")
+            return
+        if self._message_done:
+            self._complete()
+        elif self._head is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > _MAX_HEAD_BYTES:
+                self._fail("response head too large")
 
     def eof_received(self) -> bool | None:
         return False  # close the transport: connection_lost finishes or fails the response
@@ -202,8 +235,55 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         self.closed = True
         self.reusable = False
+        self._parser = None
         if self.transport is not None:
             self.transport.abort()
+
+    # -- llhttp callbacks ------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._message_done:
+            self._error = "bytes after the end of the response"
+            raise UpstreamClosed(self._error)
+        self._reason = ""
+        self._headers = CIMultiDict()
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason.decode("latin-1")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._response is None:  # after the head these are trailers, which a hop drops
+            self._headers.add(name.decode("latin-1"), value.decode("latin-1").strip(" \t"))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        assert parser is not None
+        if not parser.get_http_version().startswith("1."):
+            self._error = f"not an HTTP/1.x response (HTTP/{parser.get_http_version()})"
+            raise UpstreamClosed(self._error)
+        status = parser.get_status_code()
+        if status < 200:
+            return  # an interim answer (100 Continue): llhttp goes on to the real head
+        headless = self._method == b"HEAD"
+        self._keep_alive = parser.should_keep_alive()  # only valid before the message ends
+        self._until_close = not headless and status not in _NO_BODY_STATUS and _framed_by_close(self._headers)
+        response = UpstreamResponse(self, status, self._reason, self._headers)
+        self._response = response
+        head, self._head = self._head, None
+        if head is not None and not head.done():
+            head.set_result(response)
+        if headless:
+            # llhttp cannot be told a HEAD answer has no body: stop it here, the answer is complete.
+            self._message_done = True
+            raise _HeadAnswered
+
+    def on_body(self, body: bytes) -> None:
+        if self._response is not None:
+            self._response._feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._response is not None:  # else an interim answer ended
+            self._message_done = True
 
     # -- one exchange ----------------------------------------------------------------------------
 
@@ -212,7 +292,11 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self._method = method
         self._got_bytes = False
-        self._buffer = b""
+        self._head_bytes = 0
+        self._message_done = False
+        self._error = ""
+        self._until_close = False
+        self._parser = httptools.HttpResponseParser(self)
         self._head = self.loop.create_future()
         self.transport.write(request)
         return self._head
@@ -226,151 +310,17 @@ class _Connection(asyncio.Protocol):
             self._response = None
         self.abort()
 
-    def _parse_head(self) -> None:
-        while True:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buffer) > _MAX_HEAD_BYTES:
-                    self._fail("response head too large")
-                return
-            head = self._buffer[:end].decode("latin-1")
-            rest = self._buffer[end + 4 :]
-            lines = head.split("\r\n")
-            parts = lines[0].split(" ", 2)
-            try:
-                version, status = parts[0], int(parts[1])
-            except (IndexError, ValueError):
-                self._fail(f"malformed status line {lines[0][:80]!r}")
-                return
-            if not version.startswith("HTTP/1."):
-                self._fail(f"not an HTTP/1.x response: {lines[0][:80]!r}")
-                return
-            if 100 <= status < 200:
-                self._buffer = rest  # an interim answer (100 Continue): the real head follows
-                continue
-            headers: CIMultiDict[str] = CIMultiDict()
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep:
-                    self._fail("malformed response header line")
-                    return
-                headers.add(name.strip(), value.strip())
-            self._buffer = b""
-            self._start_body(version, status, parts[2] if len(parts) > 2 else "", headers, rest)
-            return
-
-    def _start_body(
-        self, version: str, status: int, reason: str, headers: CIMultiDict[str], rest: bytes
-    ) -> None:
-        connection = headers.get("Connection", "").lower()
-        self._keep_alive = "close" not in connection and (version != "HTTP/1.0" or "keep-alive" in connection)
-        self._remaining = -1
-        self._chunked = False
-        self._until_close = False
-        self._chunk_state = 0
-        response = UpstreamResponse(self, status, reason, headers)
-        self._response = response
-        head, self._head = self._head, None
-        if self._method == b"HEAD" or status in _NO_BODY_STATUS:
-            self._remaining = 0
-        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
-            self._chunked = True
-        elif "Content-Length" in headers:
-            try:
-                self._remaining = int(headers["Content-Length"])
-            except ValueError:
-                self._remaining = -2
-            if self._remaining < 0:
-                self._response = None
-                self._fail("malformed Content-Length")
-                return
-        else:
-            self._until_close = True
-            self._keep_alive = False
-        if head is not None and not head.done():
-            head.set_result(response)
-        if self._remaining == 0:
-            self._complete()
-        elif rest:
-            self._body(rest)
-
-    def _body(self, data: bytes) -> None:
-        response = self._response
-        assert response is not None
-        if self._chunked:
-            self._dechunk(data)
-        elif self._remaining >= 0:
-            if len(data) > self._remaining:
-                self._fail("more body bytes than Content-Length")
-                return
-            self._remaining -= len(data)
-            response._feed(data)
-            if self._remaining == 0:
-                self._complete()
-        else:
-            response._feed(data)
-
-    def _dechunk(self, data: bytes) -> None:
-        response = self._response
-        assert response is not None
-        buffer = self._buffer + data if self._buffer else data
-        self._buffer = b""
-        pos = 0
-        out: list[bytes] = []
-        while pos < len(buffer):
-            if self._chunk_state == 1:  # chunk data
-                take = min(self._chunk_left, len(buffer) - pos)
-                out.append(buffer[pos : pos + take])
-                pos += take
-                self._chunk_left -= take
-                if self._chunk_left == 0:
-                    self._chunk_state = 2
-                continue
-            end = buffer.find(b"\r\n", pos)
-            if end < 0:
-                if len(buffer) - pos > _MAX_HEAD_BYTES:
-                    self._fail("chunk size line too long")
-                    return
-                self._buffer = buffer[pos:]
-                break
-            line = buffer[pos:end]
-            pos = end + 2
-            if self._chunk_state == 0:  # size line (extensions after ';' ignored)
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    self._fail("malformed chunk size")
-                    return
-                if size < 0:
-                    self._fail("malformed chunk size")
-                    return
-                if size == 0:
-                    self._chunk_state = 3
-                else:
-                    self._chunk_left = size
-                    self._chunk_state = 1
-            elif self._chunk_state == 2:  # the CRLF closing a chunk's data
-                if line:
-                    self._fail("chunk data longer than its size")
-                    return
-                self._chunk_state = 0
-            elif not line:  # end of trailers: the body is complete
-                if out:
-                    response._feed(b"".join(out))
-                if pos < len(buffer):
-                    self._fail("bytes after the end of a chunked body")
-                    return
-                self._complete()
-                return
-        if out:
-            response._feed(b"".join(out) if len(out) > 1 else out[0])
-
     def _complete(self) -> None:
         response, self._response = self._response, None
+        self._parser = None
         self.served += 1
         self.reusable = self._keep_alive and not self.closed
         if response is not None:
             response._finish()
+
+
+class _HeadAnswered(Exception):
+    """Raised from a callback to stop llhttp after the head of an answer to HEAD."""
 
 
 class Exchange:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from prefixfleet.router.front import HotRequest, serve_front
@@ -178,4 +179,67 @@ async def test_stalled_body_gets_408_and_idle_connection_is_closed() -> None:
         writer.write(_post(b"then idle"))
         assert (await _response(reader))[2] == b"echo:then idle"
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed after the idle limit
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # both framings: a reader trusting one of them would smuggle the rest as a second request
+        b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+        b"POST /generate HTTP/1.1\r\nHost: t\r\nX-Folded: a\r\n b\r\nContent-Length: 3\r\n\r\n",  # obs-fold
+        b"POST /generate HTTP/1.1\r\nHost: t\r\nX\x01Bad: 1\r\nContent-Length: 3\r\n\r\n",
+        b"POST /generate HTTP/1.1\r\nHost: t\r\nX-Nul: a\x00b\r\nContent-Length: 3\r\n\r\n",
+        b"POST /generate HTTP/1.1\r\nHost: t\nContent-Length: 3\r\n\r\n",  # a bare LF line end
+        b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: +3\r\n\r\n",
+    ],
+    ids=[
+        "length-and-chunked",
+        "two-lengths",
+        "obs-fold",
+        "bad-name-byte",
+        "nul-in-value",
+        "bare-lf",
+        "signed",
+    ],
+)
+async def test_ambiguous_or_invalid_heads_are_refused_not_misread(head: bytes) -> None:
+    async with front_server(ClientTimeouts()) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(head + b"abc" + _post(b"smuggled"))
+        status, headers, body = await asyncio.wait_for(_response(reader), 5)
+        assert status == 400 and "x-served-by" not in headers
+        rest = await asyncio.wait_for(reader.read(), 5)  # the connection ends; nothing else answered
+        assert b"echo:" not in body + rest
+        writer.close()
+
+
+async def test_a_pipelined_other_request_is_handed_over_from_its_first_byte() -> None:
+    async with front_server(ClientTimeouts()) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        health = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
+        writer.write(_post(b"hot") + health + _post(b"after"))  # one segment, three requests
+        status, headers, body = await _response(reader)
+        assert (status, body, headers["x-served-by"]) == (200, b"echo:hot", "front")
+        status, _headers, body = await _response(reader)
+        assert (status, body) == (200, b'{"status": "ok"}')
+        status, headers, body = await _response(reader)  # the connection now stays with aiohttp
+        assert (status, body, headers["x-served-by"]) == (200, b"echo:after", "aiohttp")
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b"X-Name: caf\xc3\xa9\r\n", b"Expect: 100-continue\r\n", b"Connection: upgrade\r\n"],
+    ids=["non-ascii-value", "expect", "connection-upgrade"],
+)
+async def test_valid_but_unusual_requests_are_served_by_aiohttp(extra: bytes) -> None:
+    async with front_server(ClientTimeouts()) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post(b"odd", extra=extra))
+        if extra.startswith(b"Expect"):
+            assert (await _response(reader))[0] == 100  # aiohttp's interim answer, then the real one
+        status, headers, body = await asyncio.wait_for(_response(reader), 5)
+        assert (status, body, headers["x-served-by"]) == (200, b"echo:odd", "aiohttp")
         writer.close()

@@ -202,7 +202,7 @@ async def test_refused_cut_short_and_garbage_raise_connection_errors() -> None:
 
     async with scripted_server(garbage) as (origin, _heads):
         ex = await pool.send(origin, "POST", "/generate", [], b"{}")
-        with pytest.raises(UpstreamClosed, match="malformed status line"):
+        with pytest.raises(UpstreamClosed, match="malformed response"):
             await ex.response()
         ex.close()
     pool.close()
@@ -225,3 +225,76 @@ def test_split_url(url: str, origin: Origin, prefix: str) -> None:
 def test_split_url_rejects_what_it_cannot_reach(url: str) -> None:
     with pytest.raises(ValueError, match="upstream URL"):
         split_url(url)
+
+
+async def test_chunks_with_extensions_are_handed_over_one_by_one_as_they_arrive() -> None:
+    received: list[bytes] = []
+    next_chunk = asyncio.Event()
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _conn: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(3):
+            event = b"data: %d\n\n" % i
+            writer.write(b'%x;name=value;flag;q="a b"\r\n%s\r\n' % (len(event), event))
+            await writer.drain()
+            await next_chunk.wait()  # the next chunk is sent only once the client saw this one
+            next_chunk.clear()
+        writer.write(b"0;last\r\nX-Checksum: 1\r\n\r\n")
+        await writer.drain()
+
+    pool = UpstreamPool()
+    async with scripted_server(script) as (origin, _heads), asyncio.timeout(10):  # buffering would hang
+        ex = await pool.send(origin, "POST", "/generate", [], b"{}")
+        response = await ex.response()
+        async for chunk in response.iter_chunks():
+            received.append(chunk)
+            next_chunk.set()
+        assert response.complete and "X-Checksum" not in response.headers  # trailers are dropped
+        ex.close()
+    pool.close()
+    assert received == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"3\r\nabc\r\n0\r\n\r\n",
+            "Transfer-Encoding can't be present with Content-Length",
+        ),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", "Duplicate Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 2\r\n\r\nab", "malformed response"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n", "malformed response"),
+        (b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\nab", "not an HTTP/1.x response"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nabHTTP/1.1 200 OK\r\n\r\n",
+            "after the end of the response",
+        ),
+    ],
+    ids=[
+        "length-and-chunked",
+        "two-lengths",
+        "obs-fold",
+        "bad-chunk-size",
+        "http2-status-line",
+        "extra-answer",
+    ],
+)
+async def test_ambiguous_or_malformed_answers_raise_instead_of_being_misread(
+    answer: bytes, error: str
+) -> None:
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, _conn: int) -> None:
+        await _read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        await reader.read()  # the client aborts the connection
+
+    pool = UpstreamPool()
+    async with scripted_server(script) as (origin, _heads):
+        ex = await pool.send(origin, "POST", "/generate", [], b"{}")
+        with pytest.raises(UpstreamClosed, match=error):
+            await (await ex.response()).read()
+        ex.close()
+    pool.close()
