@@ -389,8 +389,9 @@ class Sidecar:
                     version=self.s.summary_version,
                     max_blocks=self.config.max_summary_blocks,
                 )
-                # A big tree takes milliseconds to hash on the event loop: rebuild at most at a pace
-                # that keeps that under ~10% of the loop's time.
+                # The mirror keeps the summary current (no tree walk), but a tree over the block cap
+                # still sorts its nodes by recency, milliseconds on the event loop: build at most at
+                # a pace that keeps that under ~10% of the loop's time.
                 self.s.next_summary_at = now + 9.0 * (time.monotonic() - now)
                 pipe.set(self.keys.summary(self.s.worker_id), encode_summary(summary), px=ttl_ms)
                 self.s.published_changes = mirror.changes
