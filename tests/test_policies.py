@@ -174,11 +174,33 @@ def test_queue_aware_prefers_hits_harder_when_every_queue_is_long():
     assert (d.replica_id, d.reason) == (0, "cache_hit")
 
 
-def test_queue_aware_charges_evicting_a_full_cache():
+def _churn(p, replica: int, tokens_per_s: float, seconds: float = 60.0) -> None:
+    """Feed ``p`` a minute of cold requests sent to ``replica`` (its rates decay over a 10 s window)."""
+    for i in range(int(seconds * 10)):
+        p.on_routed(
+            req(int(tokens_per_s / 10), start=10_000 * i, now=i * 0.1), Decision(replica, "no_match", 0)
+        )
+
+
+def test_queue_aware_charges_evicting_a_full_cache_that_turns_over_fast():
     p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=1.0, congestion_weight=0.0)
+    # 1000 new tokens/s through a 1000-token cache: what it evicts was used about a second ago
+    _churn(p, 0, tokens_per_s=1000)
     full = rep(0, wait=0.0, cached_tokens=1000, capacity_tokens=1000)
     roomy = rep(1, wait=0.05, cached_tokens=0, capacity_tokens=1000)
-    assert p.choose(req(100), [full, roomy]).replica_id == 1
+    assert p.turnover_s(full, 60.0) == pytest.approx(1.0, rel=0.1)
+    assert p.choose(req(100, now=60.0), [full, roomy]).replica_id == 1
+
+
+def test_queue_aware_evicts_stale_content_nearly_for_free():
+    p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=1.0, congestion_weight=0.0)
+    # 10 new tokens/s through a 100k-token cache: its LRU tail is hours old
+    _churn(p, 0, tokens_per_s=10)
+    full = rep(0, wait=0.0, cached_tokens=100_000, capacity_tokens=100_000)
+    roomy = rep(1, wait=0.05, cached_tokens=0, capacity_tokens=100_000)
+    assert p.choose(req(100, now=60.0), [full, roomy]).replica_id == 0
+    # a cache the policy has never sent anything to has no recent content of its tenants to lose
+    assert p.eviction_cost_per_token(rep(1, capacity_tokens=1000), 60.0) == 0.0
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,15 @@ Each replica is scored by what choosing it costs:
   with slack in the fleet extra work is nearly free, but when every queue is long each uncached
   token is paid for by everyone behind it (without this a continuous-batching fleet at capacity
   spirals: misses add work, work lengthens queues, long queues push requests off their holders);
-* for a full cache, evicting someone else's prefix × ``eviction_weight``. A miss on a full cache
-  is really paid later, by the misses of whatever it evicts; 0.5 counts about half of the evicted
-  tokens as coming back (measured in the simulator on the Mooncake sample of ``prefixfleet compare``:
-  0.1 duplicated prefixes across replicas and gave away hit rate; 1.0 pushed long cold prompts
-  onto busy replicas and failed the mooncake case of ``prefixfleet bench policies``).
+* for a full cache, the misses its eviction causes later: overflowing tokens × ``eviction_weight``
+  × how recently the evicted content was likely used. An LRU cache that turns over in T seconds
+  (capacity ÷ the rate of uncached tokens the policy has sent it) evicts content last used about
+  T ago, so each evicted token is charged ``eviction_weight`` × window/(window + T) of a prefill.
+  A small cache churned by long prompts evicts prefixes its tenants are still using, and the charge
+  keeps prefix groups from being copied onto it; a large cache that turns over in minutes evicts
+  stale content nearly for free, so long cold prompts are not pushed onto busy replicas. Measured
+  in the simulator (docs/local-fleet.md): a flat charge of 0.1 gave away hit rate on the Mooncake
+  sample of ``prefixfleet compare``; a flat 1.0 failed the mooncake case of ``bench policies``.
 
 Ties go to the replica already holding more of the prompt, then to the shorter queue.
 
@@ -67,7 +71,7 @@ class QueueAware(RoutingPolicy):
         cost: CostModel | None = None,
         externality: float = 0.0,
         delay_weight: float = 0.25,
-        eviction_weight: float = 0.5,
+        eviction_weight: float = 5.0,
         window_s: float = 10.0,
         congestion_weight: float = 3.0,
         max_congestion: float = 10.0,
@@ -91,12 +95,27 @@ class QueueAware(RoutingPolicy):
         self.congestion_weight = congestion_weight
         self.max_congestion = max_congestion
         self._arrivals: dict[ReplicaId, _Decayed] = {}
+        self._writes: dict[ReplicaId, _Decayed] = {}  # uncached tokens sent: what churns each cache
 
     # -- what the policy has learned from its own decisions -------------------------------------
 
     def arrival_rate(self, replica_id: ReplicaId, now: float) -> float:
         d = self._arrivals.get(replica_id)
         return d.rate(now, self.window_s) if d else 0.0
+
+    def turnover_s(self, r: ReplicaState, now: float) -> float:
+        """Seconds for the new tokens this policy sends ``r`` to fill its cache once (inf: none sent)."""
+        d = self._writes.get(r.replica_id)
+        rate = d.rate(now, self.window_s) if d else 0.0
+        return r.capacity_tokens / rate if rate > 0 else math.inf
+
+    def eviction_cost_per_token(self, r: ReplicaState, now: float) -> float:
+        """What evicting one token of ``r``'s LRU tail costs later, in prefill seconds."""
+        turnover = self.turnover_s(r, now)
+        if math.isinf(turnover):
+            return 0.0
+        recency = self.window_s / (self.window_s + turnover)
+        return self.eviction_weight * recency * self.cost.prefill_s_per_token
 
     # -- scoring ------------------------------------------------------------------------------
 
@@ -120,7 +139,7 @@ class QueueAware(RoutingPolicy):
         extra += factor * uncached * self.cost.prefill_s_per_token
         if r.capacity_tokens:
             overflow = max(0, r.cached_tokens + uncached - r.capacity_tokens)
-            extra += self.eviction_weight * overflow * self.cost.prefill_s_per_token
+            extra += overflow * self.eviction_cost_per_token(r, request.now)
         return r.wait_s + prefill + extra
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
@@ -140,6 +159,10 @@ class QueueAware(RoutingPolicy):
     def on_routed(self, request: RouteRequest, decision: Decision) -> None:
         arrivals = self._arrivals.setdefault(decision.replica_id, _Decayed())
         arrivals.add(1.0, request.now, self.window_s)
+        writes = self._writes.setdefault(decision.replica_id, _Decayed())
+        uncached = max(request.num_tokens - decision.expected_matched_tokens, 0)
+        writes.add(float(uncached), request.now, self.window_s)
 
     def on_replica_removed(self, replica_id: ReplicaId) -> None:
         self._arrivals.pop(replica_id, None)
+        self._writes.pop(replica_id, None)
