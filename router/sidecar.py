@@ -91,7 +91,11 @@ class SidecarConfig:
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     prefill_tokens_per_s: float | None = None  # None: the engine's own figure if it reports one
     push_load: bool = True  # also PUBLISH each load change on the fleet's loads channel
-    push_min_interval_s: float = 0.02  # coalesce load pushes: at most one per this gap
+    # coalesce load pushes: at most one per this gap. 50 ms, not 20: each push costs ~0.14 ms in the
+    # sidecar and ~0.08 ms in every gateway, and gateways learn each other's sends on the sends
+    # channel anyway (bench-overhead: -56 µs sidecar, -51 µs gateway CPU per request; up queue_aware
+    # hit rate 83.2% vs 82.5% over 3 runs each)
+    push_min_interval_s: float = 0.05
     record_ttl_s: float = 10.0  # load/summary keys expire this long after the last publish
 
     def resolved_worker_id(self) -> str:
