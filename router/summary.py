@@ -428,9 +428,10 @@ class BlockIndex:
     calls :meth:`track_path` after an insert (new nodes, and a split edge's lower half, lie on or
     under the inserted path), :meth:`drop_detached` notices evicted nodes (the tree detaches them),
     and :meth:`clear` follows a flush. The set of block hashes is kept as reference counts (two
-    namespaces may share a seed, hence a hash) plus a sorted list patched at each summary; the hot
+    namespaces may share a seed, hence a hash) plus a sorted array patched at each summary; the hot
     nodes are the nodes completing a block, ranked from their live hit counts. The result equals
-    :func:`build_summary` of the same tree (a property test holds the two together).
+    :func:`build_summary` of the same tree (a property test holds the two together) as long as every
+    insert into the tree is followed by :meth:`track_path` (evictions and touches need no call).
     """
 
     def __init__(self, tree: RadixTree, block_tokens: int, namespace_seed: Callable[[object], int]) -> None:
