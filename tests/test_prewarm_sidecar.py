@@ -99,6 +99,14 @@ async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hi
         # watch the cold replica's published state changes while it warms
         events = redis.Redis.from_url(pair.redis_url).pubsub()
         events.subscribe(FleetKeys(FLEET).events)
+        # SUBSCRIBE is only sent here: wait for Redis to confirm it, or the "warming" notice may
+        # be published before the subscription exists and be missed.
+        for _ in range(50):
+            confirmed = await asyncio.to_thread(events.get_message, timeout=0.1)
+            if confirmed and confirmed["type"] == "subscribe":
+                break
+        else:
+            raise AssertionError("Redis never confirmed the events subscription")
         unknown = "00000000deadbeef"
         async with http.post(f"{pair.cold}/prefixfleet/warm",
                              json={"source": pair.holder, "hashes": [sid, unknown]}) as resp:  # fmt: skip
