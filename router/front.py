@@ -194,7 +194,7 @@ class _RequestParse:
     )
 
     def __init__(self) -> None:
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.url = b""
         self.target = ""
         self.headers: CIMultiDict[str] = CIMultiDict()
@@ -220,13 +220,18 @@ class _RequestParse:
 
     def on_headers_complete(self) -> None:
         self.head_complete = True
-        self.keep_alive = self.parser.should_keep_alive()  # only valid before the message ends
+        if self.parser is not None:
+            self.keep_alive = self.parser.should_keep_alive()  # only valid before the message ends
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
 
     def on_message_complete(self) -> None:
         self.complete = True
+
+    def release(self) -> None:
+        """Drop the parser: it holds these bound methods, a cycle only the GC would otherwise free."""
+        self.parser = None
 
 
 class _FrontConnection(asyncio.Protocol):
@@ -258,6 +263,8 @@ class _FrontConnection(asyncio.Protocol):
         self.closed = True
         self.front.connections.discard(self)
         self._cancel_timer()
+        if self._head is not None:
+            self._head.release()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ConnectionResetError("the client closed the connection"))
 
@@ -336,11 +343,12 @@ class _FrontConnection(asyncio.Protocol):
                 self._body_wait = True
                 self._timer = self.loop.call_later(self.front.timeouts.body_s, self._on_timer)
             return
-        if head.length:
+        if head.length and head.parser is not None:
             try:
                 head.parser.feed_data(buffer[head.size : size])
             except (httptools.HttpParserError, httptools.HttpParserUpgrade):
                 head.complete = False
+        head.release()
         if not head.complete:  # llhttp disagrees with the framing: let aiohttp answer it
             self._hand_over()
             return
@@ -357,11 +365,18 @@ class _FrontConnection(asyncio.Protocol):
     def _parse_head(self, data: bytes) -> _RequestParse | None:
         """The head of a request this front serves, or None (then aiohttp serves the connection)."""
         head = _RequestParse()
+        if self._is_hot(head, data):
+            return head
+        head.release()
+        return None
+
+    def _is_hot(self, head: _RequestParse, data: bytes) -> bool:
         parser = head.parser
+        assert parser is not None
         try:
             parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
-            return None  # malformed, ambiguous, not ours (_NotHot) or an upgrade: aiohttp answers it
+            return False  # malformed, ambiguous, not ours (_NotHot) or an upgrade: aiohttp answers it
         if (
             not head.head_complete
             or head.body
@@ -372,15 +387,13 @@ class _FrontConnection(asyncio.Protocol):
             or parser.get_http_version() != "1.1"
             or not head.url.startswith(b"/")
         ):
-            return None
+            return False
         try:
             head.target = head.url.decode("ascii")
         except UnicodeDecodeError:
-            return None
-        if head.target.split("?", 1)[0] not in self.front.paths:
-            return None
+            return False
         head.size = len(data)
-        return head
+        return head.target.split("?", 1)[0] in self.front.paths
 
     async def _run(self, request: HotRequest) -> None:
         try:
@@ -431,7 +444,9 @@ class _FrontConnection(asyncio.Protocol):
         """Give this connection (and what it sent so far) to aiohttp's protocol for good."""
         self._cancel_timer()
         self._handed = True
-        self._head = None
+        if self._head is not None:
+            self._head.release()
+            self._head = None
         self.front.connections.discard(self)
         protocol = self.front.fallback()
         if self._read_paused:
