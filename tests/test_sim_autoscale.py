@@ -91,13 +91,15 @@ def test_scale_bounds_hold_every_round() -> None:
 def test_prewarmed_replicas_serve_the_hot_prefix_from_cache(prewarm_run) -> None:
     result, requests = prewarm_run
     assert result.warmup_requests > 0 and result.warmup_tokens > 0
-    # a pre-warmed replica's first viral request already hits the whole (block-floored) prefix
+    # a replica pre-warmed with the viral prefix already hits all of it (block-floored) on its first
+    # viral request (one warmed with tenants' subtrees instead may take a viral request as a miss)
+    viral_prefix = next(r for r in requests if r.group == "viral").tokens[: 4 * 2000]
     firsts = {}
     for i, k in enumerate(result.member):
         m = result.members[k]
         if not m.initial and requests[i].group == "viral" and k not in firsts:
             firsts[k] = i
-    warmed = [k for k in firsts if result.members[k].warmups]
+    warmed = [k for k in firsts if any(j.tokens.startswith(viral_prefix) for j in result.members[k].warmups)]
     assert warmed
     for k in warmed:
         assert result.cached_tokens[firsts[k]] >= 2000 - 16
