@@ -176,6 +176,7 @@ class Sidecar:
         self._engine_origin, self._engine_prefix = split_url(config.engine_url.rstrip("/"))
         self.redis: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._left = False  # deregistered from the fleet (shutting down)
         self.metrics = sidecar_registry(lambda: self.s)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -212,15 +213,26 @@ class Sidecar:
         if self.redis is not None:
             self._tasks.append(asyncio.create_task(self._publish_loop()))
 
-    async def _on_cleanup(self, _app: web.Application) -> None:
-        for task in self._tasks:
+    async def leave_fleet(self) -> None:
+        """Stop publishing and deregister, so gateways stop routing here (idempotent).
+
+        Runs first on shutdown, before in-flight requests are drained: draining may take seconds,
+        and a process killed meanwhile would otherwise stay in the members hash.
+        """
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self.redis is not None:
+        if self.redis is not None and not self._left:
+            self._left = True
             with contextlib.suppress(Exception):
                 await self._deregister()
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await self.leave_fleet()
+        if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
         if self.upstream is not None:
@@ -747,6 +759,7 @@ async def serve(config: SidecarConfig) -> None:
     try:
         await asyncio.Event().wait()
     finally:
+        await sidecar.leave_fleet()
         server.close()
         await front.shutdown()
         await runner.cleanup()
