@@ -34,7 +34,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from prefixfleet.emulator.config import EmulatorConfig
@@ -103,21 +103,8 @@ class ServiceConfig:
             raise ValueError(
                 f"unknown service model {self.service!r}; choose from {', '.join(SERVICE_MODELS)}"
             )
-        for name in (
-            "prefill_s_per_token",
-            "cached_s_per_token",
-            "request_overhead_s",
-            "decode_base_s",
-            "decode_s_per_seq",
-            "prefill_pass_s",
-            "report_gap_s",
-            "report_delay_s",
-            "summary_interval_s",
-            "summary_delay_s",
-            "overlay_slack_s",
-            "forward_delay_s",
-            "share_delay_s",
-        ):
+        # Every duration and per-token cost is a float field: none may be negative.
+        for name in (f.name for f in fields(self) if f.type in ("float", float)):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.max_running <= 0 or self.step_token_budget <= 0:
