@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 from prefixfleet.cli import UsageError
@@ -15,11 +13,8 @@ from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
-from .cli import parse_names, parse_pairs
-from .engine import SERVICE_MODELS, ServiceConfig
+from .cli import add_service_arguments, parse_names, parse_pairs, service_config, write_json
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
-
-SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,14 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--startup-delay-s", type=float, default=30.0, help="new replica start-up time (30)")
     p.add_argument("--control-interval-s", type=float, default=5.0, help="control loop period (5)")
     p.add_argument("--cache-tokens", type=int, help="KV cache per replica in tokens")
-    p.add_argument("--service", choices=SERVICE_MODELS, help="service model (default: batched)")
-    p.add_argument(
-        "--engine",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"service-model parameter, repeatable ({', '.join(sorted(SERVICE_KEYS))})",
-    )
+    add_service_arguments(p, "batched")
     p.add_argument(
         "--set",
         action="append",
@@ -64,36 +52,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _service(args: argparse.Namespace, rec: dict[str, Any]) -> ServiceConfig:
-    values: dict[str, Any] = {k: v for k, v in rec.items() if k in SERVICE_KEYS or k == "service"}
-    if args.service:
-        values["service"] = args.service
-    for key, value in parse_pairs(args.engine, "--engine").items():
-        if key not in SERVICE_KEYS:
-            raise UsageError(
-                f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
-            )
-        field_type = type(ServiceConfig.__dataclass_fields__[key].default)
-        try:
-            values[key] = field_type(value)
-        except ValueError:
-            raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
-    try:
-        return ServiceConfig(**values)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def _positive(value: float | int, flag: str, *, allow_zero: bool = False) -> None:
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise UsageError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {value:g}")
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    try:
-        Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     _positive(args.control_interval_s, "--control-interval-s")
     if args.initial is not None and not min_r <= args.initial <= max_r:
         raise UsageError(f"--initial ({args.initial}) must be between --min ({min_r}) and --max ({max_r})")
-    service = _service(args, rec)
+    service = service_config(rec, args)
     settings = parse_pairs(args.scenario_settings, "--set")
     try:
         workload = build_scenario(args.scenario, seed=args.seed, **settings)
@@ -174,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(title, metrics, details))
     if args.json:
-        _write_json(args.json, {"scenario": workload.name, "settings": settings, "scalers": metrics})
+        write_json(args.json, {"scenario": workload.name, "settings": settings, "scalers": metrics})
     if args.plot:
         try:
             write_plot(args.plot, title, runs, target_s)

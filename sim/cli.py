@@ -37,14 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, help="number of replicas (default: the workload's)")
     p.add_argument("--cache-tokens", type=int, help="radix cache capacity per replica in tokens")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--service", choices=SERVICE_MODELS, help="service model (default: the workload's)")
-    p.add_argument(
-        "--engine",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"service-model parameter, repeatable ({', '.join(sorted(SERVICE_KEYS))})",
-    )
+    add_service_arguments(p, "the workload's")
     p.add_argument(
         "--set",
         action="append",
@@ -57,6 +50,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
     p.set_defaults(func=run)
+
+
+def add_service_arguments(p: argparse.ArgumentParser, default: str) -> None:
+    """``--service`` and repeatable ``--engine KEY=VALUE`` (read back by :func:`service_config`)."""
+    p.add_argument("--service", choices=SERVICE_MODELS, help=f"service model (default: {default})")
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"service-model parameter, repeatable ({', '.join(sorted(SERVICE_KEYS))})",
+    )
+
+
+def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceConfig:
+    """``base`` (a workload's or scenario's recommendation) overridden by ``--service``/``--engine``."""
+    values = {k: v for k, v in base.items() if k in SERVICE_KEYS or k == "service"}
+    if args.service:
+        values["service"] = args.service
+    for key, value in parse_pairs(args.engine, "--engine").items():
+        if key not in SERVICE_KEYS:
+            raise UsageError(
+                f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
+            )
+        field_type = type(ServiceConfig.__dataclass_fields__[key].default)
+        if field_type is bool:  # bool("false") is True: spell the choices out
+            flags = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+            if value.lower() not in flags:
+                raise UsageError(f"--engine {key} must be true or false, got {value!r}")
+            values[key] = flags[value.lower()]
+            continue
+        try:
+            values[key] = field_type(value)
+        except ValueError:
+            raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
+    try:
+        return ServiceConfig(**values)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
 def parse_pairs(items: list[str], what: str) -> dict[str, str]:
@@ -93,35 +132,7 @@ def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
         raise UsageError(f"--replicas must be positive, got {replicas}")
     if cache <= 0:
         raise UsageError(f"--cache-tokens must be positive, got {cache}")
-    if args.service:
-        rec["service"] = args.service
-    for key, value in parse_pairs(args.engine, "--engine").items():
-        if key not in SERVICE_KEYS:
-            raise UsageError(
-                f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
-            )
-        field_type = type(ServiceConfig.__dataclass_fields__[key].default)
-        if field_type is bool:  # bool("false") is True: spell the choices out
-            flags = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-            if value.lower() not in flags:
-                raise UsageError(f"--engine {key} must be true or false, got {value!r}")
-            rec[key] = flags[value.lower()]
-            continue
-        try:
-            rec[key] = field_type(value)
-        except ValueError:
-            raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
-    try:
-        return FleetConfig(replicas, cache, ServiceConfig(**rec))
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-
-
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    try:
-        Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
+    return FleetConfig(replicas, cache, service_config(rec, args))
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
@@ -138,7 +149,7 @@ def run_reproduce(args: argparse.Namespace) -> int:
         )
     print("\n".join(lines))
     if args.json:
-        _write_json(args.json, report)
+        write_json(args.json, report)
     return 0
 
 
@@ -190,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(title, metrics, DEFAULT_POLICY))
     if args.json:
-        _write_json(
+        write_json(
             args.json,
             {
                 "workload": workload.name,

@@ -176,6 +176,7 @@ def test_cli_writes_the_json_shape_and_a_png(tmp_path: Path, capsys) -> None:
         (["--scenario", "viral", "--target-ttft-ms", "-5"], "--target-ttft-ms must be positive"),
         (["--scenario", "viral", "--set", "bogus=1"], "has no setting 'bogus'"),
         (["--scenario", "viral", "--engine", "warp=9"], "unknown --engine parameter 'warp'"),
+        (["--scenario", "viral", "--engine", "share_sends=maybe"], "must be true or false"),
         (["--scenario", "trace:/no/such/file.jsonl"], "trace file not found"),
     ],
 )
