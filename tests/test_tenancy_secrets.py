@@ -492,7 +492,10 @@ async def tls_terminator(cert: str, key: str, backend_port: int) -> asyncio.Serv
     return await asyncio.start_server(handle, "127.0.0.1", 0, ssl=context)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make a certificate")
+@pytest.mark.skipif(
+    shutil.which("openssl") is None,
+    reason="needs the openssl command to make a certificate (.ci/run installs it)",
+)
 async def test_sidecar_and_gateway_reach_redis_over_tls_with_a_private_ca(spawn, password_redis, tmp_path):
     port, password = password_redis
     cert, key = self_signed_certificate(tmp_path)
