@@ -65,6 +65,10 @@ _EMULATOR_ONLY = (
 )
 
 
+def _float_fields(config: ServiceConfig) -> list[str]:
+    return [f.name for f in fields(config) if f.type in ("float", float)]
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """Engine timing and scheduling parameters shared by every replica of a simulated fleet."""
@@ -104,7 +108,7 @@ class ServiceConfig:
                 f"unknown service model {self.service!r}; choose from {', '.join(SERVICE_MODELS)}"
             )
         # Every duration and per-token cost is a float field: none may be negative.
-        for name in (f.name for f in fields(self) if f.type in ("float", float)):
+        for name in _float_fields(self):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.max_running <= 0 or self.step_token_budget <= 0:
@@ -142,22 +146,8 @@ class ServiceConfig:
         """The same engine on a clock ``factor`` times slower (every duration multiplied by it)."""
         if not factor > 0:
             raise ValueError(f"the time factor must be positive, got {factor}")
-        return replace(
-            self,
-            prefill_s_per_token=self.prefill_s_per_token * factor,
-            cached_s_per_token=self.cached_s_per_token * factor,
-            request_overhead_s=self.request_overhead_s * factor,
-            decode_base_s=self.decode_base_s * factor,
-            decode_s_per_seq=self.decode_s_per_seq * factor,
-            prefill_pass_s=self.prefill_pass_s * factor,
-            report_gap_s=self.report_gap_s * factor,
-            report_delay_s=self.report_delay_s * factor,
-            summary_interval_s=self.summary_interval_s * factor,
-            summary_delay_s=self.summary_delay_s * factor,
-            overlay_slack_s=self.overlay_slack_s * factor,
-            forward_delay_s=self.forward_delay_s * factor,
-            share_delay_s=self.share_delay_s * factor,
-        )
+        # every float field is a duration or seconds per token (see __post_init__)
+        return replace(self, **{name: getattr(self, name) * factor for name in _float_fields(self)})
 
     def emulator_config(self, cache_tokens: int) -> EmulatorConfig:
         """The engine emulator's configuration this model stands for (``emulator`` service)."""
@@ -593,7 +583,7 @@ class EmulatedReplica(ReplicaModel):
         matched = self._matched_tokens(request, gateway)
         return ReplicaState(
             replica_id=self.replica_id,
-            matched_tokens=matched - matched % DEFAULT_BLOCK_TOKENS,
+            matched_tokens=matched,  # already floored to whole blocks
             cached_tokens=self.mirror.cached_tokens,
             capacity_tokens=self.mirror.capacity_tokens,
             in_flight=max(rec.in_flight + len(unreported) - len(ended), 0),
