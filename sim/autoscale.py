@@ -366,7 +366,6 @@ def simulate_elastic(
     horizon = requests[-1].arrival_s if requests else 0.0
     jobs = [Job(i, r.arrival_s, r.tokens, r.output_tokens) for i, r in enumerate(requests)]
     member_of = [-1] * len(jobs)
-    index_of = {id(m): i for i, m in enumerate(fleet.members)}
     next_tick = config.control_interval_s
     bar = tqdm(
         total=len(jobs),
@@ -396,9 +395,7 @@ def simulate_elastic(
             job.replica = chosen.model.replica_id
             job.est_uncached = job.total - views[pos].matched_tokens
             chosen.accept(job, now)
-            if id(chosen) not in index_of:
-                index_of.update({id(m): k for k, m in enumerate(fleet.members)})
-            member_of[i] = index_of[id(chosen)]
+            member_of[i] = job.replica  # a member's replica id is its index in fleet.members
             if i % 256 == 255:
                 bar.update(256)
         fleet.advance(math.inf, math.inf, horizon)
