@@ -54,14 +54,14 @@ class CacheMirror:
         matched = self.tree.matched_tokens(token_bytes, namespace)
         full_hit = matched * 4 == len(token_bytes)
         if full_hit:
-            self.tree.match_prefix(token_bytes, namespace)  # a full hit: only recency and hits move
+            # only recency and hits move; the touching match already reaches the prompt's node
+            node = self.tree.match_prefix(token_bytes, namespace).node
         else:
             # longer than the whole cache, or pinned: the engine cannot keep it either
             with contextlib.suppress(ValueError, CacheFullError):
                 self.tree.insert(token_bytes, namespace)
             self.changes += 1
-        node = self.tree.match_prefix(token_bytes, namespace, touch=False).node
-        if not full_hit:
+            node = self.tree.match_prefix(token_bytes, namespace, touch=False).node
             self.index.track_path(node)
         self._ticks.append((node.last_access, self._clock()))
         return matched
