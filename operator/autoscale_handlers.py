@@ -253,9 +253,7 @@ async def autoscale_round(
     logger: logging.Logger,
 ) -> ScalePlan | None:
     namespace, name = ref.namespace, ref.name
-    pods = await asyncio.to_thread(
-        lambda: [observe_pod(p) for p in ctx.kube.list("Pod", namespace, replica_selector(ref))]
-    )
+    pods = await _list_pods(ctx, ref)
     await _clear_stale_victims(ctx, fleet, pods)
     for pod in pods:
         # marked warming by an operator that died mid-warm: nobody will finish it, put it back
@@ -471,9 +469,9 @@ async def prewarm_replica(
                 failed += len(sids)
                 continue
             warmed += int(result.get("warmed_tokens", 0))
-            outcomes = (result.get("results") or {}).values()
-            ok += sum(1 for r in outcomes if r.get("status") == "ok")
-            failed += len(sids) - sum(1 for r in outcomes if r.get("status") == "ok")
+            succeeded = sum(1 for r in (result.get("results") or {}).values() if r.get("status") == "ok")
+            ok += succeeded
+            failed += len(sids) - succeeded
         auto.metrics.scale_events.labels(namespace, ref.name, "prewarm").inc()
         kopf.event(
             fleet,
