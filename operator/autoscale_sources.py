@@ -26,8 +26,9 @@ async def read_records(
 ) -> tuple[dict[str, LoadReport], dict[str, Summary]]:
     if not names:
         return {}, {}
-    raw_loads = await redis.mget([keys.load(n) for n in names])
-    raw_summaries = await redis.mget([keys.summary(n) for n in names])
+    # one round trip for both records of every worker
+    raw = await redis.mget([keys.load(n) for n in names] + [keys.summary(n) for n in names])
+    raw_loads, raw_summaries = raw[: len(names)], raw[len(names) :]
     loads: dict[str, LoadReport] = {}
     summaries: dict[str, Summary] = {}
     for n, raw_load, raw_summary in zip(names, raw_loads, raw_summaries, strict=True):
