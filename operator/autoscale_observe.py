@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -232,7 +232,7 @@ def replica_phase(pod: ObservedPod, load: LoadReport | None) -> ReplicaPhase:
 
 def _created_s(text: str) -> float:
     try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return 0.0
 
