@@ -138,8 +138,9 @@ class QueueAware(RoutingPolicy):
         factor = self.externality + self.congestion_weight * congestion
         extra += factor * uncached * self.cost.prefill_s_per_token
         if r.capacity_tokens:
-            overflow = max(0, r.cached_tokens + uncached - r.capacity_tokens)
-            extra += overflow * self.eviction_cost_per_token(r, request.now)
+            overflow = r.cached_tokens + uncached - r.capacity_tokens
+            if overflow > 0:  # the churn rate is only worth reading when something is evicted
+                extra += overflow * self.eviction_cost_per_token(r, request.now)
         return r.wait_s + prefill + extra
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
