@@ -585,12 +585,11 @@ class BlockIndex:
             blocks.extend(hashes[:room])
         return sorted(set(blocks))
 
-    def _candidate(self, nodes: list[RadixNode]) -> RadixNode:
+    def _candidate(self, nodes: list[RadixNode], order: dict[object, int]) -> RadixNode:
         """Among nodes completing the same block hash (namespaces sharing a seed): most hits, then
-        the first namespace, as a walk in namespace order would pick."""
+        the first namespace in ``order``, as a walk in namespace order would pick."""
         if len(nodes) == 1:
             return nodes[0]
-        order = {ns: i for i, ns in enumerate(self.tree.namespaces())}
         return max(nodes, key=lambda n: (n.hits, -order[self._nodes[n].namespace]))
 
     def summary(
@@ -612,7 +611,8 @@ class BlockIndex:
         # (an ancestor is touched whenever a descendant is), so the hot candidates are exactly the
         # nodes completing a block, ranked by (hits, recency) as the walk ranks them.
         if self._shared:
-            candidates = [(h, self._candidate(nodes)) for h, nodes in self._owners.items()]
+            order = {ns: i for i, ns in enumerate(self.tree.namespaces())}
+            candidates = [(h, self._candidate(nodes, order)) for h, nodes in self._owners.items()]
             top = heapq.nlargest(hot_k, candidates, key=lambda hn: (hn[1].hits, hn[1].last_access))
         else:
             # One node per hash: rank the nodes with a C-level key, newest first so that the many
