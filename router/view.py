@@ -291,13 +291,13 @@ class FleetView:
             key = (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
             matched = min(self.matched_tokens(w, hashes[key], key[1], wall_now), num_tokens)
             load = w.load
-            reported_at = load.ts if load is not None else float("inf")
-            unreported = [s for s in w.sends.values() if s.sent_at > reported_at]
             if load is None:
-                unreported = list(w.sends.values())
-            # own sends the report counts as in flight though they have ended since: subtract them
-            # (a burst right after a reply must not see the replied request as still queued)
-            ended = [d for d in w.done if d.sent_at <= reported_at < d.done_at] if load else []
+                unreported, ended = list(w.sends.values()), []
+            else:
+                unreported = [s for s in w.sends.values() if s.sent_at > load.ts]
+                # own sends the report counts as in flight though they have ended since: subtract
+                # them (a burst right after a reply must not see the replied request as still queued)
+                ended = [d for d in w.done if d.sent_at <= load.ts < d.done_at]
             in_flight = max((load.in_flight if load else 0) + len(unreported) - len(ended), 0)
             pending = max(
                 (load.pending_prefill_tokens if load else 0)
