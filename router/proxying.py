@@ -41,10 +41,6 @@ _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 
 
-def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
-
-
 def forward_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     """The end-to-end request headers (repeats kept) as pairs, for :class:`~.upstream.UpstreamPool`."""
     return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
