@@ -248,7 +248,6 @@ class _FrontConnection(asyncio.Protocol):
         self._read_paused = False
         self._timer: asyncio.TimerHandle | None = None
         self._body_wait = False  # the timer is the body deadline (else the idle/head limit)
-        self._handed = False
         # the request at the front of the buffer, once its head is parsed
         self._head: _RequestParse | None = None
 
@@ -443,7 +442,6 @@ class _FrontConnection(asyncio.Protocol):
     def _hand_over(self) -> None:
         """Give this connection (and what it sent so far) to aiohttp's protocol for good."""
         self._cancel_timer()
-        self._handed = True
         if self._head is not None:
             self._head.release()
             self._head = None
