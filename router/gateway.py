@@ -32,7 +32,6 @@ from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .policies import DEFAULT_POLICY, CostModel, NoReplicaError, RouteRequest, RoutingPolicy, make_policy
 from .proxying import (
-    HOP_BY_HOP,
     RETRYABLE_HEADER,
     WORKER_HEADER,
     Answer,
@@ -571,7 +570,7 @@ class Gateway:
                 ) as up:
                     data = await up.read()
                     if up.status < 500:
-                        headers = {k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP}
+                        headers = answer_headers(up.headers)
                         return self._answer(
                             "/v1/models", web.Response(status=up.status, body=data, headers=headers), started
                         )
