@@ -455,11 +455,9 @@ class Sidecar:
             periodic = state_change or now - last_periodic >= interval or not self.s.redis_ok
             register = periodic and (state_change or now - last_register >= 2.0 or not self.s.redis_ok)
             try:
-                if not periodic and self._queue_figures(self.load_report()) == self.s.pushed_load:
-                    # Requests came and went between two pushes and left the queue as gateways last
-                    # saw it: nothing to tell them (the periodic round refreshes the slow figures).
-                    pass
-                else:
+                # Between periodic rounds, push only if the queue differs from what gateways last saw
+                # (requests may have come and gone meanwhile; the periodic round refreshes the rest).
+                if periodic or self._queue_figures(self.load_report()) != self.s.pushed_load:
                     await self.publish_once(register=register, periodic=periodic)
                 if periodic:
                     last_periodic = now
