@@ -640,7 +640,7 @@ class Sidecar:
                 try:
                     data = await upstream.read()
                 except (OSError, TimeoutError) as exc:
-                    self.s.engine_ok = False
+                    self._engine_failed(exc)
                     return json_error(
                         502,
                         f"engine failed mid-response: {exc.__class__.__name__}",
@@ -702,7 +702,7 @@ class Sidecar:
                     return response  # the client left; closing upstream aborts the engine's request
             complete = True
         except (OSError, TimeoutError) as exc:
-            self.s.engine_ok = False
+            self._engine_failed(exc)
             with contextlib.suppress(ConnectionError, aiohttp.ClientError):
                 await response.write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
         if parsed is not None and handle is not None and cached is not None:
