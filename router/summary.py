@@ -27,8 +27,6 @@ from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import xxhash
-
 from .blockhash import extend_chain
 from .radix import TOKEN_BYTES, RadixNode, RadixTree
 
@@ -264,9 +262,6 @@ def _prefix_bytes(node: RadixNode) -> bytes:
     return b"".join(reversed(parts))
 
 
-ChainCache = dict[tuple[int, int, bytes, int], tuple[list[int], bytes]]
-
-
 def build_summary(
     tree: RadixTree,
     *,
@@ -279,17 +274,14 @@ def build_summary(
     wall_time_of: Callable[[int], float],
     max_blocks: int = DEFAULT_MAX_BLOCKS,
     hot_k: int = DEFAULT_HOT_K,
-    chain_cache: ChainCache | None = None,
 ) -> tuple[Summary, dict[int, HotPrefix]]:
     """Hash every full cached block of ``tree`` (all namespaces) into a :class:`Summary`.
 
     ``namespace_seed(ns)`` gives block 0's seed for a namespace (identity seed, salted per tenant);
     ``wall_time_of(tick)`` maps the tree's logical access ticks to unix seconds. Also returns the
     hot nodes' real prefixes for the sidecar's own use (pre-warm export); those stay in the process.
-
-    ``chain_cache`` (owned by the caller, reused across builds) memoizes each edge's block hashes by
-    (chain state, edge digest): a rebuild then costs one C-level digest per *node* instead of one
-    Python-level hash call per *block*. Entries not used by this build are dropped from it.
+    A live sidecar keeps the same result current incrementally (:class:`BlockIndex`); this full build
+    is its reference and serves the simulator's elastic fleet.
     """
     # per node: (last_access, index of its first new block, its block hashes). A node is never more
     # recent than its parent, so taking nodes by (recency desc, depth asc) keeps a capped set closed.
@@ -298,21 +290,13 @@ def build_summary(
     # per hot-node candidate: hash -> (hits, last_access, tokens, node, namespace)
     candidates: dict[int, tuple[int, int, int, RadixNode, object]] = {}
     step = block_tokens
-    used: ChainCache = {}
-    digest = xxhash.xxh64_intdigest
     for ns in tree.namespaces():
         root = tree.root(ns)
         seed = namespace_seed(ns)
         stack: list[tuple[RadixNode, int, bytes, int]] = [(c, seed, b"", 0) for c in root.children.values()]
         while stack:
             node, prev_hash, leftover, start = stack.pop()
-            edge = node.edge
-            key = (prev_hash, digest(edge), leftover, len(edge))
-            hit = chain_cache.get(key) if chain_cache is not None else None
-            if hit is None:
-                hit = extend_chain(prev_hash, leftover, edge, step)
-            used[key] = hit
-            hashes, rest = hit
+            hashes, rest = extend_chain(prev_hash, leftover, node.edge, step)
             end = start + node.num_tokens
             if hashes:
                 first_block = (start - len(leftover) // TOKEN_BYTES) // step
@@ -325,9 +309,6 @@ def build_summary(
                 if prev is None or node.hits > prev[0]:
                     candidates[last_hash] = (node.hits, node.last_access, floored, node, ns)
             stack.extend((c, last_hash, rest, end) for c in node.children.values())
-    if chain_cache is not None:
-        chain_cache.clear()
-        chain_cache.update(used)
     truncated = total > max_blocks
     blocks: list[int] = []
     if truncated:

@@ -435,28 +435,6 @@ def test_streamed_text_is_reassembled_across_arbitrary_chunk_boundaries(path, ev
         assert collector.text == expected
 
 
-@settings(max_examples=60, deadline=None)
-@given(token_seqs, token_seqs)
-def test_a_reused_chain_cache_gives_the_same_summary_as_hashing_from_scratch(first, second):
-    tree = _tree_with(first, capacity=200)
-    cache: dict = {}
-    kwargs = dict(
-        worker="w",
-        version=1,
-        now=1.0,
-        identity_seed=SEED,
-        block_tokens=B,
-        namespace_seed=lambda ns: salted_seed(SEED, ns),
-        wall_time_of=float,
-    )
-    build_summary(tree, chain_cache=cache, **kwargs)
-    for seq in second:  # splits, new leaves and evictions change the nodes under the cache
-        tree.insert(seq)
-    cached, _ = build_summary(tree, chain_cache=cache, **kwargs)
-    fresh, _ = build_summary(tree, **kwargs)
-    assert list(cached.blocks) == list(fresh.blocks) and cached.hot == fresh.hot
-
-
 @settings(max_examples=80, deadline=None)
 @given(
     token_seqs,
