@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,7 +182,7 @@ async def stop_autoscaler(memo: kopf.Memo, **_: Any) -> None:
     await auto.http.aclose()
 
 
-def _autoscaled(spec: kopf.Spec, **_: Any) -> bool:
+def _autoscaled(spec: Mapping[str, Any], **_: Any) -> bool:
     return bool((spec.get("autoscaling") or {}).get("enabled"))
 
 
@@ -195,12 +195,16 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
         return
     gone = kwargs.get("type") == "DELETED" or bool(body.metadata.get("deletionTimestamp"))
     if gone or not _autoscaled(body.spec):
-        namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
-        state = auto.fleets.pop(f"{namespace}/{name}", None)
-        if state is not None:
-            for task in state.warming:
-                task.cancel()
-            auto.metrics.forget(namespace, name)
+        _forget_fleet(auto, body.metadata.namespace or "default", body.metadata.name or "")
+
+
+def _forget_fleet(auto: AutoscaleContext, namespace: str, name: str) -> None:
+    """Drop a fleet's autoscaler state: cancel its warm tasks, remove its metric series."""
+    state = auto.fleets.pop(f"{namespace}/{name}", None)
+    if state is not None:
+        for task in state.warming:
+            task.cancel()
+        auto.metrics.forget(namespace, name)
 
 
 # Only autoscaled fleets tick (every second; each fleet's round runs every intervalSeconds).
@@ -213,9 +217,8 @@ async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
     namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
     key = f"{namespace}/{name}"
     raw_spec = dict(body.get("spec") or {})
-    if not (raw_spec.get("autoscaling") or {}).get("enabled") or body.metadata.get("deletionTimestamp"):
-        if auto.fleets.pop(key, None) is not None:
-            auto.metrics.forget(namespace, name)
+    if not _autoscaled(raw_spec) or body.metadata.get("deletionTimestamp"):
+        _forget_fleet(auto, namespace, name)  # whichever of this and autoscale_forget runs first
         return
     try:
         spec = validate_spec(raw_spec)
