@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.prewarm import warm_replica
 
 from .autoscale import PlannerMemory, ScalePlan, SubtreeObservation, plan_scale
 from .autoscale_memory import (
@@ -61,7 +62,6 @@ from .autoscale_observe import (
     observe_fleet,
     outage_notice,
     scale_policy,
-    warm_sources,
 )
 from .autoscale_sources import read_engine_metrics, read_records
 from .handlers import ANNOTATION_VICTIMS, FLEET_RESOURCE, OperatorContext, resolve_redis_url
@@ -458,29 +458,26 @@ async def prewarm_replica(
         if url is None:
             logger.warning("pre-warm of %s: its sidecar did not become ready in time", pod_name)
             return
-        warmed, ok, failed = 0, 0, 0
-        for source, sids in warm_sources(subtree_ids, subtrees, urls, exclude=pod_name).items():
-            try:
-                resp = await auto.http.post(
-                    f"{url}/prefixfleet/warm",
-                    json={"source": source, "hashes": sids},
-                    timeout=max(deadline - time.monotonic(), 1.0),
-                )
-                result = resp.json() if resp.status_code == 200 else {}
-            except (httpx.HTTPError, ValueError) as exc:
-                logger.warning("pre-warm of %s from %s failed: %s", pod_name, source, exc)
-                failed += len(sids)
-                continue
-            warmed += int(result.get("warmed_tokens", 0))
-            succeeded = sum(1 for r in (result.get("results") or {}).values() if r.get("status") == "ok")
-            ok += succeeded
-            failed += len(sids) - succeeded
+        outcome = await warm_replica(
+            auto.http,
+            url,
+            subtree_ids,
+            subtrees,
+            urls,
+            exclude=pod_name,
+            timeout_s=lambda: max(deadline - time.monotonic(), 1.0),  # what is left of the deadline
+        )
+        for source, error in outcome.errors:
+            logger.warning("pre-warm of %s from %s failed: %s", pod_name, source, error)
         auto.metrics.scale_events.labels(namespace, ref.name, "prewarm").inc()
         kopf.event(
             fleet,
-            type="Normal" if not failed else "Warning",
+            type="Normal" if not outcome.failed else "Warning",
             reason="Prewarmed",
-            message=f"pod {pod_name}: {warmed} tokens of {ok} hot prefix(es) warmed, {failed} failed",
+            message=(
+                f"pod {pod_name}: {outcome.warmed_tokens} tokens of {outcome.ok} hot prefix(es) warmed, "
+                f"{outcome.failed} failed"
+            ),
         )
     finally:
         if pod_name is not None:  # never leave a replica out of rotation

@@ -122,13 +122,6 @@ def prefill_load_of(rates: EngineRates | None, prefill_tokens_per_s: float) -> f
     return rates.uncached_tokens_per_s / prefill_tokens_per_s
 
 
-def prefill_load(
-    before: TokenCounters | None, now: TokenCounters | None, prefill_tokens_per_s: float
-) -> float:
-    """Prefill seconds per second between two samples; 0 without two samples or a speed."""
-    return prefill_load_of(rates_between(before, now), prefill_tokens_per_s)
-
-
 EngineSource = Literal["prometheus", "scrape", "mixed", "none"]
 
 
@@ -289,21 +282,3 @@ def hot_prefixes_status(subtrees: Sequence[SubtreeObservation]) -> list[dict[str
         }
         for s in subtrees[:HOT_PREFIXES_IN_STATUS]
     ]
-
-
-def warm_sources(
-    subtree_ids: Sequence[str],
-    subtrees: Sequence[SubtreeObservation],
-    sidecar_urls: Mapping[str, str],
-    exclude: str = "",
-) -> dict[str, list[str]]:
-    """Group the subtrees to warm by a holder's sidecar URL (the first reachable holder of each)."""
-    holders = {s.subtree_id: sorted(s.holders) for s in subtrees}
-    out: dict[str, list[str]] = {}
-    for sid in subtree_ids:
-        source = next(
-            (sidecar_urls[h] for h in holders.get(sid, []) if h != exclude and h in sidecar_urls), None
-        )
-        if source is not None:
-            out.setdefault(source, []).append(sid)
-    return out

@@ -14,17 +14,22 @@ Two endpoints on every sidecar, called by the autoscaler (never by clients, neve
 
 Cache identity is respected: a prefix is replayed only when the source serves the same model,
 revision and adapter (another identity names different blocks, so its cache would be useless here).
+
+The autoscaler's side of the warm request is here too, shared by the operator and the local fleet:
+:func:`warm_sources` picks a holder for each hot subtree, :func:`warm_replica` sends the target one
+warm request per holder and tallies the answers into a :class:`WarmOutcome`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+import httpx
 import redis.asyncio as aioredis
 from aiohttp import web
 
@@ -34,6 +39,8 @@ from .proxying import find_cached_tokens, json_error
 from .summary import HotPrefix
 
 if TYPE_CHECKING:
+    from prefixfleet.operator.autoscale import SubtreeObservation
+
     from .sidecar import Sidecar
 
 MAX_WARM_HASHES = 64
@@ -192,3 +199,80 @@ def add_routes(app: web.Application) -> None:
     """Register the pre-warm endpoints (before the sidecar's catch-all proxy route)."""
     app.router.add_get("/prefixfleet/prefix/{hash}", handle_prefix)
     app.router.add_post("/prefixfleet/warm", handle_warm)
+
+
+def warm_sources(
+    subtree_ids: Sequence[str],
+    subtrees: Sequence[SubtreeObservation],
+    sidecar_urls: Mapping[str, str],
+    exclude: str = "",
+) -> dict[str, list[str]]:
+    """Group the subtrees to warm by a holder's sidecar URL (the first reachable holder of each)."""
+    holders = {s.subtree_id: sorted(s.holders) for s in subtrees}
+    out: dict[str, list[str]] = {}
+    for sid in subtree_ids:
+        source = next(
+            (sidecar_urls[h] for h in holders.get(sid, []) if h != exclude and h in sidecar_urls), None
+        )
+        if source is not None:
+            out.setdefault(source, []).append(sid)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class WarmOutcome:
+    """What warming one replica achieved: prefilled tokens, prefixes warmed (``ok``) and not
+    (``failed``), and ``errors``: (source URL, why) for each warm request that got no usable answer."""
+
+    warmed_tokens: int = 0
+    ok: int = 0
+    failed: int = 0
+    errors: tuple[tuple[str, str], ...] = ()
+
+
+async def warm_replica(
+    http: httpx.AsyncClient,
+    url: str,
+    subtree_ids: Sequence[str],
+    subtrees: Sequence[SubtreeObservation],
+    sidecar_urls: Mapping[str, str],
+    *,
+    exclude: str,
+    timeout_s: Callable[[], float],
+) -> WarmOutcome:
+    """Warm the replica whose sidecar is at ``url`` with ``subtree_ids``: one ``/prefixfleet/warm``
+    request per holder (see :func:`warm_sources`; ``exclude`` is the target's own name), in turn.
+
+    ``timeout_s`` gives each request's timeout as it is sent (a caller with an overall deadline
+    returns what is left of it). A request that fails or answers other than 200 with a JSON object
+    counts all its prefixes failed and adds an entry to ``errors`` (the caller decides how to log it).
+    """
+    warmed, ok, failed = 0, 0, 0
+    errors: list[tuple[str, str]] = []
+    for source, sids in warm_sources(subtree_ids, subtrees, sidecar_urls, exclude=exclude).items():
+        try:
+            result = await _request_warm(http, url, source, sids, timeout_s())
+        except (httpx.HTTPError, ValueError) as exc:
+            errors.append((source, f"{exc.__class__.__name__}: {exc}"[:300]))
+            failed += len(sids)
+            continue
+        warmed += int(result.get("warmed_tokens", 0))
+        succeeded = sum(1 for r in (result.get("results") or {}).values() if r.get("status") == "ok")
+        ok += succeeded
+        failed += len(sids) - succeeded
+    return WarmOutcome(warmed, ok, failed, tuple(errors))
+
+
+async def _request_warm(
+    http: httpx.AsyncClient, url: str, source: str, sids: Sequence[str], timeout_s: float
+) -> dict[str, Any]:
+    """The target's answer to one warm request; ValueError when it is not a 200 with a JSON object."""
+    resp = await http.post(
+        f"{url}/prefixfleet/warm", json={"source": source, "hashes": sids}, timeout=timeout_s
+    )
+    if resp.status_code != 200:
+        raise ValueError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
+    result = resp.json()
+    if not isinstance(result, dict):
+        raise ValueError(f"{url} answered no JSON object")
+    return result

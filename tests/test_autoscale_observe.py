@@ -15,17 +15,19 @@ from __future__ import annotations
 
 from prefixfleet.operator.autoscale import SubtreeObservation
 from prefixfleet.operator.autoscale_observe import (
+    EngineReading,
     TokenCounters,
     hot_prefixes_status,
     observe_fleet,
     parse_token_counters,
-    prefill_load,
+    prefill_load_of,
+    rates_between,
     replica_phase,
     scale_policy,
-    warm_sources,
 )
 from prefixfleet.operator.models import validate_spec
 from prefixfleet.operator.planner import ObservedPod
+from prefixfleet.router.prewarm import warm_sources
 from prefixfleet.router.records import LoadReport
 
 SPEC = {"model": {"name": "m"}, "engine": {"kind": "emulator"}, "replicas": 2}
@@ -67,11 +69,16 @@ def test_token_counters_from_an_exposition() -> None:
 
 def test_prefill_load_is_uncached_growth_over_prefill_speed() -> None:
     before, after = TokenCounters(0.0, 1000.0, 0.0), TokenCounters(2.0, 3000.0, 1000.0)
-    assert prefill_load(before, after, 500.0) == 1.0  # 1000 uncached tokens in 2 s at 500 tok/s
-    assert prefill_load(None, after, 500.0) == 0.0
-    assert prefill_load(before, after, 0.0) == 0.0
+    rates = rates_between(before, after)
+    assert prefill_load_of(rates, 500.0) == 1.0  # 1000 uncached tokens in 2 s at 500 tok/s
+    assert rates_between(None, after) is None and prefill_load_of(None, 500.0) == 0.0
+    assert prefill_load_of(rates, 0.0) == 0.0
     restarted = TokenCounters(2.0, 400.0, 0.0)
-    assert prefill_load(before, restarted, 100.0) == 2.0  # the new counter value is the growth
+    assert prefill_load_of(rates_between(before, restarted), 100.0) == 2.0  # the new value is the growth
+    # per replica, with each one's own prefill speed; a replica without a load record has none
+    assert rates is not None
+    reading = EngineReading({"a": rates, "b": rates}, {}, "scrape", "")
+    assert reading.prefill_loads({"a": load(speed=500.0)}) == {"a": 1.0}
 
 
 def test_replica_phases() -> None:

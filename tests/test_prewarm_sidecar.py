@@ -7,7 +7,10 @@ Specification:
   through its own sidecar: afterwards a request with that prefix on the cold replica is a cache hit;
 * the warmed replica is ``warming`` (in its Redis load record) while it warms, ``ready`` after;
 * an unknown hash is reported failed in the summary, not a crash; a bad body is a 400 naming the field;
-* token ids never reach Redis (only hashes do).
+* token ids never reach Redis (only hashes do);
+* the autoscalers' client (``warm_replica``) sends one warm request per holder and tallies them: the
+  good holder's prefix is warmed (its tokens counted), a request the target refuses or cannot take
+  counts its prefixes failed and names its source and why in ``errors``.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import aiohttp
+import httpx
 import pytest
 import redis
 from fleet_fixtures import RedisServer, Spawner, free_port, prefixfleet_argv, wait_for_http
 
+from prefixfleet.operator.autoscale import SubtreeObservation
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, block_hashes
 from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.prewarm import warm_replica
 from prefixfleet.router.records import decode_load
 from prefixfleet.tokenizer import tokenize
 
@@ -164,3 +170,33 @@ async def test_bad_requests_get_a_clear_4xx_and_the_sidecar_stays_up(pair: Pair)
         assert summary["warmed_tokens"] == 0 and summary["state"] == "ready"
         async with http.get(f"{pair.cold}/prefixfleet/status") as resp:
             assert (await resp.json())["state"] == "ready"
+
+
+async def test_warm_replica_counts_each_source_and_names_the_failed_one(pair: Pair) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await generate(session, pair.holder, PREFIX + "first question?")
+        sid = await prefix_hash(session, pair.holder)
+    prefix_tokens = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
+    other = "0000000000c0ffee"
+    subtrees = [
+        SubtreeObservation(sid, tokens=prefix_tokens, rate_rps=1.0, holders=frozenset({"w0", "w1"})),
+        SubtreeObservation(other, tokens=64, rate_rps=1.0, holders=frozenset({"odd"})),
+    ]
+    # "odd" advertises a URL that is no sidecar base URL: the target refuses that warm request (400)
+    urls = {"w0": pair.holder, "w1": pair.cold, "odd": "http://127.0.0.1:1/not-a-base-url"}
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        outcome = await warm_replica(
+            http, pair.cold, [sid, other], subtrees, urls, exclude="w1", timeout_s=lambda: 30.0
+        )
+        assert (outcome.warmed_tokens, outcome.ok, outcome.failed) == (prefix_tokens, 1, 1)
+        assert [source for source, _ in outcome.errors] == [urls["odd"]]
+        assert "HTTP 400" in outcome.errors[0][1] and "source" in outcome.errors[0][1]
+
+        # a target that does not answer at all: every prefix failed, each source named once
+        dead = f"http://127.0.0.1:{free_port()}"
+        outcome = await warm_replica(
+            http, dead, [sid, other], subtrees, urls, exclude="new-0", timeout_s=lambda: 5.0
+        )
+        assert (outcome.warmed_tokens, outcome.ok, outcome.failed) == (0, 0, 2)
+        assert sorted(source for source, _ in outcome.errors) == sorted([pair.holder, urls["odd"]])
+        assert all(error.startswith("ConnectError") for _, error in outcome.errors), outcome.errors

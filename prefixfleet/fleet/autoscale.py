@@ -44,13 +44,13 @@ from prefixfleet.operator.autoscale_observe import (
     TokenCounters,
     observe_fleet,
     outage_notice,
-    warm_sources,
 )
 from prefixfleet.operator.autoscale_sources import read_engine_metrics, read_records
 from prefixfleet.operator.hot_subtrees import HotState, hot_subtrees
 from prefixfleet.operator.planner import ObservedPod
 from prefixfleet.operator.prometheus_source import PrometheusScope, PrometheusSource
 from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.prewarm import warm_replica
 
 LOCAL_NAMESPACE = "local"  # the namespace label local_prometheus gives a local fleet's series
 MIN_DRAIN_S = 2.0  # every gateway has refreshed its view (0.2 s polls) before the process goes
@@ -286,22 +286,13 @@ class LocalAutoscaler:
             await http.post(f"{url}/prefixfleet/state", json={"state": "warming"})
         holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
         live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
-        warmed, failed = 0, 0
-        for source, sids in warm_sources(subtree_ids, subtrees, live, exclude=name).items():
-            try:
-                resp = await http.post(
-                    f"{url}/prefixfleet/warm", json={"source": source, "hashes": sids}, timeout=WARM_TIMEOUT_S
-                )
-                body = resp.json() if resp.status_code == 200 else {}
-            except (httpx.HTTPError, ValueError):
-                failed += len(sids)
-                continue
-            warmed += int(body.get("warmed_tokens", 0))
-            failed += sum(1 for r in (body.get("results") or {}).values() if r.get("status") != "ok")
+        outcome = await warm_replica(
+            http, url, subtree_ids, subtrees, live, exclude=name, timeout_s=lambda: WARM_TIMEOUT_S
+        )
         with contextlib.suppress(httpx.HTTPError):
             await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
         self.warming.discard(name)
-        self._event("prewarm", f"{name}: {warmed} tokens warmed, {failed} failed")
+        self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
 
     async def _drain(self, name: str, url: str, http: httpx.AsyncClient) -> None:
         with contextlib.suppress(httpx.HTTPError):
