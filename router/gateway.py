@@ -43,7 +43,7 @@ from .proxying import (
     request_target,
     sse_error_event,
 )
-from .records import SENDS_MAGIC, WORKER_STATES, SendNotice, decode_send, encode_send
+from .records import SENDS_MAGIC, WORKER_STATES, SendNotice, decode_load_push, decode_send, encode_send
 from .redis_conn import connect_redis
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
@@ -273,14 +273,12 @@ class Gateway:
                     if _channel(message) == self.keys.sends:
                         self._apply_peer_send(data)
                         continue
-                    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-                    worker_id, sep, raw = text.partition("\n")
-                    if not sep:
-                        self._warn("ignoring a malformed message on the loads channel")
+                    try:
+                        push = decode_load_push(data)
+                    except ValueError as exc:
+                        self._warn(f"ignoring a malformed message on the loads channel: {exc}")
                         continue
-                    warning = self.view.apply_load(worker_id, raw, time.monotonic())
-                    if warning:
-                        self._warn(warning)
+                    self.view.apply_load(push.worker, push.load, time.monotonic())
             except (aioredis.RedisError, OSError, TimeoutError):
                 self._sends_subscribed = False
                 await asyncio.sleep(backoff)  # the refresh loop reports the outage

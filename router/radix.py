@@ -23,6 +23,8 @@ from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from .little_endian import pack_le, unpack_le
+
 TOKEN_BYTES = 4
 Tokens = bytes | bytearray | memoryview | array | Iterable[int]
 
@@ -56,19 +58,12 @@ def as_token_bytes(tokens: Tokens) -> bytes:
             raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
         except TypeError as exc:
             raise ValueError(f"tokens must be integers: {exc}") from None
-    if sys.byteorder != "little":
-        arr = array("I", arr)
-        arr.byteswap()
-    return arr.tobytes()
+    return pack_le(arr)
 
 
 def decode_tokens(data: bytes) -> list[int]:
     """Inverse of :func:`as_token_bytes`."""
-    arr = array("I")
-    arr.frombytes(data)
-    if sys.byteorder != "little":
-        arr.byteswap()
-    return arr.tolist()
+    return unpack_le("I", data).tolist()
 
 
 def common_prefix_bytes(a: bytes, b: bytes, start_b: int = 0) -> int:

@@ -1,17 +1,18 @@
-"""Small records in Redis next to a sidecar's summary: membership and load (JSON, format v1), and
-the send notices gateways exchange so each sees the prefixes the others just routed."""
+"""Small records in Redis next to a sidecar's summary: membership and load (JSON, format v1), the
+load pushes sidecars publish on the loads channel, and the send notices gateways exchange so each
+sees the prefixes the others just routed."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-import sys
 from array import array
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .little_endian import pack_le, unpack_le
 from .summary import SummaryError
 
 RECORD_VERSION = 1
@@ -76,6 +77,8 @@ def _load_json(raw: str | bytes, what: str) -> dict[str, Any]:
         obj = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
         raise SummaryError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:  # e.g. "[[[[...": the C scanner gives up on deep nesting
+        raise SummaryError(f"{what}: JSON nested too deeply") from None
     if not isinstance(obj, dict):
         raise SummaryError(f"{what} must be a JSON object")
     if obj.get("v") != RECORD_VERSION:
@@ -137,6 +140,44 @@ def decode_load(raw: str | bytes) -> LoadReport:
     )
 
 
+# -- load pushes (sidecar -> gateways) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPush:
+    """One message on the fleet's loads channel: ``worker`` just wrote ``load`` to ``load:{worker}``."""
+
+    worker: str
+    load: LoadReport
+
+
+def encode_load_push(worker: str, record: str) -> str:
+    """``<worker>\\n<load JSON>``, where ``record`` is the load record exactly as written to
+    ``load:{worker}`` (``encode_record(report)``): taken encoded so a publish serialises it once."""
+    validate_worker_id(worker)
+    return f"{worker}\n{record}"
+
+
+def decode_load_push(data: bytes | str) -> LoadPush:
+    """Parse a loads-channel message; anything malformed raises :class:`SummaryError`."""
+    if isinstance(data, bytes):
+        head, sep, record = data.partition(b"\n")
+        worker = head.decode("ascii", "replace")  # a non-ASCII id fails the pattern below
+    elif isinstance(data, str):
+        worker, sep, record = data.partition("\n")
+    else:
+        raise SummaryError(f"load push must be bytes or str, not {type(data).__name__}")
+    if not sep:
+        raise SummaryError("load push: no newline between the worker id and the load record")
+    if not _WORKER_ID.match(worker):
+        raise SummaryError(f"load push: bad worker id {worker[:140]!r}")
+    try:
+        load = decode_load(record)
+    except SummaryError as exc:
+        raise SummaryError(f"load push of {worker!r}: {exc}") from None
+    return LoadPush(worker, load)
+
+
 # -- send notices (gateway -> gateways) --------------------------------------------------------------
 
 SENDS_MAGIC = b"PFX1"
@@ -158,10 +199,8 @@ def encode_send(gateway: str, worker: str, sent_at: float, hashes: Sequence[int]
     if not _GATEWAY_ID.match(gateway):
         raise ValueError(f"gateway id {gateway!r} must be 1-64 letters, digits, '_', '.', ':' or '-'")
     validate_worker_id(worker)
-    blocks = array("Q", hashes)
-    if sys.byteorder != "little":
-        blocks.byteswap()
-    return SENDS_MAGIC + f"{gateway}\n{worker}\n{sent_at!r}\n".encode() + blocks.tobytes()
+    blocks = pack_le(array("Q", hashes))
+    return SENDS_MAGIC + f"{gateway}\n{worker}\n{sent_at!r}\n".encode() + blocks
 
 
 def decode_send(data: bytes | str) -> SendNotice:
@@ -185,8 +224,4 @@ def decode_send(data: bytes | str) -> SendNotice:
         raise SummaryError("send notice: time must be a finite non-negative number")
     if len(body) % 8:
         raise SummaryError(f"send notice: {len(body)} bytes of hashes is not a multiple of 8")
-    hashes = array("Q")
-    hashes.frombytes(body)
-    if sys.byteorder != "little":
-        hashes.byteswap()
-    return SendNotice(gateway_s, worker_s, sent_at, hashes)
+    return SendNotice(gateway_s, worker_s, sent_at, unpack_le("Q", body))

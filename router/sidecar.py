@@ -47,7 +47,14 @@ from .proxying import (
     sse_error_event,
 )
 from .radix import CacheFullError, as_token_bytes
-from .records import LoadReport, MemberRecord, encode_record, validate_state, validate_worker_id
+from .records import (
+    LoadReport,
+    MemberRecord,
+    encode_load_push,
+    encode_record,
+    validate_state,
+    validate_worker_id,
+)
 from .redis_conn import connect_redis
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
@@ -420,7 +427,7 @@ class Sidecar:
         if self.config.push_load:
             # Gateways subscribed to this channel see every worker's load within milliseconds, so
             # several gateways see each other's sends instead of a report up to an interval old.
-            pipe.publish(self.keys.loads, f"{self.s.worker_id}\n{load}")
+            pipe.publish(self.keys.loads, encode_load_push(self.s.worker_id, load))
         if register and self.config.self_register:
             pipe.hset(self.keys.members, self.s.worker_id, encode_record(self.member_record()))
         await pipe.execute()

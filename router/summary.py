@@ -22,12 +22,12 @@ import itertools
 import json
 import operator
 import struct
-import sys
 from array import array
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .blockhash import extend_chain
+from .little_endian import pack_le, unpack_le
 from .radix import TOKEN_BYTES, RadixNode, RadixTree
 
 FORMAT_VERSION = 1
@@ -130,11 +130,7 @@ def encode_summary(summary: Summary) -> bytes:
         ],
     }
     head_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    blocks = summary.blocks
-    if sys.byteorder != "little":
-        blocks = array("Q", blocks)
-        blocks.byteswap()
-    return _HEAD.pack(MAGIC, FORMAT_VERSION, len(head_bytes)) + head_bytes + blocks.tobytes()
+    return _HEAD.pack(MAGIC, FORMAT_VERSION, len(head_bytes)) + head_bytes + pack_le(summary.blocks)
 
 
 def _field(obj: dict, name: str, kind: type | tuple[type, ...], where: str = "summary") -> object:
@@ -207,10 +203,7 @@ def decode_summary(data: bytes) -> Summary:
         raise SummaryError("summary: block_tokens must be positive")
     if num_blocks < 0 or len(data) - end != 8 * num_blocks:
         raise SummaryError(f"summary: {len(data) - end} bytes of block hashes for num_blocks={num_blocks}")
-    blocks = array("Q")
-    blocks.frombytes(data[end:])
-    if sys.byteorder != "little":
-        blocks.byteswap()
+    blocks = unpack_le("Q", data[end:])
     # strictly increasing, checked at C speed (a Python-level loop cost ms per big summary)
     if not all(map(operator.lt, blocks, itertools.islice(blocks, 1, None))):
         raise SummaryError("summary: block hashes must be sorted ascending without duplicates")

@@ -184,17 +184,12 @@ class FleetView:
         w.load = load
         w.healthy = load.engine_ok
 
-    def apply_load(self, worker_id: str, raw: bytes | str, now: float) -> str | None:
-        """Adopt a load record pushed on the loads channel; a warning when it is malformed."""
+    def apply_load(self, worker_id: str, load: LoadReport, now: float) -> None:
+        """Adopt a load record pushed on the loads channel (``records.decode_load_push``)."""
         w = self.workers.get(worker_id)
         if w is None or w.static:
-            return None  # membership comes from the members hash; unknown workers wait for it
-        try:
-            load = decode_load(raw)
-        except SummaryError as exc:
-            return f"ignoring pushed load of {worker_id!r}: {exc}"
+            return  # membership comes from the members hash; unknown workers wait for it
         self._adopt_load(w, load, now)
-        return None
 
     def refresh_failed(self) -> None:
         """Record a failed Redis read (the next good snapshot then forgives the outage's time)."""

@@ -1,0 +1,185 @@
+"""The router's wire formats, pinned byte for byte: gateways and sidecars of different versions meet
+in one fleet during a rolling update, so what an older release wrote must still decode the same.
+
+Specification:
+* integer arrays on the wire are little-endian whatever the host: token ids as u32 (radix edges),
+  block hashes as u64 (summaries, send notices); packing never modifies the caller's array;
+* a send notice and a summary encode to exactly the bytes of the literal examples below (written
+  by the release before the shared little-endian codec);
+* a loads-channel message is ``<worker>\\n<load JSON>``: it round-trips, the literal example an
+  older sidecar published decodes to the same report (also without ``fixed_latency_s``, which
+  older sidecars did not send), and a malformed message raises a ValueError naming what is wrong;
+* a real gateway subscribed to the loads channel logs a malformed message and skips it, and keeps
+  adopting the well-formed pushes that follow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from array import array
+
+import pytest
+import redis.asyncio as aioredis
+from aiohttp import web
+from fleet_fixtures import RedisServer
+
+from prefixfleet.router.gateway import Gateway, GatewayConfig
+from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.little_endian import pack_le, unpack_le
+from prefixfleet.router.radix import as_token_bytes, decode_tokens
+from prefixfleet.router.records import (
+    LoadPush,
+    LoadReport,
+    MemberRecord,
+    SummaryError,
+    decode_load_push,
+    decode_send,
+    encode_load_push,
+    encode_record,
+    encode_send,
+)
+from prefixfleet.router.summary import decode_summary, encode_summary, make_summary
+
+REPORT = LoadReport(7, 1764489612.25, "ready", True, 2, 1, 300, 12000.0, 4096, 65536, 3, 0.125)
+# what a sidecar published on the loads channel for REPORT before the codec existed
+OLD_LOAD_PUSH = (
+    'w-1\n{"seq":7,"ts":1764489612.25,"state":"ready","engine_ok":true,"in_flight":2,"queued":1,'
+    '"pending_prefill_tokens":300,"prefill_tokens_per_s":12000.0,"cached_tokens":4096,'
+    '"capacity_tokens":65536,"summary_version":3,"fixed_latency_s":0.125,"v":1}'
+)
+
+
+def test_token_ids_are_little_endian_u32() -> None:
+    tokens = array("I", [1, 0x01020304, 2**32 - 1])
+    raw = as_token_bytes(tokens)
+    assert raw == b"\x01\x00\x00\x00\x04\x03\x02\x01\xff\xff\xff\xff"
+    assert as_token_bytes(list(tokens)) == raw
+    assert decode_tokens(raw) == [1, 0x01020304, 2**32 - 1]
+    assert list(tokens) == [1, 0x01020304, 2**32 - 1]  # the caller's array is left as it was
+
+
+def test_block_hashes_are_little_endian_u64() -> None:
+    hashes = array("Q", [1, 0x0102030405060708])
+    raw = pack_le(hashes)
+    assert raw == b"\x01" + b"\x00" * 7 + b"\x08\x07\x06\x05\x04\x03\x02\x01"
+    assert list(hashes) == [1, 0x0102030405060708]
+    back = unpack_le("Q", raw)
+    assert (back.typecode, list(back)) == ("Q", [1, 0x0102030405060708])
+    assert list(unpack_le("Q", memoryview(raw)[8:])) == [0x0102030405060708]
+    with pytest.raises(ValueError):
+        unpack_le("Q", raw[:-1])
+
+
+def test_send_notice_bytes_are_pinned() -> None:
+    raw = encode_send("gw-a", "replica-0", 1234.5, [1, 0x0102030405060708])
+    assert raw == (
+        b"PFX1gw-a\nreplica-0\n1234.5\n\x01\x00\x00\x00\x00\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01"
+    )
+    notice = decode_send(raw)
+    assert (notice.worker, notice.hashes.typecode, list(notice.hashes)) == (
+        "replica-0",
+        "Q",
+        [1, 0x0102030405060708],
+    )
+
+
+def test_summary_bytes_are_pinned() -> None:
+    summary = make_summary(
+        worker="w0",
+        version=3,
+        generated_at=1764489612.0,
+        block_tokens=16,
+        identity_seed=0x9AE16A3B2F90404F,
+        cached_tokens=32,
+        capacity_tokens=1000,
+        blocks=[0x0102030405060708, 1],
+    )
+    raw = encode_summary(summary)
+    assert raw == (
+        b'PFS\x01\xc0\x00\x00\x00{"worker":"w0","version":3,"generated_at":1764489612.0,'
+        b'"block_tokens":16,"identity_seed":"9ae16a3b2f90404f","cached_tokens":32,'
+        b'"capacity_tokens":1000,"num_blocks":2,"truncated":false,"hot":[]}'
+        b"\x01\x00\x00\x00\x00\x00\x00\x00\x08\x07\x06\x05\x04\x03\x02\x01"
+    )
+    assert decode_summary(raw) == summary
+    assert list(decode_summary(raw).blocks) == [1, 0x0102030405060708]
+
+
+def test_load_push_round_trips_and_keeps_the_older_wire_format() -> None:
+    raw = encode_load_push("w-1", encode_record(REPORT))
+    assert raw == OLD_LOAD_PUSH
+    assert decode_load_push(raw) == LoadPush("w-1", REPORT)
+    assert decode_load_push(OLD_LOAD_PUSH.encode()) == LoadPush("w-1", REPORT)  # as Redis delivers it
+    without_fixed = OLD_LOAD_PUSH.replace(',"fixed_latency_s":0.125', "")  # an older sidecar's push
+    assert decode_load_push(without_fixed).load.fixed_latency_s == 0.0
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (b"w-1 no newline", "no newline"),
+        (b"bad id!\n" + OLD_LOAD_PUSH.split("\n", 1)[1].encode(), "bad worker id"),
+        (b"w\xc3\xa9\n{}", "bad worker id"),
+        (b"w-1\nnot json", "'w-1'.*not JSON"),
+        (b"w-1\n" + b"[" * 100_000, "nested too deeply"),
+        (b"w-1\n\xff\xfe", "not JSON"),
+        (b'w-1\n{"v":1}', "field 'state'"),
+        (OLD_LOAD_PUSH.replace('"v":1', '"v":2'), "record version"),
+        (OLD_LOAD_PUSH.replace('"in_flight":2', '"in_flight":-2'), "in_flight.*negative"),
+        (42, "bytes or str"),
+    ],
+)
+def test_malformed_load_pushes_are_refused_with_a_reason(message: object, reason: str) -> None:
+    with pytest.raises(SummaryError, match=reason) as caught:
+        decode_load_push(message)  # type: ignore[arg-type]
+    assert isinstance(caught.value, ValueError)
+
+
+def test_a_load_push_needs_a_valid_worker_id() -> None:
+    with pytest.raises(ValueError, match="worker id"):
+        encode_load_push("bad id!", encode_record(REPORT))
+
+
+@pytest.mark.timeout(60)
+async def test_gateway_logs_and_skips_malformed_load_pushes(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    fleet = "wireformats"
+    keys = FleetKeys(fleet)
+    client = aioredis.from_url(redis_server.url)
+    polled = LoadReport(1, 1764489612.0, "ready", True, 0, 0, 0, 12000.0, 0, 65536, 0)
+    await client.hset(keys.members, "w0", encode_record(MemberRecord(url="http://127.0.0.1:9")))
+    await client.set(keys.load("w0"), encode_record(polled))
+    # One refresh at start-up, then none for the test: whatever changes later arrived by push.
+    gateway = Gateway(GatewayConfig(port=0, redis_url=redis_server.url, fleet=fleet, refresh_interval_s=3600))
+    runner = web.AppRunner(gateway.app(), handle_signals=False)
+    await runner.setup()
+    try:
+        assert gateway.view.workers["w0"].load == polled
+        for _ in range(100):  # bounded: the gateway subscribes in its own task
+            if dict(await client.pubsub_numsub(keys.loads)).get(keys.loads.encode(), 0) >= 1:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the gateway never subscribed to the loads channel")
+        pushed = LoadReport(2, 1764489613.0, "ready", True, 5, 3, 900, 12000.0, 0, 65536, 0)
+        with caplog.at_level(logging.WARNING, logger="prefixfleet.gateway"):
+            for bad in [b"no newline", b"w0\n" + b"[" * 100_000, b"w0\n{}", b"bad id!\n{}"]:
+                await client.publish(keys.loads, bad)
+            await client.publish(keys.loads, encode_load_push("w0", encode_record(pushed)))
+            for _ in range(200):  # bounded: a channel delivers in order, so the bad ones came first
+                if gateway.view.workers["w0"].load == pushed:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the gateway never adopted the well-formed push")
+        warnings = [r.getMessage() for r in caplog.records if r.name == "prefixfleet.gateway"]
+        for reason in ["no newline", "nested too deeply", "'w0': load record: unsupported", "bad worker id"]:
+            assert any(
+                w.startswith("ignoring a malformed message on the loads channel") and reason in w
+                for w in warnings
+            ), (reason, warnings)
+    finally:
+        await client.aclose()
+        await runner.cleanup()
