@@ -78,7 +78,7 @@ class ScalePolicy:
     # prefix-aware modes: keep the fleet's prefill load per replica at or below this. Queueing delay
     # explodes only near 1.0, too late when a new replica needs tens of seconds to start.
     target_load: float = 0.7
-    scale_down_load: float = 0.5  # remove one only if the rest would run below this
+    scale_down_load: float = 0.6  # remove one only if the rest would run below this
     # A replica added now serves only after start-up: size for the demand projected this far ahead
     # along its recent upward trend (the trend is ignored going down: scale-down waits for calm).
     lead_time_s: float = 30.0
@@ -294,7 +294,7 @@ def _plan_prefix_aware(
     demand = _demand(observed)
     slope = memory.demand_slope
     if memory.demand is not None and memory.demand_s is not None and now > memory.demand_s:
-        slope = 0.5 * slope + 0.5 * (demand - memory.demand) / (now - memory.demand_s)
+        slope = _smoothed_slope(slope, demand - memory.demand, now - memory.demand_s, policy.lead_time_s / 2)
     memory = replace(memory, demand=demand, demand_s=now, demand_slope=slope)
     base = replace(base, memory=memory)
     projected = demand + max(slope, 0.0) * policy.lead_time_s
@@ -307,11 +307,14 @@ def _plan_prefix_aware(
         still_starved: list[SubtreeObservation] = []
         for s in starved:
             helper = next((r for r in idle if r.replica_id not in s.holders), None)
-            if helper is not None and policy.mode == "prefix_aware_prewarm":
-                prewarm.append(Prewarm(helper.replica_id, (s.subtree_id,)))
-                idle.remove(helper)
-            else:
+            if helper is None:
                 still_starved.append(s)
+                continue
+            # An idle replica takes the overflow: warmed first, or (no pre-warm) cold — the router
+            # already moves traffic off a saturated holder. A new replica would be idle capacity.
+            idle.remove(helper)
+            if policy.mode == "prefix_aware_prewarm":
+                prewarm.append(Prewarm(helper.replica_id, (s.subtree_id,)))
         need = math.ceil(len(still_starved) / max(policy.prewarm_subtrees, 1))
         if fleet_busy:
             need = max(need, 1)
@@ -362,6 +365,19 @@ def _plan_prefix_aware(
         why = f"mean wait {mean_wait:.2f}s, prefill load {demand:.2f} fits {n - 1} replicas"
         return _maybe_scale_down(observed, policy, memory, base, active, why, prefix_aware=True)
     return replace(base, memory=replace(memory, calm_since_s=None))
+
+
+def _smoothed_slope(slope: float, change: float, dt: float, horizon_s: float) -> float:
+    """The demand trend: an exponential average of round-to-round slopes, time constant ``horizon_s``.
+
+    One round's difference is mostly noise, and some of it is our own doing: right after a
+    scale-down the victim's prefixes are re-prefilled elsewhere and its windowed rate leaves the
+    sum, so demand jumps for a load window. Projected a lead time ahead, that jump re-added the
+    replica just removed. The planner averages over half the lead time: a real ramp still shows
+    within one start-up time. (Measured: ``docs/autoscaling.md``, "Trend and scale-down band".)
+    """
+    weight = 1.0 - math.exp(-dt / horizon_s) if horizon_s > 0 else 1.0
+    return slope + weight * (change / dt - slope)
 
 
 def _demand(observed: FleetObservation) -> float:

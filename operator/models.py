@@ -241,7 +241,7 @@ class AutoscalingSpec(CamelModel):
         description="Prefill load per replica (busy fraction) the autoscaler sizes the fleet for.",
     )
     scale_down_load: float = Field(
-        default=0.5,
+        default=0.6,
         gt=0,
         lt=1,
         description="Remove a replica only if the others would run below this prefill load (< targetLoad).",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from prefixfleet.operator.autoscale import (
@@ -95,8 +97,16 @@ def test_idle_replica_is_prewarmed_instead_of_adding_one():
     assert "replicate" in plan.reason
 
 
-def test_without_prewarm_scales_up_cold():
+def test_without_prewarm_an_idle_replica_takes_the_overflow_cold():
+    # the router already moves a saturated holder's overflow to the idle replica: adding one more
+    # would only add idle capacity (the ablation makes the same decisions, minus the warm-up)
     reps = [rep("a", wait=2.0), rep("b", wait=0.0)]
+    plan = plan_scale(obs(reps, [sub("hot", {"a"})]), policy(mode="prefix_aware"))
+    assert plan.add == 0 and plan.prewarm == () and plan.is_noop
+
+
+def test_without_prewarm_scales_up_cold():
+    reps = [rep("a", wait=2.0), rep("b", wait=0.5)]  # b is not idle (0.5 s > 0.2 × target)
     plan = plan_scale(obs(reps, [sub("hot", {"a"})]), policy(mode="prefix_aware"))
     assert plan.add == 1 and plan.prewarm == ()
 
@@ -212,12 +222,35 @@ def test_prefill_load_scales_up_before_anyone_waits():
 def test_rising_load_is_projected_over_the_lead_time():
     first = plan_scale(obs([loaded("a", 0.5), loaded("b", 0.5)], now=100), policy(lead_time_s=30))
     assert first.add == 0 and first.memory.demand == 1.0
-    # +0.2 in 5 s: the smoothed slope (0.02/s) projects 1.2 + 0.6 = 1.8 in 30 s -> 3 replicas
+    # +0.2 in 5 s is 0.04/s; averaged over half the lead time (15 s) one round counts
+    # 1 - e^(-5/15) = 28.3%: slope 0.0113/s projects 1.2 + 0.34 = 1.54 in 30 s -> 3 replicas
     rising = plan_scale(
         obs([loaded("a", 0.6), loaded("b", 0.6)], now=105), policy(lead_time_s=30), first.memory
     )
-    assert rising.add == 1 and "projected 1.80" in rising.reason
-    assert rising.memory.demand_slope == pytest.approx(0.02)
+    assert rising.add == 1 and "projected 1.54" in rising.reason
+    assert rising.memory.demand_slope == pytest.approx(0.04 * (1 - math.exp(-1 / 3)))
+
+
+def test_a_trend_that_lasts_is_followed_and_one_jump_is_not():
+    added: list[int] = []
+
+    def run(demands: list[float]) -> list[float]:
+        memory, projected = PlannerMemory(), []
+        for i, d in enumerate(demands):
+            plan = plan_scale(obs([loaded(x, d / 4) for x in "abcd"], now=100 + 5 * i), policy(), memory)
+            memory = plan.memory
+            added.append(plan.add)
+            projected.append(d + max(memory.demand_slope, 0.0) * 30)
+        return projected
+
+    # steady at 1.6 (4 replicas at 0.4), then one round jumps to 2.0 and stays (a scale-down's
+    # re-prefill looks like this): projected 2.0 + 0.68 = 2.68 < 4 × 0.7 = 2.8, nothing is added
+    # (a round-to-round slope halved each round projected 2.0 + 1.2 and added a replica)
+    jump = run([1.6] * 4 + [2.0] * 3)
+    assert max(jump) < 2.8 and jump[-1] < jump[4] and not any(added)
+    # a ramp of +0.1 per round keeps its whole slope (0.02/s) after a few time constants
+    ramp = run([1.0 + 0.1 * i for i in range(12)])
+    assert ramp[-1] == pytest.approx(2.1 + 0.02 * 30, rel=0.05)
 
 
 def test_falling_load_is_not_projected_down():
@@ -239,10 +272,10 @@ def test_load_scale_up_counts_pending_replicas_and_skips_the_cooldown():
 
 def test_scale_down_needs_the_load_to_fit_one_replica_fewer():
     calm = PlannerMemory(calm_since_s=0.0)
-    # 1.2 on 3 replicas: waits are low, but 2 replicas would run at 0.6 > scale_down_load 0.5
-    held = plan_scale(obs([loaded(x, 0.4) for x in "abc"], now=1000), policy(), calm)
+    # 1.35 on 3 replicas: waits are low, but 2 replicas would run at 0.675 > scale_down_load 0.6
+    held = plan_scale(obs([loaded(x, 0.45) for x in "abc"], now=1000), policy(), calm)
     assert held.drain == () and held.memory.calm_since_s is None
-    light = plan_scale(obs([loaded(x, 0.3) for x in "abc"], now=1000), policy(), calm)
+    light = plan_scale(obs([loaded(x, 0.35) for x in "abc"], now=1000), policy(), calm)
     assert len(light.drain) == 1 and "fits 2 replicas" in light.reason
 
 
