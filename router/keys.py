@@ -6,11 +6,12 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_FLEET = "default"
-_FLEET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# Matched with fullmatch: ``$`` would also accept a trailing newline, which then ends up in every key.
+_FLEET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def validate_fleet_name(fleet: str) -> str:
-    if not _FLEET_NAME.match(fleet):
+    if not isinstance(fleet, str) or not _FLEET_NAME.fullmatch(fleet):
         raise ValueError(
             f"fleet name {fleet!r} must be 1-63 characters of letters, digits, '_', '.' or '-' "
             "starting with a letter or digit"

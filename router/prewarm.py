@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 MAX_WARM_HASHES = 64
 FETCH_TIMEOUT_S = 10.0
 PREFILL_TIMEOUT_S = 120.0
-_URL = re.compile(r"^https?://[^/\s]+$")
+_URL = re.compile(r"https?://[^/\s]+")  # fullmatch: ``$`` would accept a trailing newline
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,7 @@ def parse_warm_request(body: Any) -> WarmRequest:
     if not isinstance(body, dict):
         raise ValueError("request body must be a JSON object")
     source = body.get("source")
-    if not isinstance(source, str) or not _URL.match(source.rstrip("/")):
+    if not isinstance(source, str) or not _URL.fullmatch(source.rstrip("/")):
         raise ValueError(f"field 'source' must be a sidecar base URL like http://host:port, got {source!r}")
     hashes = body.get("hashes")
     if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):

@@ -17,11 +17,15 @@ from .summary import SummaryError
 
 RECORD_VERSION = 1
 WORKER_STATES = ("ready", "warming", "draining")
-_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# Matched with fullmatch: ``$`` would also accept a trailing newline ("w1\n"), which then splits a
+# newline-separated wire message or a Redis key in two.
+_WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+# Numbers wider than this cannot be an honest count and overflow float arithmetic downstream.
+MAX_RECORD_INT = 2**63 - 1
 
 
 def validate_worker_id(worker_id: str) -> str:
-    if not isinstance(worker_id, str) or not _WORKER_ID.match(worker_id):
+    if not isinstance(worker_id, str) or not _WORKER_ID.fullmatch(worker_id):
         raise ValueError(
             f"worker id {worker_id!r} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'"
         )
@@ -75,7 +79,7 @@ def encode_record(record: MemberRecord | LoadReport) -> str:
 def _load_json(raw: str | bytes, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
+    except (ValueError, TypeError) as exc:  # ValueError: also an integer of over 4300 digits
         raise SummaryError(f"{what} is not JSON: {exc}") from None
     except RecursionError:  # e.g. "[[[[...": the C scanner gives up on deep nesting
         raise SummaryError(f"{what}: JSON nested too deeply") from None
@@ -93,8 +97,21 @@ def _typed(
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise SummaryError(f"{what}: field {name!r} missing or of the wrong type")
-    if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-        raise SummaryError(f"{what}: field {name!r} must not be negative")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value < 0:
+            raise SummaryError(f"{what}: field {name!r} must not be negative")
+        if isinstance(value, int) and value > MAX_RECORD_INT:
+            raise SummaryError(f"{what}: field {name!r} is larger than {MAX_RECORD_INT}")
+    return value
+
+
+def _seconds_or_rate(obj: dict[str, Any], name: str, what: str, default: Any = None) -> float:
+    """A decimal field as a finite float: Python's json reads ``NaN``, ``Infinity`` and ``1e400``
+    (infinite), and NaN compares false with everything, so one such record would poison the
+    routing arithmetic and every freshness comparison that reads it."""
+    value = float(_typed(obj, name, (int, float), what, default))
+    if not math.isfinite(value):
+        raise SummaryError(f"{what}: field {name!r} must be a finite number, got {value!r}")
     return value
 
 
@@ -107,14 +124,17 @@ def decode_member(raw: str | bytes) -> MemberRecord:
     state = _typed(obj, "state", str, what, "ready")
     if state not in WORKER_STATES:
         raise SummaryError(f"{what}: unknown state {state!r}")
+    block_tokens = _typed(obj, "block_tokens", int, what, 16)
+    if block_tokens == 0:  # requests are hashed in blocks of this many tokens
+        raise SummaryError(f"{what}: field 'block_tokens' must be positive")
     return MemberRecord(
         url=url.rstrip("/"),
         state=state,
         model=_typed(obj, "model", str, what, ""),
         revision=_typed(obj, "revision", str, what, ""),
         adapter=_typed(obj, "adapter", str, what, ""),
-        block_tokens=_typed(obj, "block_tokens", int, what, 16),
-        registered_at=float(_typed(obj, "registered_at", (int, float), what, 0.0)),
+        block_tokens=block_tokens,
+        registered_at=_seconds_or_rate(obj, "registered_at", what, 0.0),
     )
 
 
@@ -126,17 +146,17 @@ def decode_load(raw: str | bytes) -> LoadReport:
         raise SummaryError(f"{what}: unknown state {state!r}")
     return LoadReport(
         seq=_typed(obj, "seq", int, what),
-        ts=float(_typed(obj, "ts", (int, float), what)),
+        ts=_seconds_or_rate(obj, "ts", what),
         state=state,
         engine_ok=_typed(obj, "engine_ok", bool, what),
         in_flight=_typed(obj, "in_flight", int, what),
         queued=_typed(obj, "queued", int, what),
         pending_prefill_tokens=_typed(obj, "pending_prefill_tokens", int, what),
-        prefill_tokens_per_s=float(_typed(obj, "prefill_tokens_per_s", (int, float), what)),
+        prefill_tokens_per_s=_seconds_or_rate(obj, "prefill_tokens_per_s", what),
         cached_tokens=_typed(obj, "cached_tokens", int, what),
         capacity_tokens=_typed(obj, "capacity_tokens", int, what),
         summary_version=_typed(obj, "summary_version", int, what),
-        fixed_latency_s=float(_typed(obj, "fixed_latency_s", (int, float), what, 0.0)),
+        fixed_latency_s=_seconds_or_rate(obj, "fixed_latency_s", what, 0.0),
     )
 
 
@@ -169,7 +189,7 @@ def decode_load_push(data: bytes | str) -> LoadPush:
         raise SummaryError(f"load push must be bytes or str, not {type(data).__name__}")
     if not sep:
         raise SummaryError("load push: no newline between the worker id and the load record")
-    if not _WORKER_ID.match(worker):
+    if not _WORKER_ID.fullmatch(worker):
         raise SummaryError(f"load push: bad worker id {worker[:140]!r}")
     try:
         load = decode_load(record)
@@ -181,7 +201,7 @@ def decode_load_push(data: bytes | str) -> LoadPush:
 # -- send notices (gateway -> gateways) --------------------------------------------------------------
 
 SENDS_MAGIC = b"PFX1"
-_GATEWAY_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_GATEWAY_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +216,7 @@ class SendNotice:
 
 def encode_send(gateway: str, worker: str, sent_at: float, hashes: Sequence[int]) -> bytes:
     """``PFX1 <gateway>\\n<worker>\\n<sent_at>\\n`` then the hashes as little-endian u64."""
-    if not _GATEWAY_ID.match(gateway):
+    if not _GATEWAY_ID.fullmatch(gateway):
         raise ValueError(f"gateway id {gateway!r} must be 1-64 letters, digits, '_', '.', ':' or '-'")
     validate_worker_id(worker)
     blocks = pack_le(array("Q", hashes))
@@ -218,7 +238,7 @@ def decode_send(data: bytes | str) -> SendNotice:
         sent_at = float(sent)
     except (UnicodeDecodeError, ValueError):
         raise SummaryError("send notice: unreadable gateway, worker or time") from None
-    if not _GATEWAY_ID.match(gateway_s) or not _WORKER_ID.match(worker_s):
+    if not _GATEWAY_ID.fullmatch(gateway_s) or not _WORKER_ID.fullmatch(worker_s):
         raise SummaryError("send notice: bad gateway or worker id")
     if not math.isfinite(sent_at) or sent_at < 0:
         raise SummaryError("send notice: time must be a finite non-negative number")

@@ -20,6 +20,7 @@ import bisect
 import heapq
 import itertools
 import json
+import math
 import operator
 import struct
 from array import array
@@ -35,6 +36,7 @@ MAGIC = b"PFS"
 _HEAD = struct.Struct("<3sBI")
 DEFAULT_MAX_BLOCKS = 32768  # 256 KiB of hashes: ~0.5M tokens at 16-token blocks
 DEFAULT_HOT_K = 32
+_MAX_INT = 2**63 - 1  # wider numbers cannot be honest counts and overflow float arithmetic
 
 
 class SummaryError(ValueError):
@@ -138,6 +140,17 @@ def _field(obj: dict, name: str, kind: type | tuple[type, ...], where: str = "su
     # bool is an int subclass: never accept it where a number is meant
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
         raise SummaryError(f"{where}: field {name!r} missing or not {_kind_name(kind)}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_INT:
+        raise SummaryError(f"{where}: field {name!r} is larger than {_MAX_INT}")
+    return value
+
+
+def _unix_time(obj: dict, name: str, where: str = "summary") -> float:
+    """A time field as a finite float: Python's json reads ``NaN``, ``Infinity`` and ``1e400``, and
+    an infinite or NaN time would poison every freshness comparison made with it."""
+    value = float(_field(obj, name, (int, float), where))  # type: ignore[arg-type]
+    if not math.isfinite(value):
+        raise SummaryError(f"{where}: field {name!r} must be a finite number, got {value!r}")
     return value
 
 
@@ -167,7 +180,15 @@ def decode_summary(data: bytes) -> Summary:
     """Parse and validate a summary; anything malformed raises :class:`SummaryError`."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise SummaryError("summary must be bytes")
-    data = bytes(data)
+    # A view, not a copy: the block hashes (up to 256 KiB) are then copied once, into the array.
+    with memoryview(data) as view:
+        if not view.c_contiguous:
+            raise SummaryError("summary must be contiguous bytes")
+        with view.cast("B") as raw:
+            return _decode_summary(raw)
+
+
+def _decode_summary(data: memoryview) -> Summary:
     if len(data) < _HEAD.size:
         raise SummaryError(f"summary too short ({len(data)} bytes)")
     magic, version, head_len = _HEAD.unpack_from(data)
@@ -181,14 +202,16 @@ def decode_summary(data: bytes) -> Summary:
     if end > len(data):
         raise SummaryError("summary header length exceeds the data")
     try:
-        header = json.loads(data[_HEAD.size : end].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        header = json.loads(str(data[_HEAD.size : end], "utf-8"))
+    except ValueError as exc:  # also an integer of over 4300 digits
         raise SummaryError(f"summary header is not JSON: {exc}") from None
+    except RecursionError:  # e.g. "[[[[...": the C scanner gives up on deep nesting
+        raise SummaryError("summary header: JSON nested too deeply") from None
     if not isinstance(header, dict):
         raise SummaryError("summary header must be a JSON object")
     worker = _field(header, "worker", str)
     ver = _field(header, "version", int)
-    generated_at = _field(header, "generated_at", (int, float))
+    generated_at = _unix_time(header, "generated_at")
     block_tokens = _field(header, "block_tokens", int)
     seed = _hex64(header.get("identity_seed"), "identity_seed")
     cached = _field(header, "cached_tokens", int)
@@ -216,7 +239,7 @@ def decode_summary(data: bytes) -> Summary:
             hash=_hex64(item.get("h"), f"hot[{i}].h"),
             tokens=_field(item, "tokens", int, where),  # type: ignore[arg-type]
             hits=_field(item, "hits", int, where),  # type: ignore[arg-type]
-            last_access=float(_field(item, "last_access", (int, float), where)),  # type: ignore[arg-type]
+            last_access=_unix_time(item, "last_access", where),
         )
         if node.tokens < 0 or node.hits < 0:
             raise SummaryError(f"{where}: tokens and hits must not be negative")
@@ -224,7 +247,7 @@ def decode_summary(data: bytes) -> Summary:
     return Summary(
         worker=worker,  # type: ignore[arg-type]
         version=ver,  # type: ignore[arg-type]
-        generated_at=float(generated_at),  # type: ignore[arg-type]
+        generated_at=generated_at,
         block_tokens=block_tokens,
         identity_seed=seed,
         cached_tokens=cached,  # type: ignore[arg-type]

@@ -10,13 +10,22 @@ Specification:
   older sidecar published decodes to the same report (also without ``fixed_latency_s``, which
   older sidecars did not send), and a malformed message raises a ValueError naming what is wrong;
 * a real gateway subscribed to the loads channel logs a malformed message and skips it, and keeps
-  adopting the well-formed pushes that follow.
+  adopting the well-formed pushes that follow;
+* ids and names (worker, gateway, fleet, a warm request's source URL) must match their pattern as a
+  whole string: a trailing newline is refused, not ignored;
+* every decimal a record, push, notice or summary carries (times, rates, latencies) is finite: NaN,
+  Infinity and numbers beyond a float (``1e400``, a 400-digit integer) are refused with an error
+  naming the field, and an integer wider than 64 bits is refused the same way;
+* decoding a summary copies its block hashes once, into the returned array, whatever buffer holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import struct
+import tracemalloc
 from array import array
 
 import pytest
@@ -25,8 +34,9 @@ from aiohttp import web
 from fleet_fixtures import RedisServer
 
 from prefixfleet.router.gateway import Gateway, GatewayConfig
-from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.keys import FleetKeys, validate_fleet_name
 from prefixfleet.router.little_endian import pack_le, unpack_le
+from prefixfleet.router.prewarm import parse_warm_request
 from prefixfleet.router.radix import as_token_bytes, decode_tokens
 from prefixfleet.router.records import (
     LoadPush,
@@ -34,12 +44,14 @@ from prefixfleet.router.records import (
     MemberRecord,
     SummaryError,
     decode_load_push,
+    decode_member,
     decode_send,
     encode_load_push,
     encode_record,
     encode_send,
+    validate_worker_id,
 )
-from prefixfleet.router.summary import decode_summary, encode_summary, make_summary
+from prefixfleet.router.summary import HotNode, decode_summary, encode_summary, make_summary
 
 REPORT = LoadReport(7, 1764489612.25, "ready", True, 2, 1, 300, 12000.0, 4096, 65536, 3, 0.125)
 # what a sidecar published on the loads channel for REPORT before the codec existed
@@ -183,3 +195,156 @@ async def test_gateway_logs_and_skips_malformed_load_pushes(
     finally:
         await client.aclose()
         await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    "refuse",
+    [
+        lambda: validate_worker_id("w1\n"),
+        lambda: encode_load_push("w1\n", encode_record(REPORT)),
+        lambda: encode_send("gw-a\n", "w1", 1.0, [1]),
+        lambda: encode_send("gw-a", "w1\n", 1.0, [1]),
+        lambda: validate_fleet_name("default\n"),
+        lambda: FleetKeys("default\n"),
+        lambda: parse_warm_request({"source": "http://127.0.0.1:8000\n", "hashes": []}),
+    ],
+    ids=["worker", "load-push-worker", "send-gateway", "send-worker", "fleet", "fleet-keys", "warm-source"],
+)
+def test_a_trailing_newline_makes_an_id_or_name_invalid(refuse) -> None:
+    with pytest.raises(ValueError):
+        refuse()
+
+
+def test_ids_and_names_without_a_newline_stay_valid() -> None:
+    assert validate_worker_id("replica-0.pod:8000") == "replica-0.pod:8000"
+    assert validate_fleet_name("default") == "default"
+    assert parse_warm_request({"source": "http://127.0.0.1:8000/", "hashes": []}).source == (
+        "http://127.0.0.1:8000"
+    )
+
+
+BEYOND_A_FLOAT = "1" + "0" * 400  # an integer literal float() cannot convert (OverflowError)
+
+
+@pytest.mark.parametrize("field", ["ts", "prefill_tokens_per_s", "fixed_latency_s"])
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "1e400", pytest.param(BEYOND_A_FLOAT, id="10**400")])
+def test_a_load_push_with_a_non_finite_decimal_is_refused_naming_the_field(field: str, literal: str) -> None:
+    obj = json.loads(OLD_LOAD_PUSH.split("\n", 1)[1])
+    body = json.dumps(obj | {field: "@"}).replace('"@"', literal)
+    with pytest.raises(SummaryError, match=f"load record: field '{field}'"):
+        decode_load_push("w-1\n" + body)
+
+
+@pytest.mark.parametrize("field", ["ts", "prefill_tokens_per_s"])
+def test_minus_infinity_in_a_load_record_is_refused_naming_the_field(field: str) -> None:
+    body = encode_record(REPORT).replace(f'"{field}":', f'"{field}":-Infinity,"x":')
+    with pytest.raises(SummaryError, match=f"field '{field}'"):
+        decode_load_push("w-1\n" + body)
+
+
+@pytest.mark.parametrize("field", ["seq", "in_flight", "pending_prefill_tokens", "capacity_tokens"])
+def test_a_load_record_integer_wider_than_64_bits_is_refused_naming_the_field(field: str) -> None:
+    obj = json.loads(encode_record(REPORT)) | {field: 2**64}
+    with pytest.raises(SummaryError, match=f"field '{field}'"):
+        decode_load_push("w-1\n" + json.dumps(obj))
+
+
+def test_a_load_record_with_an_integer_of_thousands_of_digits_is_refused() -> None:
+    body = encode_record(REPORT).replace('"seq":7', '"seq":' + "7" * 5000)  # past int()'s digit limit
+    with pytest.raises(SummaryError, match="load record"):
+        decode_load_push("w-1\n" + body)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"registered_at": "NaN"}, "registered_at"),
+        ({"registered_at": BEYOND_A_FLOAT}, "registered_at"),
+        ({"block_tokens": "0"}, "block_tokens"),
+        ({"block_tokens": str(2**64)}, "block_tokens"),
+    ],
+    ids=["registered_at-NaN", "registered_at-10**400", "block_tokens-0", "block_tokens-2**64"],
+)
+def test_a_member_record_with_a_poisonous_number_is_refused_naming_the_field(change, field) -> None:
+    obj = json.loads(encode_record(MemberRecord(url="http://127.0.0.1:9"))) | dict.fromkeys(change, "@")
+    body = json.dumps(obj).replace('"@"', next(iter(change.values())))
+    with pytest.raises(SummaryError, match=f"member record: field '{field}'"):
+        decode_member(body)
+
+
+@pytest.mark.parametrize("time", [b"nan", b"inf", b"-inf", b"1e400", b"-1"])
+def test_a_send_notice_time_must_be_finite_and_non_negative(time: bytes) -> None:
+    raw = encode_send("gw-a", "w1", 1234.5, [1]).replace(b"1234.5", time)
+    with pytest.raises(SummaryError, match="time must be a finite non-negative number"):
+        decode_send(raw)
+
+
+def _summary_bytes(blocks: int = 2) -> bytes:
+    return encode_summary(
+        make_summary(
+            worker="w0",
+            version=3,
+            generated_at=1764489612.0,
+            block_tokens=16,
+            identity_seed=0x9AE16A3B2F90404F,
+            cached_tokens=32,
+            capacity_tokens=1000,
+            blocks=range(1, blocks + 1),
+            hot=[HotNode(1, 16, 2, 1764489611.0)],
+        )
+    )
+
+
+def _with_header(raw: bytes, edit) -> bytes:
+    """``raw`` re-packed with its JSON header text passed through ``edit``."""
+    head_len = struct.unpack_from("<I", raw, 4)[0]
+    header = edit(raw[8 : 8 + head_len].decode()).encode()
+    return raw[:4] + struct.pack("<I", len(header)) + header + raw[8 + head_len :]
+
+
+@pytest.mark.parametrize("field", ["generated_at", "last_access"])
+@pytest.mark.parametrize(
+    "literal", ["NaN", "Infinity", "-Infinity", "1e400", pytest.param(BEYOND_A_FLOAT, id="10**400")]
+)
+def test_a_summary_time_that_is_not_finite_is_refused_naming_the_field(field: str, literal: str) -> None:
+    raw = _with_header(
+        _summary_bytes(), lambda h: h.replace(f'"{field}":1764489', f'"{field}":{literal},"x":1')
+    )
+    with pytest.raises(SummaryError, match=f"field '{field}'"):
+        decode_summary(raw)
+
+
+@pytest.mark.parametrize("field", ["version", "cached_tokens", "capacity_tokens", "block_tokens"])
+def test_a_summary_integer_wider_than_64_bits_is_refused_naming_the_field(field: str) -> None:
+    raw = _with_header(_summary_bytes(), lambda h: h.replace(f'"{field}":', f'"{field}":{2**64},"x":'))
+    with pytest.raises(SummaryError, match=f"field '{field}'"):
+        decode_summary(raw)
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [("[" * 100_000, "nested too deeply"), ('{"version":' + "7" * 5000 + "}", "not JSON")],
+)
+def test_an_unreadable_summary_header_is_refused_with_summary_error(header: str, reason: str) -> None:
+    raw = _with_header(_summary_bytes(), lambda _: header)
+    with pytest.raises(SummaryError, match=reason):
+        decode_summary(raw)
+
+
+def test_decoding_a_summary_copies_its_block_hashes_once() -> None:
+    raw = _summary_bytes(blocks=32768)  # the default cap: 256 KiB of hashes
+    hashes_bytes = 8 * 32768
+    for buffer in (raw, bytearray(raw), memoryview(raw), memoryview(bytearray(raw))):
+        tracemalloc.start()
+        try:
+            summary = decode_summary(buffer)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert list(summary.blocks) == list(range(1, 32769))
+        assert encode_summary(summary) == raw  # byte-identical round trip
+        # the returned array is the one copy; a second (a slice, a bytes()) would double the peak
+        assert hashes_bytes <= peak < 1.5 * hashes_bytes, (type(buffer).__name__, peak)
+    buffer = bytearray(raw)
+    decode_summary(buffer)
+    buffer.extend(b"x")  # the decoder let go of the buffer (a held view would forbid resizing)
