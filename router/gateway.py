@@ -256,36 +256,43 @@ class Gateway:
         and summaries still come from the polling refresh; this only keeps load fresh.
         """
         assert self.redis is not None
-        backoff = 0.2
+        backoff = 0.2  # before subscribing again: doubles while failures persist, up to 2 s
         while True:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self.keys.loads, self.keys.sends)
                 self._sends_subscribed = True
-                backoff = 0.2
                 while True:
                     message = await pubsub.get_message(timeout=1.0)
-                    if message is None:
-                        continue
-                    data = message.get("data")
-                    if not isinstance(data, bytes | str):
-                        continue
-                    if _channel(message) == self.keys.sends:
-                        self._apply_peer_send(data)
-                        continue
-                    try:
-                        push = decode_load_push(data)
-                    except ValueError as exc:
-                        self._warn(f"ignoring a malformed message on the loads channel: {exc}")
-                        continue
-                    self.view.apply_load(push.worker, push.load, time.monotonic())
+                    if message is not None:
+                        self._apply_channel_message(message)
+                    backoff = 0.2
             except (aioredis.RedisError, OSError, TimeoutError):
-                self._sends_subscribed = False
-                await asyncio.sleep(backoff)  # the refresh loop reports the outage
-                backoff = min(backoff * 2, 2.0)
+                pass  # the refresh loop reports the outage
+            except Exception:  # a bug must not end the subscription: loads would then only be polled
+                log.exception(
+                    "load push subscriber failed unexpectedly; subscribing again in %.1f s", backoff
+                )
             finally:
+                self._sends_subscribed = False
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    def _apply_channel_message(self, message: dict) -> None:
+        data = message.get("data")
+        if not isinstance(data, bytes | str):
+            return
+        if _channel(message) == self.keys.sends:
+            self._apply_peer_send(data)
+            return
+        try:
+            push = decode_load_push(data)
+        except ValueError as exc:
+            self._warn(f"ignoring a malformed message on the loads channel: {exc}")
+            return
+        self.view.apply_load(push.worker, push.load, time.monotonic())
 
     def _apply_peer_send(self, data: bytes | str) -> None:
         if isinstance(data, bytes) and data.startswith(self._own_notice_prefix):
@@ -316,6 +323,7 @@ class Gateway:
     async def _share_loop(self) -> None:
         """Publish own sends on the sends channel, so other gateways count them before a summary."""
         assert self.redis is not None
+        backoff = 0.2  # after an unexpected error: doubles while it persists, up to 2 s
         while True:
             await self._share_ready.wait()
             # Gather the sends of the next few ms into one pipeline (one round trip, not one per send).
@@ -327,8 +335,13 @@ class Gateway:
                 for notice in batch:
                     pipe.publish(self.keys.sends, notice)
                 await pipe.execute()
+                backoff = 0.2
             except (aioredis.RedisError, OSError, TimeoutError):
                 await asyncio.sleep(0.2)  # best effort: summaries still carry the prefixes
+            except Exception:  # a bug must not end sharing: peers would then route blind to our sends
+                log.exception("sharing sends failed unexpectedly; %d dropped", len(batch))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
 
     async def _refresh_loop(self) -> None:
         while True:
@@ -361,6 +374,8 @@ class Gateway:
                         w.healthy = resp.status == 200
                 except (aiohttp.ClientError, OSError, TimeoutError):
                     w.healthy = False
+                except Exception:  # a bug must not end the checks: every worker's health would freeze
+                    log.exception("health check of %s failed unexpectedly: health left as it was", w.url)
             await asyncio.sleep(self.config.health_interval_s)
 
     # -- request handling ------------------------------------------------------------------------

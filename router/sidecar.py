@@ -252,7 +252,9 @@ class Sidecar:
     async def _engine_watch(self) -> None:
         """Learn the engine's identity and capacity, then keep probing its health."""
         assert self.session is not None
+        backoff = 1.0  # after an unexpected error: doubles while it persists, up to 5 s
         while True:
+            pause = 1.0 if self.s.engine.known else 0.2
             try:
                 if not self.s.engine.known:
                     await self._fetch_engine_info()
@@ -273,9 +275,15 @@ class Sidecar:
                     await self._fetch_engine_info()
                 if self.s.engine_ok and self.s.engine.known and self.s.load.in_flight == 0:
                     await self._reconcile_cached_tokens()
+                backoff = 1.0
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 self._engine_failed(exc)
-            await asyncio.sleep(1.0 if self.s.engine.known else 0.2)
+                backoff = 1.0
+            except Exception:  # a bug must not end the watch: engine_ok would then never change again
+                pause = max(pause, backoff)
+                log.exception("engine watch failed unexpectedly; probing again in %.1f s", pause)
+                backoff = min(backoff * 2, 5.0)
+            await asyncio.sleep(pause)
 
     def _engine_failed(self, exc: BaseException) -> None:
         if self.s.engine_ok:
@@ -454,8 +462,11 @@ class Sidecar:
         backoff = interval
         last_register = 0.0
         last_periodic = 0.0
+        # A state change whose publish failed: retried after the backoff. (Re-setting the event
+        # instead made the wait below return at once: a tight retry loop for the whole outage.)
+        unpublished_state = False
         while True:
-            state_change = self.s.state_changed.is_set()
+            state_change = self.s.state_changed.is_set() or unpublished_state
             self.s.state_changed.clear()
             self.s.wake.clear()
             now = time.monotonic()
@@ -478,22 +489,26 @@ class Sidecar:
                     self.s.redis_ok = True
                     # A restarted Redis lost everything: republish the summary too.
                     self.s.published_changes = -1
+                unpublished_state = False
                 backoff = interval
+                failed = False
             except (aioredis.RedisError, OSError, TimeoutError) as exc:
                 if self.s.redis_ok:
                     log.warning("redis unavailable (%s): still proxying, retrying with backoff", exc)
                     self.s.redis_ok = False
-                if state_change:
-                    self.s.state_changed.set()
+                failed = True
+            except Exception:  # a bug must not end the heartbeat: gateways would take us for dead
+                log.exception("publishing failed unexpectedly; retrying in %.2f s", backoff)
+                failed = True
+            if failed:
+                unpublished_state = state_change
+                wait, event = backoff, self.s.state_changed  # a new state change retries at once
                 backoff = min(backoff * 2, 2.0)
-            if self.s.redis_ok:
+            else:
                 # coalesce load changes: at most one push per min gap, a full round every interval
                 await asyncio.sleep(self.config.push_min_interval_s)
                 wait = max(interval - (time.monotonic() - last_periodic), 0.0)
                 event = self.s.wake  # a load change or a state change
-            else:
-                wait = backoff
-                event = self.s.state_changed
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await event.wait()

@@ -177,7 +177,17 @@ async def test_gateway_logs_and_skips_malformed_load_pushes(
             raise AssertionError("the gateway never subscribed to the loads channel")
         pushed = LoadReport(2, 1764489613.0, "ready", True, 5, 3, 900, 12000.0, 0, 65536, 0)
         with caplog.at_level(logging.WARNING, logger="prefixfleet.gateway"):
-            for bad in [b"no newline", b"w0\n" + b"[" * 100_000, b"w0\n{}", b"bad id!\n{}"]:
+            pushed_json = encode_record(pushed)
+            overflowing = pushed_json.replace('"ts":', f'"ts":{BEYOND_A_FLOAT},"x":')  # ended the loop
+            not_a_number = pushed_json.replace('"ts":', '"ts":NaN,"x":')  # adopted, poisoning arithmetic
+            for bad in [
+                b"no newline",
+                b"w0\n" + b"[" * 100_000,
+                b"w0\n{}",
+                b"bad id!\n{}",
+                f"w0\n{overflowing}",
+                f"w0\n{not_a_number}",
+            ]:
                 await client.publish(keys.loads, bad)
             await client.publish(keys.loads, encode_load_push("w0", encode_record(pushed)))
             for _ in range(200):  # bounded: a channel delivers in order, so the bad ones came first
@@ -187,7 +197,14 @@ async def test_gateway_logs_and_skips_malformed_load_pushes(
             else:
                 raise AssertionError("the gateway never adopted the well-formed push")
         warnings = [r.getMessage() for r in caplog.records if r.name == "prefixfleet.gateway"]
-        for reason in ["no newline", "nested too deeply", "'w0': load record: unsupported", "bad worker id"]:
+        for reason in [
+            "no newline",
+            "nested too deeply",
+            "'w0': load record: unsupported",
+            "bad worker id",
+            "field 'ts' is larger than",
+            "field 'ts' must be a finite number, got nan",
+        ]:
             assert any(
                 w.startswith("ignoring a malformed message on the loads channel") and reason in w
                 for w in warnings

@@ -1,0 +1,215 @@
+"""The gateway's and the sidecar's background loops outlive their errors.
+
+Specification:
+* the gateway's load-push subscriber, hit by an unexpected exception while applying a push, logs it
+  with its traceback, subscribes again after a short backoff and adopts the pushes that follow
+  (it used to catch only Redis errors: anything else ended the task silently and the gateway then
+  saw load only at its polling refresh);
+* the sidecar's engine watch, hit by an engine whose ``/get_server_info`` holds a number no float can
+  hold (``float()`` raised OverflowError), logs it and keeps probing: it still notices the engine
+  turning healthy and, later, unhealthy (the task used to die, freezing ``engine_ok`` for good);
+* the sidecar's publish loop, asked to change state during a Redis outage, retries with backoff
+  instead of at once (it re-set the event it then waited on: thousands of connection attempts a
+  second for the whole outage), and publishes the new state once Redis is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from fleet_fixtures import LOOPBACK, RedisServer
+
+from prefixfleet.router.gateway import Gateway, GatewayConfig
+from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.records import (
+    LoadReport,
+    MemberRecord,
+    decode_member,
+    encode_load_push,
+    encode_record,
+)
+from prefixfleet.router.sidecar import Sidecar, SidecarConfig
+from prefixfleet.router.view import FleetView
+
+
+class FirstPushFails(FleetView):
+    """A real fleet view whose first pushed load raises, as a bug in applying one would."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        super().__init__(
+            block_tokens=config.block_tokens,
+            dead_after_s=config.dead_after_s,
+            overlay_ttl_s=config.overlay_ttl_s,
+            default_prefill_tokens_per_s=config.prefill_tokens_per_s,
+        )
+        self.failures_left = 1
+
+    def apply_load(self, worker_id: str, load: LoadReport, now: float) -> None:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise RuntimeError("injected: applying a pushed load failed")
+        super().apply_load(worker_id, load, now)
+
+
+async def until(condition, what: str, attempts: int = 200, pause_s: float = 0.05) -> None:
+    """Poll ``condition`` (returning a bool, or an awaitable of one) a bounded number of times."""
+    for _ in range(attempts):
+        met = condition()
+        if await met if inspect.isawaitable(met) else met:
+            return
+        await asyncio.sleep(pause_s)
+    raise AssertionError(what)
+
+
+@pytest.mark.timeout(60)
+async def test_gateway_load_push_subscriber_survives_an_unexpected_error(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = FleetKeys("loops")
+    client = aioredis.from_url(redis_server.url)
+    polled = LoadReport(1, 1764489612.0, "ready", True, 0, 0, 0, 12000.0, 0, 65536, 0)
+    await client.hset(keys.members, "w0", encode_record(MemberRecord(url="http://127.0.0.1:9")))
+    await client.set(keys.load("w0"), encode_record(polled))
+    config = GatewayConfig(port=0, redis_url=redis_server.url, fleet="loops", refresh_interval_s=3600)
+    gateway = Gateway(config)
+    view = gateway.view = FirstPushFails(config)
+    runner = web.AppRunner(gateway.app(), handle_signals=False)
+    await runner.setup()
+
+    async def subscribed() -> bool:
+        return dict(await client.pubsub_numsub(keys.loads)).get(keys.loads.encode(), 0) >= 1
+
+    try:
+        assert gateway.view.workers["w0"].load == polled  # the start-up refresh; none after it
+        await until(subscribed, "the gateway never subscribed to the loads channel")
+        first = LoadReport(2, 1764489613.0, "ready", True, 5, 3, 900, 12000.0, 0, 65536, 0)
+        with caplog.at_level(logging.ERROR, logger="prefixfleet.gateway"):
+            await client.publish(keys.loads, encode_load_push("w0", encode_record(first)))
+            await until(lambda: view.failures_left == 0, "the push never arrived")
+            later = LoadReport(3, 1764489614.0, "ready", True, 1, 0, 100, 12000.0, 0, 65536, 0)
+
+            async def adopted() -> bool:  # re-published: the one sent while re-subscribing is lost
+                await client.publish(keys.loads, encode_load_push("w0", encode_record(later)))
+                return gateway.view.workers["w0"].load == later
+
+            await until(adopted, "the gateway stopped adopting load pushes after the error")
+        logged = [r for r in caplog.records if r.name == "prefixfleet.gateway" and r.exc_info]
+        assert logged, "the unexpected error was not logged"
+        assert "injected: applying a pushed load failed" in str(logged[0].exc_info[1])
+        assert logged[0].getMessage().startswith("load push subscriber failed unexpectedly")
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
+@asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[TestServer]:
+    server = TestServer(app, host=LOOPBACK)
+    await server.start_server()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+@pytest.mark.timeout(60)
+async def test_sidecar_engine_watch_survives_a_number_beyond_a_float(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine_status = {"health": 200}
+    # the emulator's speed as a 400-digit integer: float() of it raises OverflowError
+    info = '{"served_model_name":"m","emulator":{"prefill_tokens_per_s":1%s,"time_scale":1}}' % ("0" * 400)
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(status=engine_status["health"])
+
+    async def server_info(_request: web.Request) -> web.Response:
+        return web.Response(text=info, content_type="application/json")
+
+    engine_app = web.Application()
+    engine_app.router.add_get("/health", health)
+    engine_app.router.add_get("/get_server_info", server_info)
+    async with serving(engine_app) as engine, aiohttp.ClientSession() as http:
+        engine_url = str(engine.make_url("")).rstrip("/")
+        sidecar = Sidecar(SidecarConfig(engine_url=engine_url, redis_url=None, port=1, worker_id="w0"))
+        with caplog.at_level(logging.ERROR, logger="prefixfleet.sidecar"):
+            async with serving(sidecar.app()) as front:
+
+                def engine_ok_is(expected: bool):
+                    async def check() -> bool:
+                        async with http.get(front.make_url("/prefixfleet/status")) as resp:
+                            return (await resp.json())["engine_ok"] is expected
+
+                    return check
+
+                await until(
+                    engine_ok_is(True), "the sidecar never saw the engine healthy", attempts=100, pause_s=0.1
+                )
+                engine_status["health"] = 503
+                await until(
+                    engine_ok_is(False), "the sidecar stopped probing the engine", attempts=100, pause_s=0.1
+                )
+        logged = [r for r in caplog.records if r.name == "prefixfleet.sidecar" and r.exc_info]
+        assert logged and isinstance(logged[0].exc_info[1], OverflowError), caplog.records
+        assert logged[0].getMessage().startswith("engine watch failed unexpectedly")
+
+
+@pytest.mark.timeout(60)
+async def test_sidecar_retries_a_state_change_during_a_redis_outage_with_backoff(
+    redis_server: RedisServer,
+) -> None:
+    keys = FleetKeys("loops")
+    config = SidecarConfig(
+        engine_url="http://127.0.0.1:9", redis_url=redis_server.url, port=1, worker_id="w0", fleet="loops"
+    )
+    sidecar = Sidecar(config)
+    attempts = 0
+
+    async def hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal attempts
+        attempts += 1
+        writer.close()
+
+    async with serving(sidecar.app()) as front, aiohttp.ClientSession() as http:
+        client = redis_server.client()
+        wanted = {"state": "ready"}
+
+        def registered() -> bool:
+            raw = client.hget(keys.members, "w0")
+            return raw is not None and decode_member(raw).state == wanted["state"]
+
+        try:
+            await until(registered, "the sidecar never registered")
+            redis_server.stop()
+            # In Redis's place, a server that hangs up at once: each publish attempt is one connection.
+            outage = await asyncio.start_server(hang_up, LOOPBACK, redis_server.port)
+            try:
+                await until(lambda: attempts > 0, "the sidecar never tried to publish")
+                async with http.post(
+                    front.make_url("/prefixfleet/state"), json={"state": "draining"}
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+                before = attempts
+                await asyncio.sleep(1.5)
+                # backoff 0.25 s doubling to 2 s, and redis-py's own few retries per attempt: a dozen
+                # or so; retrying at once made thousands
+                assert attempts - before < 100, attempts - before
+            finally:
+                outage.close()
+                await outage.wait_closed()
+            redis_server.start()  # empty: the sidecar must register again, in its new state
+            wanted["state"] = "draining"
+            await until(registered, "the state change was never published after the outage", attempts=100)
+            status = await (await http.get(front.make_url("/prefixfleet/status"))).json()
+            assert (status["state"], status["redis_ok"]) == ("draining", True)
+        finally:
+            client.close()
