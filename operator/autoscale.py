@@ -18,7 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from .models import AutoscalingSpec, PrewarmSpec
 
 ReplicaPhase = Literal["starting", "warming", "ready", "draining"]
 ScalerMode = Literal["fixed_max", "uniform", "prefix_aware", "prefix_aware_prewarm"]
@@ -58,30 +62,42 @@ class FleetObservation:
     subtrees: tuple[SubtreeObservation, ...] = ()
 
 
+def _spec_default(model: type[BaseModel], name: str) -> Any:
+    return model.model_fields[name].default
+
+
+_A, _P = AutoscalingSpec, PrewarmSpec
+
+
 @dataclass(frozen=True, slots=True)
 class ScalePolicy:
-    """The knobs (from the PrefixCacheFleet spec); defaults live in the operator's models."""
+    """The planner's knobs. A knob the PrefixCacheFleet spec has takes its default from the spec's
+    model (one source of truth; ``autoscale_observe.scale_policy`` maps a spec); the others are
+    the planner's own. The simulator and the local fleet set the timers they compress explicitly.
+    """
 
     mode: ScalerMode = "prefix_aware_prewarm"
-    min_replicas: int = 1
-    max_replicas: int = 8
-    target_ttft_s: float = 1.0
-    target_queue_per_replica: float = 4.0  # uniform mode: like an HPA on sglang:num_queue_reqs
-    scale_up_cooldown_s: float = 15.0
-    scale_down_stabilization_s: float = 60.0
-    max_step_up: int = 2
-    hot_rate_rps: float = 0.5  # subtrees below this rate are not worth a replica
+    min_replicas: int = _spec_default(_A, "min_replicas")
+    max_replicas: int = _spec_default(_A, "max_replicas")
+    target_ttft_s: float = _spec_default(_A, "target_ttft_seconds")
+    # uniform mode: like an HPA on sglang:num_queue_reqs
+    target_queue_per_replica: float = _spec_default(_A, "target_queue_depth")
+    scale_up_cooldown_s: float = float(_spec_default(_A, "scale_up_cooldown_seconds"))
+    scale_down_stabilization_s: float = float(_spec_default(_A, "scale_down_stabilization_seconds"))
+    max_step_up: int = _spec_default(_A, "max_step_up")
+    hot_rate_rps: float = _spec_default(_A, "hot_rate_rps")  # subtrees below this are not worth a replica
     saturation: float = 0.7  # holders are saturated when their best wait exceeds this × target
     idle: float = 0.2  # a replica is idle below this × target wait
-    prewarm_subtrees: int = 4  # subtrees pre-warmed per replica
+    prewarm_subtrees: int = _spec_default(_P, "top_subtrees")  # subtrees pre-warmed per replica
     prefill_s_per_token: float = 0.0000333
     # prefix-aware modes: keep the fleet's prefill load per replica at or below this. Queueing delay
     # explodes only near 1.0, too late when a new replica needs tens of seconds to start.
-    target_load: float = 0.7
-    scale_down_load: float = 0.6  # remove one only if the rest would run below this
+    target_load: float = _spec_default(_A, "target_load")
+    # remove one only if the rest would run below this
+    scale_down_load: float = _spec_default(_A, "scale_down_load")
     # A replica added now serves only after start-up: size for the demand projected this far ahead
     # along its recent upward trend (the trend is ignored going down: scale-down waits for calm).
-    lead_time_s: float = 30.0
+    lead_time_s: float = _spec_default(_A, "lead_time_seconds")
 
     def __post_init__(self) -> None:
         if self.mode not in SCALER_MODES:
@@ -297,7 +313,10 @@ def _plan_prefix_aware(
         slope = _smoothed_slope(slope, demand - memory.demand, now - memory.demand_s, policy.lead_time_s / 2)
     memory = replace(memory, demand=demand, demand_s=now, demand_slope=slope)
     base = replace(base, memory=memory)
-    projected = demand + max(slope, 0.0) * policy.lead_time_s
+    # Right after a scale-down demand rises by itself (the victim's prefixes are re-prefilled on the
+    # others): that rise is no trend to provision for. Actual load still scales up at once.
+    shrunk = memory.last_scale_down_s is not None and now - memory.last_scale_down_s < policy.lead_time_s
+    projected = demand + (0.0 if shrunk else max(slope, 0.0)) * policy.lead_time_s
     by_load = math.ceil(projected / policy.target_load - 1e-9)  # replicas the prefill demand needs
     short = by_load - n  # n counts starting/warming replicas: capacity already on its way
 
@@ -360,7 +379,7 @@ def _plan_prefix_aware(
     # Quiet: waits are low on average (one replica's burst is not load) and the prefill demand would
     # fit one replica fewer with room to spare (the gap to target_load is the hysteresis).
     mean_wait = sum(r.est_wait_s for r in ready) / len(ready) if ready else 0.0
-    fits_fewer = demand <= policy.scale_down_load * (n - 1)
+    fits_fewer = projected <= policy.scale_down_load * (n - 1)
     if ready and mean_wait < idle_wait and fits_fewer and not pending:
         why = f"mean wait {mean_wait:.2f}s, prefill load {demand:.2f} fits {n - 1} replicas"
         return _maybe_scale_down(observed, policy, memory, base, active, why, prefix_aware=True)

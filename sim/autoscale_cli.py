@@ -35,6 +35,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--target-ttft-ms", type=float, help="TTFT SLO in ms (default: the scenario's)")
     p.add_argument("--startup-delay-s", type=float, default=30.0, help="new replica start-up time (30)")
     p.add_argument("--control-interval-s", type=float, default=5.0, help="control loop period (5)")
+    p.add_argument(
+        "--scale-up-cooldown-s",
+        type=float,
+        help=f"time between scale-ups (default: the scenario's, {SCENARIO_FLEET['scale_up_cooldown_s']:g})",
+    )
+    p.add_argument(
+        "--scale-down-stabilization-s",
+        type=float,
+        help="quiet time before a scale-down (default: the scenario's, "
+        f"{SCENARIO_FLEET['scale_down_stabilization_s']:g})",
+    )
     p.add_argument("--cache-tokens", type=int, help="KV cache per replica in tokens")
     add_service_arguments(p, "batched")
     p.add_argument(
@@ -68,6 +79,12 @@ def run(args: argparse.Namespace) -> int:
     max_r = args.max_replicas if args.max_replicas is not None else rec["max_replicas"]
     target_s = args.target_ttft_ms / 1000.0 if args.target_ttft_ms is not None else rec["target_ttft_s"]
     cache = args.cache_tokens if args.cache_tokens is not None else rec["cache_tokens"]
+    cooldown = rec["scale_up_cooldown_s"] if args.scale_up_cooldown_s is None else args.scale_up_cooldown_s
+    stabilization = (
+        rec["scale_down_stabilization_s"]
+        if args.scale_down_stabilization_s is None
+        else args.scale_down_stabilization_s
+    )
     if min_r < 1:
         raise UsageError(f"--min must be at least 1 (someone has to serve), got {min_r}")
     if max_r < min_r:
@@ -76,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     _positive(cache, "--cache-tokens")
     _positive(args.startup_delay_s, "--startup-delay-s", allow_zero=True)
     _positive(args.control_interval_s, "--control-interval-s")
+    _positive(cooldown, "--scale-up-cooldown-s", allow_zero=True)
+    _positive(stabilization, "--scale-down-stabilization-s", allow_zero=True)
     if args.initial is not None and not min_r <= args.initial <= max_r:
         raise UsageError(f"--initial ({args.initial}) must be between --min ({min_r}) and --max ({max_r})")
     service = service_config(rec, args)
@@ -98,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
             target_ttft_s=target_s,
             prefill_s_per_token=service.prefill_s_per_token,
             lead_time_s=args.startup_delay_s,  # look as far ahead as a new replica takes to start
+            scale_up_cooldown_s=cooldown,
+            scale_down_stabilization_s=stabilization,
         )
         config = ElasticConfig(
             cache_tokens=cache,
@@ -121,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
         "target_ttft_ms": round(target_s * 1000.0, 3),
         "startup_delay_s": args.startup_delay_s,
         "control_interval_s": args.control_interval_s,
+        "scale_up_cooldown_s": cooldown,
+        "scale_down_stabilization_s": stabilization,
+        "prewarm_subtrees": ScalePolicy().prewarm_subtrees,
         "cache_tokens": cache,
         **service.as_dict(),
         "requests": len(workload.requests),

@@ -46,6 +46,11 @@ SCENARIO_FLEET: dict[str, Any] = {
     "min_replicas": 2,
     "max_replicas": 12,
     "target_ttft_s": 1.0,
+    # A scenario compresses hours of traffic into minutes, so the scaler's timers are compressed
+    # too (the operator's defaults, 60 s and 300 s, suit real traffic); every other scaler knob is
+    # the operator's default.
+    "scale_up_cooldown_s": 15.0,
+    "scale_down_stabilization_s": 60.0,
 }
 
 VIRAL_SCENARIO: dict[str, Any] = {

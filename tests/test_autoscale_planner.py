@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -251,6 +252,33 @@ def test_a_trend_that_lasts_is_followed_and_one_jump_is_not():
     # a ramp of +0.1 per round keeps its whole slope (0.02/s) after a few time constants
     ramp = run([1.0 + 0.1 * i for i in range(12)])
     assert ramp[-1] == pytest.approx(2.1 + 0.02 * 30, rel=0.05)
+
+
+def test_the_rise_right_after_a_scale_down_is_not_projected():
+    # demand 1.0 -> 1.3 in 5 s on 2 replicas, 10 s after a scale-down: the victim's prefixes being
+    # re-prefilled elsewhere. 1.3 alone fits 2 × 0.7; projecting the rise would add a replica.
+    rising = PlannerMemory(demand=1.0, demand_s=95.0, demand_slope=0.05)
+    reps = [loaded("a", 0.65), loaded("b", 0.65)]
+    after_shrink = plan_scale(obs(reps), policy(), replace(rising, last_scale_down_s=90.0))
+    assert after_shrink.add == 0
+    # the same rise with no scale-down behind it is projected (slope ~0.053/s: 1.3 + 1.6 in 30 s
+    # needs 5 replicas, 2 added per step)...
+    assert plan_scale(obs(reps), policy(), rising).add == 2
+    # ...and so is it once a lead time (30 s) has passed since the scale-down
+    assert plan_scale(obs(reps), policy(), replace(rising, last_scale_down_s=70.0)).add == 2
+    # load that is really there scales up at once, scale-down or not
+    busy = [loaded("a", 0.8), loaded("b", 0.8)]
+    assert plan_scale(obs(busy), policy(), replace(rising, last_scale_down_s=90.0)).add == 1
+
+
+def test_no_scale_down_while_the_trend_needs_the_replica_back():
+    calm = PlannerMemory(calm_since_s=0.0, demand=0.9, demand_s=995.0, demand_slope=0.01)
+    # 1.05 on 3 replicas fits 2 at 0.6 now, but rising 0.01/s it is 1.35 in 30 s: hold all three
+    reps = [loaded(x, 0.35) for x in "abc"]
+    held = plan_scale(obs(reps, now=1000), policy(), calm)
+    assert held.drain == () and held.memory.calm_since_s is None
+    flat = replace(calm, demand=1.05, demand_slope=0.0)
+    assert len(plan_scale(obs(reps, now=1000), policy(), flat).drain) == 1
 
 
 def test_falling_load_is_not_projected_down():
