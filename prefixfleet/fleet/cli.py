@@ -218,6 +218,7 @@ def run_up_command(args: argparse.Namespace) -> int:
         run_dir=Path(args.run_dir),
         progress=_progress_default(args.progress),
         sim_check=args.sim_check,
+        restart_dead_replicas=not args.autoscale,  # with it, the planner replaces a dead replica
     )
     scaling = _autoscale_policy(args)
     report, runs = _run_async(

@@ -34,6 +34,7 @@ from prefixfleet.fleet.processes import (
     start_redis,
 )
 from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
+from prefixfleet.fleet.reaper import ReplicaReaper
 from prefixfleet.router.gateway import GatewayConfig
 from prefixfleet.router.policies import CostModel, make_policy
 from prefixfleet.router.radix import as_token_bytes
@@ -45,6 +46,7 @@ from prefixfleet.sim.simulator import FleetConfig, simulate
 from prefixfleet.tokenizer import text_for_tokens, tokenize
 
 FLEET_NAME = "local"
+REPLICA_ROLES = ("engine", "sidecar")  # a replica's processes are named <role>-<index>
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +157,10 @@ class Replica:
         return f"replica-{self.index}"
 
 
+def replica_process_name(role: str, index: int) -> str:
+    return f"{role}-{index}"
+
+
 class LocalFleet:
     """Starts and resets the fleet's processes; everything it starts is owned by ``supervisor``."""
 
@@ -190,11 +196,42 @@ class LocalFleet:
         self.replicas = list(engines)
         await self.start_sidecars()
 
+    @staticmethod
+    def is_replica_process(child: Child) -> bool:
+        """Whether ``child`` is some replica's engine or sidecar (by its name)."""
+        role, _, index = child.name.partition("-")
+        return role in REPLICA_ROLES and index.isdigit()
+
+    def add_replica(self, replica: Replica) -> None:
+        """Put a started replica in the fleet, in index order."""
+        self.replicas.append(replica)
+        self.replicas.sort(key=lambda r: r.index)
+
+    async def start_replica(self, index: int) -> Replica:
+        """Start ``replica-<index>``: its engine, then its sidecar (the engine is stopped if the sidecar
+        fails). The caller decides where it goes in :attr:`replicas`."""
+        replica = await self._start_engine(index)
+        try:
+            await self._start_sidecar(replica)
+        except BaseException:
+            await self.sup.stop(replica.engine)
+            raise
+        return replica
+
+    async def stop_replica(self, replica: Replica) -> None:
+        """Stop a replica's sidecar (which deregisters itself on the way out), then its engine."""
+        if replica.sidecar is not None:
+            await self.sup.stop(replica.sidecar)
+        await self.sup.stop(replica.engine)
+
     async def _start_engine(self, index: int) -> Replica:
         port = self.sup.allocate_port()
         url = f"http://{LOOPBACK}:{port}"
         child = await self.sup.start(
-            f"engine-{index}", emulator_argv(port, self.spec.engine), health_url=f"{url}/health", url=url
+            replica_process_name("engine", index),
+            emulator_argv(port, self.spec.engine),
+            health_url=f"{url}/health",
+            url=url,
         )
         return Replica(index, child, url)
 
@@ -213,7 +250,7 @@ class LocalFleet:
             self.spec.router_prefill_tokens_per_s,
         )
         replica.sidecar = await self.sup.start(
-            f"sidecar-{replica.index}", argv, health_url=f"{url}/health", url=url
+            replica_process_name("sidecar", replica.index), argv, health_url=f"{url}/health", url=url
         )
         replica.sidecar_url = url
 
@@ -403,6 +440,9 @@ class UpOptions:
     run_dir: Path = Path("out/fleet-run")
     progress: bool = True
     sim_check: bool = True
+    # While the fleet is held after the runs, a replica that died is restarted once (False: the
+    # autoscaler replaces it); either way it leaves the membership (prefixfleet.fleet.reaper).
+    restart_dead_replicas: bool = True
 
 
 @dataclass(slots=True)
@@ -631,7 +671,8 @@ async def run_up(
     options: UpOptions,
     hold: Callable[[LocalFleet, dict[str, Any]], Awaitable[None]] | None = None,
 ) -> tuple[dict[str, Any], list[PolicyRun]]:
-    """Start the fleet, run every policy, simulate the same requests; ``hold`` runs before teardown."""
+    """Start the fleet, run every policy, simulate the same requests; ``hold`` runs before teardown,
+    with replicas that die meanwhile reaped (:class:`~prefixfleet.fleet.reaper.ReplicaReaper`)."""
     chosen = workload_slice(workload, options.requests, options.max_output_tokens)
     requests = requests_from_workload(replace(workload, requests=chosen))
     sim = simulate_policies(chosen, options.policies, spec) if options.sim_check else None
@@ -644,5 +685,7 @@ async def run_up(
         report = up_report(workload, spec, options, runs, sim)
         report["settings"]["machine"] = {"before": before, "after": machine_load()}
         if hold is not None:
-            await hold(fleet, report)
+            reaper = ReplicaReaper(fleet, restart=options.restart_dead_replicas)
+            async with reaper.running():
+                await hold(fleet, report)
     return report, runs

@@ -6,6 +6,9 @@ and is stopped with SIGTERM to the whole group, then SIGKILL after a timeout. Te
 by the :class:`Supervisor` context manager; :meth:`Supervisor.kill_remaining` is the synchronous last
 resort for paths where the event loop itself is going away (a second Ctrl-C). On Linux each child
 also gets a parent-death signal, so even a SIGKILLed supervisor leaves no engine behind.
+
+A child that exits without being asked to is an error (:meth:`Supervisor.check_alive`) unless
+:attr:`Supervisor.exit_handled` says someone else deals with it (the local fleet's replica reaper).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class Child:
     log_path: Path
     process: asyncio.subprocess.Process
     url: str | None = None
+    stop_requested: bool = False  # the supervisor was asked to stop it: its exit is expected
     _log_file: IO[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -61,6 +65,11 @@ class Child:
     @property
     def running(self) -> bool:
         return self.process.returncode is None
+
+    @property
+    def exited_unasked(self) -> bool:
+        """It exited (crashed, was killed from outside) without the supervisor stopping it."""
+        return not self.running and not self.stop_requested
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -132,6 +141,10 @@ async def redis_ready(host: str, port: int) -> bool:
             await writer.wait_closed()
 
 
+def _nobody_handles(_child: Child) -> bool:
+    return False
+
+
 class Supervisor:
     """Starts children, waits for them to be ready, and stops every one of them on exit."""
 
@@ -139,6 +152,8 @@ class Supervisor:
         self.run_dir = Path(run_dir)
         self.stop_timeout_s = stop_timeout_s
         self.children: list[Child] = []
+        # Children whose unasked exit someone else handles (the fleet's reaper): check_alive skips them.
+        self.exit_handled: Callable[[Child], bool] = _nobody_handles
         self._ports: set[int] = set()
         self._session: aiohttp.ClientSession | None = None
 
@@ -199,7 +214,7 @@ class Supervisor:
         except OSError as exc:
             log_file.close()
             raise ChildFailedError(name, f"could not start {argv[0]}: {exc}") from exc
-        child = Child(name, list(argv), log_path, process, url or health_url, log_file)
+        child = Child(name, list(argv), log_path, process, url or health_url, _log_file=log_file)
         self.children.append(child)
         if health_url is not None or ready is not None:
             probe = ready or self._http_probe(health_url or "")
@@ -236,9 +251,10 @@ class Supervisor:
             delay = min(delay * 1.5, 0.5)
 
     def check_alive(self) -> None:
-        """Raise :class:`ChildFailedError` if any supervised child has exited."""
+        """Raise :class:`ChildFailedError` if a supervised child exited without being asked to
+        (and no :attr:`exit_handled` handler takes care of it)."""
         for child in self.children:
-            if not child.running:
+            if child.exited_unasked and not self.exit_handled(child):
                 raise ChildFailedError(
                     child.name,
                     f"exited unexpectedly with status {child.process.returncode}",
@@ -257,6 +273,7 @@ class Supervisor:
         # Signal everything first (synchronously), so an interruption mid-teardown still left each
         # child its SIGTERM; then wait, then escalate.
         for child in children:
+            child.stop_requested = True
             _signal_group(child.pid, signal.SIGTERM)
         waits = [asyncio.wait_for(c.process.wait(), self.stop_timeout_s) for c in children]
         results = await asyncio.gather(*waits, return_exceptions=True)

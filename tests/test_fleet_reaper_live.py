@@ -1,0 +1,226 @@
+"""A replica killed hard in a running local fleet (real Valkey, emulators, sidecars, a gateway).
+
+Specification:
+* without the autoscaler: SIGKILL one sidecar under steady traffic; its member leaves Redis, so the
+  gateway counts one worker fewer; then the replica is restarted under the same name and the gateway
+  routes to it again. Killed again right away, it stays down. Only requests in flight at a kill may
+  fail; every process is stopped at the end;
+* with the autoscaler (minReplicas = the fleet's size): the reaper only removes the member, and the
+  planner's below-minReplicas branch adds a replica, which becomes routable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from prefixfleet.fleet.autoscale import LocalAutoscaler
+from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
+from prefixfleet.fleet.processes import Supervisor
+from prefixfleet.fleet.reaper import ReplicaReaper
+from prefixfleet.operator.autoscale import ScalePolicy
+from prefixfleet.router.keys import FleetKeys
+
+pytestmark = pytest.mark.timeout(90)
+ENGINE = EngineSettings(cache_tokens=20_000, prefill_tokens_per_s=50_000, time_scale=4.0)
+
+
+@dataclass
+class Traffic:
+    """Two clients sending short requests one after another through the gateway."""
+
+    gateway: str
+    answers: list[tuple[int, str]] = field(default_factory=list)  # (status, worker); 0: no answer
+    in_flight: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def run(self, clients: int = 2) -> None:
+        await asyncio.gather(*(self._client(c) for c in range(clients)))
+
+    async def _client(self, c: int) -> None:
+        async with httpx.AsyncClient(timeout=30) as http:
+            for i in range(100_000):
+                if self.stop.is_set():
+                    return
+                body = {
+                    "text": f"client {c} request {i}: say hello",
+                    "sampling_params": {"max_new_tokens": 1},
+                }
+                self.in_flight += 1
+                try:
+                    resp = await http.post(f"{self.gateway}/generate", json=body)
+                    self.answers.append((resp.status_code, resp.headers.get("X-Prefixfleet-Worker", "")))
+                except httpx.HTTPError:
+                    self.answers.append((0, ""))
+                finally:
+                    self.in_flight -= 1
+                await asyncio.sleep(0.02)
+
+    def failures(self) -> int:
+        return sum(1 for status, _ in self.answers if status != 200)
+
+
+async def gateway_counts(http: httpx.AsyncClient, gateway: str) -> tuple[int, int]:
+    """(workers, routable_workers) from the gateway's /health (503 still carries the JSON)."""
+    body = (await http.get(f"{gateway}/health")).json()
+    return body["workers"], body["routable_workers"]
+
+
+async def watch_counts(gateway: str, seen: list[tuple[int, int]], stop: asyncio.Event) -> None:
+    async with httpx.AsyncClient(timeout=5) as http:
+        while not stop.is_set():
+            counts = await gateway_counts(http, gateway)
+            if not seen or seen[-1] != counts:
+                seen.append(counts)
+            await asyncio.sleep(0.03)
+
+
+async def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def live_children() -> list[int]:
+    """Our own live (non-zombie) child processes."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == str(os.getpid()) and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+async def member_url(fleet: LocalFleet, worker_id: str) -> str | None:
+    client = aioredis.from_url(fleet.redis_url)
+    try:
+        raw = await client.hget(FleetKeys(fleet.spec.fleet_name).members, worker_id)
+    finally:
+        await client.aclose()
+    return None if raw is None else json.loads(raw)["url"]
+
+
+async def test_a_killed_sidecar_leaves_membership_and_its_replica_restarts_once(tmp_path: Path) -> None:
+    lines: list[str] = []
+    async with Supervisor(tmp_path) as sup:
+        fleet = LocalFleet(sup, FleetSpec(replicas=2, gateways=1, engine=ENGINE))
+        await fleet.start_engines()
+        await fleet.start_gateways("round_robin")
+        gateway = fleet.gateway_urls[0]
+        reaper = ReplicaReaper(fleet, restart=True, say=lines.append)
+        traffic = Traffic(gateway)
+        seen: list[tuple[int, int]] = []
+        stop_watch = asyncio.Event()
+        async with reaper.running():
+            load = asyncio.create_task(traffic.run())
+            watch = asyncio.create_task(watch_counts(gateway, seen, stop_watch))
+            await wait_until(
+                lambda: {w for _, w in traffic.answers} >= {"replica-0", "replica-1"}, 10, "traffic"
+            )
+            victim = fleet.replicas[1]
+            assert victim.sidecar is not None and victim.worker_id == "replica-1"
+            old_url = victim.sidecar_url
+            in_flight_at_kills = traffic.in_flight
+            os.kill(victim.sidecar.pid, signal.SIGKILL)
+            await wait_until(lambda: reaper.restarts == 1, 20, "the restart")
+            await wait_until(lambda: seen[-1] == (2, 2), 10, "the gateway to route to two workers again")
+            served_after = len(traffic.answers)
+            await wait_until(
+                lambda: any(w == "replica-1" for _, w in traffic.answers[served_after:]),
+                10,
+                "a request served by the restarted replica",
+            )
+            seen_first = list(seen)
+            restarted = fleet.replicas[1]
+            restarted_member = await member_url(fleet, "replica-1")
+            sup.check_alive()  # the fleet itself is healthy: nothing left dead in it
+
+            # killed again well within the restart window: it stays down
+            assert restarted.sidecar is not None
+            in_flight_at_kills += traffic.in_flight
+            os.kill(restarted.sidecar.pid, signal.SIGKILL)
+            await wait_until(lambda: reaper.reaped == 2, 10, "the second reaping")
+            await wait_until(lambda: seen[-1] == (1, 1), 10, "the gateway to count one worker")
+            await asyncio.sleep(1.0)  # a few more requests, all served by replica-0
+            traffic.stop.set()
+            stop_watch.set()
+            await asyncio.gather(load, watch)
+            final_member = await member_url(fleet, "replica-1")
+            sup.check_alive()
+        assert lines[0] == (
+            "replica-1: sidecar exited with code -9 (SIGKILL); removed from membership; restarting it"
+        )
+        assert lines[1].startswith("replica-1: restarted")
+        assert re.fullmatch(
+            r"replica-1: sidecar exited with code -9 \(SIGKILL\); removed from membership; "
+            r"not restarted again: it died \d+\.\ds after its restart \(within 10s\)",
+            lines[2],
+        ), lines
+        assert [e.action for e in reaper.events] == ["reaped", "restarted", "reaped"]
+        assert reaper.restarts == 1
+        # the gateway counted the member out before the restarted one came back
+        assert seen_first[0] == (2, 2) and (1, 1) in seen_first and seen_first[-1] == (2, 2), seen
+        assert restarted_member == restarted.sidecar_url != old_url
+        assert [r.worker_id for r in fleet.replicas] == ["replica-0"] and final_member is None
+        # only requests in flight when a sidecar died may have failed
+        assert traffic.failures() <= in_flight_at_kills, (in_flight_at_kills, traffic.failures())
+        assert traffic.answers[-1] == (200, "replica-0")
+    assert live_children() == []
+
+
+async def test_with_the_autoscaler_a_dead_replica_is_replaced_by_the_planner(tmp_path: Path) -> None:
+    lines: list[str] = []
+    async with Supervisor(tmp_path) as sup:
+        fleet = LocalFleet(sup, FleetSpec(replicas=2, gateways=1, engine=ENGINE))
+        await fleet.start_engines()
+        await fleet.start_gateways("queue_aware")
+        gateway = fleet.gateway_urls[0]
+        reaper = ReplicaReaper(fleet, restart=False, say=lines.append)
+        autoscaler = LocalAutoscaler(fleet, ScalePolicy(min_replicas=2, max_replicas=3), interval_s=0.5)
+        stop_scaler = asyncio.Event()
+        async with reaper.running():
+            scaler = asyncio.create_task(autoscaler.run(stop_scaler))
+            victim = fleet.replicas[1]
+            assert victim.sidecar is not None
+            os.kill(victim.sidecar.pid, signal.SIGKILL)
+            await wait_until(lambda: reaper.reaped == 1, 10, "the reaper")
+            await wait_until(lambda: any(e.action == "scale_up" for e in autoscaler.events), 10, "a scale-up")
+            async with httpx.AsyncClient(timeout=5) as http:
+                counts: list[tuple[int, int]] = []
+
+                async def refresh() -> None:
+                    counts.append(await gateway_counts(http, gateway))
+
+                for _ in range(200):  # bounded: ~20 s
+                    await refresh()
+                    if counts[-1] == (2, 2) and len(fleet.replicas) == 2:
+                        break
+                    await asyncio.sleep(0.1)
+            stop_scaler.set()
+            await scaler
+        assert lines == [
+            "replica-1: sidecar exited with code -9 (SIGKILL); removed from membership; "
+            "not restarted: the autoscaler replaces replicas"
+        ]
+        assert reaper.restarts == 0
+        scale_ups = [e.detail for e in autoscaler.events if e.action == "scale_up"]
+        assert scale_ups == ["below minReplicas (1 < 2)"], autoscaler.events
+        assert counts[-1] == (2, 2) and len(fleet.replicas) == 2, counts
+    assert live_children() == []
