@@ -43,7 +43,15 @@ from .proxying import (
     request_target,
     sse_error_event,
 )
-from .records import SENDS_MAGIC, WORKER_STATES, SendNotice, decode_load_push, decode_send, encode_send
+from .records import (
+    SENDS_MAGIC,
+    WORKER_STATES,
+    SendNotice,
+    decode_load_push,
+    decode_send,
+    encode_send,
+    validate_worker_id,
+)
 from .redis_conn import connect_redis
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
@@ -196,9 +204,15 @@ class Gateway:
         pipe.pubsub_numsub(self.keys.sends)  # same round trip: is any peer listening to our sends?
         members, listeners = await pipe.execute()
         self._note_send_listeners(listeners)
-        ids = [k.decode() if isinstance(k, bytes) else k for k in members]
+        members_s: dict[str, bytes | str] = {}
+        for key, raw in members.items():
+            wid = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+            try:
+                members_s[validate_worker_id(wid)] = raw
+            except ValueError:  # e.g. not UTF-8: it failed every refresh, freezing the whole view
+                self._warn(f"ignoring member {wid[:140]!r}: not a valid worker id")
+        ids = list(members_s)
         loads = await self.redis.mget([self.keys.load(w) for w in ids]) if ids else []
-        members_s = {wid: members[k] for wid, k in zip(ids, members, strict=True)}
         result = self.view.apply_snapshot(members_s, dict(zip(ids, loads, strict=True)), time.monotonic())
         for message in result.warnings:
             self._warn(message)
@@ -344,22 +358,27 @@ class Gateway:
                 backoff = min(backoff * 2, 2.0)
 
     async def _refresh_loop(self) -> None:
+        backoff = 0.5  # after an unexpected error: doubles while it persists, up to 5 s
         while True:
+            pause = self.config.refresh_interval_s
             try:
                 await self.refresh_once()
                 self.metrics.redis_up.set(1)
                 if not self.redis_ok:
                     log.warning("redis reachable again: fleet view refreshing")
                     self.redis_ok = True
+                backoff = 0.5
             except (aioredis.RedisError, OSError, TimeoutError) as exc:
                 self.view.refresh_failed()
                 self.metrics.redis_up.set(0)
                 if self.redis_ok:
                     log.warning("redis unavailable (%s): routing on the last view", exc)
                     self.redis_ok = False
-            except Exception:  # a bug must not stop the refresh loop
-                log.exception("fleet view refresh failed")
-            await asyncio.sleep(self.config.refresh_interval_s)
+            except Exception:  # a bug must not stop the refresh loop (nor log a traceback 5 times a second)
+                pause = max(pause, backoff)
+                log.exception("fleet view refresh failed; next refresh in %.1f s", pause)
+                backoff = min(backoff * 2, 5.0)
+            await asyncio.sleep(pause)
 
     async def _health_loop(self) -> None:
         """Health-check static workers (sidecar workers report their engine's health themselves)."""

@@ -5,6 +5,8 @@ Specification:
   with its traceback, subscribes again after a short backoff and adopts the pushes that follow
   (it used to catch only Redis errors: anything else ended the task silently and the gateway then
   saw load only at its polling refresh);
+* the gateway's refresh skips (and warns about) a member whose name is no worker id, e.g. not UTF-8,
+  and keeps the rest of the fleet in view (such a name failed every refresh: the view froze);
 * the sidecar's engine watch, hit by an engine whose ``/get_server_info`` holds a number no float can
   hold (``float()`` raised OverflowError), logs it and keeps probing: it still notices the engine
   turning healthy and, later, unhealthy (the task used to die, freezing ``engine_ok`` for good);
@@ -106,6 +108,34 @@ async def test_gateway_load_push_subscriber_survives_an_unexpected_error(
         assert logged, "the unexpected error was not logged"
         assert "injected: applying a pushed load failed" in str(logged[0].exc_info[1])
         assert logged[0].getMessage().startswith("load push subscriber failed unexpectedly")
+    finally:
+        await client.aclose()
+        await runner.cleanup()
+
+
+@pytest.mark.timeout(60)
+async def test_gateway_refresh_skips_a_member_whose_name_is_no_worker_id(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    keys = FleetKeys("loops")
+    client = aioredis.from_url(redis_server.url)
+    load = LoadReport(1, 1764489612.0, "ready", True, 0, 0, 0, 12000.0, 0, 65536, 0)
+    member = encode_record(MemberRecord(url="http://127.0.0.1:9"))
+    await client.hset(keys.members, mapping={b"\xffw": member, b"bad id!": member})
+    config = GatewayConfig(port=0, redis_url=redis_server.url, fleet="loops", refresh_interval_s=0.05)
+    gateway = Gateway(config)
+    runner = web.AppRunner(gateway.app(), handle_signals=False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="prefixfleet.gateway"):
+            await runner.setup()
+            # a worker joining after the bad names: only a refresh that still works can show it
+            await client.hset(keys.members, "w0", member)
+            await client.set(keys.load("w0"), encode_record(load))
+            await until(lambda: "w0" in gateway.view.workers, "the gateway's refresh stopped working")
+        assert set(gateway.view.workers) == {"w0"}
+        warnings = [r.getMessage() for r in caplog.records if r.name == "prefixfleet.gateway"]
+        assert "ignoring member '\ufffdw': not a valid worker id" in warnings, warnings
+        assert "ignoring member 'bad id!': not a valid worker id" in warnings, warnings
     finally:
         await client.aclose()
         await runner.cleanup()
