@@ -189,11 +189,10 @@ class ReplicaReaper:
         plan = plan_reaping(
             statuses, self.restarted_at, time.monotonic(), restart=self.restart, window_s=self.window_s
         )
-        doomed = {r.name for r in plan}
-        gone = {r.worker_id: r for r in self.fleet.replicas if r.worker_id in doomed}
+        by_name = {r.worker_id: r for r in self.fleet.replicas}
         for reaping in plan:
-            await self._remove(gone[reaping.name], redis, reaping)
-        await asyncio.gather(*(self._restart(gone[r.name].index) for r in plan if r.restart))
+            await self._remove(by_name[reaping.name], redis, reaping)
+        await asyncio.gather(*(self._restart(by_name[r.name].index) for r in plan if r.restart))
         return plan
 
     def _event(self, action: str, detail: str) -> None:
@@ -201,7 +200,8 @@ class ReplicaReaper:
         self.say(detail)
 
     async def _remove(self, replica: Replica, redis: aioredis.Redis, reaping: Reaping) -> None:
-        self.fleet.replicas.remove(replica)
+        if replica in self.fleet.replicas:  # (the autoscaler may have let go of it meanwhile)
+            self.fleet.replicas.remove(replica)
         await self.fleet.stop_replica(replica)  # the survivor; the dead one is only collected
         try:
             await remove_member(redis, FleetKeys(self.fleet.spec.fleet_name), replica.worker_id)
@@ -213,7 +213,7 @@ class ReplicaReaper:
     async def _restart(self, index: int) -> None:
         try:
             replica = await self.fleet.start_replica(index)
-        except ChildFailedError as exc:
+        except (ChildFailedError, RuntimeError, OSError) as exc:  # no port, no binary, not ready
             self._event("restart_failed", f"replica-{index}: restart failed: {str(exc).splitlines()[0]}")
             return
         self.fleet.add_replica(replica)
