@@ -265,7 +265,16 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
                 "--prometheus must be an http(s)://HOST[:PORT][/PATH] URL or 'local',"
                 f" got {args.prometheus!r}"
             )
-    policy = ScalePolicy(min_replicas=args.min_replicas, max_replicas=maximum)
+    from prefixfleet.sim.scenarios import SCENARIO_FLEET
+
+    # A local fleet runs for minutes, not days: its timers are compressed as the scenarios' are
+    # (the operator's defaults, 60 s and 300 s, would hold every replica through a whole session).
+    policy = ScalePolicy(
+        min_replicas=args.min_replicas,
+        max_replicas=maximum,
+        scale_up_cooldown_s=SCENARIO_FLEET["scale_up_cooldown_s"],
+        scale_down_stabilization_s=SCENARIO_FLEET["scale_down_stabilization_s"],
+    )
     return policy, args.autoscale_interval, args.prometheus
 
 
