@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
-from prefixfleet.router.records import decode_load
+from prefixfleet.router.records import decode_load, validate_worker_id
 from prefixfleet.router.redis_conn import redacted, with_credentials
 from prefixfleet.router.summary import SummaryError
 
@@ -368,16 +368,23 @@ async def publish_membership(ctx: OperatorContext, outcome: ReconcileOutcome, lo
     desired = desired_members(outcome.spec, outcome.pods, time.time())
     try:
         current = await client.hgetall(keys.members)
-        plan = plan_membership(
-            desired, {k.decode() if isinstance(k, bytes) else k: v for k, v in current.items()}
-        )
-        if plan.is_noop:
+        named: dict[str, bytes | str] = {}
+        junk: list[bytes | str] = []  # fields that name no worker (e.g. not UTF-8): removed as stale
+        for key, raw in current.items():
+            wid = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+            try:
+                named[validate_worker_id(wid)] = raw
+            except ValueError:  # key.decode() raised on a non-UTF-8 name: membership was never published
+                junk.append(key)
+                logger.warning("removing member %r from %s: not a valid worker id", wid[:140], keys.members)
+        plan = plan_membership(desired, named)
+        if plan.is_noop and not junk:
             return
         async with client.pipeline(transaction=True) as pipe:
             if plan.set:
                 pipe.hset(keys.members, mapping=dict(plan.set))
-            if plan.delete:
-                pipe.hdel(keys.members, *plan.delete)
+            if plan.delete or junk:
+                pipe.hdel(keys.members, *plan.delete, *junk)
             for wid in plan.set:
                 pipe.publish(keys.events, f"member {wid} joined")
             for wid in plan.delete:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -319,6 +320,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
     from .inspect import fleet_report, format_report, report_json
     from .keys import FleetKeys
+    from .records import validate_worker_id
     from .redis_conn import connect_redis, redacted
 
     if not args.redis.startswith(("redis://", "rediss://", "unix://")):
@@ -328,26 +330,36 @@ def run_inspect(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _usage_error(f"--fleet: {exc}") from None
 
+    invalid: list[str] = []  # member names that are no worker id (e.g. junk written into the hash)
+
     async def read() -> dict[str, Any]:
         client = connect_redis(args.redis, timeout_s=3.0)
         try:
             members = await client.hgetall(keys.members)
-            ids = [k.decode() if isinstance(k, bytes) else k for k in members]
+            records: dict[str, bytes | str] = {}
+            for key, raw in members.items():
+                wid = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+                try:
+                    records[validate_worker_id(wid)] = raw
+                except ValueError:  # a non-UTF-8 name crashed the whole inspection
+                    invalid.append(wid[:140])
+            ids = list(records)
             loads = await client.mget([keys.load(w) for w in ids]) if ids else []
             summaries = await client.mget([keys.summary(w) for w in ids]) if ids else []
         finally:
             await client.aclose()
         return fleet_report(
-            dict(zip(ids, members.values(), strict=True)),
-            dict(zip(ids, loads, strict=True)),
-            dict(zip(ids, summaries, strict=True)),
-            time.time(),
+            records, dict(zip(ids, loads, strict=True)), dict(zip(ids, summaries, strict=True)), time.time()
         )
 
     try:
         report = asyncio.run(read())
     except (aioredis.RedisError, OSError) as exc:
         raise _usage_error(f"cannot read {redacted(args.redis)}: {exc}") from None
+    for wid in invalid:
+        print(f"prefixfleet router inspect: ignoring member {wid!r}: not a valid worker id", file=sys.stderr)
+    if invalid:  # malformed like a bad record: the fleet is not healthy
+        report.update(invalid_members=invalid, healthy=False)
     if args.json == "-":
         print(report_json(report))
     else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import socket
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from .proxying import (
 )
 from .radix import CacheFullError, as_token_bytes
 from .records import (
+    MAX_RECORD_INT,
     LoadReport,
     MemberRecord,
     encode_load_push,
@@ -114,6 +116,63 @@ class SidecarConfig:
             return self.advertise_url.rstrip("/")
         host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
         return f"http://{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedSpeed:
+    """What an emulator states about its speed, in wall-clock units (None: not stated or refused)."""
+
+    prefill_tokens_per_s: float | None = None
+    fixed_latency_s: float | None = None  # a prefill pass plus a decode step
+    problems: tuple[str, ...] = ()  # the figures refused, named
+
+
+def _finite(value: object) -> float | None:
+    """A JSON number as a finite float; None for anything else (bools, NaN, 1e400 read as infinity,
+    integers too wide for a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def emulated_speed(emulated: dict[str, object]) -> EmulatedSpeed:
+    """The emulator block of an engine's ``/get_server_info``: its modelled prefill speed and fixed
+    costs, divided by its time scale. Figures stated but unusable (not a finite number, or not
+    positive; or a product or quotient that is not) are named in ``problems`` and not used."""
+    problems: list[str] = []
+    figures: dict[str, float] = {}
+    for name, positive in (
+        ("prefill_tokens_per_s", True),
+        ("time_scale", True),
+        ("prefill_overhead_s", False),
+        ("decode_step_s", False),
+    ):
+        raw = emulated.get(name)
+        if raw is None:
+            continue
+        number = _finite(raw)
+        if number is None or number < 0 or (positive and number == 0):
+            wanted = "positive" if positive else "non-negative"
+            problems.append(f"{name} {raw!r:.40} is not a finite {wanted} number")
+        else:
+            figures[name] = number
+    rate = fixed = None
+    scale = figures.get("time_scale")
+    if scale is not None and "prefill_tokens_per_s" in figures:
+        rate = figures["prefill_tokens_per_s"] * scale
+        if not (math.isfinite(rate) and rate > 0 and math.isfinite(1.0 / rate)):
+            problems.append(f"prefill_tokens_per_s × time_scale = {rate!r} is no usable rate")
+            rate = None
+    if scale is not None and "prefill_overhead_s" in figures and "decode_step_s" in figures:
+        fixed = (figures["prefill_overhead_s"] + figures["decode_step_s"]) / scale
+        if not math.isfinite(fixed):
+            problems.append(f"(prefill_overhead_s + decode_step_s) / time_scale = {fixed!r} is not finite")
+            fixed = None
+    return EmulatedSpeed(rate, fixed, tuple(problems))
 
 
 @dataclass(slots=True)
@@ -337,24 +396,37 @@ class Sidecar:
         capacity = info.get("max_total_num_tokens")
         e = self.s.engine
         e.model, e.revision, e.known = model, revision, True
-        if isinstance(capacity, int) and capacity > 0 and not self.config.cache_tokens:
-            e.capacity_tokens = capacity
-            self.s.mirror.resize(capacity)
+        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
+            if capacity > MAX_RECORD_INT:  # the load record could not carry it: gateways would refuse it
+                log.warning(
+                    "engine %s: ignoring max_total_num_tokens %.40r (over %d)",
+                    self.config.engine_url,
+                    capacity,
+                    MAX_RECORD_INT,
+                )
+            elif not self.config.cache_tokens:
+                e.capacity_tokens = capacity
+                self.s.mirror.resize(capacity)
         emulated = info.get("emulator")
+        speed = emulated_speed(emulated) if isinstance(emulated, dict) else EmulatedSpeed()
+        if speed.problems:
+            # An infinite or zero rate would be published in the load record, which gateways refuse:
+            # the worker would silently drop out of routing. Keep the defaults instead.
+            log.warning(
+                "engine %s: ignoring emulator figures (the defaults stand until requests measure): %s",
+                self.config.engine_url,
+                "; ".join(speed.problems),
+            )
         seed_rate = self.config.prefill_tokens_per_s is None and not self.s.load.samples
-        if seed_rate and isinstance(emulated, dict):
+        if seed_rate and speed.prefill_tokens_per_s is not None:
             # The emulator states its modelled speed: a better first estimate than a generic default
             # (the measured rate takes over as requests stream).
-            rate, scale = emulated.get("prefill_tokens_per_s"), emulated.get("time_scale")
-            if isinstance(rate, int | float) and isinstance(scale, int | float) and rate > 0 and scale > 0:
-                self.s.load.prefill_tokens_per_s = float(rate) * float(scale)
-        if isinstance(emulated, dict) and not self.s.load.latency_samples:
+            self.s.load.prefill_tokens_per_s = speed.prefill_tokens_per_s
+        if speed.fixed_latency_s is not None and not self.s.load.latency_samples:
             # ...and its fixed cost per iteration (a prefill pass, then a decode step): the first
             # estimate of the latency no queued token explains, until requests measure it. Without
             # it a cold fleet's idle replicas look free for the first requests.
-            costs = [emulated.get(k) for k in ("prefill_overhead_s", "decode_step_s", "time_scale")]
-            if all(isinstance(v, int | float) and v >= 0 for v in costs) and costs[2] > 0:
-                self.s.load.fixed_latency_s = (costs[0] + costs[1]) / costs[2]
+            self.s.load.fixed_latency_s = speed.fixed_latency_s
         identity = CacheIdentity(model, revision, self.config.adapter)
         if identity != self.s.mirror.identity:
             # A different cache identity names different blocks: start the mirror afresh.

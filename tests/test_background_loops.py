@@ -7,8 +7,9 @@ Specification:
   saw load only at its polling refresh);
 * the gateway's refresh skips (and warns about) a member whose name is no worker id, e.g. not UTF-8,
   and keeps the rest of the fleet in view (such a name failed every refresh: the view froze);
-* the sidecar's engine watch, hit by an engine whose ``/get_server_info`` holds a number no float can
-  hold (``float()`` raised OverflowError), logs it and keeps probing: it still notices the engine
+* the sidecar's engine watch, hit by an unexpected exception while reading the engine's info (an
+  engine info number beyond a float did it: ``float()`` raised OverflowError; such figures are now
+  refused, see tests/test_bad_input_more.py), logs it and keeps probing: it still notices the engine
   turning healthy and, later, unhealthy (the task used to die, freezing ``engine_ok`` for good);
 * the sidecar's publish loop, asked to change state during a Redis outage, retries with backoff
   instead of at once (it re-set the event it then waited on: thousands of connection attempts a
@@ -60,6 +61,20 @@ class FirstPushFails(FleetView):
             self.failures_left -= 1
             raise RuntimeError("injected: applying a pushed load failed")
         super().apply_load(worker_id, load, now)
+
+
+class FirstEngineInfoFails(Sidecar):
+    """A real sidecar whose first reading of the engine's info raises, as a bug in parsing it would."""
+
+    def __init__(self, config: SidecarConfig) -> None:
+        super().__init__(config)
+        self.failures_left = 1
+
+    async def _fetch_engine_info(self) -> None:
+        if self.failures_left:
+            self.failures_left -= 1
+            raise RuntimeError("injected: reading the engine's info failed")
+        await super()._fetch_engine_info()
 
 
 async def until(condition, what: str, attempts: int = 200, pause_s: float = 0.05) -> None:
@@ -152,12 +167,11 @@ async def serving(app: web.Application) -> AsyncIterator[TestServer]:
 
 
 @pytest.mark.timeout(60)
-async def test_sidecar_engine_watch_survives_a_number_beyond_a_float(
+async def test_sidecar_engine_watch_survives_an_unexpected_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     engine_status = {"health": 200}
-    # the emulator's speed as a 400-digit integer: float() of it raises OverflowError
-    info = '{"served_model_name":"m","emulator":{"prefill_tokens_per_s":1%s,"time_scale":1}}' % ("0" * 400)
+    info = '{"served_model_name":"m","emulator":{"prefill_tokens_per_s":30000,"time_scale":1}}'
 
     async def health(_request: web.Request) -> web.Response:
         return web.Response(status=engine_status["health"])
@@ -170,7 +184,9 @@ async def test_sidecar_engine_watch_survives_a_number_beyond_a_float(
     engine_app.router.add_get("/get_server_info", server_info)
     async with serving(engine_app) as engine, aiohttp.ClientSession() as http:
         engine_url = str(engine.make_url("")).rstrip("/")
-        sidecar = Sidecar(SidecarConfig(engine_url=engine_url, redis_url=None, port=1, worker_id="w0"))
+        sidecar = FirstEngineInfoFails(
+            SidecarConfig(engine_url=engine_url, redis_url=None, port=1, worker_id="w0")
+        )
         with caplog.at_level(logging.ERROR, logger="prefixfleet.sidecar"):
             async with serving(sidecar.app()) as front:
 
@@ -189,7 +205,7 @@ async def test_sidecar_engine_watch_survives_a_number_beyond_a_float(
                     engine_ok_is(False), "the sidecar stopped probing the engine", attempts=100, pause_s=0.1
                 )
         logged = [r for r in caplog.records if r.name == "prefixfleet.sidecar" and r.exc_info]
-        assert logged and isinstance(logged[0].exc_info[1], OverflowError), caplog.records
+        assert logged and isinstance(logged[0].exc_info[1], RuntimeError), caplog.records
         assert logged[0].getMessage().startswith("engine watch failed unexpectedly")
 
 

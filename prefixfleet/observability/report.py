@@ -22,15 +22,17 @@ from typing import Any
 
 from .dashboard import PANELS, Panel, substitute
 
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?$")
+# Matched with fullmatch: ``$`` with re.match also accepts a trailing newline ("fleet\n"), which
+# would then land inside a PromQL label matcher.
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")
 _LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 MAX_POINTS = 240
 
 
 def parse_duration(text: str) -> float:
     """Prometheus-style duration ("15m", "1h30m", "90s", "2d") in seconds."""
-    m = _DURATION.match(text.strip())
+    m = _DURATION.fullmatch(text.strip())
     if not text.strip() or m is None or not any(m.groups()):
         raise ValueError(f"not a duration like 15m, 1h or 90s: {text!r}")
     d, h, mi, s = (int(g) if g else 0 for g in m.groups())
@@ -342,7 +344,7 @@ def run_report(args: argparse.Namespace) -> int:
     from prefixfleet.cli import UsageError
 
     for flag, value in (("--fleet", args.fleet), ("--namespace", args.namespace)):
-        if value is not None and not _NAME.match(value):
+        if value is not None and not _NAME.fullmatch(value):
             raise UsageError(f"{flag} must be a Kubernetes-style name, got {value!r}")
     if not args.prometheus.startswith(("http://", "https://")):
         raise UsageError(f"--prometheus must be an http(s) URL, got {args.prometheus!r}")
