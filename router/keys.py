@@ -1,9 +1,16 @@
-"""Redis key layout of one fleet (documented in docs/redis.md). Every key starts with ``pf:{fleet}:``."""
+"""Redis key layout of one fleet (documented in docs/redis.md). Every key starts with ``pf:{fleet}:``.
+
+:func:`deregister_worker` removes what one worker owns under that layout.
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import redis.asyncio as aioredis
 
 DEFAULT_FLEET = "default"
 # Matched with fullmatch: ``$`` would also accept a trailing newline, which then ends up in every key.
@@ -57,3 +64,21 @@ class FleetKeys:
     def events(self) -> str:
         """Pub/sub channel: change notices (member joined/left/changed state)."""
         return f"{self.prefix}events"
+
+
+async def deregister_worker(
+    redis: aioredis.Redis, keys: FleetKeys, worker_id: str, *, member: bool = True
+) -> None:
+    """Take ``worker_id`` out of the fleet: its member entry, load record and summary, then ``left
+    <id>`` on the events channel so gateways drop it at once rather than at the next refresh.
+
+    A sidecar does this on a clean shutdown; the local fleet's reaper does it for one killed hard.
+    ``member=False`` leaves the members hash alone (a sidecar run with ``--no-self-register``: the
+    operator owns membership). No timeout here: callers bound it with their own.
+    """
+    pipe = redis.pipeline(transaction=False)
+    if member:
+        pipe.hdel(keys.members, worker_id)
+    pipe.delete(keys.load(worker_id), keys.summary(worker_id))
+    pipe.publish(keys.events, f"left {worker_id}")
+    await pipe.execute()

@@ -11,6 +11,8 @@ can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``r
   process group, logs to ``tmp_path/<name>.log``, waits until it is ready and kills the whole group
   on teardown (also the ones the test already stopped are reaped).
 * ``prefixfleet_argv(*args)`` — argv running this checkout's ``prefixfleet`` CLI.
+* ``live_processes()`` — every non-zombie process (pid, parent, group) from ``/proc``: for
+  "nothing is left running" checks.
 """
 
 from __future__ import annotations
@@ -94,6 +96,30 @@ def prefixfleet_argv(*args: str) -> list[str]:
 
 
 # -- processes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LiveProcess:
+    pid: int
+    ppid: int
+    pgid: int
+
+
+def live_processes() -> list[LiveProcess]:
+    """Every process in ``/proc`` that is not a zombie (a zombie is dead, merely unreaped); one that
+    vanishes while being read is skipped."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # fields after the command name, which may itself hold ")": state, ppid, pgrp, ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":
+            out.append(LiveProcess(int(entry.name), int(fields[1]), int(fields[2])))
+    return out
 
 
 @dataclass

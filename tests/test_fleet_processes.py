@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fleet_fixtures import live_processes
 
 from prefixfleet.fleet.processes import ChildFailedError, Supervisor, redis_ready, start_redis
 
@@ -21,17 +22,7 @@ def alive(pid: int) -> bool:
 
 
 def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+    return [p.pid for p in live_processes() if p.pgid == pgid]
 
 
 async def test_children_and_their_own_children_are_gone_after_teardown(tmp_path: Path) -> None:

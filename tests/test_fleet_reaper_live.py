@@ -6,30 +6,35 @@ Specification:
   routes to it again. Killed again right away, it stays down. Only requests in flight at a kill may
   fail; every process is stopped at the end;
 * with the autoscaler (minReplicas = the fleet's size): the reaper only removes the member, and the
-  planner's below-minReplicas branch adds a replica, which becomes routable.
+  planner's below-minReplicas branch adds a replica, which becomes routable;
+* ``deregister_worker`` (the sidecar's way out, which the reaper takes on a dead one's behalf)
+  removes that worker's member entry, load record and summary and announces ``left <id>``, leaving
+  the other workers' keys alone; with ``member=False`` (operator-owned membership) the entry stays.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from fleet_fixtures import RedisServer, live_processes
 
 from prefixfleet.fleet.autoscale import LocalAutoscaler
 from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
 from prefixfleet.fleet.processes import Supervisor
 from prefixfleet.fleet.reaper import ReplicaReaper
 from prefixfleet.operator.autoscale import ScalePolicy
-from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.keys import FleetKeys, deregister_worker
 
 pytestmark = pytest.mark.timeout(90)
 ENGINE = EngineSettings(cache_tokens=20_000, prefill_tokens_per_s=50_000, time_scale=4.0)
@@ -95,17 +100,18 @@ async def wait_until(check: Callable[[], bool], timeout: float, what: str) -> No
 
 def live_children() -> list[int]:
     """Our own live (non-zombie) child processes."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == str(os.getpid()) and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
+    return [p.pid for p in live_processes() if p.ppid == os.getpid()]
+
+
+@contextlib.asynccontextmanager
+async def two_replica_fleet(tmp_path: Path, policy: str) -> AsyncIterator[tuple[Supervisor, LocalFleet, str]]:
+    """Two replicas behind one gateway routing with ``policy``: (supervisor, fleet, gateway URL).
+    Every process is stopped when the block ends."""
+    async with Supervisor(tmp_path) as sup:
+        fleet = LocalFleet(sup, FleetSpec(replicas=2, gateways=1, engine=ENGINE))
+        await fleet.start_engines()
+        await fleet.start_gateways(policy)
+        yield sup, fleet, fleet.gateway_urls[0]
 
 
 async def member_url(fleet: LocalFleet, worker_id: str) -> str | None:
@@ -119,11 +125,7 @@ async def member_url(fleet: LocalFleet, worker_id: str) -> str | None:
 
 async def test_a_killed_sidecar_leaves_membership_and_its_replica_restarts_once(tmp_path: Path) -> None:
     lines: list[str] = []
-    async with Supervisor(tmp_path) as sup:
-        fleet = LocalFleet(sup, FleetSpec(replicas=2, gateways=1, engine=ENGINE))
-        await fleet.start_engines()
-        await fleet.start_gateways("round_robin")
-        gateway = fleet.gateway_urls[0]
+    async with two_replica_fleet(tmp_path, "round_robin") as (sup, fleet, gateway):
         reaper = ReplicaReaper(fleet, restart=True, say=lines.append)
         traffic = Traffic(gateway)
         seen: list[tuple[int, int]] = []
@@ -187,11 +189,7 @@ async def test_a_killed_sidecar_leaves_membership_and_its_replica_restarts_once(
 
 async def test_with_the_autoscaler_a_dead_replica_is_replaced_by_the_planner(tmp_path: Path) -> None:
     lines: list[str] = []
-    async with Supervisor(tmp_path) as sup:
-        fleet = LocalFleet(sup, FleetSpec(replicas=2, gateways=1, engine=ENGINE))
-        await fleet.start_engines()
-        await fleet.start_gateways("queue_aware")
-        gateway = fleet.gateway_urls[0]
+    async with two_replica_fleet(tmp_path, "queue_aware") as (_sup, fleet, gateway):
         reaper = ReplicaReaper(fleet, restart=False, say=lines.append)
         autoscaler = LocalAutoscaler(fleet, ScalePolicy(min_replicas=2, max_replicas=3), interval_s=0.5)
         stop_scaler = asyncio.Event()
@@ -224,3 +222,33 @@ async def test_with_the_autoscaler_a_dead_replica_is_replaced_by_the_planner(tmp
         assert scale_ups == ["below minReplicas (1 < 2)"], autoscaler.events
         assert counts[-1] == (2, 2) and len(fleet.replicas) == 2, counts
     assert live_children() == []
+
+
+@pytest.mark.timeout(30)
+async def test_deregister_worker_removes_only_that_workers_keys(redis_server: RedisServer) -> None:
+    keys = FleetKeys("leave")
+    client = aioredis.from_url(redis_server.url)
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    try:
+        for w in ("w0", "w1", "w2"):
+            await client.hset(keys.members, w, "{}")
+            await client.set(keys.load(w), "{}")
+            await client.set(keys.summary(w), b"summary")
+        await pubsub.subscribe(keys.events)
+        await deregister_worker(client, keys, "w0")
+        await deregister_worker(client, keys, "w2", member=False)
+        notices = []
+        for _ in range(50):  # bounded: ~5 s
+            message = await pubsub.get_message(timeout=0.1)
+            if message is not None:
+                notices.append(message["data"])
+            if len(notices) == 2:
+                break
+        assert notices == [b"left w0", b"left w2"]
+        assert sorted(await client.hkeys(keys.members)) == [b"w1", b"w2"]
+        assert await client.exists(keys.load("w0"), keys.summary("w0")) == 0
+        assert await client.exists(keys.load("w2"), keys.summary("w2")) == 0
+        assert await client.exists(keys.load("w1"), keys.summary("w1")) == 2
+    finally:
+        await pubsub.aclose()
+        await client.aclose()

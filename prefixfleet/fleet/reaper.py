@@ -7,7 +7,8 @@ counterpart. :func:`plan_reaping` decides, over plain data, which replicas are d
 comes back; :class:`ReplicaReaper` polls the supervisor's children and carries the decisions out:
 
 * the replica's surviving process is stopped and it leaves :attr:`LocalFleet.replicas`;
-* its member entry, load record and summary are removed from Redis, as its sidecar would have done;
+* its member entry, load record and summary are removed from Redis, as its sidecar would have done
+  (:func:`~prefixfleet.router.keys.deregister_worker`, the sidecar's own way out);
 * without the autoscaler it is restarted once under the same name (a Pod's ``restartPolicy:
   Always``, without the back-off): one that dies again within :data:`RESTART_WINDOW_S` of its
   restart stays down. With the autoscaler nothing is restarted here: the planner sees one replica
@@ -29,7 +30,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from prefixfleet.fleet.processes import Child, ChildFailedError
-from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.keys import FleetKeys, deregister_worker
 
 if TYPE_CHECKING:
     from prefixfleet.fleet.local import LocalFleet, Replica
@@ -121,15 +122,6 @@ def replica_status(replica: Replica) -> ReplicaStatus:
     return ReplicaStatus(replica.worker_id, tuple(processes))
 
 
-async def remove_member(redis: aioredis.Redis, keys: FleetKeys, worker_id: str) -> None:
-    """What a sidecar does on its way out (router/sidecar.py ``_deregister``), on its behalf."""
-    pipe = redis.pipeline(transaction=False)
-    pipe.hdel(keys.members, worker_id)
-    pipe.delete(keys.load(worker_id), keys.summary(worker_id))
-    pipe.publish(keys.events, f"left {worker_id}")
-    await asyncio.wait_for(pipe.execute(), timeout=REDIS_TIMEOUT_S)
-
-
 @dataclass(frozen=True, slots=True)
 class ReaperEvent:
     at_s: float
@@ -204,7 +196,8 @@ class ReplicaReaper:
             self.fleet.replicas.remove(replica)
         await self.fleet.stop_replica(replica)  # the survivor; the dead one is only collected
         try:
-            await remove_member(redis, FleetKeys(self.fleet.spec.fleet_name), replica.worker_id)
+            keys = FleetKeys(self.fleet.spec.fleet_name)
+            await asyncio.wait_for(deregister_worker(redis, keys, replica.worker_id), REDIS_TIMEOUT_S)
         except (RedisError, OSError, TimeoutError) as exc:
             self._event("error", f"{replica.worker_id}: could not remove its member from Redis: {exc}")
         self.reaped += 1
