@@ -252,12 +252,7 @@ class LocalAutoscaler:
         self.reserved.add(index)  # concurrent additions never share an index
         counted = True
         try:
-            replica = await self.fleet._start_engine(index)
-            try:
-                await self.fleet._start_sidecar(replica)
-            except BaseException:
-                await self.fleet.sup.stop(replica.engine)
-                raise
+            replica = await self.fleet.start_replica(index)
             assert replica.sidecar_url is not None
             self.created[replica.worker_id] = time.time()
             self.warming.add(replica.worker_id)
@@ -311,9 +306,7 @@ class LocalAutoscaler:
                 break
         replica = next((r for r in self.fleet.replicas if r.worker_id == name), None)
         if replica is not None:
-            if replica.sidecar is not None:
-                await self.fleet.sup.stop(replica.sidecar)
-            await self.fleet.sup.stop(replica.engine)
+            await self.fleet.stop_replica(replica)
             self.fleet.replicas.remove(replica)
         self.draining.discard(name)
         self._event("removed", name)
