@@ -27,7 +27,7 @@ from prefixfleet.tokenizer import tokenize
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
 from .front import serve_front
-from .keys import DEFAULT_FLEET, FleetKeys
+from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import CacheMirror
 from .prewarm import add_routes as add_prewarm_routes
@@ -294,7 +294,12 @@ class Sidecar:
         if self.redis is not None and not self._left:
             self._left = True
             with contextlib.suppress(Exception):
-                await self._deregister()
+                await asyncio.wait_for(
+                    deregister_worker(
+                        self.redis, self.keys, self.s.worker_id, member=self.config.self_register
+                    ),
+                    timeout=1.0,
+                )
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         await self.leave_fleet()
@@ -584,15 +589,6 @@ class Sidecar:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await event.wait()
-
-    async def _deregister(self) -> None:
-        assert self.redis is not None
-        pipe = self.redis.pipeline(transaction=False)
-        if self.config.self_register:
-            pipe.hdel(self.keys.members, self.s.worker_id)
-        pipe.delete(self.keys.load(self.s.worker_id), self.keys.summary(self.s.worker_id))
-        pipe.publish(self.keys.events, f"left {self.s.worker_id}")
-        await asyncio.wait_for(pipe.execute(), timeout=1.0)
 
     # -- admin endpoints -------------------------------------------------------------------------
 
