@@ -24,6 +24,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from prefixfleet.cancellation import cancel_and_wait
+
 from .blockhash import DEFAULT_BLOCK_TOKENS
 from .front import serve_front
 from .gateway_metrics import GatewayMetrics
@@ -182,11 +184,8 @@ class Gateway:
             self._tasks.append(asyncio.create_task(self._health_loop()))
 
     async def _on_cleanup(self, _app: web.Application) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for task in await cancel_and_wait(self._tasks):
+            log.warning("gateway shutdown: background task %s did not stop; leaving it", task.get_name())
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()

@@ -23,6 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from prefixfleet.cancellation import cancel_and_wait
 from prefixfleet.tokenizer import tokenize
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
@@ -286,11 +287,8 @@ class Sidecar:
         and a process killed meanwhile would otherwise stay in the members hash.
         """
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for task in await cancel_and_wait(tasks):
+            log.warning("sidecar shutdown: background task %s did not stop; leaving it", task.get_name())
         if self.redis is not None and not self._left:
             self._left = True
             with contextlib.suppress(Exception):
