@@ -87,26 +87,43 @@ async def until(condition, what: str, attempts: int = 200, pause_s: float = 0.05
     raise AssertionError(what)
 
 
+KEYS = FleetKeys("loops")
+MEMBER = encode_record(MemberRecord(url="http://127.0.0.1:9"))  # never reached: nothing is routed
+IDLE_LOAD = LoadReport(1, 1764489612.0, "ready", True, 0, 0, 0, 12000.0, 0, 65536, 0)
+
+
+@pytest.fixture
+async def redis_client(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+def loops_gateway(redis_url: str, refresh_interval_s: float) -> tuple[Gateway, web.AppRunner]:
+    """A gateway of the ``loops`` fleet and its app's runner, not yet set up (the caller sets it up
+    and cleans it up)."""
+    gateway = Gateway(
+        GatewayConfig(port=0, redis_url=redis_url, fleet=KEYS.fleet, refresh_interval_s=refresh_interval_s)
+    )
+    return gateway, web.AppRunner(gateway.app(), handle_signals=False)
+
+
 @pytest.mark.timeout(60)
 async def test_gateway_load_push_subscriber_survives_an_unexpected_error(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    keys = FleetKeys("loops")
-    client = aioredis.from_url(redis_server.url)
-    polled = LoadReport(1, 1764489612.0, "ready", True, 0, 0, 0, 12000.0, 0, 65536, 0)
-    await client.hset(keys.members, "w0", encode_record(MemberRecord(url="http://127.0.0.1:9")))
-    await client.set(keys.load("w0"), encode_record(polled))
-    config = GatewayConfig(port=0, redis_url=redis_server.url, fleet="loops", refresh_interval_s=3600)
-    gateway = Gateway(config)
-    view = gateway.view = FirstPushFails(config)
-    runner = web.AppRunner(gateway.app(), handle_signals=False)
-    await runner.setup()
+    client, keys = redis_client, KEYS
+    await client.hset(keys.members, "w0", MEMBER)
+    await client.set(keys.load("w0"), encode_record(IDLE_LOAD))
+    gateway, runner = loops_gateway(redis_server.url, refresh_interval_s=3600)
+    view = gateway.view = FirstPushFails(gateway.config)
 
     async def subscribed() -> bool:
         return dict(await client.pubsub_numsub(keys.loads)).get(keys.loads.encode(), 0) >= 1
 
     try:
-        assert gateway.view.workers["w0"].load == polled  # the start-up refresh; none after it
+        await runner.setup()
+        assert gateway.view.workers["w0"].load == IDLE_LOAD  # the start-up refresh; none after it
         await until(subscribed, "the gateway never subscribed to the loads channel")
         first = LoadReport(2, 1764489613.0, "ready", True, 5, 3, 900, 12000.0, 0, 65536, 0)
         with caplog.at_level(logging.ERROR, logger="prefixfleet.gateway"):
@@ -124,35 +141,28 @@ async def test_gateway_load_push_subscriber_survives_an_unexpected_error(
         assert "injected: applying a pushed load failed" in str(logged[0].exc_info[1])
         assert logged[0].getMessage().startswith("load push subscriber failed unexpectedly")
     finally:
-        await client.aclose()
         await runner.cleanup()
 
 
 @pytest.mark.timeout(60)
 async def test_gateway_refresh_skips_a_member_whose_name_is_no_worker_id(
-    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    redis_server: RedisServer, redis_client: aioredis.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    keys = FleetKeys("loops")
-    client = aioredis.from_url(redis_server.url)
-    load = LoadReport(1, 1764489612.0, "ready", True, 0, 0, 0, 12000.0, 0, 65536, 0)
-    member = encode_record(MemberRecord(url="http://127.0.0.1:9"))
-    await client.hset(keys.members, mapping={b"\xffw": member, b"bad id!": member})
-    config = GatewayConfig(port=0, redis_url=redis_server.url, fleet="loops", refresh_interval_s=0.05)
-    gateway = Gateway(config)
-    runner = web.AppRunner(gateway.app(), handle_signals=False)
+    client, keys = redis_client, KEYS
+    await client.hset(keys.members, mapping={b"\xffw": MEMBER, b"bad id!": MEMBER})
+    gateway, runner = loops_gateway(redis_server.url, refresh_interval_s=0.05)
     try:
         with caplog.at_level(logging.WARNING, logger="prefixfleet.gateway"):
             await runner.setup()
             # a worker joining after the bad names: only a refresh that still works can show it
-            await client.hset(keys.members, "w0", member)
-            await client.set(keys.load("w0"), encode_record(load))
+            await client.hset(keys.members, "w0", MEMBER)
+            await client.set(keys.load("w0"), encode_record(IDLE_LOAD))
             await until(lambda: "w0" in gateway.view.workers, "the gateway's refresh stopped working")
         assert set(gateway.view.workers) == {"w0"}
         warnings = [r.getMessage() for r in caplog.records if r.name == "prefixfleet.gateway"]
         assert "ignoring member '\ufffdw': not a valid worker id" in warnings, warnings
         assert "ignoring member 'bad id!': not a valid worker id" in warnings, warnings
     finally:
-        await client.aclose()
         await runner.cleanup()
 
 
