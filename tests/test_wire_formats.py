@@ -27,6 +27,7 @@ import logging
 import struct
 import tracemalloc
 from array import array
+from collections.abc import Iterable, Sequence
 
 import pytest
 import redis.asyncio as aioredis
@@ -51,7 +52,7 @@ from prefixfleet.router.records import (
     encode_send,
     validate_worker_id,
 )
-from prefixfleet.router.summary import HotNode, decode_summary, encode_summary, make_summary
+from prefixfleet.router.summary import HotNode, Summary, decode_summary, encode_summary, make_summary
 
 REPORT = LoadReport(7, 1764489612.25, "ready", True, 2, 1, 300, 12000.0, 4096, 65536, 3, 0.125)
 # what a sidecar published on the loads channel for REPORT before the codec existed
@@ -96,8 +97,8 @@ def test_send_notice_bytes_are_pinned() -> None:
     )
 
 
-def test_summary_bytes_are_pinned() -> None:
-    summary = make_summary(
+def _pinned_summary(blocks: Iterable[int], hot: Sequence[HotNode] = ()) -> Summary:
+    return make_summary(
         worker="w0",
         version=3,
         generated_at=1764489612.0,
@@ -105,8 +106,13 @@ def test_summary_bytes_are_pinned() -> None:
         identity_seed=0x9AE16A3B2F90404F,
         cached_tokens=32,
         capacity_tokens=1000,
-        blocks=[0x0102030405060708, 1],
+        blocks=blocks,
+        hot=hot,
     )
+
+
+def test_summary_bytes_are_pinned() -> None:
+    summary = _pinned_summary([0x0102030405060708, 1])
     raw = encode_summary(summary)
     assert raw == (
         b'PFS\x01\xc0\x00\x00\x00{"worker":"w0","version":3,"generated_at":1764489612.0,'
@@ -297,19 +303,7 @@ def test_a_send_notice_time_must_be_finite_and_non_negative(time: bytes) -> None
 
 
 def _summary_bytes(blocks: int = 2) -> bytes:
-    return encode_summary(
-        make_summary(
-            worker="w0",
-            version=3,
-            generated_at=1764489612.0,
-            block_tokens=16,
-            identity_seed=0x9AE16A3B2F90404F,
-            cached_tokens=32,
-            capacity_tokens=1000,
-            blocks=range(1, blocks + 1),
-            hot=[HotNode(1, 16, 2, 1764489611.0)],
-        )
-    )
+    return encode_summary(_pinned_summary(range(1, blocks + 1), [HotNode(1, 16, 2, 1764489611.0)]))
 
 
 def _with_header(raw: bytes, edit) -> bytes:
