@@ -393,6 +393,19 @@ def test_the_heap_stays_bounded_by_the_node_count_under_many_touches() -> None:
     assert tree.node_count == 0 and not tree.cached_sequences()
 
 
+def test_the_heap_stays_bounded_after_an_eviction_shrinks_the_tree() -> None:
+    """Regression (found by the stateful test): eviction lowers node_count without a push, so the
+    stale entries that many touches left behind outnumbered the tree until the next insert."""
+    tree = RadixTree(1_000)
+    for leaf in range(3):
+        tree.insert([leaf])
+    for _ in range(70):  # stale entries, up to the push-side threshold of 4 × 3 + 64
+        tree.match_prefix([0])
+    tree.evict(2)
+    assert tree.node_count == 1
+    assert len(tree._heap) <= 4 * tree.node_count + 64
+
+
 def test_memory_estimate_grows_with_the_tree() -> None:
     tree = RadixTree(100_000)
     empty = tree.memory_bytes()
