@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
     from .sidecar import Sidecar
 
+# The sidecar serving these routes (set by Sidecar.build_app).
+SIDECAR_KEY: web.AppKey[Sidecar] = web.AppKey("sidecar")
 MAX_WARM_HASHES = 64
 FETCH_TIMEOUT_S = 10.0
 PREFILL_TIMEOUT_S = 120.0
@@ -84,7 +86,7 @@ def lookup_prefix(sidecar: Sidecar, block_hash: int) -> HotPrefix | None:
 
 
 async def handle_prefix(request: web.Request) -> web.Response:
-    sidecar: Sidecar = request.app["sidecar"]
+    sidecar = request.app[SIDECAR_KEY]
     sid = request.match_info["hash"]
     try:
         block_hash = parse_subtree_id(sid)
@@ -109,7 +111,7 @@ async def handle_prefix(request: web.Request) -> web.Response:
 
 
 async def handle_warm(request: web.Request) -> web.Response:
-    sidecar: Sidecar = request.app["sidecar"]
+    sidecar = request.app[SIDECAR_KEY]
     try:
         body = await request.json()
     except ValueError:

@@ -31,6 +31,7 @@ from .front import serve_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import CacheMirror
+from .prewarm import SIDECAR_KEY
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
     Answer,
@@ -253,7 +254,7 @@ class Sidecar:
             client_max_size=self.config.max_body_bytes,
             middlewares=[body_deadline(ClientTimeouts.from_env(), _body_error)],
         )
-        app["sidecar"] = self
+        app[SIDECAR_KEY] = self
         app.router.add_post("/prefixfleet/state", self.handle_set_state)
         app.router.add_get("/prefixfleet/status", self.handle_status)
         app.router.add_get("/prefixfleet/hot", self.handle_hot)
