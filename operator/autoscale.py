@@ -317,6 +317,12 @@ def _plan_prefix_aware(
     # others): that rise is no trend to provision for. Actual load still scales up at once.
     shrunk = memory.last_scale_down_s is not None and now - memory.last_scale_down_s < policy.lead_time_s
     projected = demand + (0.0 if shrunk else max(slope, 0.0)) * policy.lead_time_s
+    outlook = (
+        f"trend ignored {policy.lead_time_s:g}s after a scale-down"
+        if shrunk
+        else f"projected {projected:.2f} in {policy.lead_time_s:g}s"
+    )
+    load = f"prefill load {demand:.2f} ({outlook})"  # what the load decisions below saw
     by_load = math.ceil(projected / policy.target_load - 1e-9)  # replicas the prefill demand needs
     short = by_load - n  # n counts starting/warming replicas: capacity already on its way
 
@@ -354,10 +360,7 @@ def _plan_prefix_aware(
             elif fleet_busy:
                 why = f"every replica waits > {saturated_wait:.2f}s"
             else:
-                why = (
-                    f"prefill load {demand:.2f} (projected {projected:.2f} in {policy.lead_time_s:g}s) "
-                    f"needs {by_load} replicas at {policy.target_load:g} each"
-                )
+                why = f"{load} needs {by_load} replicas at {policy.target_load:g} each"
             return replace(
                 base,
                 desired_replicas=n + add,
@@ -381,7 +384,7 @@ def _plan_prefix_aware(
     mean_wait = sum(r.est_wait_s for r in ready) / len(ready) if ready else 0.0
     fits_fewer = projected <= policy.scale_down_load * (n - 1)
     if ready and mean_wait < idle_wait and fits_fewer and not pending:
-        why = f"mean wait {mean_wait:.2f}s, prefill load {demand:.2f} fits {n - 1} replicas"
+        why = f"mean wait {mean_wait:.2f}s, {load} fits {n - 1} replicas"
         return _maybe_scale_down(observed, policy, memory, base, active, why, prefix_aware=True)
     return replace(base, memory=replace(memory, calm_since_s=None))
 

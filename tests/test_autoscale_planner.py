@@ -16,6 +16,8 @@ from prefixfleet.operator.autoscale import (
     choose_victim,
     plan_scale,
 )
+from prefixfleet.operator.autoscale_observe import scale_policy
+from prefixfleet.operator.models import validate_spec
 
 P = 0.001  # prefill seconds per token, to keep the arithmetic readable
 
@@ -268,7 +270,11 @@ def test_the_rise_right_after_a_scale_down_is_not_projected():
     assert plan_scale(obs(reps), policy(), replace(rising, last_scale_down_s=70.0)).add == 2
     # load that is really there scales up at once, scale-down or not
     busy = [loaded("a", 0.8), loaded("b", 0.8)]
-    assert plan_scale(obs(busy), policy(), replace(rising, last_scale_down_s=90.0)).add == 1
+    up = plan_scale(obs(busy), policy(), replace(rising, last_scale_down_s=90.0))
+    assert up.add == 1
+    # and its reason says the trend was left out, not a "projected" number equal to the load
+    assert "prefill load 1.60 (trend ignored 30s after a scale-down)" in up.reason
+    assert "projected" not in up.reason
 
 
 def test_no_scale_down_while_the_trend_needs_the_replica_back():
@@ -305,6 +311,7 @@ def test_scale_down_needs_the_load_to_fit_one_replica_fewer():
     assert held.drain == () and held.memory.calm_since_s is None
     light = plan_scale(obs([loaded(x, 0.35) for x in "abc"], now=1000), policy(), calm)
     assert len(light.drain) == 1 and "fits 2 replicas" in light.reason
+    assert "prefill load 1.05 (projected 1.05 in 30s)" in light.reason  # what the decision compared
 
 
 def test_one_replicas_burst_does_not_break_the_quiet_period():
@@ -337,3 +344,10 @@ def test_the_only_ready_replica_is_never_drained():
     # prefix-aware modes do not even consider scaling down while a replica is on its way
     plan = plan_scale(obs(reps, now=200), policy(), PlannerMemory(calm_since_s=0))
     assert plan.drain == ()
+
+
+def test_policy_defaults_are_the_spec_defaults():
+    # ScalePolicy() and a spec that sets nothing must plan alike: the planner's defaults are read
+    # from the spec's models, and autoscale_observe.scale_policy maps the same fields back
+    spec = validate_spec({"model": {"name": "m"}, "engine": {"kind": "emulator"}, "replicas": 2})
+    assert scale_policy(spec) == ScalePolicy()
