@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from prefixfleet.cancellation import cancel_and_wait
 from prefixfleet.fleet.processes import Child, ChildFailedError
 from prefixfleet.router.keys import FleetKeys, deregister_worker
 
@@ -160,18 +161,23 @@ class ReplicaReaper:
             yield self
         finally:
             stop.set()
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if await cancel_and_wait([task]):
+                self._event("error", "the reaper did not stop; leaving it")
             sup.exit_handled = before
 
     async def run(self, stop: asyncio.Event) -> None:
         redis = aioredis.from_url(self.fleet.redis_url, socket_timeout=REDIS_TIMEOUT_S)
         try:
+            pause = self.interval_s
             while not stop.is_set():
-                await self.sweep(redis)
+                try:
+                    await self.sweep(redis)
+                    pause = self.interval_s
+                except Exception as exc:  # a bug must not end the reaping: the dead would stay members
+                    self._event("error", f"sweep failed: {exc.__class__.__name__}: {exc}")
+                    pause = min(max(pause * 2, 1.0), 5.0)  # bounded backoff while it persists
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.interval_s)
+                    await asyncio.wait_for(stop.wait(), pause)
         finally:
             await redis.aclose()
 
