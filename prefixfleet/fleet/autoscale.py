@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 import yaml
 from redis.exceptions import RedisError
 
+from prefixfleet.cancellation import cancel_and_wait
 from prefixfleet.fleet.local import LocalFleet
 from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 from prefixfleet.operator.autoscale import (
@@ -149,16 +150,19 @@ class LocalAutoscaler:
         prometheus = PrometheusSource(self.prometheus_url) if self.prometheus_url else None
         try:
             async with httpx.AsyncClient(timeout=HTTP_TIMEOUT_S) as http:
-                while not stop.is_set():
-                    try:
-                        await self.round(redis, http, prometheus)
-                    except (RedisError, OSError, httpx.HTTPError) as exc:
-                        self._event("error", f"round skipped: {exc}")
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), self.interval_s)
-                for task in list(self.tasks):
-                    task.cancel()
-                await asyncio.gather(*self.tasks, return_exceptions=True)
+                try:
+                    while not stop.is_set():
+                        try:
+                            await self.round(redis, http, prometheus)
+                        except (RedisError, OSError, httpx.HTTPError) as exc:
+                            self._event("error", f"round skipped: {exc}")
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), self.interval_s)
+                finally:
+                    # Also when this loop is cancelled: a replica start or drain must not outlive it
+                    # (it would start processes during the fleet's teardown, on a closed client).
+                    for task in await cancel_and_wait(self.tasks):
+                        self._event("error", f"{task.get_name()} did not stop; leaving it")
         finally:
             if prometheus is not None:
                 prometheus.close()
