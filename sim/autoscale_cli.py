@@ -38,13 +38,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--scale-up-cooldown-s",
         type=float,
-        help=f"time between scale-ups (default: the scenario's, {SCENARIO_FLEET['scale_up_cooldown_s']:g})",
+        default=SCENARIO_FLEET["scale_up_cooldown_s"],
+        help="time between scale-ups (default: the scenario's, %(default)g)",
     )
     p.add_argument(
         "--scale-down-stabilization-s",
         type=float,
-        help="quiet time before a scale-down (default: the scenario's, "
-        f"{SCENARIO_FLEET['scale_down_stabilization_s']:g})",
+        default=SCENARIO_FLEET["scale_down_stabilization_s"],
+        help="quiet time before a scale-down (default: the scenario's, %(default)g)",
     )
     p.add_argument("--cache-tokens", type=int, help="KV cache per replica in tokens")
     add_service_arguments(p, "batched")
@@ -64,7 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _positive(value: float | int, flag: str, *, allow_zero: bool = False) -> None:
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+    if not math.isfinite(value):
+        raise UsageError(f"{flag} must be a finite number, got {value:g}")
+    if value < 0 or (value == 0 and not allow_zero):
         raise UsageError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {value:g}")
 
 
@@ -79,17 +82,13 @@ def run(args: argparse.Namespace) -> int:
     max_r = args.max_replicas if args.max_replicas is not None else rec["max_replicas"]
     target_s = args.target_ttft_ms / 1000.0 if args.target_ttft_ms is not None else rec["target_ttft_s"]
     cache = args.cache_tokens if args.cache_tokens is not None else rec["cache_tokens"]
-    cooldown = rec["scale_up_cooldown_s"] if args.scale_up_cooldown_s is None else args.scale_up_cooldown_s
-    stabilization = (
-        rec["scale_down_stabilization_s"]
-        if args.scale_down_stabilization_s is None
-        else args.scale_down_stabilization_s
-    )
+    cooldown, stabilization = args.scale_up_cooldown_s, args.scale_down_stabilization_s
     if min_r < 1:
         raise UsageError(f"--min must be at least 1 (someone has to serve), got {min_r}")
     if max_r < min_r:
         raise UsageError(f"--max ({max_r}) must be >= --min ({min_r})")
-    _positive(target_s, "--target-ttft-ms")
+    if args.target_ttft_ms is not None:  # checked in the flag's unit: the message echoes what was typed
+        _positive(args.target_ttft_ms, "--target-ttft-ms")
     _positive(cache, "--cache-tokens")
     _positive(args.startup_delay_s, "--startup-delay-s", allow_zero=True)
     _positive(args.control_interval_s, "--control-interval-s")
