@@ -396,7 +396,7 @@ def _smoothed_slope(slope: float, change: float, dt: float, horizon_s: float) ->
     scale-down the victim's prefixes are re-prefilled elsewhere and its windowed rate leaves the
     sum, so demand jumps for a load window. Projected a lead time ahead, that jump re-added the
     replica just removed. The planner averages over half the lead time: a real ramp still shows
-    within one start-up time. (Measured: ``docs/autoscaling.md``, "Trend and scale-down band".)
+    within one start-up time. (Measured: ``docs/autoscaling.md``, "The planner", "the trend".)
     """
     weight = 1.0 - math.exp(-dt / horizon_s) if horizon_s > 0 else 1.0
     return slope + weight * (change / dt - slope)
