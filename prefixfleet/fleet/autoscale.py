@@ -174,7 +174,14 @@ class LocalAutoscaler:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        # A replica that failed to start (or a drain that broke) is a decision not carried out: say so.
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            what = getattr(task.get_coro(), "__name__", task.get_name())
+            self._event("error", f"{what}: {exc.__class__.__name__}: {exc}")
 
     def prometheus_scope(self) -> PrometheusScope:
         labels = (("fleet", self.fleet.spec.fleet_name), ("namespace", LOCAL_NAMESPACE))
