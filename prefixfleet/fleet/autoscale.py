@@ -301,23 +301,32 @@ class LocalAutoscaler:
         self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
 
     async def _drain(self, name: str, url: str, http: httpx.AsyncClient) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            await http.post(f"{url}/prefixfleet/state", json={"state": "draining"})
-        self._event("drain", name)
-        started = time.monotonic()
-        while time.monotonic() - started < self.drain_timeout_s:
-            await asyncio.sleep(0.25)
-            if time.monotonic() - started < MIN_DRAIN_S:
-                continue
-            try:
-                status = (await http.get(f"{url}/prefixfleet/status")).json()
-            except (httpx.HTTPError, ValueError):
-                break
-            if not status.get("load", {}).get("in_flight"):
-                break
+        # This replica, not whichever holds its name at the end: if it dies while draining, the
+        # reaper takes it out, and its index stays reserved so no new replica gets its name meanwhile.
         replica = next((r for r in self.fleet.replicas if r.worker_id == name), None)
         if replica is not None:
-            await self.fleet.stop_replica(replica)
-            self.fleet.replicas.remove(replica)
+            self.reserved.add(replica.index)
+        try:
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"{url}/prefixfleet/state", json={"state": "draining"})
+            self._event("drain", name)
+            started = time.monotonic()
+            while time.monotonic() - started < self.drain_timeout_s:
+                await asyncio.sleep(0.25)
+                if time.monotonic() - started < MIN_DRAIN_S:
+                    continue
+                try:
+                    status = (await http.get(f"{url}/prefixfleet/status")).json()
+                except (httpx.HTTPError, ValueError):
+                    break
+                if not status.get("load", {}).get("in_flight"):
+                    break
+            if replica is not None and replica in self.fleet.replicas:
+                await self.fleet.stop_replica(replica)
+                with contextlib.suppress(ValueError):  # (the reaper may have taken it out meanwhile)
+                    self.fleet.replicas.remove(replica)
+        finally:
+            if replica is not None:
+                self.reserved.discard(replica.index)
         self.draining.discard(name)
         self._event("removed", name)

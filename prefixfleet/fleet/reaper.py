@@ -198,14 +198,16 @@ class ReplicaReaper:
         self.say(detail)
 
     async def _remove(self, replica: Replica, redis: aioredis.Redis, reaping: Reaping) -> None:
-        if replica in self.fleet.replicas:  # (the autoscaler may have let go of it meanwhile)
-            self.fleet.replicas.remove(replica)
         await self.fleet.stop_replica(replica)  # the survivor; the dead one is only collected
         try:
             keys = FleetKeys(self.fleet.spec.fleet_name)
             await asyncio.wait_for(deregister_worker(redis, keys, replica.worker_id), REDIS_TIMEOUT_S)
         except (RedisError, OSError, TimeoutError) as exc:
             self._event("error", f"{replica.worker_id}: could not remove its member from Redis: {exc}")
+        # Only now: while it is in the list its index is taken, so the autoscaler cannot start a new
+        # replica under its name whose member entry the deregistration above would then delete.
+        if replica in self.fleet.replicas:  # (the autoscaler may have let go of it meanwhile)
+            self.fleet.replicas.remove(replica)
         self.reaped += 1
         self._event("reaped", reaping.line())
 
