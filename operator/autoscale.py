@@ -318,7 +318,7 @@ def _plan_prefix_aware(
     shrunk = memory.last_scale_down_s is not None and now - memory.last_scale_down_s < policy.lead_time_s
     projected = demand + (0.0 if shrunk else max(slope, 0.0)) * policy.lead_time_s
     outlook = (
-        f"trend ignored {policy.lead_time_s:g}s after a scale-down"
+        f"trend ignored within {policy.lead_time_s:g}s of a scale-down"
         if shrunk
         else f"projected {projected:.2f} in {policy.lead_time_s:g}s"
     )

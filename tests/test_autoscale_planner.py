@@ -273,7 +273,7 @@ def test_the_rise_right_after_a_scale_down_is_not_projected():
     up = plan_scale(obs(busy), policy(), replace(rising, last_scale_down_s=90.0))
     assert up.add == 1
     # and its reason says the trend was left out, not a "projected" number equal to the load
-    assert "prefill load 1.60 (trend ignored 30s after a scale-down)" in up.reason
+    assert "prefill load 1.60 (trend ignored within 30s of a scale-down)" in up.reason
     assert "projected" not in up.reason
 
 
