@@ -268,7 +268,7 @@ class LocalAutoscaler:
             self.created[replica.worker_id] = time.time()
             self.warming.add(replica.worker_id)
             # from here on it is observed as a replica (warming), no longer as one still starting
-            self.fleet.replicas.append(replica)
+            self.fleet.add_replica(replica)
             self.starting -= 1
             counted = False
             if subtree_ids:
