@@ -27,7 +27,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
-from prefixfleet.router.records import decode_load, validate_worker_id
+from prefixfleet.router.records import decode_load, split_member_fields
 from prefixfleet.router.redis_conn import redacted, with_credentials
 from prefixfleet.router.summary import SummaryError
 
@@ -368,15 +368,12 @@ async def publish_membership(ctx: OperatorContext, outcome: ReconcileOutcome, lo
     desired = desired_members(outcome.spec, outcome.pods, time.time())
     try:
         current = await client.hgetall(keys.members)
-        named: dict[str, bytes | str] = {}
-        junk: list[bytes | str] = []  # fields that name no worker (e.g. not UTF-8): removed as stale
-        for key, raw in current.items():
-            wid = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-            try:
-                named[validate_worker_id(wid)] = raw
-            except ValueError:  # key.decode() raised on a non-UTF-8 name: membership was never published
-                junk.append(key)
-                logger.warning("removing member %r from %s: not a valid worker id", wid[:140], keys.members)
+        # Fields that name no worker (e.g. not UTF-8) are removed as stale: key.decode() raised on
+        # them, so membership was never published.
+        named, invalid = split_member_fields(current)
+        junk = [key for key, _ in invalid]
+        for _, name in invalid:
+            logger.warning("removing member %r from %s: not a valid worker id", name, keys.members)
         plan = plan_membership(desired, named)
         if plan.is_noop and not junk:
             return

@@ -320,7 +320,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
     from .inspect import fleet_report, format_report, report_json
     from .keys import FleetKeys
-    from .records import validate_worker_id
+    from .records import split_member_fields
     from .redis_conn import connect_redis, redacted
 
     if not args.redis.startswith(("redis://", "rediss://", "unix://")):
@@ -336,13 +336,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         client = connect_redis(args.redis, timeout_s=3.0)
         try:
             members = await client.hgetall(keys.members)
-            records: dict[str, bytes | str] = {}
-            for key, raw in members.items():
-                wid = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-                try:
-                    records[validate_worker_id(wid)] = raw
-                except ValueError:  # a non-UTF-8 name crashed the whole inspection
-                    invalid.append(wid[:140])
+            records, unnamed = split_member_fields(members)  # a non-UTF-8 name crashed the inspection
+            invalid.extend(name for _, name in unnamed)
             ids = list(records)
             loads = await client.mget([keys.load(w) for w in ids]) if ids else []
             summaries = await client.mget([keys.summary(w) for w in ids]) if ids else []

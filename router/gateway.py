@@ -52,7 +52,7 @@ from .records import (
     decode_load_push,
     decode_send,
     encode_send,
-    validate_worker_id,
+    split_member_fields,
 )
 from .redis_conn import connect_redis
 from .requests import (
@@ -203,13 +203,9 @@ class Gateway:
         pipe.pubsub_numsub(self.keys.sends)  # same round trip: is any peer listening to our sends?
         members, listeners = await pipe.execute()
         self._note_send_listeners(listeners)
-        members_s: dict[str, bytes | str] = {}
-        for key, raw in members.items():
-            wid = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-            try:
-                members_s[validate_worker_id(wid)] = raw
-            except ValueError:  # e.g. not UTF-8: it failed every refresh, freezing the whole view
-                self._warn(f"ignoring member {wid[:140]!r}: not a valid worker id")
+        members_s, invalid = split_member_fields(members)
+        for _, name in invalid:  # e.g. not UTF-8: it failed every refresh, freezing the whole view
+            self._warn(f"ignoring member {name!r}: not a valid worker id")
         ids = list(members_s)
         loads = await self.redis.mget([self.keys.load(w) for w in ids]) if ids else []
         result = self.view.apply_snapshot(members_s, dict(zip(ids, loads, strict=True)), time.monotonic())

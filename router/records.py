@@ -8,7 +8,7 @@ import json
 import math
 import re
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -30,6 +30,23 @@ def validate_worker_id(worker_id: str) -> str:
             f"worker id {worker_id!r} must be 1-128 characters of letters, digits, '_', '.', ':' or '-'"
         )
     return worker_id
+
+
+def split_member_fields(
+    fields: Mapping[bytes | str, bytes | str],
+) -> tuple[dict[str, bytes | str], list[tuple[bytes | str, str]]]:
+    """The members hash as read (HGETALL), keyed by worker id; apart, the fields that name no worker
+    (e.g. not UTF-8, written by hand), each as (field as read, printable name of at most 140
+    characters). One such field must not fail the whole read."""
+    named: dict[str, bytes | str] = {}
+    invalid: list[tuple[bytes | str, str]] = []
+    for key, raw in fields.items():
+        wid = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        if _WORKER_ID.fullmatch(wid):
+            named[wid] = raw
+        else:
+            invalid.append((key, wid[:140]))
+    return named, invalid
 
 
 def validate_state(state: object) -> str:
