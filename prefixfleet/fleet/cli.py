@@ -334,7 +334,9 @@ async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheu
             if task.done():
                 task.result()  # a crashed loop is an error, not a silent stop
     finally:
-        task.cancel()
+        from prefixfleet.cancellation import cancel_and_wait
+
+        await cancel_and_wait([task])  # its start/drain tasks end before the fleet is torn down
         if local is not None:
             await local.stop()
 
