@@ -13,15 +13,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .little_endian import pack_le, unpack_le
-from .summary import SummaryError
+from .summary import MAX_RECORD_INT, SummaryError
 
 RECORD_VERSION = 1
 WORKER_STATES = ("ready", "warming", "draining")
 # Matched with fullmatch: ``$`` would also accept a trailing newline ("w1\n"), which then splits a
 # newline-separated wire message or a Redis key in two.
 _WORKER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
-# Numbers wider than this cannot be an honest count and overflow float arithmetic downstream.
-MAX_RECORD_INT = 2**63 - 1
 
 
 def validate_worker_id(worker_id: str) -> str:

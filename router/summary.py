@@ -36,7 +36,9 @@ MAGIC = b"PFS"
 _HEAD = struct.Struct("<3sBI")
 DEFAULT_MAX_BLOCKS = 32768  # 256 KiB of hashes: ~0.5M tokens at 16-token blocks
 DEFAULT_HOT_K = 32
-_MAX_INT = 2**63 - 1  # wider numbers cannot be honest counts and overflow float arithmetic
+# Wider numbers cannot be honest counts and overflow float arithmetic downstream (also the bound of
+# the JSON records beside a summary).
+MAX_RECORD_INT = 2**63 - 1
 
 
 class SummaryError(ValueError):
@@ -140,8 +142,8 @@ def _field(obj: dict, name: str, kind: type | tuple[type, ...], where: str = "su
     # bool is an int subclass: never accept it where a number is meant
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
         raise SummaryError(f"{where}: field {name!r} missing or not {_kind_name(kind)}")
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > _MAX_INT:
-        raise SummaryError(f"{where}: field {name!r} is larger than {_MAX_INT}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RECORD_INT:
+        raise SummaryError(f"{where}: field {name!r} is larger than {MAX_RECORD_INT}")
     return value
 
 
