@@ -244,6 +244,9 @@ class Sidecar:
         self._engine_origin, self._engine_prefix = split_url(config.engine_url.rstrip("/"))
         self.redis: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # A request saw the engine fail: the watch probes at once instead of at its next round, so
+        # a killed engine is seen refusing (its cache is gone) even if it restarts within a second.
+        self._probe_engine = asyncio.Event()
         self._left = False  # deregistered from the fleet (shutting down)
         self.metrics = sidecar_registry(lambda: self.s)
 
@@ -340,15 +343,20 @@ class Sidecar:
                     await self._reconcile_cached_tokens()
                 backoff = 1.0
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                self._engine_failed(exc)
+                self._engine_failed(exc, probe=False)
                 backoff = 1.0
             except Exception:  # a bug must not end the watch: engine_ok would then never change again
                 pause = max(pause, backoff)
                 log.exception("engine watch failed unexpectedly; probing again in %.1f s", pause)
                 backoff = min(backoff * 2, 5.0)
-            await asyncio.sleep(pause)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(pause):
+                    await self._probe_engine.wait()
+            self._probe_engine.clear()
 
-    def _engine_failed(self, exc: BaseException) -> None:
+    def _engine_failed(self, exc: BaseException, *, probe: bool = True) -> None:
+        if probe:
+            self._probe_engine.set()
         if self.s.engine_ok:
             self.load_changed()
         self.s.engine_ok = False
