@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +29,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefixfleet.fleet.processes import free_port
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
 from prefixfleet.tokenizer import tokenize
-from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, running_redis, wait_for
+from tests.k8s.cluster import (
+    REPO,
+    EmulatedCluster,
+    OperatorProcess,
+    operator_in_cluster,
+    running_redis,
+    wait_for,
+)
 
 FLEET = "auto"
 REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
@@ -40,19 +46,13 @@ PREFIX_TOKENS = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TO
 
 @pytest.fixture
 def autoscaled(tmp_path: Path) -> Iterator[tuple[EmulatedCluster, OperatorProcess]]:
-    with running_redis(tmp_path) as redis_url:
-        cluster = EmulatedCluster(tmp_path / "cluster")
-        operator = OperatorProcess(cluster, redis_url)
-        operator.extra_args = ["--metrics-port", str(free_port())]
-        try:
-            cluster.install_crd()
-            cluster.start_kubelet()
-            operator.start()
-            yield cluster, operator
-        finally:
-            print("--- operator log (tail) ---\n" + operator.log_tail(80), file=sys.stderr)
-            operator.stop()
-            cluster.close()
+    with (
+        running_redis(tmp_path) as redis_url,
+        operator_in_cluster(
+            tmp_path, redis_url, extra_args=["--metrics-port", str(free_port())], log_lines=80
+        ) as env,
+    ):
+        yield env
 
 
 def fleet_manifest() -> str:

@@ -17,7 +17,6 @@ Specification (a fleet of 1 allowed to grow to 3, scaleUpCooldownSeconds 30, eve
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +27,14 @@ import httpx
 import pytest
 import yaml
 
-from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, running_redis, wait_for
+from tests.k8s.cluster import (
+    REPO,
+    EmulatedCluster,
+    OperatorProcess,
+    operator_in_cluster,
+    running_redis,
+    wait_for,
+)
 from tests.test_autoscale_e2e import FLEET, autoscaled, fleet, gateway_url, ready_pods
 
 __all__ = ["autoscaled"]  # the fixture, shared with the burst test
@@ -150,17 +156,13 @@ def test_a_restarted_operator_keeps_the_scale_up_cooldown_from_the_status(
 @pytest.fixture
 def cluster_without_operator(tmp_path: Path) -> Iterator[tuple[EmulatedCluster, OperatorProcess]]:
     """The emulated cluster (no kubelet: pods never start) and an operator not started yet."""
-    with running_redis(tmp_path) as redis_url:
-        cluster = EmulatedCluster(tmp_path / "cluster")
-        operator = OperatorProcess(cluster, redis_url)
-        operator.extra_args = ["--metrics-port", "0"]
-        try:
-            cluster.install_crd()
-            yield cluster, operator
-        finally:
-            print("--- operator log (tail) ---\n" + operator.log_tail(80), file=sys.stderr)
-            operator.stop()
-            cluster.close()
+    with (
+        running_redis(tmp_path) as redis_url,
+        operator_in_cluster(
+            tmp_path, redis_url, extra_args=["--metrics-port", "0"], kubelet=False, start=False, log_lines=80
+        ) as env,
+    ):
+        yield env
 
 
 @pytest.mark.timeout(120)

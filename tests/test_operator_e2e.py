@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,14 @@ import pytest
 import redis
 import yaml
 
-from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, running_redis, wait_for
+from tests.k8s.cluster import (
+    REPO,
+    EmulatedCluster,
+    OperatorProcess,
+    operator_in_cluster,
+    running_redis,
+    wait_for,
+)
 
 FLEET = "e2e"
 REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
@@ -38,18 +44,8 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def fleet_env(tmp_path: Path, redis_url: str) -> Iterator[tuple[EmulatedCluster, OperatorProcess]]:
-    cluster = EmulatedCluster(tmp_path / "cluster")
-    operator = OperatorProcess(cluster, redis_url)
-    try:
-        cluster.install_crd()
-        cluster.start_kubelet()
-        operator.start()
-        yield cluster, operator
-    finally:
-        # captured output: pytest shows it only when the test failed
-        print("--- operator log (tail) ---\n" + operator.log_tail(), file=sys.stderr)
-        operator.stop()
-        cluster.close()
+    with operator_in_cluster(tmp_path, redis_url) as env:
+        yield env
 
 
 def fleet_manifest(path: Path, replicas: int, redis: dict[str, Any] | None = None) -> Path:

@@ -14,7 +14,6 @@ sidecar), the operator process and Valkey. Specification, for an autoscaled one-
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefixfleet.fleet.processes import free_port
 from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 from prefixfleet.operator.planner import observe_pod, pod_url
-from tests.k8s.cluster import REPO, EmulatedCluster, OperatorProcess, running_redis, wait_for
+from tests.k8s.cluster import (
+    REPO,
+    EmulatedCluster,
+    OperatorProcess,
+    operator_in_cluster,
+    running_redis,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(180)
 FLEET = "watched"
@@ -43,20 +49,14 @@ def cluster_with_operator(tmp_path: Path) -> Iterator[tuple[EmulatedCluster, Ope
             "prometheus is not on PATH: install Debian's package "
             "(apt-get update && apt-get install -y prometheus; .ci/run does this)"
         )
-    with running_redis(tmp_path) as redis_url:
-        cluster = EmulatedCluster(tmp_path / "cluster")
-        operator = OperatorProcess(cluster, redis_url)
-        metrics_port = free_port()
-        operator.extra_args = ["--metrics-port", str(metrics_port)]
-        try:
-            cluster.install_crd()
-            cluster.start_kubelet()
-            operator.start()
-            yield cluster, operator, f"http://127.0.0.1:{metrics_port}/metrics"
-        finally:
-            print("--- operator log (tail) ---\n" + operator.log_tail(60), file=sys.stderr)
-            operator.stop()
-            cluster.close()
+    metrics_port = free_port()
+    with (
+        running_redis(tmp_path) as redis_url,
+        operator_in_cluster(
+            tmp_path, redis_url, extra_args=["--metrics-port", str(metrics_port)], log_lines=60
+        ) as (cluster, operator),
+    ):
+        yield cluster, operator, f"http://127.0.0.1:{metrics_port}/metrics"
 
 
 def fleet_manifest(prometheus_url: str) -> str:

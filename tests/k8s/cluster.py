@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -139,6 +139,35 @@ class OperatorProcess:
         if not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@contextlib.contextmanager
+def operator_in_cluster(
+    workdir: Path,
+    redis_url: str,
+    *,
+    extra_args: Sequence[str] = (),
+    kubelet: bool = True,
+    start: bool = True,
+    log_lines: int = 40,
+) -> Iterator[tuple[EmulatedCluster, OperatorProcess]]:
+    """The emulated cluster with the CRD (and its kubelet unless ``kubelet=False``: pods then never
+    start) and `prefixfleet operator run` (started unless ``start=False``). On the way out the
+    operator's log tail goes to stderr, which pytest shows only for a failed test."""
+    cluster = EmulatedCluster(workdir / "cluster")
+    operator = OperatorProcess(cluster, redis_url)
+    operator.extra_args = list(extra_args)
+    try:
+        cluster.install_crd()
+        if kubelet:
+            cluster.start_kubelet()
+        if start:
+            operator.start()
+        yield cluster, operator
+    finally:
+        print("--- operator log (tail) ---\n" + operator.log_tail(log_lines), file=sys.stderr)
+        operator.stop()
+        cluster.close()
 
 
 @contextlib.contextmanager
