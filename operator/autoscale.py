@@ -27,6 +27,9 @@ from .models import AutoscalingSpec, PrewarmSpec
 ReplicaPhase = Literal["starting", "warming", "ready", "draining"]
 ScalerMode = Literal["fixed_max", "uniform", "prefix_aware", "prefix_aware_prewarm"]
 SCALER_MODES: tuple[str, ...] = ("fixed_max", "uniform", "prefix_aware", "prefix_aware_prewarm")
+# The demand trend's time constant is lead_time / TREND_STEPS: a ramp is followed well within one
+# start-up time, and one round's noise moves it little (lead_time / 2 was measurably late on viral).
+TREND_STEPS = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +125,9 @@ class PlannerMemory:
     last_scale_up_s: float | None = None
     last_scale_down_s: float | None = None
     calm_since_s: float | None = None
-    demand: float | None = None  # last round's fleet prefill demand (prefix-aware modes)
+    demand: float | None = None  # the fleet prefill demand, smoothed (prefix-aware modes)
     demand_s: float | None = None
-    demand_slope: float = 0.0  # smoothed d(demand)/dt, replica-equivalents per second
+    demand_slope: float = 0.0  # its trend, replica-equivalents per second (demand_trend)
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,10 +311,12 @@ def _plan_prefix_aware(
             starved.append(s)
     fleet_busy = bool(ready) and min(r.est_wait_s for r in ready) > saturated_wait
     demand = _demand(observed)
-    slope = memory.demand_slope
+    level, slope = demand, memory.demand_slope
     if memory.demand is not None and memory.demand_s is not None and now > memory.demand_s:
-        slope = _smoothed_slope(slope, demand - memory.demand, now - memory.demand_s, policy.lead_time_s / 2)
-    memory = replace(memory, demand=demand, demand_s=now, demand_slope=slope)
+        level, slope = demand_trend(
+            memory.demand, slope, demand, now - memory.demand_s, policy.lead_time_s / TREND_STEPS
+        )
+    memory = replace(memory, demand=level, demand_s=now, demand_slope=slope)
     base = replace(base, memory=memory)
     # Right after a scale-down demand rises by itself (the victim's prefixes are re-prefilled on the
     # others): that rise is no trend to provision for. Actual load still scales up at once.
@@ -389,22 +394,31 @@ def _plan_prefix_aware(
     return replace(base, memory=replace(memory, calm_since_s=None))
 
 
-def _smoothed_slope(slope: float, change: float, dt: float, horizon_s: float) -> float:
-    """The demand trend: an exponential average of round-to-round slopes, time constant ``horizon_s``.
+def demand_trend(
+    level: float, slope: float, demand: float, dt: float, horizon_s: float
+) -> tuple[float, float]:
+    """The demand's smoothed level and trend after one more sample (Holt's linear smoothing; both
+    time constants ``horizon_s``). Returns ``(level, slope)``.
 
-    One round's difference is mostly noise, and some of it is our own doing: right after a
-    scale-down the victim's prefixes are re-prefilled elsewhere and its windowed rate leaves the
-    sum, so demand jumps for a load window. Projected a lead time ahead, that jump re-added the
-    replica just removed. The planner averages over half the lead time: a real ramp still shows
-    within one start-up time. (Measured: ``docs/autoscaling.md``, "The planner", "the trend".)
+    A round's demand is noisy: a window of Poisson arrivals with prompts of very different sizes, a
+    tenant's long prefix missed once. Averaging round-to-round slopes of the raw demand turned one
+    jump into a trend (+0.16 in one round projected +0.3 a lead time ahead, and added a replica at
+    the top of the diurnal curve); here the trend is the slope of the smoothed level, so one jump
+    moves it a fraction as much while a ramp that lasts is followed within a few rounds.
+    (Measured: ``docs/autoscaling.md``, "The planner", "the trend".)
     """
     weight = 1.0 - math.exp(-dt / horizon_s) if horizon_s > 0 else 1.0
-    return slope + weight * (change / dt - slope)
+    expected = level + slope * dt
+    smoothed = expected + weight * (demand - expected)
+    return smoothed, slope + weight * ((smoothed - level) / dt - slope)
 
 
 def _demand(observed: FleetObservation) -> float:
-    """The fleet's prefill demand (replica-equivalents) from replicas that take or took traffic."""
-    return sum(r.prefill_load for r in observed.replicas if r.phase in ("ready", "warming", "draining"))
+    """The fleet's prefill demand (replica-equivalents) from replicas that take or took traffic.
+
+    A warming replica takes no traffic: its prefill is the scaler's own warm-up. Counted, it looked
+    like demand exactly while a ramp was being provisioned for and asked for one replica more."""
+    return sum(r.prefill_load for r in observed.replicas if r.phase in ("ready", "draining"))
 
 
 def _maybe_scale_down(

@@ -583,7 +583,7 @@ class PlannerMemoryStatus(CamelModel):
         default=None,
         ge=0,
         allow_inf_nan=False,
-        description="The fleet's prefill demand (replica-equivalents) at demandTime.",
+        description="The fleet's smoothed prefill demand (replica-equivalents) at demandTime.",
     )
     demand_time: datetime | None = Field(default=None, description="When demand was measured.")
     demand_slope: float = Field(
