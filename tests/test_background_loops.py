@@ -19,7 +19,6 @@ Specification:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,7 +28,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from fleet_fixtures import LOOPBACK, RedisServer
+from fleet_fixtures import LOOPBACK, RedisServer, eventually
 
 from prefixfleet.router.gateway import Gateway, GatewayConfig
 from prefixfleet.router.keys import FleetKeys
@@ -77,16 +76,6 @@ class FirstEngineInfoFails(Sidecar):
         await super()._fetch_engine_info()
 
 
-async def until(condition, what: str, attempts: int = 200, pause_s: float = 0.05) -> None:
-    """Poll ``condition`` (returning a bool, or an awaitable of one) a bounded number of times."""
-    for _ in range(attempts):
-        met = condition()
-        if await met if inspect.isawaitable(met) else met:
-            return
-        await asyncio.sleep(pause_s)
-    raise AssertionError(what)
-
-
 KEYS = FleetKeys("loops")
 MEMBER = encode_record(MemberRecord(url="http://127.0.0.1:9"))  # never reached: nothing is routed
 IDLE_LOAD = LoadReport(1, 1764489612.0, "ready", True, 0, 0, 0, 12000.0, 0, 65536, 0)
@@ -124,18 +113,18 @@ async def test_gateway_load_push_subscriber_survives_an_unexpected_error(
     try:
         await runner.setup()
         assert gateway.view.workers["w0"].load == IDLE_LOAD  # the start-up refresh; none after it
-        await until(subscribed, "the gateway never subscribed to the loads channel")
+        await eventually(subscribed, 20, "the gateway to subscribe to the loads channel")
         first = LoadReport(2, 1764489613.0, "ready", True, 5, 3, 900, 12000.0, 0, 65536, 0)
         with caplog.at_level(logging.ERROR, logger="prefixfleet.gateway"):
             await client.publish(keys.loads, encode_load_push("w0", encode_record(first)))
-            await until(lambda: view.failures_left == 0, "the push never arrived")
+            await eventually(lambda: view.failures_left == 0, 20, "the push to arrive")
             later = LoadReport(3, 1764489614.0, "ready", True, 1, 0, 100, 12000.0, 0, 65536, 0)
 
             async def adopted() -> bool:  # re-published: the one sent while re-subscribing is lost
                 await client.publish(keys.loads, encode_load_push("w0", encode_record(later)))
                 return gateway.view.workers["w0"].load == later
 
-            await until(adopted, "the gateway stopped adopting load pushes after the error")
+            await eventually(adopted, 20, "the gateway to adopt load pushes again after the error")
         logged = [r for r in caplog.records if r.name == "prefixfleet.gateway" and r.exc_info]
         assert logged, "the unexpected error was not logged"
         assert "injected: applying a pushed load failed" in str(logged[0].exc_info[1])
@@ -157,7 +146,7 @@ async def test_gateway_refresh_skips_a_member_whose_name_is_no_worker_id(
             # a worker joining after the bad names: only a refresh that still works can show it
             await client.hset(keys.members, "w0", MEMBER)
             await client.set(keys.load("w0"), encode_record(IDLE_LOAD))
-            await until(lambda: "w0" in gateway.view.workers, "the gateway's refresh stopped working")
+            await eventually(lambda: "w0" in gateway.view.workers, 20, "the gateway's refresh to show w0")
         assert set(gateway.view.workers) == {"w0"}
         warnings = [r.getMessage() for r in caplog.records if r.name == "prefixfleet.gateway"]
         assert "ignoring member '\ufffdw': not a valid worker id" in warnings, warnings
@@ -207,12 +196,15 @@ async def test_sidecar_engine_watch_survives_an_unexpected_error(
 
                     return check
 
-                await until(
-                    engine_ok_is(True), "the sidecar never saw the engine healthy", attempts=100, pause_s=0.1
+                await eventually(
+                    engine_ok_is(True), 20, "the sidecar to see the engine healthy", interval=0.1
                 )
                 engine_status["health"] = 503
-                await until(
-                    engine_ok_is(False), "the sidecar stopped probing the engine", attempts=100, pause_s=0.1
+                await eventually(
+                    engine_ok_is(False),
+                    20,
+                    "the sidecar, still probing, to see the engine unhealthy",
+                    interval=0.1,
                 )
         logged = [r for r in caplog.records if r.name == "prefixfleet.sidecar" and r.exc_info]
         assert logged and isinstance(logged[0].exc_info[1], RuntimeError), caplog.records
@@ -244,12 +236,12 @@ async def test_sidecar_retries_a_state_change_during_a_redis_outage_with_backoff
             return raw is not None and decode_member(raw).state == wanted["state"]
 
         try:
-            await until(registered, "the sidecar never registered")
+            await eventually(registered, 20, "the sidecar to register")
             redis_server.stop()
             # In Redis's place, a server that hangs up at once: each publish attempt is one connection.
             outage = await asyncio.start_server(hang_up, LOOPBACK, redis_server.port)
             try:
-                await until(lambda: attempts > 0, "the sidecar never tried to publish")
+                await eventually(lambda: attempts > 0, 20, "the sidecar to try to publish")
                 async with http.post(
                     front.make_url("/prefixfleet/state"), json={"state": "draining"}
                 ) as resp:
@@ -264,7 +256,7 @@ async def test_sidecar_retries_a_state_change_during_a_redis_outage_with_backoff
                 await outage.wait_closed()
             redis_server.start()  # empty: the sidecar must register again, in its new state
             wanted["state"] = "draining"
-            await until(registered, "the state change was never published after the outage", attempts=100)
+            await eventually(registered, 10, "the state change to be published after the outage")
             status = await (await http.get(front.make_url("/prefixfleet/status"))).json()
             assert (status["state"], status["redis_ok"]) == ("draining", True)
         finally:

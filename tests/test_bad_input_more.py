@@ -18,7 +18,6 @@ Specification:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
@@ -28,7 +27,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from fleet_fixtures import LOOPBACK, RedisServer
+from fleet_fixtures import LOOPBACK, RedisServer, eventually
 
 from prefixfleet.cli import main
 from prefixfleet.emulator.config import EmulatorConfig
@@ -50,15 +49,6 @@ from prefixfleet.router.records import (
 from prefixfleet.router.sidecar import Sidecar, SidecarConfig, emulated_speed
 
 JUNK_NAMES = (b"\xffw", b"bad id!")  # not UTF-8; UTF-8 but no worker id
-
-
-async def until(condition, what: str, attempts: int = 200, pause_s: float = 0.05) -> None:
-    """Poll ``condition`` (returning a bool) a bounded number of times."""
-    for _ in range(attempts):
-        if condition():
-            return
-        await asyncio.sleep(pause_s)
-    raise AssertionError(what)
 
 
 # -- members hash: field names that are no worker id ------------------------------------------------
@@ -202,7 +192,7 @@ async def test_a_sidecar_refuses_an_engines_unusable_figures_and_stays_routable(
                     worker = gateway.view.workers.get("w0")
                     return worker is not None and worker.load is not None and worker.load.engine_ok
 
-                await until(routed, "the gateway never took the worker's load record")
+                await eventually(routed, 20, "the gateway to take the worker's load record")
             raw = client.get(keys.load("w0"))
             assert raw is not None
             load = decode_load(raw)

@@ -16,14 +16,22 @@ import asyncio
 import json
 import re
 import struct
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from fleet_fixtures import RedisServer, Spawned, Spawner, free_port, prefixfleet_argv, wait_for_http
+from fleet_fixtures import (
+    RedisServer,
+    Spawned,
+    Spawner,
+    eventually,
+    free_port,
+    prefixfleet_argv,
+    wait_for_http,
+    wait_until,
+)
 
 from prefixfleet.router.blockhash import CacheIdentity, block_hashes
 from prefixfleet.router.keys import FleetKeys
@@ -31,6 +39,7 @@ from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
 from prefixfleet.tokenizer import tokenize
 
 FLEET = "t"
+EVENTUALLY_S = 10.0  # summaries and heartbeats arrive on their own schedule: poll them this long at most
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -85,19 +94,18 @@ def start_fleet(
         wait_for_http(f"{url}/prefixfleet/status", proc=child.proc)
     for child, url in zip(fleet.gateways, fleet.gateway_urls, strict=True):
         wait_for_http(f"{url}/health", proc=child.proc)  # 200 once one worker is routable
-        wait_until_all_routable(url, engines)
+        wait_until(
+            lambda url=url: routable_workers(url),
+            20,
+            f"{url} to see {engines} routable workers",
+            done=lambda n: n == engines,
+        )
     return fleet
 
 
-def wait_until_all_routable(gateway_url: str, workers: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(f"{gateway_url}/prefixfleet/view", timeout=2) as resp:
-            view = json.load(resp)
-        if sum(w["routable"] for w in view["workers"]) == workers:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{gateway_url} did not see {workers} routable workers within {timeout} s")
+def routable_workers(gateway_url: str) -> int:
+    with urllib.request.urlopen(f"{gateway_url}/prefixfleet/view", timeout=2) as resp:
+        return sum(w["routable"] for w in json.load(resp)["workers"])
 
 
 @pytest.fixture
@@ -123,16 +131,6 @@ async def post(session: aiohttp.ClientSession, url: str, body: object) -> tuple[
 async def view_of(session: aiohttp.ClientSession, gateway_url: str) -> dict[str, dict]:
     async with session.get(f"{gateway_url}/prefixfleet/view") as resp:
         return {w["worker_id"]: w for w in (await resp.json())["workers"]}
-
-
-async def eventually(check, *, timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll an async predicate (bounded): summaries and heartbeats arrive on their own schedule."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def metric(session: aiohttp.ClientSession, gateway_url: str, name: str) -> float:
@@ -189,7 +187,7 @@ async def test_a_prefix_routed_through_gateway_a_is_a_hit_through_gateway_b(flee
     async def b_sees_the_prefix() -> bool:
         return (await view_of(http, gw_b))[holder]["summary_blocks"] >= 300 // 16
 
-    await eventually(b_sees_the_prefix, what="gateway B to read the holder's summary")
+    await eventually(b_sees_the_prefix, EVENTUALLY_S, "gateway B to read the holder's summary")
     status, second, headers = await post(
         http,
         f"{gw_b}/generate",
@@ -240,21 +238,21 @@ async def test_a_killed_engines_in_flight_requests_are_retried_and_succeed(spawn
         async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/status") as resp:
             return (await resp.json())["load"]["in_flight"] >= 2
 
-    await eventually(w0_busy, what="requests in flight on w0")
+    await eventually(w0_busy, EVENTUALLY_S, "requests in flight on w0")
     fleet.engines[0].kill()
     results = await asyncio.gather(*tasks)
     assert [status for status, _, _ in results] == [200] * 6
     assert all(body["meta_info"]["completion_tokens"] == 300 for _, body, _ in results)
     assert await metric(http, gw, "prefixfleet_gateway_retries_total") >= 2
     # the dead worker drops out of routing; new requests go straight to the survivor
-    await eventually(lambda: _not_routable(http, gw, "w0"), what="w0 to leave the routable set")
+    await eventually(lambda: _not_routable(http, gw, "w0"), EVENTUALLY_S, "w0 to leave the routable set")
     status, _, headers = await post(http, f"{gw}/generate", bodies[0])
     assert status == 200 and headers["X-Prefixfleet-Worker"] == "w1"
     # the engine comes back (same port, empty cache): its sidecar forgets what the old one held
     port = fleet.engine_urls[0].rsplit(":", 1)[1]
     spawn(prefixfleet_argv("emulator", "--port", port, "--time-scale", "20"), name="engine0-again",
           ready_url=f"{fleet.engine_urls[0]}/health")  # fmt: skip
-    await eventually(lambda: _routable(http, gw, "w0"), what="w0 to be routable again")
+    await eventually(lambda: _routable(http, gw, "w0"), EVENTUALLY_S, "w0 to be routable again")
     async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/status") as resp:
         assert (await resp.json())["load"]["cached_tokens"] == 0
     assert "resetting the cache mirror" in fleet.sidecars[0].log()
@@ -299,7 +297,7 @@ async def test_redis_holds_no_prompt_text_and_no_token_ids(fleet, http):
         views = await view_of(http, fleet.gateway_urls[0])
         return sum(w["summary_blocks"] for w in views.values()) >= 2 * 100 // 16
 
-    await eventually(summaries_published, what="summaries with the prompts' blocks")
+    await eventually(summaries_published, EVENTUALLY_S, "summaries with the prompts' blocks")
     client = fleet.redis.client()
     values: list[bytes] = []
     for key in client.scan_iter("*"):
@@ -389,7 +387,7 @@ async def test_malformed_records_in_redis_are_ignored_and_the_gateway_keeps_serv
         log = fleet.gateways[0].log()
         return "ignoring summary of 'ghost'" in log and "ignoring member 'junk'" in log
 
-    await eventually(warned, what="the gateway to read (and reject) the malformed records")
+    await eventually(warned, EVENTUALLY_S, "the gateway to read (and reject) the malformed records")
     for gw in fleet.gateway_urls:
         for i in range(4):
             body = {"text": f"{words('still', 20)} {i}", "sampling_params": {"max_new_tokens": 1}}
@@ -423,7 +421,9 @@ async def test_a_draining_worker_gets_no_new_requests(fleet, http):
     async with http.post(f"{fleet.sidecar_urls[0]}/prefixfleet/state", json={"state": "asleep"}) as resp:
         assert resp.status == 400 and "state must be one of" in (await resp.json())["error"]["message"]
     for gw in fleet.gateway_urls:
-        await eventually(lambda gw=gw: _not_routable(http, gw, "w0"), what="w0 draining in every gateway")
+        await eventually(
+            lambda gw=gw: _not_routable(http, gw, "w0"), EVENTUALLY_S, "w0 draining in every gateway"
+        )
     for i in range(6):
         body = {"prompt": f"{words('drain', 30)} {i}", "max_tokens": 1}
         status, _, headers = await post(http, f"{fleet.gateway_urls[i % 2]}/v1/completions", body)
@@ -507,8 +507,8 @@ async def test_a_redis_outage_keeps_traffic_flowing_and_the_fleet_re_registers(s
             and client.exists(keys.summary("w0"), keys.summary("w1")) == 2
         )
 
-    await eventually(re_registered, what="sidecars to re-register after the restart")
-    await eventually(lambda: _all_routable(http, gw), what="the gateway to route on fresh records")
+    await eventually(re_registered, EVENTUALLY_S, "sidecars to re-register after the restart")
+    await eventually(lambda: _all_routable(http, gw), EVENTUALLY_S, "the gateway to route on fresh records")
     for child in fleet.sidecars:
         log = child.log()
         assert log.count("redis unavailable") == 1 and "publishing resumed" in log
@@ -556,7 +556,7 @@ async def test_the_sidecar_mirror_tracks_the_engine_cache_through_a_streamed_con
         async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot") as resp:
             return bool((await resp.json())["prefixes"])
 
-    await eventually(hot_listed, what="a summary with hot prefixes")
+    await eventually(hot_listed, EVENTUALLY_S, "a summary with hot prefixes")
     async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot") as resp:
         top = (await resp.json())["prefixes"][0]
     identity = CacheIdentity("emulated-llm", "main").seed()
@@ -579,9 +579,9 @@ async def test_gateways_see_load_changes_pushed_between_periodic_publishes(spawn
         async def gateway_sees_it_in_flight() -> bool:
             return (await view_of(http, fleet.gateway_urls[0]))["w0"]["in_flight"] == 1
 
-        await eventually(gateway_sees_it_in_flight, what="the pushed in-flight count")
+        await eventually(gateway_sees_it_in_flight, EVENTUALLY_S, "the pushed in-flight count")
 
     async def gateway_sees_it_done() -> bool:
         return (await view_of(http, fleet.gateway_urls[0]))["w0"]["in_flight"] == 0
 
-    await eventually(gateway_sees_it_done, what="the pushed completion")
+    await eventually(gateway_sees_it_done, EVENTUALLY_S, "the pushed completion")

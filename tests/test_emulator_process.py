@@ -8,27 +8,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fleet_fixtures import free_port, wait_for_http, wait_until
 
 # The installed CLI entry point, run by this interpreter (what `prefixfleet ...` does).
 PREFIXFLEET = [sys.executable, "-c", "import sys; from prefixfleet.cli import main; sys.exit(main())"]
 STARTUP_TIMEOUT_S = 20.0
 ROUTER_STARTUP_TIMEOUT_S = 60.0
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(method: str, url: str, body: object | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
@@ -39,20 +32,6 @@ def http(method: str, url: str, body: object | None = None, timeout: float = 10.
             return r.status, r.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-def wait_until_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited early with {proc.returncode}")
-        try:
-            if http("GET", url + "/health", timeout=1.0)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"{url} did not become healthy within {timeout} s")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -71,7 +50,7 @@ def start_emulator_process(*extra: str, log: Path) -> tuple[subprocess.Popen, st
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log.open("wb"))
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, proc, STARTUP_TIMEOUT_S)
+        wait_for_http(url + "/health", timeout=STARTUP_TIMEOUT_S, proc=proc)
     except BaseException:
         stop(proc)
         raise
@@ -172,19 +151,22 @@ def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
         procs.append(router)
         base = f"http://127.0.0.1:{port}"
         body = {"text": "system prompt for the router test " * 20, "sampling_params": {"max_new_tokens": 4}}
-        # The router answers /health before its workers are registered: poll a real request instead.
-        deadline = time.monotonic() + ROUTER_STARTUP_TIMEOUT_S
-        status, raw = 0, b""
-        while time.monotonic() < deadline:
+
+        def generate() -> tuple[int, bytes]:
             assert router.poll() is None, (tmp_path / "router.log").read_text()[-2000:]
             try:
-                status, raw = http("POST", base + "/generate", body, timeout=5)
+                return http("POST", base + "/generate", body, timeout=5)
             except OSError:
-                status = 0
-            if status == 200:
-                break
-            time.sleep(0.25)
-        assert status == 200, f"router never served /generate: {status} {raw[:300]!r}"
+                return 0, b""
+
+        # The router answers /health before its workers are registered: poll a real request instead.
+        _, raw = wait_until(
+            generate,
+            ROUTER_STARTUP_TIMEOUT_S,
+            "the router to serve /generate",
+            done=lambda r: r[0] == 200,
+            interval=0.25,
+        )
         first = json.loads(raw)
         assert first["meta_info"]["completion_tokens"] == 4
 

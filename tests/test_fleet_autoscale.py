@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fleet_fixtures import eventually
 
 from prefixfleet.fleet.autoscale import LocalAutoscaler
 from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
@@ -59,14 +60,6 @@ async def clients(gateway: str, n: int, words: int, pause_s: float, stop: asynci
     await asyncio.gather(*(client(c) for c in range(n)))
 
 
-async def wait_until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def test_local_fleet_scales_up_prewarmed_and_back_down(tmp_path: Path) -> None:
     engine = EngineSettings(cache_tokens=60_000, prefill_tokens_per_s=4000)
     async with Supervisor(tmp_path) as sup:
@@ -82,8 +75,8 @@ async def test_local_fleet_scales_up_prewarmed_and_back_down(tmp_path: Path) -> 
             burst: list[tuple[int, str, int]] = []
             stop_burst = asyncio.Event()
             load = asyncio.create_task(clients(gateway, 4, 60, 0.0, stop_burst, burst))
-            await wait_until(lambda: "prewarm" in actions(), 60, "a pre-warmed second replica")
-            await wait_until(lambda: sum(1 for a in burst if a[1] == "replica-1") >= 3, 60,
+            await eventually(lambda: "prewarm" in actions(), 60, "a pre-warmed second replica")
+            await eventually(lambda: sum(1 for a in burst if a[1] == "replica-1") >= 3, 60,
                              "requests routed to the new replica")  # fmt: skip
             stop_burst.set()
             await load
@@ -96,7 +89,7 @@ async def test_local_fleet_scales_up_prewarmed_and_back_down(tmp_path: Path) -> 
             light: list[tuple[int, str, int]] = []
             stop_light = asyncio.Event()
             trickle = asyncio.create_task(clients(gateway, 1, 5, 0.3, stop_light, light))
-            await wait_until(lambda: "removed" in actions(), 60, "the scale-down to finish")
+            await eventually(lambda: "removed" in actions(), 60, "the scale-down to finish")
             await asyncio.sleep(0.5)
             stop_light.set()
             await trickle

@@ -20,14 +20,14 @@ import json
 import os
 import re
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from fleet_fixtures import RedisServer, live_processes
+from fleet_fixtures import RedisServer, eventually, live_children
 
 from prefixfleet.fleet.autoscale import LocalAutoscaler
 from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
@@ -90,19 +90,6 @@ async def watch_counts(gateway: str, seen: list[tuple[int, int]], stop: asyncio.
             await asyncio.sleep(0.03)
 
 
-async def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def live_children() -> list[int]:
-    """Our own live (non-zombie) child processes."""
-    return [p.pid for p in live_processes() if p.ppid == os.getpid()]
-
-
 @contextlib.asynccontextmanager
 async def two_replica_fleet(tmp_path: Path, policy: str) -> AsyncIterator[tuple[Supervisor, LocalFleet, str]]:
     """Two replicas behind one gateway routing with ``policy``: (supervisor, fleet, gateway URL).
@@ -133,7 +120,7 @@ async def test_a_killed_sidecar_leaves_membership_and_its_replica_restarts_once(
         async with reaper.running():
             load = asyncio.create_task(traffic.run())
             watch = asyncio.create_task(watch_counts(gateway, seen, stop_watch))
-            await wait_until(
+            await eventually(
                 lambda: {w for _, w in traffic.answers} >= {"replica-0", "replica-1"}, 10, "traffic"
             )
             victim = fleet.replicas[1]
@@ -141,10 +128,10 @@ async def test_a_killed_sidecar_leaves_membership_and_its_replica_restarts_once(
             old_url = victim.sidecar_url
             in_flight_at_kills = traffic.in_flight
             os.kill(victim.sidecar.pid, signal.SIGKILL)
-            await wait_until(lambda: reaper.restarts == 1, 20, "the restart")
-            await wait_until(lambda: seen[-1] == (2, 2), 10, "the gateway to route to two workers again")
+            await eventually(lambda: reaper.restarts == 1, 20, "the restart")
+            await eventually(lambda: seen[-1] == (2, 2), 10, "the gateway to route to two workers again")
             served_after = len(traffic.answers)
-            await wait_until(
+            await eventually(
                 lambda: any(w == "replica-1" for _, w in traffic.answers[served_after:]),
                 10,
                 "a request served by the restarted replica",
@@ -158,8 +145,8 @@ async def test_a_killed_sidecar_leaves_membership_and_its_replica_restarts_once(
             assert restarted.sidecar is not None
             in_flight_at_kills += traffic.in_flight
             os.kill(restarted.sidecar.pid, signal.SIGKILL)
-            await wait_until(lambda: reaper.reaped == 2, 10, "the second reaping")
-            await wait_until(lambda: seen[-1] == (1, 1), 10, "the gateway to count one worker")
+            await eventually(lambda: reaper.reaped == 2, 10, "the second reaping")
+            await eventually(lambda: seen[-1] == (1, 1), 10, "the gateway to count one worker")
             await asyncio.sleep(1.0)  # a few more requests, all served by replica-0
             traffic.stop.set()
             stop_watch.set()
@@ -198,8 +185,8 @@ async def test_with_the_autoscaler_a_dead_replica_is_replaced_by_the_planner(tmp
             victim = fleet.replicas[1]
             assert victim.sidecar is not None
             os.kill(victim.sidecar.pid, signal.SIGKILL)
-            await wait_until(lambda: reaper.reaped == 1, 10, "the reaper")
-            await wait_until(lambda: any(e.action == "scale_up" for e in autoscaler.events), 10, "a scale-up")
+            await eventually(lambda: reaper.reaped == 1, 10, "the reaper")
+            await eventually(lambda: any(e.action == "scale_up" for e in autoscaler.events), 10, "a scale-up")
             async with httpx.AsyncClient(timeout=5) as http:
                 counts: list[tuple[int, int]] = []
 

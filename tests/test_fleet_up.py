@@ -3,34 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fleet_fixtures import live_children, live_processes
 
 from prefixfleet.cli import main
 
 ROW_KEYS = {"mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate", "errors"}
-
-
-def live_children() -> list[str]:
-    """Command lines of our live (non-zombie) child processes."""
-    out = []
-    me = str(os.getpid())
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":
-            out.append(cmd)
-    return out
 
 
 def test_up_runs_each_policy_through_two_gateways_and_stops_everything(tmp_path: Path, capsys) -> None:
@@ -70,30 +53,11 @@ def test_up_runs_each_policy_through_two_gateways_and_stops_everything(tmp_path:
     printed = capsys.readouterr().out
     assert "queue_aware*" in printed and "round_robin" in printed
     # every process it started is gone; each left its log behind
-    assert live_children() == []
+    left = live_children()
+    assert left == [], [p.command_line() for p in left]
     logs = sorted(p.name for p in (tmp_path / "run").iterdir())
     assert {"redis.log", "engine-0.log", "engine-1.log", "sidecar-0.log", "sidecar-1.log"} <= set(logs)
     assert "gateway-1-round_robin.log" in logs
-
-
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] != "Z":
-                out.append(int(entry.name))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -116,12 +80,13 @@ def test_keep_running_fleet_stops_everything_on_signal(tmp_path: Path, sig: sign
             if not line or "fleet running" in line:
                 break
         assert "fleet running" in line, proc.stderr.read() if proc.stderr else ""
-        fleet = _children_of(proc.pid)
+        fleet = [p.pid for p in live_children(proc.pid)]
         assert len(fleet) >= 4  # redis, engine, sidecar, gateway
         proc.send_signal(sig)
         proc.wait(timeout=30)
         assert proc.returncode == (130 if sig == signal.SIGINT else 143)
-        assert [pid for pid in fleet if _alive(pid)] == []
+        alive = {p.pid for p in live_processes()}
+        assert [pid for pid in fleet if pid in alive] == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -21,11 +21,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from fleet_fixtures import eventually
 
 from prefixfleet.fleet.autoscale import LOCAL_NAMESPACE, FleetPrometheus, LocalAutoscaler
 from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
@@ -53,18 +53,7 @@ BASELINE_SCRAPES = 10
 WINDOW_S = 60  # longer than the whole test: every sample of each series is inside it
 PREFIX = "The shared system prompt of the metrics test tenant, repeated to make a long prefix. " * 20
 ENGINE = EngineSettings(time_scale=10.0, cache_tokens=50_000)
-
-
-async def eventually(check, timeout_s: float, what: str) -> Any:  # type: ignore[no-untyped-def]
-    """Poll ``check`` (async, returns a truthy value when done) for at most ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        await asyncio.sleep(0.2)
+POLL_S = 0.2  # between reads of Prometheus' answers while waiting for them
 
 
 async def serve(http: httpx.AsyncClient, sidecar: str, requests: int, tag: str) -> tuple[int, int]:
@@ -134,15 +123,22 @@ async def test_prometheus_rates_match_what_each_engine_served(tmp_path: Path) ->
 
             # several zeros of each counter before the first request: rate()'s extrapolation to the
             # window's end (at most ~one scrape interval) stays small next to the sampled span
-            await eventually(lambda: scraped(dict.fromkeys(names, 0.0)), 20, "the first scrape")
-            await eventually(zeros_scraped, 30, f"{BASELINE_SCRAPES} scrapes before the load")
+            await eventually(
+                lambda: scraped(dict.fromkeys(names, 0.0)), 20, "the first scrape", interval=POLL_S
+            )
+            await eventually(
+                zeros_scraped, 30, f"{BASELINE_SCRAPES} scrapes before the load", interval=POLL_S
+            )
             async with httpx.AsyncClient(timeout=30) as http:
                 served = {
                     names[0]: await serve(http, urls[names[0]], 12, "busy"),
                     names[1]: await serve(http, urls[names[1]], 4, "calm"),
                 }
                 await eventually(
-                    lambda: scraped({n: float(p) for n, (p, _) in served.items()}), 20, "the last scrape"
+                    lambda: scraped({n: float(p) for n, (p, _) in served.items()}),
+                    20,
+                    "the last scrape",
+                    interval=POLL_S,
                 )
                 rates = await source.engine_rates(scope)
 
@@ -239,14 +235,19 @@ async def test_a_local_prometheus_follows_the_fleet_and_feeds_the_autoscaler(tmp
             await local.start()
             assert not await local.follow()  # nothing changed yet
             await eventually(
-                lambda: scraped_pods_are(scraped_pods, {"replica-0", "replica-1"}), 20, "both up"
+                lambda: scraped_pods_are(scraped_pods, {"replica-0", "replica-1"}),
+                20,
+                "both up",
+                interval=POLL_S,
             )
             gone = fleet.replicas.pop()  # as the autoscaler's drain does: stop, then forget
             assert gone.sidecar is not None
             await sup.stop(gone.sidecar)
             await sup.stop(gone.engine)
             assert await local.follow()
-            await eventually(lambda: scraped_pods_are(scraped_pods, {"replica-0"}), 20, "the reload")
+            await eventually(
+                lambda: scraped_pods_are(scraped_pods, {"replica-0"}), 20, "the reload", interval=POLL_S
+            )
 
             survivor = fleet.replicas[0]
             assert survivor.sidecar_url is not None
@@ -259,7 +260,9 @@ async def test_a_local_prometheus_follows_the_fleet_and_feeds_the_autoscaler(tmp
                     served = reading.rates.get(survivor.worker_id, EngineRates(0.0, 0.0)).prompt_tokens_per_s
                     return reading if reading.source == "prometheus" and served > 0 else None
 
-                reading = await eventually(from_prometheus, 30, "the served tokens in the local Prometheus")
+                reading = await eventually(
+                    from_prometheus, 30, "the served tokens in the local Prometheus", interval=POLL_S
+                )
             assert reading.reason == f"Prometheus {local.url}: 1 replica(s)"
         finally:
             source.close()

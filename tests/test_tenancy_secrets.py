@@ -36,6 +36,7 @@ from fleet_fixtures import (
     RedisServer,
     Spawned,
     Spawner,
+    eventually,
     free_port,
     prefixfleet_argv,
     redis_server_binary,
@@ -143,13 +144,14 @@ async def metric_total(http: aiohttp.ClientSession, url: str, name: str) -> floa
 
 
 async def wait_all_routable(http: aiohttp.ClientSession, gateway_url: str, n: int) -> None:
-    for _ in range(200):
+    async def view() -> dict:
         async with http.get(f"{gateway_url}/prefixfleet/view") as resp:
-            view = await resp.json()
-        if sum(w["routable"] for w in view["workers"]) == n:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"gateway never saw {n} routable workers: {view}")
+            return await resp.json()
+
+    def all_routable(v: dict) -> bool:
+        return sum(w["routable"] for w in v["workers"]) == n
+
+    await eventually(view, 20, f"{gateway_url} to see {n} routable workers", done=all_routable)
 
 
 async def test_two_tenants_with_identical_prefixes_never_share_a_cache_and_nothing_leaks(spawn, redis_server):
