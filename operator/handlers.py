@@ -383,9 +383,9 @@ async def publish_membership(ctx: OperatorContext, outcome: ReconcileOutcome, lo
             if plan.delete or junk:
                 pipe.hdel(keys.members, *plan.delete, *junk)
             for wid in plan.set:
-                pipe.publish(keys.events, f"member {wid} joined")
+                pipe.publish(keys.events, f"joined {wid}")
             for wid in plan.delete:
-                pipe.publish(keys.events, f"member {wid} left")
+                pipe.publish(keys.events, f"left {wid}")
             await pipe.execute()
     except (RedisError, OSError) as exc:
         logger.warning(

@@ -62,7 +62,10 @@ class FleetKeys:
 
     @property
     def events(self) -> str:
-        """Pub/sub channel: change notices (member joined/left/changed state)."""
+        """Pub/sub channel: change notices, one line each: ``joined <id>`` and ``left <id>`` (the
+        operator, a sidecar leaving, the local fleet's reaper) and ``state <id> <state>`` (a sidecar).
+        For people and tooling (``redis-cli subscribe``): gateways read membership and state from
+        the members hash and the load records, within a refresh (0.2 s) or a load push."""
         return f"{self.prefix}events"
 
 
@@ -70,7 +73,7 @@ async def deregister_worker(
     redis: aioredis.Redis, keys: FleetKeys, worker_id: str, *, member: bool = True
 ) -> None:
     """Take ``worker_id`` out of the fleet: its member entry, load record and summary, then ``left
-    <id>`` on the events channel so gateways drop it at once rather than at the next refresh.
+    <id>`` on the events channel (gateways drop it at their next refresh, within 0.2 s).
 
     A sidecar does this on a clean shutdown; the local fleet's reaper does it for one killed hard.
     ``member=False`` leaves the members hash alone (a sidecar run with ``--no-self-register``: the
