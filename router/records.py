@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .little_endian import pack_le, unpack_le
-from .summary import MAX_RECORD_INT, SummaryError
+from .summary import MAX_RECORD_INT, SummaryError, finite_field
 
 RECORD_VERSION = 1
 WORKER_STATES = ("ready", "warming", "draining")
@@ -121,13 +121,7 @@ def _typed(
 
 
 def _seconds_or_rate(obj: dict[str, Any], name: str, what: str, default: Any = None) -> float:
-    """A decimal field as a finite float: Python's json reads ``NaN``, ``Infinity`` and ``1e400``
-    (infinite), and NaN compares false with everything, so one such record would poison the
-    routing arithmetic and every freshness comparison that reads it."""
-    value = float(_typed(obj, name, (int, float), what, default))
-    if not math.isfinite(value):
-        raise SummaryError(f"{what}: field {name!r} must be a finite number, got {value!r}")
-    return value
+    return finite_field(_typed(obj, name, (int, float), what, default), name, what)
 
 
 def decode_member(raw: str | bytes) -> MemberRecord:

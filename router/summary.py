@@ -147,13 +147,18 @@ def _field(obj: dict, name: str, kind: type | tuple[type, ...], where: str = "su
     return value
 
 
-def _unix_time(obj: dict, name: str, where: str = "summary") -> float:
-    """A time field as a finite float: Python's json reads ``NaN``, ``Infinity`` and ``1e400``, and
-    an infinite or NaN time would poison every freshness comparison made with it."""
-    value = float(_field(obj, name, (int, float), where))  # type: ignore[arg-type]
+def finite_field(value: float, name: str, where: str) -> float:
+    """A decoded number as a finite float: Python's json reads ``NaN``, ``Infinity`` and ``1e400``
+    (infinite), and NaN compares false with everything, so one such field would poison every
+    freshness comparison and the routing arithmetic that read it. Records use it too."""
+    value = float(value)
     if not math.isfinite(value):
         raise SummaryError(f"{where}: field {name!r} must be a finite number, got {value!r}")
     return value
+
+
+def _unix_time(obj: dict, name: str, where: str = "summary") -> float:
+    return finite_field(_field(obj, name, (int, float), where), name, where)  # type: ignore[arg-type]
 
 
 def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
