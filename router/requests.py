@@ -46,6 +46,14 @@ class InferenceRequest:
     model: str | None
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _int_field(obj: Mapping[str, Any], name: str, where: str = "") -> int | None:
     value = obj.get(name)
     if value is None:
@@ -97,6 +105,8 @@ def parse_inference_request(
         obj = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # e.g. "[[[[...": the C scanner gives up on deep nesting
+        raise BadRequest("request body is not valid JSON: nested too deeply") from None
     if not isinstance(obj, dict):
         raise BadRequest("request body must be a JSON object")
     stream = obj.get("stream", False)
@@ -110,6 +120,10 @@ def parse_inference_request(
     salt = obj.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise BadRequest("field 'cache_salt' must be a string", param="cache_salt")
+    if salt and not _is_utf8(salt):  # e.g. "\ud800" in the JSON: the salt is hashed as UTF-8 bytes
+        raise BadRequest(
+            "field 'cache_salt' must be valid Unicode text (it holds a lone surrogate)", param="cache_salt"
+        )
 
     if path == "/generate":
         text, ids = obj.get("text"), obj.get("input_ids")

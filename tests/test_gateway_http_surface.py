@@ -1,0 +1,134 @@
+"""The gateway's HTTP surface as an OpenAI-compatible client sees it (real processes on 127.0.0.1).
+
+Specification:
+* a body nested too deeply for the JSON parser ("[[[[..." 100,000 levels) is a 400 naming the JSON,
+  in the OpenAI error shape, from the gateway (it answered 500 "internal error"); the sidecar
+  forwards it untracked and passes on the engine's 400 (it answered 500, leaving the request it had
+  already sent to the engine unclosed);
+* a ``cache_salt`` holding a lone surrogate (``"\\ud800"`` in the JSON) is a 400 naming
+  ``cache_salt`` at the gateway (hashing the salt as UTF-8 raised: 500); the sidecar forwards it
+  untracked for the engine to judge;
+* every one of these leaves the services serving.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from fleet_fixtures import RedisServer, Spawned, Spawner, free_port, prefixfleet_argv, wait_for_http
+
+pytestmark = pytest.mark.timeout(120)
+
+FLEET = "surface"
+TENANT_HEADER = "X-Tenant"
+DEEP = b"[" * 100_000 + b"]" * 100_000
+CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+
+
+@dataclass
+class Services:
+    children: list[Spawned]
+    sidecar: str
+    gateway: str
+    tenant_gateway: str
+
+    def all_running(self) -> bool:
+        return all(c.running() for c in self.children)
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
+    directory: Path = tmp_path_factory.mktemp("surface")
+    redis = RedisServer(free_port(), directory)
+    redis.start()
+    spawn = Spawner(directory)
+    try:
+        ports = {name: free_port() for name in ("engine", "sidecar", "gateway", "tenant_gateway")}
+        url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+        spawn(
+            prefixfleet_argv(
+                "emulator", "--port", str(ports["engine"]), "--cache-tokens", "20000", "--time-scale", "100"
+            ),
+            name="engine", ready_url=f"{url['engine']}/health",
+        )  # fmt: skip
+        spawn(
+            prefixfleet_argv(
+                "router", "sidecar", "--engine", url["engine"], "--redis", redis.url,
+                "--port", str(ports["sidecar"]), "--worker-id", "w0", "--fleet", FLEET,
+                "--publish-interval", "0.1",
+            ),
+            name="sidecar", ready_url=f"{url['sidecar']}/prefixfleet/status",
+        )  # fmt: skip
+        for name, extra in (("gateway", ()), ("tenant_gateway", ("--tenant-header", TENANT_HEADER))):
+            argv = prefixfleet_argv(
+                "router", "gateway", "--redis", redis.url, "--port", str(ports[name]),
+                "--fleet", FLEET, "--refresh-interval", "0.1", *extra,
+            )  # fmt: skip
+            gateway = spawn(argv, name=name)
+            wait_for_http(f"{url[name]}/health", proc=gateway.proc)  # 200 once w0 is routable
+        yield Services(list(spawn.children), url["sidecar"], url["gateway"], url["tenant_gateway"])
+    finally:
+        spawn.stop_all()
+        redis.stop()
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=httpx.Timeout(30.0)) as c:
+        yield c
+
+
+def post(
+    client: httpx.Client, url: str, body: bytes, headers: dict[str, str | bytes] | None = None
+) -> httpx.Response:
+    return client.post(url, content=body, headers={"Content-Type": "application/json", **(headers or {})})
+
+
+def assert_openai_error(resp: httpx.Response, status: int, param: str | None, *words: str) -> None:
+    """``{"error": {"message", "type", "param", "code"}}`` as JSON, its message naming ``words``."""
+    assert resp.status_code == status, resp.text[:300]
+    assert resp.headers["content-type"].startswith("application/json")
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == status
+    assert error["param"] == param
+    for word in words:
+        assert word in error["message"], error["message"]
+
+
+def assert_still_serving(client: httpx.Client, services: Services) -> None:
+    assert services.all_running()
+    resp = post(client, f"{services.gateway}/v1/chat/completions", json.dumps(CHAT).encode())
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/generate"])
+def test_a_body_nested_too_deeply_is_a_400_naming_the_json(
+    services: Services, client: httpx.Client, path: str
+) -> None:
+    assert_openai_error(post(client, services.gateway + path, DEEP), 400, None, "not valid JSON", "nested")
+    assert_openai_error(
+        post(client, services.tenant_gateway + path, DEEP, {TENANT_HEADER: "acme"}),
+        400, None, "not valid JSON",
+    )  # fmt: skip
+    # the sidecar leaves it to the engine (forwarded untracked), whose 400 it passes on
+    assert post(client, services.sidecar + path, DEEP).status_code == 400
+    assert_still_serving(client, services)
+
+
+def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_cache_salt(
+    services: Services, client: httpx.Client
+) -> None:
+    body = json.dumps({**CHAT, "cache_salt": "\ud800"}).encode()  # ensure_ascii: the JSON says \ud800
+    assert b"\\ud800" in body
+    resp = post(client, f"{services.gateway}/v1/chat/completions", body)
+    assert_openai_error(resp, 400, "cache_salt", "cache_salt", "surrogate")
+    # the sidecar does not judge what the engine accepts: forwarded untracked, the emulator takes it
+    assert post(client, f"{services.sidecar}/v1/chat/completions", body).status_code == 200
+    assert_still_serving(client, services)
