@@ -19,6 +19,8 @@ import yaml
 from pydantic.json_schema import GenerateJsonSchema, NoDefault
 
 from .models import (
+    FLEET_NAME_MAX_LENGTH,
+    FLEET_NAME_PATTERN,
     GROUP,
     KIND,
     PLURAL,
@@ -176,7 +178,17 @@ def open_api_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Only name (and generateName) may be constrained under metadata.
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": {
+                        "type": "string",
+                        "maxLength": FLEET_NAME_MAX_LENGTH,
+                        "pattern": FLEET_NAME_PATTERN,
+                    }
+                },
+            },
             "spec": spec,
             "status": status,
         },

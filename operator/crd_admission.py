@@ -64,6 +64,8 @@ def unknown_fields(schema: Schema, value: Any, path: str = "") -> list[str]:
         props = schema.get("properties")
         extra = schema.get("additionalProperties")
         for name, item in value.items():
+            if not path and name == "metadata":
+                continue  # ObjectMeta is the API server's own: the schema only constrains its name
             if props is not None and name in props:
                 found += unknown_fields(props[name], item, _join(path, name))
             elif isinstance(extra, dict):

@@ -56,6 +56,10 @@ QUANTITY_PATTERN = rf"^(\+|-)?{_DECIMAL}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_D
 Quantity = int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]
 
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
+# A fleet's name is the value of its children's labels (at most 63 characters) and starts their
+# names (the `<name>-router` Service needs a DNS-1035 label): the CRD refuses any other fleet name.
+FLEET_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+FLEET_NAME_MAX_LENGTH = 63
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
@@ -697,6 +701,8 @@ __all__ = [
     "CRD_NAME",
     "DEFAULT_ROUTING_POLICY",
     "ENGINE_KINDS",
+    "FLEET_NAME_MAX_LENGTH",
+    "FLEET_NAME_PATTERN",
     "GROUP",
     "KIND",
     "PLURAL",

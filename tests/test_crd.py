@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,40 @@ def test_models_refuse_nonsense_naming_the_field(spec: dict[str, Any], field: st
     with pytest.raises(models.InvalidFleetSpec) as err:
         models.validate_spec(body)
     assert field in str(err.value)
+
+
+BAD_FLEET_NAMES = {
+    "a dot (the <name>-router Service must be a DNS-1035 label)": "chat.v2",
+    "a leading digit (same)": "1chat",
+    "upper case": "Chat",
+    "64 characters (label values hold 63)": "a" * 64,
+}
+
+
+@pytest.mark.parametrize("name", BAD_FLEET_NAMES.values(), ids=BAD_FLEET_NAMES.keys())
+def test_crd_refuses_a_fleet_name_its_children_cannot_carry(name: str, crd: dict[str, Any]) -> None:
+    obj = fleet()
+    obj["metadata"]["name"] = name
+    problems = admission_errors(crd, obj)
+    assert problems and all(p.startswith("metadata.name: ") for p in problems), problems
+
+
+def test_the_longest_accepted_fleet_name_gives_valid_child_names_and_labels(crd: dict[str, Any]) -> None:
+    from prefixfleet.operator import planner
+
+    obj = fleet()
+    obj["metadata"].update(name="a" * 63, labels={"team": "ml"}, annotations={"note": "x"})
+    assert admission_errors(crd, obj) == []  # metadata's other fields are not unknown fields
+    ref = planner.FleetRef(name=obj["metadata"]["name"], namespace="default", uid="uid")
+    spec = models.validate_spec(obj["spec"])
+    template, template_hash = planner.replica_template(ref, spec, "redis://r:6379/0")
+    pod = planner.replica_pod(ref, template, template_hash, 0)
+    children = [pod, *planner.desired_children(ref, spec, "")]
+    dns_1035 = re.compile(models.FLEET_NAME_PATTERN)
+    for child in children:
+        meta = child["metadata"]
+        assert len(meta["name"]) <= 63 and dns_1035.match(meta["name"]), meta["name"]
+        assert all(len(value) <= 63 for value in meta["labels"].values()), meta["labels"]
 
 
 def test_status_with_kopf_progress_and_conditions_is_accepted(crd: dict[str, Any]) -> None:
