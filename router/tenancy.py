@@ -27,10 +27,17 @@ def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
     if len(tenant) > MAX_TENANT_CHARS:
         raise BadRequest(f"header {header} is longer than {MAX_TENANT_CHARS} characters", param=header)
     try:
+        tenant.encode("utf-8")
+    except UnicodeEncodeError:  # aiohttp keeps bytes that are not UTF-8 as lone surrogates
+        raise BadRequest(f"header {header} must be UTF-8 text", param=header) from None
+    try:
         obj: Any = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return body
     if not isinstance(obj, dict):
         return body
     obj["cache_salt"] = tenant.strip()
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a "\ud800" escape in the body has no UTF-8 form: keep it escaped
+        return json.dumps(obj, separators=(",", ":")).encode()

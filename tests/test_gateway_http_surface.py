@@ -8,6 +8,9 @@ Specification:
 * a ``cache_salt`` holding a lone surrogate (``"\\ud800"`` in the JSON) is a 400 naming
   ``cache_salt`` at the gateway (hashing the salt as UTF-8 raised: 500); the sidecar forwards it
   untracked for the engine to judge;
+* with tenant isolation on, a prompt holding a lone surrogate is routed like any other (re-encoding
+  the body with the tenant's salt raised: 500), and a tenant header that is not UTF-8 is a 400 naming
+  the header (500 "Server got itself in trouble");
 * every one of these leaves the services serving.
 """
 
@@ -132,3 +135,23 @@ def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_cache_salt(
     # the sidecar does not judge what the engine accepts: forwarded untracked, the emulator takes it
     assert post(client, f"{services.sidecar}/v1/chat/completions", body).status_code == 200
     assert_still_serving(client, services)
+
+
+def test_with_tenant_isolation_a_lone_surrogate_in_the_prompt_is_routed(
+    services: Services, client: httpx.Client
+) -> None:
+    body = json.dumps({"prompt": "half a pair \ud800 here", "max_tokens": 2}).encode()
+    resp = post(client, f"{services.tenant_gateway}/v1/completions", body, {TENANT_HEADER: "acme"})
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.json()["choices"][0]["text"]
+    assert resp.headers["x-prefixfleet-worker"] == "w0"
+
+
+def test_with_tenant_isolation_a_tenant_header_that_is_not_utf8_is_a_400_naming_it(
+    services: Services, client: httpx.Client
+) -> None:
+    body = json.dumps(CHAT).encode()
+    resp = post(client, f"{services.tenant_gateway}/v1/chat/completions", body, {TENANT_HEADER: b"\xff\xfe"})
+    assert_openai_error(resp, 400, TENANT_HEADER, TENANT_HEADER, "UTF-8")
+    ok = post(client, f"{services.tenant_gateway}/v1/chat/completions", body, {TENANT_HEADER: "acme"})
+    assert ok.status_code == 200, ok.text[:300]
