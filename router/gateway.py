@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -95,6 +96,22 @@ class GatewayConfig:
     tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
 
 
+@web.middleware
+async def json_route_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An unknown path (404) or method (405) answered in the same OpenAI error shape as the rest."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        response = json_error(
+            405, f"method {request.method} is not allowed on {request.path} (allowed: {allowed})"
+        )
+        response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except web.HTTPNotFound:
+        return json_error(404, f"no endpoint {request.method} {request.path}")
+
+
 class _Retryable(Exception):
     """The worker failed before the client saw anything: safe to send the request elsewhere."""
 
@@ -153,7 +170,7 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[body_deadline(ClientTimeouts.from_env(), self._body_error)],
+            middlewares=[json_route_errors, body_deadline(ClientTimeouts.from_env(), self._body_error)],
         )
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)

@@ -11,6 +11,8 @@ Specification:
 * with tenant isolation on, a prompt holding a lone surrogate is routed like any other (re-encoding
   the body with the tenant's salt raised: 500), and a tenant header that is not UTF-8 is a 400 naming
   the header (500 "Server got itself in trouble");
+* an unknown path (404) and a wrong method (405, with ``Allow``) answer in the same JSON error shape
+  as every other gateway error, not aiohttp's plain text;
 * every one of these leaves the services serving.
 """
 
@@ -155,3 +157,24 @@ def test_with_tenant_isolation_a_tenant_header_that_is_not_utf8_is_a_400_naming_
     assert_openai_error(resp, 400, TENANT_HEADER, TENANT_HEADER, "UTF-8")
     ok = post(client, f"{services.tenant_gateway}/v1/chat/completions", body, {TENANT_HEADER: "acme"})
     assert ok.status_code == 200, ok.text[:300]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "allow"),
+    [
+        ("POST", "/v1/nope", 404, None),
+        ("POST", "/v1/chat/completions/", 404, None),
+        ("GET", "/v1/chat/completions", 405, "POST"),
+        ("PUT", "/v1/completions", 405, "POST"),
+        ("DELETE", "/health", 405, "GET,HEAD"),
+    ],
+)
+def test_unknown_paths_and_wrong_methods_answer_in_the_openai_error_shape(
+    services: Services, client: httpx.Client, method: str, path: str, status: int, allow: str | None
+) -> None:
+    resp = client.request(method, services.gateway + path, content=json.dumps(CHAT).encode())
+    assert_openai_error(resp, status, None, method, path)
+    assert resp.headers.get("allow") == allow
+    if allow:
+        assert allow.split(",")[0] in resp.json()["error"]["message"]
+    assert_still_serving(client, services)
