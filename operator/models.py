@@ -81,6 +81,15 @@ def default_engine_port(kind: str) -> int:
     return _DEFAULT_ENGINE_PORTS[kind]
 
 
+def _cel_default_port() -> str:
+    """CEL for the engine kind's default port (``self.engine.kind`` is required, so always set)."""
+    *kinds, last = _DEFAULT_ENGINE_PORTS
+    expr = str(_DEFAULT_ENGINE_PORTS[last])
+    for kind in reversed(kinds):
+        expr = f"(self.engine.kind == '{kind}' ? {_DEFAULT_ENGINE_PORTS[kind]} : {expr})"
+    return expr
+
+
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
     """One ``x-kubernetes-validations`` entry (CEL rule evaluated by the API server)."""
     entry = {"rule": rule, "message": message}
@@ -510,6 +519,17 @@ class FleetSpec(CamelModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _engine_and_sidecar_ports_apart(self) -> FleetSpec:
+        # Both containers share the replica pod's network namespace: one of them could not bind.
+        if self.engine.port == self.sidecar.port:
+            raise ValueError(
+                f"spec.sidecar.port ({self.sidecar.port}) must differ from spec.engine.port"
+                f" ({self.engine.port}; {self.engine.kind}'s default if unset):"
+                " both listen in every replica pod"
+            )
+        return self
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -520,7 +540,14 @@ class FleetSpec(CamelModel):
                     "spec.replicas must be within spec.autoscaling.minReplicas and"
                     " spec.autoscaling.maxReplicas when autoscaling is enabled",
                     ".replicas",
-                )
+                ),
+                cel(
+                    "!has(self.sidecar) || !has(self.sidecar.port) || self.sidecar.port !="
+                    f" (has(self.engine.port) ? self.engine.port : {_cel_default_port()})",
+                    "spec.sidecar.port must differ from spec.engine.port (or the engine kind's default"
+                    " port): both listen in every replica pod",
+                    ".sidecar.port",
+                ),
             ]
         }
     )

@@ -215,6 +215,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.redis",
     ),
     ("a port out of range", {"router": {"port": 70000}}, "spec.router.port"),
+    ("the sidecar on the engine kind's default port", {"sidecar": {"port": 30000}}, "spec.sidecar.port"),
+    ("the engine on the sidecar's port", {"engine": {"kind": "vllm", "port": 8100}}, "spec.sidecar.port"),
     ("a misspelt field", {"replica": 3}, "spec.replica"),
     ("no model", {"model": None}, "spec.model"),
 ]
@@ -238,6 +240,12 @@ def test_models_refuse_nonsense_naming_the_field(spec: dict[str, Any], field: st
     with pytest.raises(models.InvalidFleetSpec) as err:
         models.validate_spec(body)
     assert field in str(err.value)
+
+
+def test_the_sidecar_may_take_a_port_the_engine_does_not_use(crd: dict[str, Any]) -> None:
+    obj = fleet(engine={"kind": "vllm"}, sidecar={"port": 30000})  # vLLM's default is 8000
+    assert admission_errors(crd, obj) == []
+    assert models.validate_spec(obj["spec"]).engine.port == 8000
 
 
 BAD_FLEET_NAMES = {
