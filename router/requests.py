@@ -103,7 +103,7 @@ def parse_inference_request(
     """Validate ``body`` for ``path`` (one of :data:`GENERATE_PATHS`); raise :class:`BadRequest`."""
     try:
         obj = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # also an integer above Python's 4300-digit limit, not a JSONDecodeError
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
     except RecursionError:  # e.g. "[[[[...": the C scanner gives up on deep nesting
         raise BadRequest("request body is not valid JSON: nested too deeply") from None

@@ -602,7 +602,7 @@ class Sidecar:
     async def handle_set_state(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply
             return json_error(400, "request body is not valid JSON")
         if not isinstance(body, dict):
             return json_error(400, "request body must be a JSON object")

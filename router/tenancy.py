@@ -32,7 +32,7 @@ def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
         raise BadRequest(f"header {header} must be UTF-8 text", param=header) from None
     try:
         obj: Any = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: also an integer above the 4300-digit limit
         return body
     if not isinstance(obj, dict):
         return body

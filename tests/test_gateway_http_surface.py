@@ -1,10 +1,12 @@
 """The gateway's HTTP surface as an OpenAI-compatible client sees it (real processes on 127.0.0.1).
 
 Specification:
-* a body nested too deeply for the JSON parser ("[[[[..." 100,000 levels) is a 400 naming the JSON,
-  in the OpenAI error shape, from the gateway (it answered 500 "internal error"); the sidecar
-  forwards it untracked and passes on the engine's 400 (it answered 500, leaving the request it had
-  already sent to the engine unclosed);
+* a body the JSON parser gives up on without a JSONDecodeError — nested too deeply ("[[[[..."
+  100,000 levels: RecursionError) or holding an integer of 5000 digits (ValueError: above Python's
+  4300-digit limit) — is a 400 naming the JSON, in the OpenAI error shape, from the gateway, also
+  with tenant isolation on (it answered 500 "internal error"); the sidecar forwards it untracked and
+  passes on the engine's 400 (it answered 500, leaving the request it had already sent to the engine
+  unclosed); the sidecar's ``/prefixfleet/state`` answers such a body 400 too (500 when too deep);
 * a ``cache_salt`` holding a lone surrogate (``"\\ud800"`` in the JSON) is a 400 naming
   ``cache_salt`` at the gateway (hashing the salt as UTF-8 raised: 500); the sidecar forwards it
   untracked for the engine to judge;
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.timeout(120)
 FLEET = "surface"
 TENANT_HEADER = "X-Tenant"
 DEEP = b"[" * 100_000 + b"]" * 100_000
+BIG_INT = b'{"prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}"  # above int()'s 4300-digit limit
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
 
 
@@ -114,17 +117,28 @@ def assert_still_serving(client: httpx.Client, services: Services) -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/generate"])
-def test_a_body_nested_too_deeply_is_a_400_naming_the_json(
-    services: Services, client: httpx.Client, path: str
+@pytest.mark.parametrize(("body", "word"), [(DEEP, "nested"), (BIG_INT, "digits")], ids=["deep", "big_int"])
+def test_json_the_parser_gives_up_on_is_a_400_naming_the_json(
+    services: Services, client: httpx.Client, path: str, body: bytes, word: str
 ) -> None:
-    assert_openai_error(post(client, services.gateway + path, DEEP), 400, None, "not valid JSON", "nested")
+    assert_openai_error(post(client, services.gateway + path, body), 400, None, "not valid JSON", word)
     assert_openai_error(
-        post(client, services.tenant_gateway + path, DEEP, {TENANT_HEADER: "acme"}),
-        400, None, "not valid JSON",
+        post(client, services.tenant_gateway + path, body, {TENANT_HEADER: "acme"}),
+        400, None, "not valid JSON", word,
     )  # fmt: skip
     # the sidecar leaves it to the engine (forwarded untracked), whose 400 it passes on
-    assert post(client, services.sidecar + path, DEEP).status_code == 400
+    assert post(client, services.sidecar + path, body).status_code == 400
     assert_still_serving(client, services)
+
+
+@pytest.mark.parametrize("body", [DEEP, BIG_INT], ids=["deep", "big_int"])
+def test_the_sidecar_state_endpoint_refuses_json_the_parser_gives_up_on(
+    services: Services, client: httpx.Client, body: bytes
+) -> None:
+    resp = post(client, f"{services.sidecar}/prefixfleet/state", body)
+    assert_openai_error(resp, 400, None, "not valid JSON")
+    status = client.get(f"{services.sidecar}/prefixfleet/status").json()
+    assert status["state"] == "ready"
 
 
 def test_a_cache_salt_with_a_lone_surrogate_is_a_400_naming_cache_salt(
