@@ -621,7 +621,9 @@ class Gateway:
             except (aiohttp.ClientError, OSError, TimeoutError):
                 continue
         self.metrics.errors.labels("no_worker").inc()
-        return self._answer("/v1/models", json_error(503, "no worker is available"), started)
+        return self._answer(
+            "/v1/models", json_error(503, "no worker is available", kind="service_unavailable"), started
+        )
 
     async def handle_health(self, _request: web.Request) -> web.Response:
         routable = len(self.view.routable(time.monotonic()))

@@ -15,6 +15,8 @@ Specification:
   the header (500 "Server got itself in trouble");
 * an unknown path (404) and a wrong method (405, with ``Allow``) answer in the same JSON error shape
   as every other gateway error, not aiohttp's plain text;
+* with no worker, ``/v1/models`` and a generation request give the same 503 error (type
+  ``service_unavailable``; ``/v1/models`` said ``server_error``);
 * every one of these leaves the services serving.
 """
 
@@ -44,6 +46,7 @@ class Services:
     sidecar: str
     gateway: str
     tenant_gateway: str
+    empty_gateway: str  # its fleet has no worker
 
     def all_running(self) -> bool:
         return all(c.running() for c in self.children)
@@ -56,7 +59,8 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     redis.start()
     spawn = Spawner(directory)
     try:
-        ports = {name: free_port() for name in ("engine", "sidecar", "gateway", "tenant_gateway")}
+        names = ("engine", "sidecar", "gateway", "tenant_gateway", "empty_gateway")
+        ports = {name: free_port() for name in names}
         url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         spawn(
             prefixfleet_argv(
@@ -79,7 +83,15 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             )  # fmt: skip
             gateway = spawn(argv, name=name)
             wait_for_http(f"{url[name]}/health", proc=gateway.proc)  # 200 once w0 is routable
-        yield Services(list(spawn.children), url["sidecar"], url["gateway"], url["tenant_gateway"])
+        argv = prefixfleet_argv(
+            "router", "gateway", "--redis", redis.url, "--port", str(ports["empty_gateway"]),
+            "--fleet", "nobody", "--refresh-interval", "0.1",
+        )  # fmt: skip
+        gateway = spawn(argv, name="empty_gateway")
+        wait_for_http(f"{url['empty_gateway']}/livez", proc=gateway.proc)
+        yield Services(
+            list(spawn.children), url["sidecar"], url["gateway"], url["tenant_gateway"], url["empty_gateway"]
+        )
     finally:
         spawn.stop_all()
         redis.stop()
@@ -192,3 +204,19 @@ def test_unknown_paths_and_wrong_methods_answer_in_the_openai_error_shape(
     if allow:
         assert allow.split(",")[0] in resp.json()["error"]["message"]
     assert_still_serving(client, services)
+
+
+def test_with_no_worker_models_and_generation_answer_the_same_503(
+    services: Services, client: httpx.Client
+) -> None:
+    errors = [
+        client.get(f"{services.empty_gateway}/v1/models"),
+        post(client, f"{services.empty_gateway}/v1/chat/completions", json.dumps(CHAT).encode()),
+    ]
+    for resp in errors:
+        assert resp.status_code == 503, resp.text[:300]
+        assert resp.headers["content-type"].startswith("application/json")
+    bodies = [resp.json() for resp in errors]
+    assert bodies[0] == bodies[1]
+    assert bodies[0]["error"]["type"] == "service_unavailable"
+    assert "no worker" in bodies[0]["error"]["message"]
