@@ -62,3 +62,11 @@ def test_metrics_off_means_no_port_and_no_monitor(chart: helm_python.Chart) -> N
     assert all(p["name"] != "metrics" for p in container["ports"])
     assert not [d for d in docs if d["kind"] == "PodMonitor"]
     assert not [d for d in render(chart, {}) if d["kind"] == "PodMonitor"]  # off by default
+
+
+def test_a_metrics_port_equal_to_the_liveness_port_is_refused_by_name(chart: helm_python.Chart) -> None:
+    # kopf's liveness endpoint and the metrics server would both bind it: one of them fails.
+    with pytest.raises(helm_python.HelmError, match=r"operator\.metricsPort must differ"):
+        render(chart, {"operator": {"livenessPort": 9000, "metricsPort": 9000}})
+    container = operator_container(render(chart, {"operator": {"livenessPort": 9000, "metricsPort": 0}}))
+    assert [p["containerPort"] for p in container["ports"]] == [9000]
