@@ -388,7 +388,8 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
                 "args": args,
                 "env": engine_env,
                 "ports": [{"name": "engine", "containerPort": engine.port}],
-                "readinessProbe": _probe("engine"),
+                # No probe of its own: the kubelet probes the pod IP and the engine listens on loopback
+                # only. The sidecar's probe (GET /health, proxied to the engine) stands for both.
                 "resources": _resources(engine.resources),
                 **(
                     {"securityContext": {**_SECURITY, "readOnlyRootFilesystem": True, "runAsNonRoot": True}}

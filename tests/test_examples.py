@@ -69,3 +69,26 @@ def test_every_prefixfleet_command_the_planned_pods_run_exists_and_parses(path: 
             parser.parse_args(argv)
         except SystemExit as exc:
             pytest.fail(f"`prefixfleet {' '.join(argv)}` is refused by the CLI (exit {exc.code})")
+
+
+def _listen_host(container: dict[str, Any]) -> str:
+    argv = container.get("command", []) + container.get("args", [])
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "0.0.0.0")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_readiness_probe_targets_a_port_served_on_the_pod_ip(path: Path) -> None:
+    # The kubelet probes podIP:port, so a probed port must not be bound to loopback only.
+    for obj in children(path):
+        for container in containers(obj):
+            probe = (container.get("readinessProbe") or {}).get("httpGet")
+            if probe is None:
+                continue
+            (owner,) = [
+                c
+                for c in containers(obj)
+                for p in c.get("ports", [])
+                if probe["port"] in (p["name"], p["containerPort"])
+            ]
+            where = f"{obj['kind']}/{obj['metadata']['name']}: {container['name']}'s probe of {probe['port']}"
+            assert _listen_host(owner) not in ("127.0.0.1", "localhost", "::1"), where
