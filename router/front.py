@@ -250,6 +250,7 @@ class _FrontConnection(asyncio.Protocol):
         self._body_wait = False  # the timer is the body deadline (else the idle/head limit)
         # the request at the front of the buffer, once its head is parsed
         self._head: _RequestParse | None = None
+        self._running: tuple[HotRequest, asyncio.Task[None]] | None = None  # the request being handled
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -262,6 +263,11 @@ class _FrontConnection(asyncio.Protocol):
         self.closed = True
         self.front.connections.discard(self)
         self._cancel_timer()
+        running = self._running
+        if running is not None and not running[0].sent:
+            # The client left before its answer began: stop waiting upstream, which aborts the
+            # request there too (a stream already begun ends at its next write instead).
+            running[1].cancel()
         if self._head is not None:
             self._head.release()
         if self._drain is not None and not self._drain.done():
@@ -359,7 +365,7 @@ class _FrontConnection(asyncio.Protocol):
         self._busy = True
         body = head.body[0] if len(head.body) == 1 else b"".join(head.body)
         request = HotRequest(self, "POST", head.target, head.headers, body)
-        self.loop.create_task(self._run(request))
+        self._running = (request, self.loop.create_task(self._run(request)))
 
     def _parse_head(self, data: bytes) -> _RequestParse | None:
         """The head of a request this front serves, or None (then aiohttp serves the connection)."""
@@ -415,6 +421,7 @@ class _FrontConnection(asyncio.Protocol):
 
     def _done(self) -> None:
         self._busy = False
+        self._running = None
         if self.closed:
             return
         if self.close_after:

@@ -17,19 +17,31 @@ Specification:
   as every other gateway error, not aiohttp's plain text;
 * with no worker, ``/v1/models`` and a generation request give the same 503 error (type
   ``service_unavailable``; ``/v1/models`` said ``server_error``);
+* a client that leaves before its (non-streamed) answer began aborts the request on the engine, as
+  it does when talking to the engine directly: the gateway stops waiting on the sidecar, the sidecar
+  on the engine (both kept waiting, and the engine generating, until the answer was complete);
 * every one of these leaves the services serving.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from fleet_fixtures import RedisServer, Spawned, Spawner, free_port, prefixfleet_argv, wait_for_http
+from fleet_fixtures import (
+    RedisServer,
+    Spawned,
+    Spawner,
+    free_port,
+    prefixfleet_argv,
+    wait_for_http,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,6 +55,7 @@ CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 
 @dataclass
 class Services:
     children: list[Spawned]
+    engine: str
     sidecar: str
     gateway: str
     tenant_gateway: str
@@ -64,7 +77,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
         url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         spawn(
             prefixfleet_argv(
-                "emulator", "--port", str(ports["engine"]), "--cache-tokens", "20000", "--time-scale", "100"
+                "emulator", "--port", str(ports["engine"]), "--cache-tokens", "20000", "--time-scale", "1"
             ),
             name="engine", ready_url=f"{url['engine']}/health",
         )  # fmt: skip
@@ -90,7 +103,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
         gateway = spawn(argv, name="empty_gateway")
         wait_for_http(f"{url['empty_gateway']}/livez", proc=gateway.proc)
         yield Services(
-            list(spawn.children), url["sidecar"], url["gateway"], url["tenant_gateway"], url["empty_gateway"]
+            list(spawn.children),
+            url["engine"],
+            url["sidecar"],
+            url["gateway"],
+            url["tenant_gateway"],
+            url["empty_gateway"],
         )
     finally:
         spawn.stop_all()
@@ -220,3 +238,43 @@ def test_with_no_worker_models_and_generation_answer_the_same_503(
     assert bodies[0] == bodies[1]
     assert bodies[0]["error"]["type"] == "service_unavailable"
     assert "no worker" in bodies[0]["error"]["message"]
+
+
+def engine_aborted_requests(client: httpx.Client, engine: str) -> float:
+    for line in client.get(f"{engine}/metrics").text.splitlines():
+        if line.startswith("sglang:num_aborted_requests_total"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("the emulator exports sglang:num_aborted_requests_total")
+
+
+def sidecar_in_flight(client: httpx.Client, sidecar: str) -> int:
+    return client.get(f"{sidecar}/prefixfleet/status").json()["load"]["in_flight"]
+
+
+def test_a_client_that_leaves_before_its_answer_aborts_the_request_on_the_engine(
+    services: Services, client: httpx.Client
+) -> None:
+    aborted_before = engine_aborted_requests(client, services.engine)
+    # minutes of decoding at time scale 1: only an abort ends it while this test runs
+    body = json.dumps({"prompt": "an answer nobody waits for", "max_tokens": 10_000}).encode()
+    host, port = services.gateway.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        wait_until(
+            lambda: sidecar_in_flight(client, services.sidecar), 20, "the request to reach the sidecar"
+        )
+    wait_until(
+        lambda: engine_aborted_requests(client, services.engine) - aborted_before,
+        20,
+        "the engine to abort the request its client left",
+    )
+    wait_until(
+        lambda: sidecar_in_flight(client, services.sidecar),
+        20,
+        "the sidecar to count the request done",
+        done=lambda n: n == 0,
+    )
+    assert_still_serving(client, services)
