@@ -92,3 +92,14 @@ def test_every_readiness_probe_targets_a_port_served_on_the_pod_ip(path: Path) -
             ]
             where = f"{obj['kind']}/{obj['metadata']['name']}: {container['name']}'s probe of {probe['port']}"
             assert _listen_host(owner) not in ("127.0.0.1", "localhost", "::1"), where
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_volume_of_a_planned_pod_is_mounted(path: Path) -> None:
+    for obj in children(path):
+        spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj.get("spec", {})
+        mounted = {m["name"] for c in containers(obj) for m in c.get("volumeMounts", [])}
+        for volume in spec.get("volumes", []):
+            assert volume["name"] in mounted, (
+                f"{obj['kind']}/{obj['metadata']['name']}: {volume['name']} unused"
+            )
