@@ -4,6 +4,7 @@ turns it into valid Kubernetes objects, and every `prefixfleet` command those ob
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +104,23 @@ def test_every_volume_of_a_planned_pod_is_mounted(path: Path) -> None:
             assert volume["name"] in mounted, (
                 f"{obj['kind']}/{obj['metadata']['name']}: {volume['name']} unused"
             )
+
+
+CREATE_SECRET = re.compile(r"kubectl create secret generic (\S+)((?: --from-literal=[^=\s]+=\S*)+)")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_secret_key_the_pods_read_is_created_by_the_examples_instructions(path: Path) -> None:
+    created = {
+        (name, literal.split("=", 1)[0])
+        for name, literals in CREATE_SECRET.findall(path.read_text())
+        for literal in literals.split(" --from-literal=")[1:]
+    }
+    for obj in children(path):
+        for container in containers(obj):
+            for env in container.get("env", []):
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                if ref:
+                    assert (ref["name"], ref["key"]) in created, (
+                        f"{path.name}: no `kubectl create secret` for {ref}"
+                    )
