@@ -316,6 +316,10 @@ def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
         ]
         if model.adapter:
             args += ["--lora-paths", model.adapter]
+        if "--enable-metrics" not in engine.args:
+            # SGLang serves no /metrics without it: the sglang:* series the sidecar re-exposes, the
+            # autoscaler, the dashboard and the alerts read would all be missing.
+            args.append("--enable-metrics")
     else:  # vllm
         command = ["vllm", "serve"]
         args = [model.name, "--revision", model.revision, "--host", "127.0.0.1", "--port", port]

@@ -323,3 +323,13 @@ def test_pod_template_override_merges_into_the_replica() -> None:
     assert pod_spec["nodeSelector"] == {"gpu": "h100"}
     engine = next(c for c in pod_spec["containers"] if c["name"] == "engine")
     assert engine["workingDir"] == "/models" and engine["command"] == ["prefixfleet", "emulator"]
+
+
+def test_sglang_engines_always_serve_the_metrics_the_fleet_reads() -> None:
+    # sglang:* series feed the sidecar's /metrics, the autoscaler, the dashboard and the alerts;
+    # SGLang serves them only with --enable-metrics, which a spec should not have to remember.
+    for extra in ([], ["--enable-metrics"]):
+        template, _ = replica_template(FLEET, spec(kind="sglang", args=extra), "redis://r:6379/0")
+        (engine,) = [c for c in template["spec"]["containers"] if c["name"] == "engine"]
+        assert engine["command"][:3] == ["python3", "-m", "sglang.launch_server"]
+        assert engine["args"].count("--enable-metrics") == 1
