@@ -129,7 +129,8 @@ def parse_inference_request(
         text, ids = obj.get("text"), obj.get("input_ids")
         if (text is None) == (ids is None):
             raise BadRequest("exactly one of the fields 'text' and 'input_ids' is required", param="text")
-        tokens = _prompt_tokens(text, "text") if text is not None else _prompt_tokens(ids, "input_ids")
+        prompt_field = "text" if text is not None else "input_ids"
+        tokens = _prompt_tokens(text if text is not None else ids, prompt_field)
         sampling = obj.get("sampling_params") or {}
         if not isinstance(sampling, dict):
             raise BadRequest("field 'sampling_params' must be an object", param="sampling_params")
@@ -137,7 +138,8 @@ def parse_inference_request(
     elif path == "/v1/completions":
         if "prompt" not in obj:
             raise BadRequest("field 'prompt' is required", param="prompt")
-        tokens = _prompt_tokens(obj["prompt"], "prompt")
+        prompt_field = "prompt"
+        tokens = _prompt_tokens(obj["prompt"], prompt_field)
         max_new = _int_field(obj, "max_tokens")
     elif path == "/v1/chat/completions":
         messages = obj.get("messages")
@@ -149,6 +151,7 @@ def parse_inference_request(
             text = render_chat(messages)
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from None
+        prompt_field = "messages"
         tokens = as_token_bytes(tokenize(text))
         max_new = _int_field(obj, "max_completion_tokens")
         if max_new is None:
@@ -159,9 +162,9 @@ def parse_inference_request(
     num_tokens = len(tokens) // 4
     if num_tokens > max_prompt_tokens:
         raise BadRequest(
-            f"prompt has {num_tokens} tokens; at most {max_prompt_tokens} are accepted",
+            f"field '{prompt_field}' has {num_tokens} tokens; at most {max_prompt_tokens} are accepted",
             status=413,
-            param="prompt",
+            param=prompt_field,
         )
     return InferenceRequest(
         path=path,

@@ -20,6 +20,8 @@ Specification:
 * a client that leaves before its (non-streamed) answer began aborts the request on the engine, as
   it does when talking to the engine directly: the gateway stops waiting on the sidecar, the sidecar
   on the engine (both kept waiting, and the engine generating, until the answer was complete);
+* a prompt above ``--max-prompt-tokens`` is a 413 naming the field it came in (``messages``,
+  ``prompt``, ``text`` or ``input_ids``; it said ``prompt`` for every endpoint);
 * every one of these leaves the services serving.
 """
 
@@ -49,6 +51,7 @@ FLEET = "surface"
 TENANT_HEADER = "X-Tenant"
 DEEP = b"[" * 100_000 + b"]" * 100_000
 BIG_INT = b'{"prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}"  # above int()'s 4300-digit limit
+MAX_PROMPT = 1000
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
 
 
@@ -92,7 +95,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
         for name, extra in (("gateway", ()), ("tenant_gateway", ("--tenant-header", TENANT_HEADER))):
             argv = prefixfleet_argv(
                 "router", "gateway", "--redis", redis.url, "--port", str(ports[name]),
-                "--fleet", FLEET, "--refresh-interval", "0.1", *extra,
+                "--fleet", FLEET, "--refresh-interval", "0.1", "--max-prompt-tokens", str(MAX_PROMPT), *extra,
             )  # fmt: skip
             gateway = spawn(argv, name=name)
             wait_for_http(f"{url[name]}/health", proc=gateway.proc)  # 200 once w0 is routable
@@ -278,3 +281,19 @@ def test_a_client_that_leaves_before_its_answer_aborts_the_request_on_the_engine
         done=lambda n: n == 0,
     )
     assert_still_serving(client, services)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 2000}]}, "messages"),
+        ("/v1/completions", {"prompt": "word " * 2000}, "prompt"),
+        ("/generate", {"text": "word " * 2000}, "text"),
+        ("/generate", {"input_ids": list(range(2000))}, "input_ids"),
+    ],
+)
+def test_a_prompt_above_the_limit_is_a_413_naming_its_field(
+    services: Services, client: httpx.Client, path: str, body: dict, field: str
+) -> None:
+    resp = post(client, services.gateway + path, json.dumps(body).encode())
+    assert_openai_error(resp, 413, field, f"'{field}'", str(MAX_PROMPT))
