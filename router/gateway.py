@@ -437,8 +437,13 @@ class Gateway:
             )
         try:
             if self.config.tenant_header:
-                tenant = request.headers.get(self.config.tenant_header)
-                body = with_tenant_salt(body, tenant, self.config.tenant_header)
+                header = self.config.tenant_header
+                tenants = request.headers.getall(header, [])
+                if len(tenants) > 1:  # a client's own value beside the proxy's: neither can be trusted
+                    raise BadRequest(
+                        f"header {header} must be sent once, not {len(tenants)} times", param=header
+                    )
+                body = with_tenant_salt(body, tenants[0] if tenants else None, header)
             parsed = parse_inference_request(endpoint, body, max_prompt_tokens=self.config.max_prompt_tokens)
         except BadRequest as exc:
             self.metrics.errors.labels("bad_request").inc()

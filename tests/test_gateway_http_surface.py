@@ -12,7 +12,8 @@ Specification:
   untracked for the engine to judge;
 * with tenant isolation on, a prompt holding a lone surrogate is routed like any other (re-encoding
   the body with the tenant's salt raised: 500), and a tenant header that is not UTF-8 is a 400 naming
-  the header (500 "Server got itself in trouble");
+  the header (500 "Server got itself in trouble"); so is a tenant header sent twice (the first value,
+  possibly the client's own next to the proxy's, was taken as the tenant);
 * an unknown path (404) and a wrong method (405, with ``Allow``) answer in the same JSON error shape
   as every other gateway error, not aiohttp's plain text;
 * with no worker, ``/v1/models`` and a generation request give the same 503 error (type
@@ -297,3 +298,17 @@ def test_a_prompt_above_the_limit_is_a_413_naming_its_field(
 ) -> None:
     resp = post(client, services.gateway + path, json.dumps(body).encode())
     assert_openai_error(resp, 413, field, f"'{field}'", str(MAX_PROMPT))
+
+
+def test_with_tenant_isolation_a_tenant_header_sent_twice_is_a_400_naming_it(
+    services: Services, client: httpx.Client
+) -> None:
+    headers = [
+        ("Content-Type", "application/json"),
+        (TENANT_HEADER, "chosen-by-client"),
+        (TENANT_HEADER, "acme"),
+    ]
+    resp = client.post(
+        f"{services.tenant_gateway}/v1/chat/completions", content=json.dumps(CHAT), headers=headers
+    )
+    assert_openai_error(resp, 400, TENANT_HEADER, TENANT_HEADER, "once")
