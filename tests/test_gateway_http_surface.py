@@ -23,6 +23,10 @@ Specification:
   on the engine (both kept waiting, and the engine generating, until the answer was complete);
 * a prompt above ``--max-prompt-tokens`` is a 413 naming the field it came in (``messages``,
   ``prompt``, ``text`` or ``input_ids``; it said ``prompt`` for every endpoint);
+* an OpenAI tool-calling conversation (an assistant turn with ``"content": null`` beside its
+  ``tool_calls``, then the tool's answer) is routed and answered, through the gateway and sidecar to
+  the emulator, streamed or not (both the gateway and the emulator refused it: 400
+  ``messages[1].content``), while a user message without content is still a 400 naming it;
 * every one of these leaves the services serving.
 """
 
@@ -312,3 +316,36 @@ def test_with_tenant_isolation_a_tenant_header_sent_twice_is_a_400_naming_it(
         f"{services.tenant_gateway}/v1/chat/completions", content=json.dumps(CHAT), headers=headers
     )
     assert_openai_error(resp, 400, TENANT_HEADER, TENANT_HEADER, "once")
+
+
+TOOL_TURN = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}],
+}
+TOOL_CHAT = [{"role": "user", "content": "weather in Paris?"}, TOOL_TURN]
+TOOL_CHAT.append({"role": "tool", "tool_call_id": "c1", "content": "sunny"})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_calling_conversation_with_null_assistant_content_is_answered(
+    services: Services, client: httpx.Client, stream: bool
+) -> None:
+    for messages in (TOOL_CHAT, [*TOOL_CHAT[:1], {k: v for k, v in TOOL_TURN.items() if k != "content"}]):
+        body = json.dumps({"messages": messages, "max_tokens": 2, "stream": stream}).encode()
+        resp = post(client, f"{services.gateway}/v1/chat/completions", body)
+        assert resp.status_code == 200, resp.text[:300]
+        assert resp.headers["x-prefixfleet-worker"] == "w0"
+        if stream:
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            assert resp.text.rstrip().endswith("data: [DONE]")
+        else:
+            assert resp.json()["choices"][0]["message"]["content"]
+
+
+def test_a_user_message_without_content_is_still_a_400_naming_it(
+    services: Services, client: httpx.Client
+) -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": None}]}).encode()
+    resp = post(client, f"{services.gateway}/v1/chat/completions", body)
+    assert_openai_error(resp, 400, "messages", "messages[0].content")
