@@ -338,7 +338,13 @@ def _probe(port: str, initial_delay: int = 0) -> JSON:
     }
 
 
-_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# What the restricted Pod Security Standard asks of a container (runAsNonRoot is set where the image
+# allows it: not for the root-only SGLang/vLLM images).
+_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def _merge_template(base: JSON, override: Mapping[str, Any]) -> JSON:

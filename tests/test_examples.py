@@ -124,3 +124,35 @@ def test_every_secret_key_the_pods_read_is_created_by_the_examples_instructions(
                     assert (ref["name"], ref["key"]) in created, (
                         f"{path.name}: no `kubectl create secret` for {ref}"
                     )
+
+
+def _restricted_violations(obj: dict[str, Any]) -> list[str]:
+    """The restricted Pod Security Standard's container rules (pod-level settings count too)."""
+    spec = obj["spec"]["template"]["spec"] if obj["kind"] == "Deployment" else obj["spec"]
+    pod = spec.get("securityContext") or {}
+    out = []
+    for c in containers(obj):
+        sc = c.get("securityContext") or {}
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{c['name']}: allowPrivilegeEscalation must be false")
+        if "ALL" not in (sc.get("capabilities") or {}).get("drop", []):
+            out.append(f"{c['name']}: capabilities must drop ALL")
+        if not sc.get("runAsNonRoot", pod.get("runAsNonRoot")):
+            out.append(f"{c['name']}: runAsNonRoot must be true")
+        seccomp = (sc.get("seccompProfile") or pod.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{c['name']}: seccompProfile must be RuntimeDefault or Localhost")
+    return out
+
+
+def test_the_emulator_fleets_pods_meet_the_restricted_pod_security_standard() -> None:
+    # Namespaces that enforce `restricted` refuse any pod that does not: the CPU-only fleet must run there.
+    for obj in children(ROOT / "examples" / "emulator-fleet.yaml"):
+        if obj["kind"] in ("Pod", "Deployment"):
+            assert _restricted_violations(obj) == [], f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_the_gateway_pods_meet_the_restricted_pod_security_standard(path: Path) -> None:
+    (gateway,) = [o for o in children(path) if o["kind"] == "Deployment"]
+    assert _restricted_violations(gateway) == []
