@@ -676,7 +676,15 @@ class Gateway:
 async def serve(config: GatewayConfig) -> None:
     gateway = Gateway(config)
     timeouts = ClientTimeouts.from_env()
-    runner = web.AppRunner(gateway.app(), access_log=None, handle_signals=False, **timeouts.runner_kwargs())
+    # handler_cancellation: a client gone before its answer (on a request the front handed over)
+    # stops the work upstream too, as on the front
+    runner = web.AppRunner(
+        gateway.app(),
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        **timeouts.runner_kwargs(),
+    )
     await runner.setup()
     # Generation requests take the lean front; everything else (and anything unusual) aiohttp.
     server, front = await serve_front(

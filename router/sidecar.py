@@ -831,7 +831,15 @@ async def serve(config: SidecarConfig) -> None:
     """Run a sidecar until cancelled."""
     sidecar = Sidecar(config)
     timeouts = ClientTimeouts.from_env()
-    runner = web.AppRunner(sidecar.app(), access_log=None, handle_signals=False, **timeouts.runner_kwargs())
+    # handler_cancellation: a client gone before its answer (on a request the front handed over)
+    # stops the work upstream too, as on the front
+    runner = web.AppRunner(
+        sidecar.app(),
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        **timeouts.runner_kwargs(),
+    )
     await runner.setup()
     # Generation requests take the lean front; every other path (and anything unusual) aiohttp.
     server, front = await serve_front(

@@ -20,7 +20,8 @@ Specification:
   ``service_unavailable``; ``/v1/models`` said ``server_error``);
 * a client that leaves before its (non-streamed) answer began aborts the request on the engine, as
   it does when talking to the engine directly: the gateway stops waiting on the sidecar, the sidecar
-  on the engine (both kept waiting, and the engine generating, until the answer was complete);
+  on the engine (both kept waiting, and the engine generating, until the answer was complete) —
+  also for a request the front hands to aiohttp (a chunked body);
 * a prompt above ``--max-prompt-tokens`` is a 413 naming the field it came in (``messages``,
   ``prompt``, ``text`` or ``input_ids``; it said ``prompt`` for every endpoint);
 * an OpenAI tool-calling conversation (an assistant turn with ``"content": null`` beside its
@@ -259,17 +260,21 @@ def sidecar_in_flight(client: httpx.Client, sidecar: str) -> int:
     return client.get(f"{sidecar}/prefixfleet/status").json()["load"]["in_flight"]
 
 
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])  # chunked: aiohttp serves it
 def test_a_client_that_leaves_before_its_answer_aborts_the_request_on_the_engine(
-    services: Services, client: httpx.Client
+    services: Services, client: httpx.Client, framing: str
 ) -> None:
     aborted_before = engine_aborted_requests(client, services.engine)
     # minutes of decoding at time scale 1: only an abort ends it while this test runs
     body = json.dumps({"prompt": "an answer nobody waits for", "max_tokens": 10_000}).encode()
+    if framing == "chunked":
+        framed = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        framed = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
     host, port = services.gateway.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as conn:
         conn.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n" + framed
         )
         wait_until(
             lambda: sidecar_in_flight(client, services.sidecar), 20, "the request to reach the sidecar"
