@@ -58,8 +58,10 @@ Quantity = int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
 # A fleet's name is the value of its children's labels (at most 63 characters) and starts their
 # names (the `<name>-router` Service needs a DNS-1035 label): the CRD refuses any other fleet name.
+# 47 = 63 - len("-replica-") - 7 index digits: child names are never truncated, so two fleets of a
+# namespace never share (and overwrite) a gateway or a replica pod name.
 FLEET_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-FLEET_NAME_MAX_LENGTH = 63
+FLEET_NAME_MAX_LENGTH = 47
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 

@@ -253,6 +253,7 @@ BAD_FLEET_NAMES = {
     "a leading digit (same)": "1chat",
     "upper case": "Chat",
     "64 characters (label values hold 63)": "a" * 64,
+    "48 characters (child names would be truncated)": "a" * 48,
 }
 
 
@@ -268,7 +269,7 @@ def test_the_longest_accepted_fleet_name_gives_valid_child_names_and_labels(crd:
     from prefixfleet.operator import planner
 
     obj = fleet()
-    obj["metadata"].update(name="a" * 63, labels={"team": "ml"}, annotations={"note": "x"})
+    obj["metadata"].update(name="a" * 47, labels={"team": "ml"}, annotations={"note": "x"})
     assert admission_errors(crd, obj) == []  # metadata's other fields are not unknown fields
     ref = planner.FleetRef(name=obj["metadata"]["name"], namespace="default", uid="uid")
     spec = models.validate_spec(obj["spec"])
@@ -280,6 +281,16 @@ def test_the_longest_accepted_fleet_name_gives_valid_child_names_and_labels(crd:
         meta = child["metadata"]
         assert len(meta["name"]) <= 63 and dns_1035.match(meta["name"]), meta["name"]
         assert all(len(value) <= 63 for value in meta["labels"].values()), meta["labels"]
+
+
+def test_two_accepted_fleet_names_never_share_a_child_name() -> None:
+    from prefixfleet.operator import planner
+
+    stem = "a" * (models.FLEET_NAME_MAX_LENGTH - 1)
+    one, two = (planner.FleetRef(name=stem + end, namespace="default", uid=end) for end in "bc")
+    assert planner.router_name(one) != planner.router_name(two)
+    for index in (0, 9_999_999):
+        assert planner.replica_name(one, index) != planner.replica_name(two, index)
 
 
 def test_status_with_kopf_progress_and_conditions_is_accepted(crd: dict[str, Any]) -> None:
