@@ -612,10 +612,13 @@ class Gateway:
     async def handle_models(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         assert self.session is not None
+        # the client's headers (an engine's API key) as for generation; identity, since the answer's
+        # Content-Encoding is not passed on
+        headers = [*forward_header_pairs(request.headers), ("Accept-Encoding", "identity")]
         for w in self.view.routable(time.monotonic()):
             try:
                 async with self.session.get(
-                    f"{w.url}/v1/models", timeout=aiohttp.ClientTimeout(total=5)
+                    f"{w.url}/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=5)
                 ) as up:
                     data = await up.read()
                     if up.status < 500:

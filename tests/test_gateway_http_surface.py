@@ -28,20 +28,28 @@ Specification:
   ``tool_calls``, then the tool's answer) is routed and answered, through the gateway and sidecar to
   the emulator, streamed or not (both the gateway and the emulator refused it: 400
   ``messages[1].content``), while a user message without content is still a 400 naming it;
+* ``GET /v1/models`` passes the client's headers on (an engine's API key, as for generation; it sent
+  none, so an engine behind a key answered 401) and asks for an uncompressed answer (aiohttp asked
+  for gzip and kept it compressed, while the gateway drops Content-Encoding: the client got gzip
+  bytes labelled JSON);
 * every one of these leaves the services serving.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 from fleet_fixtures import (
+    LOOPBACK,
     RedisServer,
     Spawned,
     Spawner,
@@ -354,3 +362,60 @@ def test_a_user_message_without_content_is_still_a_400_naming_it(
     body = json.dumps({"messages": [{"role": "user", "content": None}]}).encode()
     resp = post(client, f"{services.gateway}/v1/chat/completions", body)
     assert_openai_error(resp, 400, "messages", "messages[0].content")
+
+
+API_KEY = "sk-test"
+MODELS = {"object": "list", "data": [{"id": "keyed-llm", "object": "model", "owned_by": "someone"}]}
+
+
+class KeyedEngine(BaseHTTPRequestHandler):
+    """A bare engine like vLLM with --api-key behind a compressing server: /health is open, /v1/*
+    needs the key, and answers are gzipped for clients that accept it."""
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self._answer(200, b"", "text/plain")
+        elif self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            self._answer(401, json.dumps({"error": {"message": "bad API key"}}).encode(), "application/json")
+        else:
+            self._answer(200, json.dumps(MODELS).encode(), "application/json")
+
+    def _answer(self, status: int, body: bytes, content_type: str) -> None:
+        gzipped = "gzip" in self.headers.get("Accept-Encoding", "")
+        data = gzip.compress(body) if gzipped and body else body
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        if gzipped and body:
+            self.send_header("Content-Encoding", "gzip")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_args: object) -> None:
+        return
+
+
+@pytest.fixture
+def keyed_engine() -> Iterator[str]:
+    server = ThreadingHTTPServer((LOOPBACK, free_port()), KeyedEngine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{LOOPBACK}:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_models_passes_the_clients_api_key_and_answers_uncompressed(
+    spawn: Spawner, keyed_engine: str, client: httpx.Client
+) -> None:
+    port = free_port()
+    gateway = spawn(prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", keyed_engine))
+    wait_for_http(f"http://{LOOPBACK}:{port}/health", proc=gateway.proc)  # the engine's /health answered
+    url = f"http://{LOOPBACK}:{port}/v1/models"
+    resp = client.get(url, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert resp.status_code == 200, resp.content[:200]
+    assert resp.json() == MODELS
+    assert client.get(url).status_code == 401  # the engine judges the key, not the gateway
