@@ -125,7 +125,8 @@ class HotRequest:
         head = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status).encode())]
         head.extend(_header_lines(headers))
         head.append(b"Transfer-Encoding: chunked\r\n")
-        head.append(conn.front.date.line())
+        if "Date" not in headers:  # a proxied answer keeps its origin's Date (a single-valued field)
+            head.append(conn.front.date.line())
         head.append(b"\r\n")
         conn.transport.write(b"".join(head))
         self.response = HotStream(conn, status)
@@ -156,7 +157,8 @@ class HotRequest:
             if data and "Content-Type" not in response.headers:
                 head.append(b"Content-Type: application/octet-stream\r\n")  # as aiohttp would
             head.append(b"Content-Length: %d\r\n" % len(data))
-        head.append(conn.front.date.line())
+        if "Date" not in response.headers:  # a proxied answer keeps its origin's Date
+            head.append(conn.front.date.line())
         if response.keep_alive is False:
             conn.close_after = True
         if conn.close_after:

@@ -32,6 +32,8 @@ Specification:
   none, so an engine behind a key answered 401) and asks for an uncompressed answer (aiohttp asked
   for gzip and kept it compressed, while the gateway drops Content-Encoding: the client got gzip
   bytes labelled JSON);
+* every answer carries one ``Date`` header, streamed or not, whichever server parsed the request
+  (each lean front added its own beside the engine's: three on a generation answer);
 * every one of these leaves the services serving.
 """
 
@@ -419,3 +421,21 @@ def test_models_passes_the_clients_api_key_and_answers_uncompressed(
     assert resp.status_code == 200, resp.content[:200]
     assert resp.json() == MODELS
     assert client.get(url).status_code == 401  # the engine judges the key, not the gateway
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])  # chunked: aiohttp serves it
+def test_every_answer_carries_one_date_header(
+    services: Services, client: httpx.Client, stream: bool, framing: str
+) -> None:
+    body = json.dumps({**CHAT, "stream": stream}).encode()
+    for url in (services.gateway, services.sidecar):
+        content = iter([body]) if framing == "chunked" else body  # an iterator: httpx sends it chunked
+        resp = client.post(
+            f"{url}/v1/chat/completions", content=content, headers={"Content-Type": "application/json"}
+        )
+        assert resp.status_code == 200, resp.text[:300]
+        assert len(resp.headers.get_list("date")) == 1, (url, resp.headers.get_list("date"))
+    refused = post(client, f"{services.gateway}/v1/chat/completions", b"{")
+    assert refused.status_code == 400
+    assert len(refused.headers.get_list("date")) == 1
