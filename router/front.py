@@ -38,6 +38,8 @@ _PIPELINE_PAUSE_BYTES = 256 * 1024  # stop reading while a handler runs and this
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 _NO_BODY_STATUS = frozenset({204, 304})
 _HANDED_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
+# a handler's bug, in the OpenAI error shape of every other answer
+_INTERNAL_ERROR = {"error": {"message": "internal error", "type": "server_error", "param": None, "code": 500}}
 
 HotHandler = Callable[["HotRequest"], Awaitable[web.StreamResponse | Any]]
 Responder = Callable[[Any, int, str], web.StreamResponse]
@@ -413,9 +415,7 @@ class _FrontConnection(asyncio.Protocol):
             log.exception("error handling %s %s", request.method, request.path)
             if not request.sent:
                 self.close_after = True
-                request.send_response(
-                    web.json_response({"error": {"message": "internal error", "code": 500}}, status=500)
-                )
+                request.send_response(web.json_response(_INTERNAL_ERROR, status=500))
             else:
                 self.close_after = True  # a stream cut mid-way: the client sees the connection end
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -161,8 +162,11 @@ async def test_handler_error_is_a_500_and_closes_the_connection() -> None:
     async with front_server(ClientTimeouts()) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(_post(b"boom"))
-        status, headers, _body = await _response(reader)
+        status, headers, body = await _response(reader)
         assert (status, headers.get("connection")) == (500, "close")
+        assert json.loads(body) == {  # the OpenAI error shape the proxies answer everything else in
+            "error": {"message": "internal error", "type": "server_error", "param": None, "code": 500}
+        }
         assert await reader.read() == b""
         writer.close()
 
