@@ -623,6 +623,7 @@ class Gateway:
                     data = await up.read()
                     if up.status < 500:
                         headers = answer_headers(up.headers)
+                        headers[WORKER_HEADER] = w.worker_id
                         return self._answer(
                             "/v1/models", web.Response(status=up.status, body=data, headers=headers), started
                         )

@@ -31,7 +31,8 @@ Specification:
 * ``GET /v1/models`` passes the client's headers on (an engine's API key, as for generation; it sent
   none, so an engine behind a key answered 401) and asks for an uncompressed answer (aiohttp asked
   for gzip and kept it compressed, while the gateway drops Content-Encoding: the client got gzip
-  bytes labelled JSON);
+  bytes labelled JSON), and names the worker that answered in ``X-Prefixfleet-Worker`` as every
+  answer does (docs/gateway.md; it did not);
 * every answer carries one ``Date`` header, streamed or not, whichever server parsed the request
   (each lean front added its own beside the engine's: three on a generation answer);
 * every one of these leaves the services serving.
@@ -410,7 +411,7 @@ def keyed_engine() -> Iterator[str]:
         thread.join(timeout=5)
 
 
-def test_models_passes_the_clients_api_key_and_answers_uncompressed(
+def test_models_passes_the_clients_api_key_answers_uncompressed_and_names_its_worker(
     spawn: Spawner, keyed_engine: str, client: httpx.Client
 ) -> None:
     port = free_port()
@@ -420,6 +421,7 @@ def test_models_passes_the_clients_api_key_and_answers_uncompressed(
     resp = client.get(url, headers={"Authorization": f"Bearer {API_KEY}"})
     assert resp.status_code == 200, resp.content[:200]
     assert resp.json() == MODELS
+    assert resp.headers["x-prefixfleet-worker"] == keyed_engine  # a static worker is named by its URL
     assert client.get(url).status_code == 401  # the engine judges the key, not the gateway
 
 
