@@ -394,7 +394,7 @@ async def _read_engines(
     """This round's engine rates; remembers the scrape samples and logs an outage once."""
     url = prometheus_url(spec.prometheus, auto.default_prometheus_url)
     source = auto.prometheus_source(url) if url else None
-    scope = fleet_scope(spec.prometheus, ref.namespace, ref.name)
+    scope = fleet_scope(spec.prometheus, ref.namespace, ref.name, spec.engine.kind)
     reading = await read_engine_metrics(auto.http, urls, state.counters, source, scope, state.rates)
     state.rates = dict(reading.rates)
     state.counters = dict(reading.counters)

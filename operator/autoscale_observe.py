@@ -5,7 +5,8 @@ The kopf timer (``autoscale_handlers``) gathers three sources per replica pod an
 * the pod itself (Ready? draining? the ``prefixfleet.io/state`` annotation the autoscaler sets);
 * the sidecar's load record from Redis (in flight, queued, pending prefill tokens, prefill speed);
 * the engine's token rates (:class:`EngineRates`): from Prometheus (``rate()`` of
-  ``sglang:prompt_tokens_total`` and ``sglang:cached_tokens_total``, see :mod:`.prometheus_source`) or,
+  ``sglang:prompt_tokens_total`` and ``sglang:cached_tokens_total``, or vLLM's prefix-cache query and
+  hit counters: :data:`ENGINE_METRICS`; see :mod:`.prometheus_source`) or,
   without Prometheus or when it fails, from the growth of those counters on the sidecar's ``/metrics``
   between two rounds. Prompt minus cached tokens per second is what the engine had to prefill, which
   divided by its prefill speed is the replica's *prefill load* (1.0 = it did nothing but prefill).
@@ -28,12 +29,34 @@ from prometheus_client.parser import text_string_to_metric_families
 from prefixfleet.router.records import LoadReport
 
 from .autoscale import FleetObservation, ReplicaObservation, ReplicaPhase, ScalePolicy, SubtreeObservation
-from .models import FleetSpec
+from .models import EngineKind, FleetSpec
 from .planner import ObservedPod
 
-PROMPT_TOKENS = "sglang:prompt_tokens_total"
-CACHED_TOKENS = "sglang:cached_tokens_total"
-QUEUE_REQS = "sglang:num_queue_reqs"
+
+@dataclass(frozen=True, slots=True)
+class EngineMetricNames:
+    """The engine's own series the autoscaler reads: two token counters (prompt tokens it was asked
+    for, and of those the ones its prefix cache served) and its queue-length gauge."""
+
+    prompt_tokens: str
+    cached_tokens: str
+    queue_reqs: str
+
+
+SGLANG_METRICS = EngineMetricNames(
+    "sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:num_queue_reqs"
+)
+# vLLM (V1 engine) counts its prefix cache in tokens: queries = prompt tokens looked up, hits = the
+# ones found cached. Without them (prefix caching off, or vLLM's metrics absent) there are no rates
+# and the replica's prefill load reads 0, as for any engine that exports nothing.
+VLLM_METRICS = EngineMetricNames(
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_waiting"
+)
+ENGINE_METRICS: dict[EngineKind, EngineMetricNames] = {
+    "sglang": SGLANG_METRICS,
+    "emulator": SGLANG_METRICS,  # the emulator exports SGLang's series
+    "vllm": VLLM_METRICS,
+}
 HOT_PREFIXES_IN_STATUS = 8
 
 
@@ -85,9 +108,11 @@ class EngineRates:
         return max(self.prompt_tokens_per_s - self.cached_tokens_per_s, 0.0)
 
 
-def parse_token_counters(exposition: str, at_s: float) -> TokenCounters | None:
+def parse_token_counters(
+    exposition: str, at_s: float, names: EngineMetricNames = SGLANG_METRICS
+) -> TokenCounters | None:
     """The engine's counters from a Prometheus text exposition (summed over label sets); None if absent."""
-    totals = {PROMPT_TOKENS: 0.0, CACHED_TOKENS: 0.0}
+    totals = {names.prompt_tokens: 0.0, names.cached_tokens: 0.0}
     queue: float | None = None
     seen = False
     try:
@@ -96,11 +121,13 @@ def parse_token_counters(exposition: str, at_s: float) -> TokenCounters | None:
                 if sample.name in totals:
                     totals[sample.name] += float(sample.value)
                     seen = True
-                elif sample.name == QUEUE_REQS:
+                elif sample.name == names.queue_reqs:
                     queue = (queue or 0.0) + float(sample.value)
     except (ValueError, TypeError):
         return None
-    return TokenCounters(at_s, totals[PROMPT_TOKENS], totals[CACHED_TOKENS], queue) if seen else None
+    if not seen:
+        return None
+    return TokenCounters(at_s, totals[names.prompt_tokens], totals[names.cached_tokens], queue)
 
 
 def rates_between(before: TokenCounters | None, now: TokenCounters | None) -> EngineRates | None:

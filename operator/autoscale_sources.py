@@ -17,7 +17,15 @@ from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import LoadReport, decode_load
 from prefixfleet.router.summary import Summary, SummaryError, decode_summary
 
-from .autoscale_observe import EngineRates, EngineReading, TokenCounters, engine_reading, parse_token_counters
+from .autoscale_observe import (
+    SGLANG_METRICS,
+    EngineMetricNames,
+    EngineRates,
+    EngineReading,
+    TokenCounters,
+    engine_reading,
+    parse_token_counters,
+)
 from .prometheus_source import PrometheusScope, PrometheusSource, PrometheusUnavailable
 
 
@@ -41,17 +49,19 @@ async def read_records(
     return loads, summaries
 
 
-async def scrape_counters(http: httpx.AsyncClient, urls: Mapping[str, str]) -> dict[str, TokenCounters]:
+async def scrape_counters(
+    http: httpx.AsyncClient, urls: Mapping[str, str], names: EngineMetricNames = SGLANG_METRICS
+) -> dict[str, TokenCounters]:
     async def one(url: str) -> TokenCounters | None:
         try:
             resp = await http.get(f"{url}/metrics")
         except httpx.HTTPError:
             return None
-        return parse_token_counters(resp.text, time.time()) if resp.status_code == 200 else None
+        return parse_token_counters(resp.text, time.time(), names) if resp.status_code == 200 else None
 
-    names = list(urls)
-    results = await asyncio.gather(*(one(urls[n]) for n in names))
-    return {n: c for n, c in zip(names, results, strict=True) if c is not None}
+    pods = list(urls)
+    results = await asyncio.gather(*(one(urls[n]) for n in pods))
+    return {n: c for n, c in zip(pods, results, strict=True) if c is not None}
 
 
 async def read_engine_metrics(
@@ -72,7 +82,8 @@ async def read_engine_metrics(
         except PrometheusUnavailable as exc:
             problem = str(exc) or "unavailable"
     missing = {n: u for n, u in urls.items() if rates is None or n not in rates}
-    scraped = await scrape_counters(http, missing) if missing else {}
+    names = scope.metrics if scope is not None else SGLANG_METRICS
+    scraped = await scrape_counters(http, missing, names) if missing else {}
     return engine_reading(
         list(urls),
         previous,

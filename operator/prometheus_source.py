@@ -8,7 +8,9 @@ queries are::
     sum by (pod) (rate(sglang:cached_tokens_total{S}[Ws]))
     sum by (pod) (sglang:num_queue_reqs{S})
 
-``pod`` is ``spec.prometheus.podLabel``. Those are the labels the chart's PodMonitor gives a replica's
+(for vLLM, ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total`` and
+``vllm:num_requests_waiting``: ``autoscale_observe.ENGINE_METRICS``). ``pod`` is
+``spec.prometheus.podLabel``. Those are the labels the chart's PodMonitor gives a replica's
 series (the Prometheus Operator sets ``namespace`` and ``pod``, the monitor's relabeling copies the pod
 label ``prefixfleet.io/fleet`` into ``fleet``) and the ones
 :mod:`prefixfleet.observability.local_prometheus` gives a local fleet. ``rate`` before ``sum``: an
@@ -34,8 +36,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
-from .autoscale_observe import CACHED_TOKENS, PROMPT_TOKENS, QUEUE_REQS, EngineRates
-from .models import PrometheusSpec
+from .autoscale_observe import ENGINE_METRICS, SGLANG_METRICS, EngineMetricNames, EngineRates
+from .models import EngineKind, PrometheusSpec
 
 QUERY_TIMEOUT_S = 2.0  # a round must not wait long on a sick Prometheus: the scrape is the fallback
 
@@ -47,11 +49,16 @@ class PrometheusScope:
     matchers: tuple[tuple[str, str], ...]
     window_s: int = 60
     pod_label: str = "pod"
+    metrics: EngineMetricNames = SGLANG_METRICS  # the engine kind's series
 
 
-def fleet_scope(spec: PrometheusSpec, namespace: str, fleet: str) -> PrometheusScope:
+def fleet_scope(
+    spec: PrometheusSpec, namespace: str, fleet: str, engine_kind: EngineKind = "sglang"
+) -> PrometheusScope:
     labels = spec.match_labels if spec.match_labels is not None else {"namespace": namespace, "fleet": fleet}
-    return PrometheusScope(tuple(sorted(labels.items())), spec.rate_window_seconds, spec.pod_label)
+    return PrometheusScope(
+        tuple(sorted(labels.items())), spec.rate_window_seconds, spec.pod_label, ENGINE_METRICS[engine_kind]
+    )
 
 
 def prometheus_url(spec: PrometheusSpec, operator_default: str = "") -> str | None:
@@ -65,12 +72,12 @@ def label_selector(matchers: Sequence[tuple[str, str]]) -> str:
 
 
 def engine_queries(scope: PrometheusScope) -> dict[str, str]:
-    sel, by = label_selector(scope.matchers), scope.pod_label
+    sel, by, names = label_selector(scope.matchers), scope.pod_label, scope.metrics
     window = f"{scope.window_s}s"
     return {
-        "prompt": f"sum by ({by}) (rate({PROMPT_TOKENS}{sel}[{window}]))",
-        "cached": f"sum by ({by}) (rate({CACHED_TOKENS}{sel}[{window}]))",
-        "queue": f"sum by ({by}) ({QUEUE_REQS}{sel})",
+        "prompt": f"sum by ({by}) (rate({names.prompt_tokens}{sel}[{window}]))",
+        "cached": f"sum by ({by}) (rate({names.cached_tokens}{sel}[{window}]))",
+        "queue": f"sum by ({by}) ({names.queue_reqs}{sel})",
     }
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from aiohttp import web
 from fleet_fixtures import eventually
 
 from prefixfleet.fleet.autoscale import LOCAL_NAMESPACE, FleetPrometheus, LocalAutoscaler
@@ -290,6 +291,61 @@ def test_queries_are_per_pod_rates_scoped_to_the_fleet() -> None:
     assert engine_queries(fleet_scope(own, "prod", "chat"))["prompt"] == (
         'sum by (kubernetes_pod) (rate(sglang:prompt_tokens_total{job="odd\\"name"}[30s]))'
     )
+
+
+def test_a_vllm_fleet_reads_vllms_prefix_cache_counters() -> None:
+    # vLLM exports no sglang:* series: before, a vLLM fleet's prefill load always read 0
+    scope = fleet_scope(models.PrometheusSpec(), "prod", "chat", "vllm")
+    sel = '{fleet="chat",namespace="prod"}'
+    assert engine_queries(scope) == {
+        "prompt": f"sum by (pod) (rate(vllm:prefix_cache_queries_total{sel}[60s]))",
+        "cached": f"sum by (pod) (rate(vllm:prefix_cache_hits_total{sel}[60s]))",
+        "queue": f"sum by (pod) (vllm:num_requests_waiting{sel})",
+    }
+    # the emulator exports SGLang's series; every engine kind the spec allows has its names
+    assert fleet_scope(models.PrometheusSpec(), "prod", "chat", "emulator").metrics.prompt_tokens == (
+        "sglang:prompt_tokens_total"
+    )
+    any_spec = models.PrometheusSpec()
+    queues = {fleet_scope(any_spec, "p", "f", k).metrics.queue_reqs for k in models.ENGINE_KINDS}
+    assert queues == {"sglang:num_queue_reqs", "vllm:num_requests_waiting"}
+
+
+async def test_without_prometheus_a_vllm_fleet_is_read_from_its_sidecars_metrics() -> None:
+    served = {"queries": 1000.0, "hits": 250.0}
+
+    async def metrics(_request: web.Request) -> web.Response:
+        text = (
+            "# TYPE vllm:prefix_cache_queries counter\n"
+            f'vllm:prefix_cache_queries_total{{model_name="m"}} {served["queries"]}\n'
+            "# TYPE vllm:prefix_cache_hits counter\n"
+            f'vllm:prefix_cache_hits_total{{model_name="m"}} {served["hits"]}\n'
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            'vllm:num_requests_waiting{model_name="m"} 3.0\n'
+        )
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    scope = fleet_scope(models.PrometheusSpec(), "prod", "chat", "vllm")
+    urls = {"chat-0": f"http://127.0.0.1:{port}"}
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            first = await read_engine_metrics(http, urls, {}, None, scope)
+            assert first.counters["chat-0"].uncached_tokens == 750.0 and first.rates == {}
+            served.update(queries=3000.0, hits=1250.0)  # 2000 more tokens asked for, 1000 of them cached
+            await asyncio.sleep(0.05)
+            second = await read_engine_metrics(http, urls, first.counters, None, scope)
+    finally:
+        await runner.cleanup()
+    rates = second.rates["chat-0"]
+    seconds = second.counters["chat-0"].at_s - first.counters["chat-0"].at_s
+    assert rates.uncached_tokens_per_s == pytest.approx(1000.0 / seconds)
+    assert rates.queue_reqs == 3.0 and second.source == "scrape"
 
 
 def test_the_fleet_url_wins_over_the_operator_default() -> None:
