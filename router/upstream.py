@@ -405,7 +405,9 @@ class UpstreamPool:
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body) if body else 0}\r\n")
         lines.append("\r\n")
-        head = "".join(lines).encode("utf-8")
+        # aiohttp keeps header bytes that are not UTF-8 (latin-1 text, say) as surrogate escapes:
+        # this sends the client's original bytes on
+        head = "".join(lines).encode("utf-8", "surrogateescape")
         exchange = Exchange(self, origin, method.encode("ascii"), head + body if body else head)
         await exchange._send()
         return exchange

@@ -33,6 +33,8 @@ Specification:
   for gzip and kept it compressed, while the gateway drops Content-Encoding: the client got gzip
   bytes labelled JSON), and names the worker that answered in ``X-Prefixfleet-Worker`` as every
   answer does (docs/gateway.md; it did not);
+* a request header that is not UTF-8 (latin-1 ``café``, raw ``\\xff``: legal opaque bytes in HTTP) is
+  passed on as it came, by the gateway and the sidecar (writing it upstream raised: 500);
 * every answer carries one ``Date`` header, streamed or not, whichever server parsed the request
   (each lean front added its own beside the engine's: three on a generation answer);
 * every one of these leaves the services serving.
@@ -441,3 +443,13 @@ def test_every_answer_carries_one_date_header(
     refused = post(client, f"{services.gateway}/v1/chat/completions", b"{")
     assert refused.status_code == 400
     assert len(refused.headers.get_list("date")) == 1
+
+
+@pytest.mark.parametrize("value", [b"caf\xe9", b"\xff\xfe"], ids=["latin1", "raw"])
+def test_a_header_that_is_not_utf8_is_passed_on(
+    services: Services, client: httpx.Client, value: bytes
+) -> None:
+    for url in (services.gateway, services.sidecar):
+        resp = post(client, f"{url}/v1/chat/completions", json.dumps(CHAT).encode(), {"X-Client-Note": value})
+        assert resp.status_code == 200, (url, resp.text[:300])
+        assert resp.json()["choices"][0]["message"]["content"]
