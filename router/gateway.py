@@ -70,6 +70,7 @@ from .upstream import Origin, UpstreamPool, UpstreamResponse, split_url
 from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, FleetView, WorkerView
 
 log = logging.getLogger("prefixfleet.gateway")
+CLIENT_CLOSED_REQUEST = 499  # nginx's code for a client that left before its answer
 _SHARE_COALESCE_S = 0.01  # send notices wait at most this long to share a publish round trip
 _RETRY_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
 
@@ -448,7 +449,13 @@ class Gateway:
         except BadRequest as exc:
             self.metrics.errors.labels("bad_request").inc()
             return self._answer(endpoint, json_error(exc.status, str(exc), param=exc.param), started)
-        response = await self._route_and_forward(request, body, parsed, started)
+        try:
+            response = await self._route_and_forward(request, body, parsed, started)
+        except asyncio.CancelledError:
+            # The client left before its answer began (the front cancels the handler so the engine
+            # aborts): still a request, counted under nginx's 499 "client closed request".
+            self.metrics.request_answered(endpoint, CLIENT_CLOSED_REQUEST, time.perf_counter() - started)
+            raise
         return self._answer(endpoint, response, started)
 
     def _decide(

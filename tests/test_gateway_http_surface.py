@@ -63,6 +63,7 @@ from fleet_fixtures import (
     wait_for_http,
     wait_until,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -269,6 +270,17 @@ def engine_aborted_requests(client: httpx.Client, engine: str) -> float:
     raise AssertionError("the emulator exports sglang:num_aborted_requests_total")
 
 
+def gateway_requests(client: httpx.Client, gateway: str, endpoint: str, code: str) -> float:
+    for family in text_string_to_metric_families(client.get(f"{gateway}/metrics").text):
+        for sample in family.samples:
+            if sample.name == "prefixfleet_gateway_requests_total" and sample.labels == {
+                "endpoint": endpoint,
+                "code": code,
+            }:
+                return sample.value
+    return 0.0
+
+
 def sidecar_in_flight(client: httpx.Client, sidecar: str) -> int:
     return client.get(f"{sidecar}/prefixfleet/status").json()["load"]["in_flight"]
 
@@ -278,6 +290,7 @@ def test_a_client_that_leaves_before_its_answer_aborts_the_request_on_the_engine
     services: Services, client: httpx.Client, framing: str
 ) -> None:
     aborted_before = engine_aborted_requests(client, services.engine)
+    closed_before = gateway_requests(client, services.gateway, "/v1/completions", "499")
     # minutes of decoding at time scale 1: only an abort ends it while this test runs
     body = json.dumps({"prompt": "an answer nobody waits for", "max_tokens": 10_000}).encode()
     if framing == "chunked":
@@ -302,6 +315,12 @@ def test_a_client_that_leaves_before_its_answer_aborts_the_request_on_the_engine
         20,
         "the sidecar to count the request done",
         done=lambda n: n == 0,
+    )
+    # and the gateway still counts it, under nginx's 499 "client closed request"
+    wait_until(
+        lambda: gateway_requests(client, services.gateway, "/v1/completions", "499") - closed_before,
+        20,
+        "the gateway to count the request its client left",
     )
     assert_still_serving(client, services)
 
