@@ -14,13 +14,15 @@ if TYPE_CHECKING:
 
 DEFAULT_FLEET = "default"
 # Matched with fullmatch: ``$`` would also accept a trailing newline, which then ends up in every key.
-_FLEET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# 127: room for the operator's `<namespace>.<fleet name>` (a namespace has up to 63 characters, a
+# PrefixCacheFleet name up to 47).
+_FLEET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,126}")
 
 
 def validate_fleet_name(fleet: str) -> str:
     if not isinstance(fleet, str) or not _FLEET_NAME.fullmatch(fleet):
         raise ValueError(
-            f"fleet name {fleet!r} must be 1-63 characters of letters, digits, '_', '.' or '-' "
+            f"fleet name {fleet!r} must be 1-127 characters of letters, digits, '_', '.' or '-' "
             "starting with a letter or digit"
         )
     return fleet

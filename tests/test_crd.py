@@ -283,6 +283,22 @@ def test_the_longest_accepted_fleet_name_gives_valid_child_names_and_labels(crd:
         assert all(len(value) <= 63 for value in meta["labels"].values()), meta["labels"]
 
 
+def test_the_longest_accepted_fleet_name_in_the_longest_namespace_has_a_redis_fleet() -> None:
+    from prefixfleet.operator import planner
+    from prefixfleet.router.keys import FleetKeys, validate_fleet_name
+
+    # A namespace is a DNS-1123 label of up to 63 characters; the Redis fleet is <namespace>.<name>.
+    ref = planner.FleetRef(name="a" * models.FLEET_NAME_MAX_LENGTH, namespace="n" * 63, uid="uid")
+    spec = models.validate_spec(fleet()["spec"])
+    template, _ = planner.replica_template(ref, spec, "redis://r:6379/0")
+    gateway = next(c for c in planner.desired_children(ref, spec, "") if c["kind"] == "Deployment")
+    containers = [*template["spec"]["containers"], *gateway["spec"]["template"]["spec"]["containers"]]
+    fleets = [c["args"][c["args"].index("--fleet") + 1] for c in containers if "--fleet" in c["args"]]
+    assert len(fleets) == 2  # the sidecar's and the gateway's, which their CLIs validate
+    assert all(validate_fleet_name(f) == ref.redis_fleet for f in fleets)
+    assert FleetKeys(ref.redis_fleet).members.startswith(f"pf:{ref.namespace}.{ref.name}:")
+
+
 def test_two_accepted_fleet_names_never_share_a_child_name() -> None:
     from prefixfleet.operator import planner
 
