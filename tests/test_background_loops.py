@@ -257,7 +257,16 @@ async def test_sidecar_retries_a_state_change_during_a_redis_outage_with_backoff
             redis_server.start()  # empty: the sidecar must register again, in its new state
             wanted["state"] = "draining"
             await eventually(registered, 10, "the state change to be published after the outage")
-            status = await (await http.get(front.make_url("/prefixfleet/status"))).json()
-            assert (status["state"], status["redis_ok"]) == ("draining", True)
+
+            async def status() -> dict:
+                async with http.get(front.make_url("/prefixfleet/status")) as resp:
+                    return await resp.json()
+
+            # redis_ok turns back on once the whole publish round went through (the member entry is
+            # written first, so it can be seen a moment earlier): wait for it, don't sample it once
+            back = await eventually(
+                status, 10, "the sidecar to report Redis back", done=lambda s: s["redis_ok"]
+            )
+            assert (back["state"], back["redis_ok"]) == ("draining", True)
         finally:
             client.close()
