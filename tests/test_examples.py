@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import re
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
+from fleet_fixtures import Spawner, free_port, prefixfleet_argv, wait_for_http
 
 from prefixfleet.cli import build_parser
 from prefixfleet.operator import planner
@@ -156,3 +159,35 @@ def test_the_emulator_fleets_pods_meet_the_restricted_pod_security_standard() ->
 def test_the_gateway_pods_meet_the_restricted_pod_security_standard(path: Path) -> None:
     (gateway,) = [o for o in children(path) if o["kind"] == "Deployment"]
     assert _restricted_violations(gateway) == []
+
+
+def _probe_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=3) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_a_replica_is_ready_only_while_its_engine_serves(spawn: Spawner) -> None:
+    # The engine container has no probe of its own (it listens on loopback): the sidecar's readiness
+    # probe must fail while the engine is down, pass once it serves, and fail again when it dies.
+    (pod,) = [o for o in children(ROOT / "examples" / "emulator-fleet.yaml") if o["kind"] == "Pod"]
+    engine, sidecar = ({c["name"]: c for c in pod["spec"]["containers"]}[n] for n in ("engine", "sidecar"))
+    path = sidecar["readinessProbe"]["httpGet"]["path"]
+    engine_port, sidecar_port = free_port(), free_port()
+    args = engine["args"]
+    args = [*args[: args.index("--port") + 1], str(engine_port), *args[args.index("--port") + 2 :]]
+    probe = f"http://127.0.0.1:{sidecar_port}{path}"
+    spawn(
+        prefixfleet_argv("router", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}",
+                         "--port", str(sidecar_port), "--worker-id", "r0"),
+        name="sidecar", ready_port=sidecar_port,
+    )  # fmt: skip
+    assert not 200 <= _probe_status(probe) < 400, "ready before its engine started"
+    engine_proc = spawn(
+        prefixfleet_argv(*engine["command"][1:], *args), name="engine", ready_port=engine_port
+    )
+    wait_for_http(probe, proc=engine_proc.proc)
+    engine_proc.kill()
+    assert not 200 <= _probe_status(probe) < 400, "still ready after its engine died"
