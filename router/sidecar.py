@@ -244,6 +244,7 @@ class Sidecar:
         self._engine_origin, self._engine_prefix = split_url(config.engine_url.rstrip("/"))
         self.redis: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._finishing: set[asyncio.Task[Answer]] = set()  # flushes seen through
         # A request saw the engine fail: the watch probes at once instead of at its next round, so
         # a killed engine is seen refusing (its cache is gone) even if it restarts within a second.
         self._probe_engine = asyncio.Event()
@@ -687,8 +688,18 @@ class Sidecar:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return await refuse_too_large(request, self.config.max_body_bytes)
+        if request.path != "/flush_cache":
+            return await self._forward(request, body)
+        # Once sent, the engine may empty its cache even if the client leaves (aiohttp then cancels
+        # this handler): the flush is seen through, so the mirror empties with the engine.
+        task = asyncio.create_task(self._flush_cache(request, body))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+        return await asyncio.shield(task)
+
+    async def _flush_cache(self, request: web.Request, body: bytes) -> Answer:
         response = await self._forward(request, body)
-        if request.path == "/flush_cache" and 200 <= response.status < 300:
+        if 200 <= response.status < 300:
             self.s.mirror.flush()
         return response
 
