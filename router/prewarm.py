@@ -121,9 +121,9 @@ async def handle_warm(request: web.Request) -> web.Response:
     except ValueError as exc:
         return json_error(400, str(exc))
     previous = sidecar.s.state
-    set_state(sidecar, "warming")
-    await announce_state(sidecar)  # gateways know before the first prefill starts
-    try:
+    try:  # also the announcement: a client that leaves cancels this handler from any await on
+        set_state(sidecar, "warming")
+        await announce_state(sidecar)  # gateways know before the first prefill starts
         results = await warm_prefixes(sidecar, warm.source, warm.hashes)
     finally:
         # a draining replica stays draining: warming never overrides the operator's removal

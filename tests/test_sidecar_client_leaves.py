@@ -4,6 +4,9 @@ aiohttp cancels the handler of a client that left (``handler_cancellation``: a p
 request then stops on the engine too). Specification for the endpoints that change the sidecar's
 state, so that a client giving up never leaves that state wrong:
 
+* ``POST /prefixfleet/warm`` whose client (the autoscaler, with its timeout) leaves while the
+  sidecar announces ``warming`` to a stalled Redis: the replica still ends ``ready`` (it stayed
+  ``warming`` for good, so gateways sent it nothing again);
 * ``/flush_cache`` whose client leaves while the engine is flushing: the engine's cache is empty
   once it answers, and so is the sidecar's mirror of it (it kept the old blocks, which gateways
   went on routing to as hits).
@@ -12,6 +15,7 @@ state, so that a client giving up never leaves that state wrong:
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from fleet_fixtures import LOOPBACK, Spawner, free_port, prefixfleet_argv, wait_until
+from fleet_fixtures import LOOPBACK, RedisServer, Spawner, free_port, prefixfleet_argv, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FLUSH_ANSWER_DELAY_S = 1.0  # the engine answers the flush after its client (the sidecar's) left
@@ -27,6 +31,39 @@ FLUSH_ANSWER_DELAY_S = 1.0  # the engine answers the flush after its client (the
 
 def sidecar_status(url: str) -> dict:
     return httpx.get(f"{url}/prefixfleet/status", timeout=10).json()
+
+
+def test_a_warm_whose_client_leaves_still_ends_with_the_replica_ready(
+    spawn: Spawner, redis_server: RedisServer
+) -> None:
+    engine_port, sidecar_port = free_port(), free_port()
+    spawn(
+        prefixfleet_argv("emulator", "--port", str(engine_port), "--cache-tokens", "20000"),
+        name="engine", ready_url=f"http://{LOOPBACK}:{engine_port}/health",
+    )  # fmt: skip
+    sidecar = f"http://{LOOPBACK}:{sidecar_port}"
+    spawn(
+        prefixfleet_argv(
+            "router", "sidecar", "--engine", f"http://{LOOPBACK}:{engine_port}", "--redis", redis_server.url,
+            "--port", str(sidecar_port), "--worker-id", "w0", "--fleet", "leaves",
+            "--publish-interval", "0.1",
+        ),
+        name="sidecar", ready_url=f"{sidecar}/prefixfleet/status",
+    )  # fmt: skip
+    assert redis_server.proc is not None
+    redis_server.proc.send_signal(signal.SIGSTOP)  # stalled: announcing the state waits on it
+    try:
+        warm = {"source": f"http://{LOOPBACK}:{free_port()}", "hashes": ["0123456789abcdef"]}
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while the state is announced
+            httpx.post(f"{sidecar}/prefixfleet/warm", json=warm, timeout=httpx.Timeout(10, read=0.3))
+        wait_until(
+            lambda: sidecar_status(sidecar)["state"],
+            20,
+            "the replica to be ready after the warm its client left",
+            done=lambda state: state == "ready",
+        )
+    finally:
+        redis_server.proc.send_signal(signal.SIGCONT)
 
 
 class SlowFlushEngine(BaseHTTPRequestHandler):
