@@ -106,6 +106,7 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         """The whole body (raises :class:`UpstreamClosed` if the connection broke before its end)."""
         while not self._done:
+            self._conn.resume()  # the whole body is wanted: a body above the pause limit waits for nobody
             await self._wait()
         if self._exc is not None:
             raise self._exc

@@ -298,3 +298,24 @@ async def test_ambiguous_or_malformed_answers_raise_instead_of_being_misread(
             await (await ex.response()).read()
         ex.close()
     pool.close()
+
+
+async def test_a_whole_body_larger_than_the_read_pause_is_read_to_its_end() -> None:
+    # read() wants the whole body: pausing the socket while the body waits for it would wait forever
+    body = b'{"padding": "' + b"x" * (4 << 20) + b'"}'
+
+    async def script(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: int) -> None:
+        await _read_request(reader)
+        writer.write(_ok(body))
+        await writer.drain()
+
+    async with scripted_server(script) as (origin, _heads):
+        pool = UpstreamPool()
+        try:
+            exchange = await pool.send(origin, "GET", "/big", [], None)
+            async with exchange:
+                response = await exchange.response()
+                async with asyncio.timeout(10):  # it waited forever
+                    assert await response.read() == body
+        finally:
+            pool.close()
