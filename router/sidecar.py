@@ -762,11 +762,14 @@ class Sidecar:
                     return response
                 load.first_byte(handle, time.monotonic())
                 self.load_changed()
-                # Answer first, learn after: the mirror update is not the client's wait.
-                with contextlib.suppress(ConnectionError):
-                    await answer_now(request, response)
-                if parsed is not None and upstream.status == 200:
-                    self._learn(parsed, data, predicted or 0, handle)
+                # Answer first, learn after: the mirror update is not the client's wait. Learn even
+                # if the client left mid-answer (then aiohttp cancels this handler): the engine did it.
+                try:
+                    with contextlib.suppress(ConnectionError):
+                        await answer_now(request, response)
+                finally:
+                    if parsed is not None and upstream.status == 200:
+                        self._learn(parsed, data, predicted or 0, handle)
                 return response
             ok = upstream.status < 500
             return await self._stream(request, upstream, headers, parsed, handle, predicted or 0)

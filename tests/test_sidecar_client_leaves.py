@@ -9,13 +9,19 @@ state, so that a client giving up never leaves that state wrong:
   ``warming`` for good, so gateways sent it nothing again);
 * ``/flush_cache`` whose client leaves while the engine is flushing: the engine's cache is empty
   once it answers, and so is the sidecar's mirror of it (it kept the old blocks, which gateways
-  went on routing to as hits).
+  went on routing to as hits);
+* a generation answer (served by aiohttp: a chunked request body) whose client leaves while the
+  sidecar is still writing it: the engine did the work, so the sidecar still learns from its
+  answer (the engine's cached-token report reconciles the mirror; it was skipped).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -103,19 +109,41 @@ class SlowFlushEngine(BaseHTTPRequestHandler):
         return
 
 
-@pytest.fixture
-def slow_flush_engine() -> Iterator[tuple[str, list[float]]]:
-    SlowFlushEngine.flushes = []
-    server = ThreadingHTTPServer((LOOPBACK, free_port()), SlowFlushEngine)
+class BigAnswerEngine(SlowFlushEngine):
+    """An engine whose generation answers are larger than the socket buffers between the sidecar and
+    a client that reads nothing (32 MB of padding), with SGLang's cached-token report."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        meta = {"prompt_tokens": 50, "completion_tokens": 1, "cached_tokens": 0}
+        self._answer(200, {"text": "ok", "meta_info": meta, "padding": "x" * (32 << 20)})
+
+
+@contextlib.contextmanager
+def serve_engine(handler: type[SlowFlushEngine]) -> Iterator[str]:
+    handler.flushes = []
+    server = ThreadingHTTPServer((LOOPBACK, free_port()), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://{LOOPBACK}:{server.server_address[1]}", SlowFlushEngine.flushes
+        yield f"http://{LOOPBACK}:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@pytest.fixture
+def slow_flush_engine() -> Iterator[tuple[str, list[float]]]:
+    with serve_engine(SlowFlushEngine) as url:
+        yield url, SlowFlushEngine.flushes
+
+
+@pytest.fixture
+def big_answer_engine() -> Iterator[str]:
+    with serve_engine(BigAnswerEngine) as url:
+        yield url
 
 
 def test_a_flush_whose_client_leaves_still_empties_the_mirror(
@@ -140,3 +168,35 @@ def test_a_flush_whose_client_leaves_still_empties_the_mirror(
         "the mirror to be empty like the engine's cache",
         done=lambda tokens: tokens == 0,
     )
+
+
+def test_an_answer_whose_client_leaves_while_it_is_written_is_still_learned(
+    spawn: Spawner, big_answer_engine: str
+) -> None:
+    port = free_port()
+    sidecar = f"http://{LOOPBACK}:{port}"
+    spawn(
+        prefixfleet_argv("router", "sidecar", "--engine", big_answer_engine, "--port", str(port)),
+        name="sidecar", ready_url=f"{sidecar}/prefixfleet/status",
+    )  # fmt: skip
+    body = json.dumps({"text": "a prompt " * 25, "sampling_params": {"max_new_tokens": 1}}).encode()
+    with socket.create_connection((LOOPBACK, port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /generate HTTP/1.1\r\nHost: sidecar\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        )
+        # the engine has answered (no request queued) and the sidecar is writing what nobody reads
+        wait_until(
+            lambda: sidecar_status(sidecar)["load"],
+            30,
+            "the sidecar to be writing the answer",
+            done=lambda load: load["in_flight"] == 1 and load["queued"] == 0,
+        )
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # leave: reset
+    wait_until(
+        lambda: sidecar_status(sidecar)["load"]["in_flight"],
+        30,
+        "the sidecar to count the request done",
+        done=lambda n: n == 0,
+    )
+    assert sidecar_status(sidecar)["mirror"]["compared_requests"] == 1
