@@ -46,7 +46,9 @@ class InferenceRequest:
     model: str | None
 
 
-def _is_utf8(text: str) -> bool:
+def is_utf8(text: str) -> bool:
+    """Whether ``text`` has a UTF-8 form (no lone surrogate: from a JSON ``\\ud800`` escape, or
+    header bytes that were not UTF-8, which aiohttp keeps as surrogate escapes)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -120,7 +122,7 @@ def parse_inference_request(
     salt = obj.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise BadRequest("field 'cache_salt' must be a string", param="cache_salt")
-    if salt and not _is_utf8(salt):  # e.g. "\ud800" in the JSON: the salt is hashed as UTF-8 bytes
+    if salt and not is_utf8(salt):  # e.g. "\ud800" in the JSON: the salt is hashed as UTF-8 bytes
         raise BadRequest(
             "field 'cache_salt' must be valid Unicode text (it holds a lone surrogate)", param="cache_salt"
         )

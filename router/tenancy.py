@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .requests import BadRequest
+from .requests import BadRequest, is_utf8
 
 DEFAULT_TENANT_HEADER = "X-Prefixfleet-Tenant"
 MAX_TENANT_CHARS = 256
@@ -26,10 +26,8 @@ def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
         raise BadRequest(f"header {header} is required: this gateway isolates tenants", param=header)
     if len(tenant) > MAX_TENANT_CHARS:
         raise BadRequest(f"header {header} is longer than {MAX_TENANT_CHARS} characters", param=header)
-    try:
-        tenant.encode("utf-8")
-    except UnicodeEncodeError:  # aiohttp keeps bytes that are not UTF-8 as lone surrogates
-        raise BadRequest(f"header {header} must be UTF-8 text", param=header) from None
+    if not is_utf8(tenant):
+        raise BadRequest(f"header {header} must be UTF-8 text", param=header)
     try:
         obj: Any = json.loads(body)
     except (ValueError, RecursionError):  # ValueError: also an integer above the 4300-digit limit
