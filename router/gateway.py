@@ -621,11 +621,11 @@ class Gateway:
         assert self.session is not None
         # the client's headers (an engine's API key) as for generation; identity, since the answer's
         # Content-Encoding is not passed on
-        headers = [*forward_header_pairs(request.headers), ("Accept-Encoding", "identity")]
+        sent = [*forward_header_pairs(request.headers), ("Accept-Encoding", "identity")]
         for w in self.view.routable(time.monotonic()):
             try:
                 async with self.session.get(
-                    f"{w.url}/v1/models", headers=headers, timeout=aiohttp.ClientTimeout(total=5)
+                    f"{w.url}/v1/models", headers=sent, timeout=aiohttp.ClientTimeout(total=5)
                 ) as up:
                     data = await up.read()
                     if up.status < 500:
