@@ -45,10 +45,9 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -60,6 +59,7 @@ from fleet_fixtures import (
     Spawner,
     free_port,
     prefixfleet_argv,
+    serve_http,
     wait_for_http,
     wait_until,
 )
@@ -421,15 +421,8 @@ class KeyedEngine(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def keyed_engine() -> Iterator[str]:
-    server = ThreadingHTTPServer((LOOPBACK, free_port()), KeyedEngine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{LOOPBACK}:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve_http(KeyedEngine) as url:
+        yield url
 
 
 def test_models_passes_the_clients_api_key_answers_uncompressed_and_names_its_worker(

@@ -22,14 +22,13 @@ import json
 import signal
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
-from fleet_fixtures import LOOPBACK, RedisServer, Spawner, free_port, prefixfleet_argv, wait_until
+from fleet_fixtures import LOOPBACK, RedisServer, Spawner, free_port, prefixfleet_argv, serve_http, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 FLUSH_ANSWER_DELAY_S = 1.0  # the engine answers the flush after its client (the sidecar's) left
@@ -122,16 +121,8 @@ class BigAnswerEngine(SlowFlushEngine):
 @contextlib.contextmanager
 def serve_engine(handler: type[SlowFlushEngine]) -> Iterator[str]:
     handler.flushes = []
-    server = ThreadingHTTPServer((LOOPBACK, free_port()), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{LOOPBACK}:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serve_http(handler) as url:
+        yield url
 
 
 @pytest.fixture
