@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from prefixfleet import __version__ as prefixfleet_version
+from prefixfleet.router.addresses import base_url
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
@@ -442,7 +443,7 @@ class EmulatorServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return base_url(self.host, self.port)
 
     async def start(self) -> EmulatorServer:
         await self.engine.start()

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from prefixfleet.router.addresses import base_url
+
 from .models import API_VERSION, KIND, PROJECT_IMAGE, FleetSpec
 
 JSON = dict[str, Any]
@@ -207,7 +209,7 @@ def pod_url(pod: ObservedPod, port: int) -> str | None:
     """Where a pod's container port is reachable (honours the port-map annotation)."""
     if not pod.pod_ip:
         return None
-    return f"http://{pod.pod_ip}:{pod.port_map.get(port, port)}"
+    return base_url(pod.pod_ip, pod.port_map.get(port, port))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prefixfleet.cancellation import cancel_and_wait
 from prefixfleet.tokenizer import tokenize
 
+from .addresses import base_url, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
 from .front import serve_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
@@ -115,9 +116,10 @@ class SidecarConfig:
 
     def resolved_advertise_url(self) -> str:
         if self.advertise_url:
-            return self.advertise_url.rstrip("/")
+            # the pod spec's http://$(POD_IP):<port> on an IPv6 cluster has the address unbracketed
+            return bracket_ipv6_url(self.advertise_url.rstrip("/"))
         host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
-        return f"http://{host}:{self.port}"
+        return base_url(host, self.port)
 
 
 @dataclass(frozen=True, slots=True)
