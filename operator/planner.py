@@ -374,7 +374,7 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
     sidecar_args = [
         "--engine", f"http://127.0.0.1:{engine.port}",
         "--redis", "$(REDIS_URL)",
-        "--host", "0.0.0.0",
+        "--host", "",  # every interface: IPv4 and IPv6 pod IPs alike
         "--port", str(sidecar.port),
         "--worker-id", "$(POD_NAME)",
         "--advertise-url", f"http://$(POD_IP):{sidecar.port}",
@@ -495,7 +495,7 @@ def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
     router = spec.router
     gateway_args = [
         "--redis", "$(REDIS_URL)",
-        "--host", "0.0.0.0",
+        "--host", "",  # every interface: IPv4 and IPv6 pod IPs alike
         "--port", str(router.port),
         "--fleet", fleet.redis_fleet,
         "--policy", router.policy,

@@ -18,6 +18,8 @@ from .records import validate_worker_id
 from .requests import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .summary import DEFAULT_MAX_BLOCKS
 
+BIND_HELP = "address to listen on (default 127.0.0.1); '' listens on every interface, IPv4 and IPv6"
+
 
 def _usage_error(message: str) -> Exception:
     from prefixfleet.cli import UsageError
@@ -35,7 +37,7 @@ def register(subparsers: Any) -> None:
     )
     sc.add_argument("--redis", metavar="URL", help="Redis URL (redis://host:port/db); omit to only proxy")
     sc.add_argument("--port", type=int, required=True)
-    sc.add_argument("--host", default="127.0.0.1")
+    sc.add_argument("--host", default="127.0.0.1", help=BIND_HELP)
     sc.add_argument("--worker-id", default="", metavar="ID", help="default: <hostname>-<port>")
     sc.add_argument(
         "--advertise-url", default="", metavar="URL", help="URL gateways use (default http://host:port)"
@@ -82,7 +84,7 @@ def register(subparsers: Any) -> None:
     gw = sub.add_parser("gateway", help="OpenAI/SGLang-compatible entry point routing by prefix and load")
     gw.add_argument("--redis", metavar="URL", help="Redis URL; optional when static --worker URLs are given")
     gw.add_argument("--port", type=int, required=True)
-    gw.add_argument("--host", default="127.0.0.1")
+    gw.add_argument("--host", default="127.0.0.1", help=BIND_HELP)
     gw.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME")
     gw.add_argument(
         "--policy", default=None, metavar="NAME", help="routing policy (default: the project's default)"

@@ -7,7 +7,9 @@ Specification:
 * the operator's member URL for a pod with an IPv6 IP is bracketed;
 * live, over the IPv6 loopback: an emulator and a sidecar bound to ``::1``, the sidecar told to
   advertise ``http://::1:<port>`` exactly as the pod spec would expand it, register a bracketed URL
-  and a gateway routes a request to them.
+  and a gateway routes a request to them;
+* the pods' sidecar and gateway listen with ``--host ''`` (every interface): such a sidecar answers on
+  the IPv4 and the IPv6 loopback alike (it bound 0.0.0.0, IPv4 only, before).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import httpx
 import pytest
 from fleet_fixtures import RedisServer, Spawner, free_port, prefixfleet_argv, wait_for_http
 
-from prefixfleet.operator.planner import ObservedPod, pod_url
+from prefixfleet.operator.models import FleetSpec
+from prefixfleet.operator.planner import FleetRef, ObservedPod, desired_children, pod_url, replica_template
 from prefixfleet.router.addresses import base_url, bracket_ipv6_url
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import decode_member
@@ -98,3 +101,44 @@ def test_a_replica_on_the_ipv6_loopback_registers_a_bracketed_url_and_serves(tmp
     finally:
         spawn.stop_all()
         redis.stop()
+
+
+def listen_hosts(containers: list[dict]) -> dict[str, str]:
+    out = {}
+    for c in containers:
+        argv = c.get("args", [])
+        # without --host, prefixfleet's services listen on 127.0.0.1 only
+        out[c["name"]] = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--host"), "127.0.0.1")
+    return out
+
+
+def test_the_planned_sidecar_and_gateway_listen_on_every_interface() -> None:
+    fleet = FleetRef(name="six", namespace="prod")
+    spec = FleetSpec.model_validate(
+        {"model": {"name": "m", "revision": "r1"}, "engine": {"kind": "emulator"}}
+    )
+    template, _ = replica_template(fleet, spec, "redis://redis:6379/0")
+    assert listen_hosts(template["spec"]["containers"])["sidecar"] == ""
+    gateway = next(
+        c for c in desired_children(fleet, spec, "redis://redis:6379/0") if c["kind"] == "Deployment"
+    )
+    assert set(listen_hosts(gateway["spec"]["template"]["spec"]["containers"]).values()) == {""}
+
+
+def test_a_sidecar_told_to_listen_everywhere_answers_on_ipv4_and_ipv6(tmp_path: Path) -> None:
+    spawn = Spawner(tmp_path)
+    port = free_port()
+    try:
+        # the replica pod's sidecar arguments: --host '' (no Redis here: it only proxies)
+        spawn(
+            prefixfleet_argv(
+                "router", "sidecar", "--host", "", "--port", str(port),
+                "--engine", "http://127.0.0.1:9", "--worker-id", "w0",
+            ),
+            name="sidecar", ready_url=f"http://127.0.0.1:{port}/prefixfleet/status",
+        )  # fmt: skip
+        for base in (f"http://127.0.0.1:{port}", f"http://[::1]:{port}"):
+            status = httpx.get(f"{base}/prefixfleet/status", timeout=10)
+            assert status.status_code == 200 and status.json()["worker_id"] == "w0", base
+    finally:
+        spawn.stop_all()
