@@ -9,9 +9,17 @@ the live-Prometheus test (evaluates every query). Queries use three variables: `
 copy the pod label ``prefixfleet.io/fleet`` into a ``fleet`` label), plus Grafana's
 ``$__rate_interval``.
 
-Series per replica: engine metrics (``sglang:*``, scraped through the sidecar's port) carry the
-scrape target's ``pod`` label; gateway metrics name the replica in their ``worker`` label, which the
-operator sets to the pod name, so both read the same.
+Series per replica: engine metrics (``sglang:*`` or ``vllm:*``, scraped through the sidecar's port)
+carry the scrape target's ``pod`` label; gateway metrics name the replica in their ``worker`` label,
+which the operator sets to the pod name, so both read the same.
+
+Engines: a fleet runs SGLang (or the emulator, which exports SGLang's series) or vLLM, and each engine
+panel reads both names of its series (:data:`ENGINE_SERIES`). The union is taken on the raw series,
+before aggregating: a pod exports one engine's names only, so ``a or b`` keeps every pod once and
+the sum over it is the same as over either engine alone, also when the selection mixes SGLang and
+vLLM fleets. Histograms are the exception (the two engines' buckets differ, and summing different
+bucket layouts makes no histogram): their quantile is computed per engine and then joined with
+``or``, so a selection mixing both engines shows SGLang's.
 """
 
 from __future__ import annotations
@@ -70,13 +78,61 @@ class Variable:
     depends_on: tuple[str, ...] = field(default=())
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSeries:
+    """One engine measurement under its SGLang name and its vLLM name(s) (newest first)."""
+
+    sglang: str
+    vllm: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.sglang, *self.vllm)
+
+
+# vLLM counts its prefix cache in tokens: queries = prompt tokens looked up, hits = those found cached,
+# the same token-weighted ratio as SGLang's cached / prompt tokens. Both usages are fractions (0-1).
+CACHED_TOKENS = EngineSeries("sglang:cached_tokens_total", ("vllm:prefix_cache_hits_total",))
+PROMPT_TOKENS_ENGINE = EngineSeries("sglang:prompt_tokens_total", ("vllm:prefix_cache_queries_total",))
+QUEUE_REQS = EngineSeries("sglang:num_queue_reqs", ("vllm:num_requests_waiting",))
+KV_USAGE = EngineSeries("sglang:token_usage", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"))
+ENGINE_TTFT = EngineSeries("sglang:time_to_first_token_seconds", ("vllm:time_to_first_token_seconds",))
+ENGINE_SERIES: tuple[EngineSeries, ...] = (
+    CACHED_TOKENS,
+    PROMPT_TOKENS_ENGINE,
+    QUEUE_REQS,
+    KV_USAGE,
+    ENGINE_TTFT,
+)
+
+
 def _quantile(q: float, metric: str, by: str = "") -> str:
     return f"histogram_quantile({q}, sum by (le{by}) (rate({metric}_bucket{{{SEL}}}[{RATE}])))"
+
+
+def _engine_quantile(q: float, series: EngineSeries) -> str:
+    # one quantile per engine (their buckets differ); both come out without labels, so `or` keeps one
+    return " or ".join(f"({_quantile(q, name)})" for name in series.names)
+
+
+def _engine_gauges(series: EngineSeries) -> str:
+    """Every engine's series of this gauge, as one union of raw series (one name per pod)."""
+    return " or ".join(f"{name}{{{SEL}}}" for name in series.names)
+
+
+def _engine_rates(series: EngineSeries) -> str:
+    return " or ".join(f"rate({name}{{{SEL}}}[{RATE}])" for name in series.names)
 
 
 def _ratio(num: str, den: str, by: str = "") -> str:
     grouping = f" by ({by})" if by else ""
     return f"sum{grouping} (rate({num}{{{SEL}}}[{RATE}])) / sum{grouping} (rate({den}{{{SEL}}}[{RATE}]))"
+
+
+def _engine_hit_rate(by: str = "") -> str:
+    grouping = f" by ({by})" if by else ""
+    cached, prompt = _engine_rates(CACHED_TOKENS), _engine_rates(PROMPT_TOKENS_ENGINE)
+    return f"sum{grouping} ({cached}) / sum{grouping} ({prompt})"
 
 
 REQUESTS = "prefixfleet_gateway_requests_total"
@@ -90,12 +146,13 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Time to first token",
         "Fleet-wide TTFT: from arrival at a gateway to the first streamed byte (p50, p99), and the engines' "
-        "own p99 (queue + prefill).",
+        "own p99 (queue + prefill; SGLang's or vLLM's time_to_first_token_seconds, SGLang's alone when the "
+        "selection mixes fleets of both engines).",
         "s",
         (
             Query(_quantile(0.5, "prefixfleet_gateway_ttft_seconds"), "p50 (gateway)"),
             Query(_quantile(0.99, "prefixfleet_gateway_ttft_seconds"), "p99 (gateway)"),
-            Query(_quantile(0.99, "sglang:time_to_first_token_seconds"), "p99 (engines)"),
+            Query(_engine_quantile(0.99, ENGINE_TTFT), "p99 (engines)"),
         ),
         in_report=True,
         slug="ttft",
@@ -116,11 +173,12 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Prefix hit rate, fleet (token-weighted)",
-        "Cached prompt tokens / prompt tokens over all replicas: as the engines measured it, and as the "
-        "gateways estimated it when routing.",
+        "Cached prompt tokens / prompt tokens over all replicas: as the engines measured it (SGLang's "
+        "cached / prompt tokens, vLLM's prefix-cache hits / queries), and as the gateways estimated it "
+        "when routing.",
         "percentunit",
         (
-            Query(_ratio("sglang:cached_tokens_total", "sglang:prompt_tokens_total"), "engines (measured)"),
+            Query(_engine_hit_rate(), "engines (measured)"),
             Query(
                 _ratio(MATCHED_TOKENS, PROMPT_TOKENS),
                 "gateways (estimated)",
@@ -132,9 +190,9 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Prefix hit rate per replica (token-weighted)",
-        "Cached / prompt tokens measured by each replica's engine.",
+        "Cached / prompt tokens measured by each replica's engine (vLLM: prefix-cache hits / queries).",
         "percentunit",
-        (Query(_ratio("sglang:cached_tokens_total", "sglang:prompt_tokens_total", "pod"), "{{pod}}"),),
+        (Query(_engine_hit_rate("pod"), "{{pod}}"),),
         in_report=True,
         slug="hit-rate-replica",
         max=1.0,
@@ -167,9 +225,9 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "Queue depth per replica",
-        "Requests waiting in each engine's queue (sglang:num_queue_reqs).",
+        "Requests waiting in each engine's queue (sglang:num_queue_reqs, vllm:num_requests_waiting).",
         "short",
-        (Query(f"sum by (pod) (sglang:num_queue_reqs{{{SEL}}})", "{{pod}}"),),
+        (Query(f"sum by (pod) ({_engine_gauges(QUEUE_REQS)})", "{{pod}}"),),
         in_report=True,
         slug="queue-depth",
     ),
@@ -196,9 +254,10 @@ PANELS: tuple[Panel, ...] = (
     ),
     Panel(
         "KV cache usage per replica",
-        "Fraction of each engine's KV pool held by running requests (sglang:token_usage).",
+        "Fraction of each engine's KV pool held by running requests (sglang:token_usage, "
+        "vllm:kv_cache_usage_perc, or older vLLM's vllm:gpu_cache_usage_perc).",
         "percentunit",
-        (Query(f"max by (pod) (sglang:token_usage{{{SEL}}})", "{{pod}}"),),
+        (Query(f"max by (pod) ({_engine_gauges(KV_USAGE)})", "{{pod}}"),),
         max=1.0,
     ),
     Panel(
