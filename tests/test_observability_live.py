@@ -16,9 +16,6 @@ import math
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,12 +39,7 @@ class Observed:
     run: ObservedRun
 
     def api(self, path: str, **params: str) -> dict[str, Any]:
-        url = f"{self.prometheus.url}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}"
-        try:
-            with urllib.request.urlopen(url, timeout=30) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:  # 400/422: PromQL errors come back as JSON too
-            return json.loads(exc.read())
+        return self.prometheus.api(path, **params)
 
     def query_range(self, expr: str) -> dict[str, Any]:
         return self.api("query_range", query=expr, start=f"{self.run.start}", end=f"{self.run.end}", step="1")

@@ -13,14 +13,10 @@ selected), and the alerts must evaluate on vLLM's series. A missing ``prometheus
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -148,12 +144,7 @@ class Scraped:
     end: float
 
     def api(self, path: str, **params: str) -> dict[str, Any]:
-        url = f"{self.prometheus.url}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}"
-        try:
-            with urllib.request.urlopen(url, timeout=30) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:  # 400/422: PromQL errors come back as JSON too
-            return json.loads(exc.read())
+        return self.prometheus.api(path, **params)
 
     def query_range(self, expr: str) -> dict[str, Any]:
         return self.api("query_range", query=expr, start=f"{self.start}", end=f"{self.end}", step="0.5")

@@ -9,12 +9,14 @@ name for gateways), so the dashboard's queries and the alert rules read a local 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,6 +121,15 @@ class LocalPrometheus:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"prometheus not ready within {timeout_s} s:\n{self.log()[-3000:]}")
+
+    def api(self, path: str, **params: str) -> dict[str, Any]:
+        """``GET /api/v1/<path>`` as JSON; a 400/422 (a PromQL error) is returned as its JSON too."""
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
