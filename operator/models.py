@@ -215,6 +215,22 @@ class EngineSpec(CamelModel):
         description="Free-form Pod fields (metadata/spec) merged into every replica pod:"
         " nodeSelector, tolerations, volumes, ...",
     )
+    # The engine listens on loopback only, so no kubelet probe can restart a hung one: the operator
+    # replaces the pod instead (operator/planner.py, plan_unhealthy).
+    replace_unready_after_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=86400,
+        description="A replica pod that was Ready and has been unready this long (a hung engine) is"
+        " deleted and recreated, one at a time; 0 = never.",
+    )
+    replace_never_ready_after_seconds: int = Field(
+        default=0,
+        ge=0,
+        le=86400,
+        description="A running replica pod that has never been Ready this long (an engine that never came"
+        " up) is deleted and recreated, one at a time; 0 = never (model loads can take many minutes).",
+    )
 
     @model_validator(mode="after")
     def _kind_defaults(self) -> EngineSpec:
