@@ -109,6 +109,12 @@ class OperatorMetrics:
             (*labels, "action"),
             registry=self.registry,
         )
+        self.unhealthy_replacements = Counter(
+            "prefixfleet_operator_unhealthy_replacements",
+            "Replica pods the reconcile deleted for being unready too long (unready, never_ready).",
+            (*labels, "reason"),
+            registry=self.registry,
+        )
 
     def forget(self, namespace: str, fleet: str) -> None:
         for gauge in (self.replicas, self.max_replicas, self.target_ttft):
@@ -162,6 +168,8 @@ async def start_autoscaler(memo: kopf.Memo, logger: logging.Logger, **_: Any) ->
             logger.info("operator metrics on :%d/metrics", port)
         except OSError as exc:  # metrics are not worth refusing to reconcile
             logger.warning("operator metrics not served: port %d: %s", port, exc)
+    if (ctx := getattr(memo, "ctx", None)) is not None:  # the reconcile counts its replacements here
+        ctx.unhealthy_replacements = metrics.unhealthy_replacements
     memo.autoscale = AutoscaleContext(
         metrics,
         httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S),

@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 import redis
 import redis.asyncio as aioredis
+from prometheus_client import Counter
 from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
@@ -36,6 +37,7 @@ from .membership import desired_members, plan_membership
 from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
 from .planner import (
     ANNOTATION_DRAINING_SINCE,
+    ANNOTATION_FIRST_READY,
     ANNOTATION_SPEC_HASH,
     ANNOTATION_STATE,
     LABEL_MANAGED_BY,
@@ -46,6 +48,7 @@ from .planner import (
     ObservedPod,
     ObservedState,
     PlannedEvent,
+    UnhealthyReplica,
     observe_pod,
     plan_invalid_spec,
     plan_reconcile,
@@ -76,6 +79,9 @@ class OperatorContext:
     reconciles: int = 0
     last_reconcile: float = 0.0
     followups: set[asyncio.Task[None]] = field(default_factory=set)
+    # prefixfleet_operator_unhealthy_replacements_total, in the operator's metrics registry (set by
+    # autoscale_handlers when it serves that registry; absent, replacements are not counted)
+    unhealthy_replacements: Counter | None = None
 
     def redis(self, url: str) -> aioredis.Redis:
         if url not in self.redis_clients:
@@ -104,6 +110,7 @@ class ReconcileOutcome:
     pods: tuple[ObservedPod, ...] = ()
     redis_url: str = ""
     draining: bool = False  # a drain is in progress: look again soon, not only at the next timer
+    replaced: tuple[UnhealthyReplica, ...] = ()  # unhealthy replicas deleted by this reconcile
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,6 +236,10 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
             await publish_membership(ctx, outcome, logger)
         for event in outcome.events:
             kopf.event(outcome.fleet, type=event.type, reason=event.reason, message=event.message)
+        for unhealthy in outcome.replaced:
+            logger.warning("replacing an unhealthy replica: %s", unhealthy.message)
+            if ctx.unhealthy_replacements is not None:
+                ctx.unhealthy_replacements.labels(namespace, name, unhealthy.reason).inc()
         if outcome.draining and not any(not t.done() for t in ctx.followups):
             task = asyncio.create_task(reconcile_later(ctx, namespace, name, logger, MIN_DRAIN_S + 0.5))
             ctx.followups.add(task)
@@ -326,6 +337,8 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         )
     for pod_name in plan.undrain_pods:
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_STATE: None, ANNOTATION_DRAINING_SINCE: None})
+    for pod_name in plan.mark_ready:
+        kube.annotate("Pod", namespace, pod_name, {ANNOTATION_FIRST_READY: stamp})
     for deletion in plan.delete_pods:
         kube.delete("Pod", namespace, deletion.name)
     for manifest in plan.create_pods:
@@ -340,7 +353,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     if changes:
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
     draining = bool(plan.drain_pods) or any(p.draining and p.alive for p in pods)
-    return ReconcileOutcome(fleet, plan.events, spec, ref, pods, redis_url, draining)
+    return ReconcileOutcome(fleet, plan.events, spec, ref, pods, redis_url, draining, plan.replaced)
 
 
 def with_in_flight(

@@ -49,6 +49,10 @@ ANNOTATION_PORT_MAP = "prefixfleet.io/port-map"
 ANNOTATION_STATE = "prefixfleet.io/state"
 # Set by the operator when it starts draining a replica it is about to remove (RFC 3339 time).
 ANNOTATION_DRAINING_SINCE = "prefixfleet.io/draining-since"
+# Set by the operator the first time it sees a replica Ready (RFC 3339 time): a pod that is unready
+# later with this mark served and then stopped (a hung engine), rather than never having come up.
+ANNOTATION_FIRST_READY = "prefixfleet.io/first-ready"
+ENGINE_CONTAINER = "engine"
 # A drain lasts at least this long even when the sidecar reports no request in flight, so every
 # gateway has refreshed its membership view (they poll every 0.2 s by default) before deletion.
 MIN_DRAIN_S = 2.0
@@ -89,6 +93,9 @@ class ObservedPod:
     state: str = "ready"
     draining_since: str = ""  # set by the operator when it drains the pod before removing it
     in_flight: int | None = None  # requests in flight at its sidecar (load record), if known
+    ready_changed: str = ""  # lastTransitionTime of the Ready condition
+    first_ready: str = ""  # the operator's first-ready mark (see ANNOTATION_FIRST_READY)
+    engine_started: str = ""  # when the engine container's current process started, if running
 
     @property
     def draining(self) -> bool:
@@ -106,6 +113,16 @@ class ObservedPod:
     @property
     def alive(self) -> bool:
         return not self.terminating and not self.failed
+
+    @property
+    def was_ready(self) -> bool:
+        return bool(self.first_ready)
+
+    @property
+    def lapsed(self) -> bool:
+        """It served, and is not Ready now (a hung or restarted engine): it serves nothing and its
+        cache is out of reach."""
+        return self.alive and self.was_ready and not self.ready and not self.draining
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,12 +177,19 @@ class ReconcilePlan:
     events: tuple[PlannedEvent, ...] = ()
     drain_pods: tuple[str, ...] = ()  # annotate state=draining + draining-since=now
     undrain_pods: tuple[str, ...] = ()  # drained by us but wanted again: remove both annotations
+    mark_ready: tuple[str, ...] = ()  # Ready for the first time: annotate first-ready=now
+    replaced: tuple[UnhealthyReplica, ...] = ()  # in delete_pods because they are unhealthy
 
     @property
     def is_noop(self) -> bool:
         """Nothing to change in the cluster (status and events aside)."""
         return not (
-            self.create_pods or self.delete_pods or self.children or self.drain_pods or self.undrain_pods
+            self.create_pods
+            or self.delete_pods
+            or self.children
+            or self.drain_pods
+            or self.undrain_pods
+            or self.mark_ready
         )
 
 
@@ -178,6 +202,17 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
     status = body.get("status") or {}
     annotations = meta.get("annotations") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    ready_changed = next(
+        (
+            c.get("lastTransitionTime") or ""
+            for c in status.get("conditions") or []
+            if c.get("type") == "Ready"
+        ),
+        "",
+    )
+    engine_status = next(
+        (c for c in status.get("containerStatuses") or [] if c.get("name") == ENGINE_CONTAINER), {}
+    )
     try:
         port_map = {int(k): int(v) for k, v in json.loads(annotations.get(ANNOTATION_PORT_MAP, "{}")).items()}
     except (ValueError, TypeError, AttributeError):
@@ -198,6 +233,9 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         deletion_cost=cost,
         state=annotations.get(ANNOTATION_STATE, "ready"),
         draining_since=annotations.get(ANNOTATION_DRAINING_SINCE, ""),
+        ready_changed=ready_changed,
+        first_ready=annotations.get(ANNOTATION_FIRST_READY, ""),
+        engine_started=((engine_status.get("state") or {}).get("running") or {}).get("startedAt") or "",
     )
 
 
@@ -583,10 +621,12 @@ def _removal_order(pods: Sequence[ObservedPod], victims: Sequence[str]) -> list[
 
 
 def _parse_time(text: str) -> datetime | None:
+    """An RFC 3339 time as the API writes it (fractions and offsets accepted); None if unreadable."""
     try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
+        parsed = datetime.fromisoformat(text)
+    except (TypeError, ValueError):
         return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def drained(pod: ObservedPod, now: datetime, drain_seconds: float) -> bool:
@@ -671,6 +711,135 @@ def plan_pods(fleet: FleetRef, replicas: int, template_hash: str, observed: Obse
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Unhealthy replicas: the engine listens on the pod's loopback, so no kubelet probe can see (and
+# restart) a hung one; the sidecar's readiness (GET /health, proxied to the engine) turns the pod
+# unready and gateways stop routing to it, but only deleting the pod brings the replica back.
+
+UnhealthyReason = Literal["unready", "never_ready"]
+
+
+@dataclass(frozen=True, slots=True)
+class UnhealthyReplica:
+    """A replica pod that has been unready longer than its allowance."""
+
+    name: str
+    reason: UnhealthyReason  # unready: it served, then stopped; never_ready: it has not come up
+    since: str  # when its Ready condition last turned False
+    seconds: float  # how long it has been unready
+    allowance_s: int
+    knob: str  # the spec field that set the allowance
+
+    @property
+    def message(self) -> str:
+        """For the Event: how long, and which knob it exceeded."""
+        if self.reason == "unready":
+            what = f"was Ready, then unready for {self.seconds:.0f}s (since {self.since})"
+        else:
+            what = f"has not been Ready for {self.seconds:.0f}s (since {self.since})"
+        return f"pod {self.name} {what}, over {self.knob}={self.allowance_s}"
+
+    @property
+    def summary(self) -> str:
+        """For the Degraded condition: no running count, so status is not rewritten every reconcile."""
+        what = "unready after serving" if self.reason == "unready" else "never Ready"
+        return f"{self.name} {what} since {self.since} (over {self.knob}={self.allowance_s})"
+
+
+@dataclass(frozen=True, slots=True)
+class UnhealthyPlan:
+    overdue: tuple[UnhealthyReplica, ...] = ()  # every replica over its allowance, longest first
+    replace: UnhealthyReplica | None = None  # the one to delete now (at most one)
+    held_back_by: str = ""  # why none is deleted now although some are overdue
+
+
+def overdue_replica(
+    pod: ObservedPod, now: datetime, unready_after_s: int, never_ready_after_s: int
+) -> UnhealthyReplica | None:
+    """The pod as an unhealthy replica when it is Running, not Ready and over its allowance.
+
+    A pod that served (the operator's first-ready mark) and whose engine process has not started
+    again since it turned unready is hung: ``replaceUnreadyAfterSeconds``. A pod that never served,
+    or whose engine was restarted by the kubelet since (a crash: it is loading its model again), is
+    starting: ``replaceNeverReadyAfterSeconds``. Pending pods wait for a node or an image: no
+    replacement fixes that. An unreadable time never replaces a pod."""
+    if not pod.alive or pod.ready or pod.draining or pod.phase != "Running":
+        return None
+    since = _parse_time(pod.ready_changed)
+    if since is None:
+        return None
+    if pod.was_ready and not _engine_restarted(pod):
+        reason: UnhealthyReason = "unready"
+        allowance, knob = unready_after_s, "spec.engine.replaceUnreadyAfterSeconds"
+    else:
+        reason, allowance, knob = (
+            "never_ready",
+            never_ready_after_s,
+            "spec.engine.replaceNeverReadyAfterSeconds",
+        )
+    waited = (now - since).total_seconds()
+    if allowance <= 0 or waited < allowance:
+        return None
+    return UnhealthyReplica(pod.name, reason, pod.ready_changed, waited, allowance, knob)
+
+
+def plan_unhealthy(
+    pods: Sequence[ObservedPod],
+    now: datetime,
+    unready_after_s: int,
+    never_ready_after_s: int,
+    *,
+    leaving: Sequence[str] = (),
+    creating: int = 0,
+) -> UnhealthyPlan:
+    """Which unhealthy replica to replace now: at most one, and only when no other replica is on
+    its way in or out (``leaving``: pods the rest of the plan deletes or drains; ``creating``: pods
+    it creates).
+
+    One at a time, each replacement Ready before the next, because "every replica unready" is far
+    more often a shared cause (Redis, the model store, the network) than many engines hanging at
+    once: replacing them all would throw away every warm cache and restart every model load for
+    nothing. So under such an outage exactly one replica is replaced; its replacement does not come
+    up either, which holds back the rest until the outage ends (they then recover by themselves).
+    """
+    overdue = sorted(
+        (
+            u
+            for p in pods
+            if p.name not in leaving
+            and (u := overdue_replica(p, now, unready_after_s, never_ready_after_s)) is not None
+        ),
+        key=lambda u: (-u.seconds, u.name),
+    )
+    if not overdue:
+        return UnhealthyPlan()
+    names = {u.name for u in overdue}
+    starting = [
+        p.name
+        for p in pods
+        if p.alive
+        and not p.ready
+        and p.name not in names
+        and p.name not in leaving
+        and (not p.was_ready or _engine_restarted(p))
+    ]
+    held = ""
+    if creating:
+        held = f"{creating} replica pod(s) are being created"
+    elif busy := sorted({p.name for p in pods if p.terminating} | set(leaving)):
+        held = f"{', '.join(busy)} is being removed"
+    elif starting:
+        held = f"{', '.join(sorted(starting))} is still starting"
+    if held:
+        return UnhealthyPlan(tuple(overdue), None, held)
+    return UnhealthyPlan(tuple(overdue), overdue[0])
+
+
+def _engine_restarted(pod: ObservedPod) -> bool:
+    started, since = _parse_time(pod.engine_started), _parse_time(pod.ready_changed)
+    return started is not None and since is not None and started > since
+
+
 def _condition(
     previous: Sequence[JSON],
     type_: str,
@@ -701,6 +870,7 @@ def plan_status(
     template_hash: str,
     creates: int,
     deletions: Sequence[PodDeletion],
+    unhealthy: UnhealthyPlan | None = None,
 ) -> JSON:
     alive = [p for p in observed.pods if p.alive]
     ready = [p for p in alive if p.ready]
@@ -736,6 +906,14 @@ def plan_status(
             "ReplicaFailed",
             "failed replica pod(s) replaced: " + ", ".join(p.name for p in failed),
         )
+    elif unhealthy is not None and unhealthy.overdue:
+        first = unhealthy.overdue[0]
+        if unhealthy.replace is not None:
+            what = f"{first.summary}: replacing it"
+        else:
+            what = f"{first.summary}: replacement held back while {unhealthy.held_back_by} (one at a time)"
+        more = len(unhealthy.overdue) - 1
+        degraded = (True, "ReplicaUnhealthy", what + (f"; {more} more unhealthy" if more else ""))
     elif not observed.redis_url:
         # without Redis the gateways learn no members: say so instead of looking healthy
         degraded = (
@@ -784,6 +962,16 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     spec = with_project_image(spec, observed.project_image)
     template, template_hash = replica_template(fleet, spec, observed.redis_url)
     pod_plan = plan_pods(fleet, spec.replicas, template_hash, observed)
+    unhealthy = plan_unhealthy(
+        observed.pods,
+        observed.now,
+        spec.engine.replace_unready_after_seconds,
+        spec.engine.replace_never_ready_after_seconds,
+        leaving=[d.name for d in pod_plan.delete] + pod_plan.drain,
+        creating=len(pod_plan.create),
+    )
+    replaced = (unhealthy.replace,) if unhealthy.replace is not None else ()
+    pod_plan.delete += [PodDeletion(u.name, f"unhealthy ({u.reason})") for u in replaced]
     pods = tuple(replica_pod(fleet, template, template_hash, k) for k in pod_plan.create)
     children = []
     for manifest in desired_children(fleet, spec, observed.redis_url):
@@ -799,12 +987,16 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     for name in pod_plan.drain:
         events.append(PlannedEvent("Normal", "DrainingReplica", f"draining pod {name} before removing it"))
     for d in pod_plan.delete:
+        if d.reason.startswith("unhealthy"):
+            continue  # said below, with how long it was unready
         kind: EventType = "Warning" if d.reason.startswith("pod ") else "Normal"
         events.append(PlannedEvent(kind, "DeletingReplica", f"deleting pod {d.name}: {d.reason}"))
+    for u in replaced:
+        events.append(PlannedEvent("Warning", "ReplicaUnhealthy", f"{u.message}: replacing it"))
     for change in children:
         verb = "creating" if change.action == "create" else "updating"
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
-    status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete)
+    status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
         tuple(pods),
         tuple(pod_plan.delete),
@@ -813,6 +1005,8 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         tuple(events),
         tuple(pod_plan.drain),
         tuple(pod_plan.undrain),
+        mark_ready=tuple(p.name for p in observed.pods if p.alive and p.ready and not p.first_ready),
+        replaced=replaced,
     )
 
 

@@ -71,6 +71,7 @@ def apply(plan: ReconcilePlan, observed: ObservedState, ready: bool = True) -> O
     stamp = observed.now.strftime("%Y-%m-%dT%H:%M:%SZ")
     pods = [replace(p, draining_since=stamp) if p.name in drain else p for p in pods]
     pods = [replace(p, draining_since="") if p.name in undrain else p for p in pods]
+    pods = [replace(p, first_ready=stamp) if p.name in plan.mark_ready else p for p in pods]
     children = dict(observed.children)
     for change in plan.children:
         children[change.key] = change.manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
@@ -122,7 +123,9 @@ def test_a_new_fleet_gets_named_replica_pods_and_a_router() -> None:
 
 def test_executing_the_plan_and_replanning_yields_an_empty_plan() -> None:
     observed, plans = converge(spec(3), state([]))
-    assert len(plans) == 2 and plans[-1].is_noop and not plans[-1].events
+    # create the pods; once they are Ready, mark them as having served; then nothing
+    assert len(plans) == 3 and plans[-1].is_noop and not plans[-1].events
+    assert sorted(plans[1].mark_ready) == [f"chat-replica-{i}" for i in range(3)] and not plans[1].events
     conditions = {c["type"]: (c["status"], c["reason"]) for c in plans[-1].status["conditions"]}
     assert conditions == {
         "Ready": ("True", "AllReplicasReady"),
@@ -333,3 +336,200 @@ def test_sglang_engines_always_serve_the_metrics_the_fleet_reads() -> None:
         (engine,) = [c for c in template["spec"]["containers"] if c["name"] == "engine"]
         assert engine["command"][:3] == ["python3", "-m", "sglang.launch_server"]
         assert engine["args"].count("--enable-metrics") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Unhealthy replicas. The engine listens on loopback, so no kubelet probe restarts a hung one; the
+# pod only turns unready (its sidecar's /health proxies to the engine). Specification:
+# * a replica that was Ready (the operator's first-ready mark) and has been unready longer than
+#   spec.engine.replaceUnreadyAfterSeconds (default 120, 0 = never) is deleted, so the next reconcile
+#   recreates it; a Warning Event ReplicaUnhealthy names it and for how long; Degraded says so;
+# * one that never was Ready, or whose engine the kubelet restarted since it turned unready (loading
+#   again), is starting: only spec.engine.replaceNeverReadyAfterSeconds (default 0 = never) applies;
+# * Pending, draining, Ready pods and pods without a readable transition time are never replaced;
+# * one replacement at a time: none while a pod is created, removed or still starting, so a
+#   fleet-wide outage costs one replica, not all of them.
+
+T0 = "2026-01-01T00:00:00Z"
+SERVED = "2025-12-31T23:00:00Z"  # the first-ready mark of pods that served
+
+
+def unready(name: str, h: str, since: str = T0, **kw: object) -> ObservedPod:
+    kw.setdefault("first_ready", SERVED)
+    return pod(name, h, ready=False, ready_changed=since, created="2025-12-31T22:00:00Z", **kw)
+
+
+def at(seconds: float, pods: list[ObservedPod], **kw: object) -> ObservedState:
+    """The pods ``seconds`` after T0, with the router already in place."""
+    router = converge(spec(1), state([]))[0].children
+    return replace(state(pods, children=router, **kw), now=NOW + timedelta(seconds=seconds))
+
+
+def degraded_of(plan: ReconcilePlan) -> dict[str, object]:
+    return next(c for c in plan.status["conditions"] if c["type"] == "Degraded")
+
+
+def test_the_knobs_default_to_two_minutes_and_off() -> None:
+    engine = spec().engine
+    assert (engine.replace_unready_after_seconds, engine.replace_never_ready_after_seconds) == (120, 0)
+
+
+def test_a_replica_that_served_and_stays_unready_is_replaced_and_said_so() -> None:
+    h = template_hash(spec(2))
+    pods = [pod("chat-replica-0", h, first_ready=SERVED), unready("chat-replica-1", h)]
+    early = plan_reconcile(FLEET, spec(2), at(119, pods))
+    assert early.is_noop and degraded_of(early)["status"] == "False"  # a short hiccup is left alone
+
+    plan = plan_reconcile(FLEET, spec(2), at(130, pods))
+    assert [d.name for d in plan.delete_pods] == ["chat-replica-1"] and not plan.create_pods
+    (replaced,) = plan.replaced
+    assert (replaced.name, replaced.reason, replaced.seconds) == ("chat-replica-1", "unready", 130.0)
+    (event,) = plan.events
+    assert (event.type, event.reason) == ("Warning", "ReplicaUnhealthy")
+    assert "chat-replica-1" in event.message and "130s" in event.message
+    assert "replaceUnreadyAfterSeconds=120" in event.message
+    degraded = degraded_of(plan)
+    assert degraded["status"] == "True" and degraded["reason"] == "ReplicaUnhealthy"
+    assert "chat-replica-1" in str(degraded["message"]) and "replacing it" in str(degraded["message"])
+
+    # the next reconcile recreates the replica under the same name
+    after = plan_reconcile(FLEET, spec(2), at(131, [pods[0]]))
+    assert [p["metadata"]["name"] for p in after.create_pods] == ["chat-replica-1"]
+    assert degraded_of(after)["status"] == "False"
+
+
+def test_the_unready_allowance_is_configurable_and_zero_turns_it_off() -> None:
+    h = template_hash(spec(1))
+    pods = [unready("chat-replica-0", h)]
+    assert plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=30), at(31, pods)).replaced
+    off = plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(10**6, pods))
+    assert off.is_noop and not off.replaced
+
+
+def test_a_replica_that_never_came_up_is_left_to_load_unless_asked() -> None:
+    h = template_hash(spec(1))
+    loading = [unready("chat-replica-0", h, first_ready="")]  # Running, never Ready: loading a model
+    assert plan_reconcile(FLEET, spec(1), at(10**5, loading)).is_noop
+    s = spec(1, replaceNeverReadyAfterSeconds=1800)
+    assert plan_reconcile(FLEET, s, at(1799, loading)).is_noop
+    plan = plan_reconcile(FLEET, s, at(1800, loading))
+    assert [u.reason for u in plan.replaced] == ["never_ready"]
+    assert "has not been Ready for 1800s" in plan.events[0].message
+    assert "replaceNeverReadyAfterSeconds=1800" in plan.events[0].message
+
+
+def test_an_engine_the_kubelet_restarted_is_loading_again_not_hung() -> None:
+    h = template_hash(spec(1))
+    # it served, crashed at T0, and the kubelet started the engine again a few seconds later
+    restarted = [unready("chat-replica-0", h, engine_started="2026-01-01T00:00:05Z")]
+    assert plan_reconcile(FLEET, spec(1), at(600, restarted)).is_noop
+    s = spec(1, replaceNeverReadyAfterSeconds=900)
+    assert [u.reason for u in plan_reconcile(FLEET, s, at(900, restarted)).replaced] == ["never_ready"]
+    # an engine process that started before the pod turned unready is the one that hung
+    hung = [unready("chat-replica-0", h, engine_started="2025-12-31T22:00:10Z")]
+    assert [u.reason for u in plan_reconcile(FLEET, spec(1), at(121, hung)).replaced] == ["unready"]
+
+
+def test_pending_draining_and_unreadable_pods_are_never_replaced() -> None:
+    h = template_hash(spec(1))
+    s = spec(1, replaceNeverReadyAfterSeconds=60)
+    cases = [
+        unready("chat-replica-0", h, phase="Pending", first_ready=""),  # waiting for a node or an image
+        unready("chat-replica-0", h, since=""),  # no transition time: unknown, not old
+        unready("chat-replica-0", h, since="yesterday"),
+    ]
+    for case in cases:
+        assert plan_reconcile(FLEET, s, at(10**5, [case])).replaced == (), case
+    # a draining pod is being removed anyway (as a scale-down victim), not replaced
+    draining = unready("chat-replica-1", h, draining_since=T0)
+    plan = plan_reconcile(FLEET, s, at(10**5, [pod("chat-replica-0", h, first_ready=SERVED), draining]))
+    assert plan.replaced == () and [d.name for d in plan.delete_pods] == ["chat-replica-1"]
+
+
+def test_a_fleet_wide_outage_costs_one_replica_not_all() -> None:
+    # Redis or the model store is down: every engine is unready at once. One replica is replaced
+    # (the longest unready); its replacement cannot come up either, which holds back the others.
+    h = template_hash(spec(4))
+    pods = [unready(f"chat-replica-{i}", h, since=f"2026-01-01T00:00:0{i}Z") for i in range(4)]
+    observed = at(300, pods)
+    deleted: list[str] = []
+    for minute in range(30):
+        plan = plan_reconcile(FLEET, spec(4), observed)
+        deleted += [d.name for d in plan.delete_pods]
+        observed = apply(plan, observed, ready=False)  # created pods: Running, never Ready
+        observed = replace(
+            observed,
+            pods=[replace(p, ready_changed=p.ready_changed or T0) for p in observed.pods],
+            now=observed.now + timedelta(minutes=1),
+        )
+        if minute == 10:
+            degraded = degraded_of(plan)
+            assert degraded["reason"] == "ReplicaUnhealthy"
+            assert "held back while chat-replica-0 is still starting" in str(degraded["message"])
+            assert "2 more unhealthy" in str(degraded["message"])
+    assert deleted == ["chat-replica-0"]
+
+
+def test_hung_replicas_are_replaced_one_at_a_time() -> None:
+    h = template_hash(spec(3))
+    pods = [pod("chat-replica-0", h, first_ready=SERVED), unready("chat-replica-1", h),
+            unready("chat-replica-2", h, since="2026-01-01T00:00:30Z")]  # fmt: skip
+    observed = at(200, pods)
+    first = plan_reconcile(FLEET, spec(3), observed)
+    assert [u.name for u in first.replaced] == ["chat-replica-1"]  # unready the longest
+    # while it is recreated and loads, the other one waits
+    gone = replace(observed, pods=[p for p in pods if p.name != "chat-replica-1"])
+    creating = plan_reconcile(FLEET, spec(3), gone)
+    assert creating.create_pods and not creating.replaced
+    starting = apply(creating, gone, ready=False)
+    assert not plan_reconcile(FLEET, spec(3), starting).replaced
+    terminating = replace(observed, pods=[replace(pods[1], terminating=True), *pods[::2]])
+    assert not plan_reconcile(FLEET, spec(3), terminating).replaced
+    # once the replacement is Ready, the next hung replica goes
+    up = replace(starting, pods=[replace(p, ready=True) if not p.ready_changed else p for p in starting.pods])
+    assert [u.name for u in plan_reconcile(FLEET, spec(3), up).replaced] == ["chat-replica-2"]
+
+
+def test_a_replica_briefly_unready_does_not_hold_back_a_hung_one() -> None:
+    h = template_hash(spec(3))
+    pods = [pod("chat-replica-0", h, first_ready=SERVED), unready("chat-replica-1", h),
+            unready("chat-replica-2", h, since="2026-01-01T00:02:50Z")]  # fmt: skip
+    plan = plan_reconcile(FLEET, spec(3), at(180, pods))
+    assert [u.name for u in plan.replaced] == ["chat-replica-1"]
+
+
+def test_the_unhealthy_condition_is_stable_while_nothing_changes() -> None:
+    h = template_hash(spec(2))
+    pods = [unready("chat-replica-0", h), pod("chat-replica-1", h, ready=False, ready_changed=T0)]
+    first = plan_reconcile(FLEET, spec(2), at(200, pods))
+    later = plan_reconcile(FLEET, spec(2), at(260, pods, conditions=first.status["conditions"]))
+    assert not first.replaced and degraded_of(first) == degraded_of(later)  # no status rewrite
+
+
+def test_replicas_are_marked_the_first_time_they_are_seen_ready() -> None:
+    h = template_hash(spec(3))
+    pods = [pod("chat-replica-0", h), pod("chat-replica-1", h, first_ready=SERVED),
+            pod("chat-replica-2", h, ready=False)]  # fmt: skip
+    plan = plan_reconcile(FLEET, spec(3), state(pods))
+    assert plan.mark_ready == ("chat-replica-0",) and not plan.is_noop
+
+
+def test_observed_readiness_history_of_a_pod() -> None:
+    body = {
+        "metadata": {"name": "chat-replica-0", "annotations": {"prefixfleet.io/first-ready": SERVED}},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": T0}],
+            "containerStatuses": [
+                {"name": "sidecar", "state": {"running": {"startedAt": "2025-12-31T22:00:01Z"}}},
+                {"name": "engine", "state": {"running": {"startedAt": "2025-12-31T22:00:02Z"}}},
+            ],
+        },
+    }
+    observed = observe_pod(body)
+    assert (observed.ready_changed, observed.first_ready) == (T0, SERVED)
+    assert observed.engine_started == "2025-12-31T22:00:02Z"
+    assert observed.was_ready and observed.lapsed
+    fresh = observe_pod({"metadata": {"name": "x"}, "status": {"phase": "Pending"}})
+    assert (fresh.ready_changed, fresh.first_ready, fresh.engine_started) == ("", "", "")
+    assert not fresh.was_ready and not fresh.lapsed
