@@ -14,6 +14,14 @@ The kopf timer (``autoscale_handlers``) gathers three sources per replica pod an
 
 Hot subtrees come from the summaries via :func:`~.hot_subtrees.hot_subtrees`. Replicas the spec asks
 for but whose pods do not exist yet count as ``starting``: capacity already on its way.
+
+A pod that served and is unready now (:attr:`~.planner.ObservedPod.lapsed`: a hung engine, or one the
+kubelet restarted) is not observed at all: it serves nothing, its cache is out of reach (so the hot
+subtrees it held are starved, not "help on its way"), and its load record is stale. Its *slot* in
+``spec.replicas`` is observed as ``starting`` like any other missing pod: that is its replacement,
+which the reconcile creates (``spec.engine.replaceUnreadyAfterSeconds``). Leaving the slot out as
+well would make the planner's replica count one short of ``spec.replicas``, and every scale it
+planned (``desired = observed + add``) would come out one too small.
 """
 
 from __future__ import annotations
@@ -241,6 +249,8 @@ def outage_notice(was_degraded: bool, reading: EngineReading) -> tuple[int, str]
 
 
 def replica_phase(pod: ObservedPod, load: LoadReport | None) -> ReplicaPhase:
+    """``starting`` is a pod not Ready yet; one that served and is unready now is not observed at
+    all (:func:`observe_fleet`)."""
     if pod.draining or pod.state == "draining":
         return "draining"
     if not pod.ready:
@@ -266,14 +276,15 @@ def observe_fleet(
     subtrees: Sequence[SubtreeObservation],
     engine_queues: Mapping[str, float] | None = None,
 ) -> FleetObservation:
-    """The planner's view: one observation per live pod, plus ``starting`` ones for pods still to come.
+    """The planner's view: one observation per live pod that has not lapsed (see the module docs),
+    plus ``starting`` ones for the replicas still to come (including lapsed pods' replacements).
 
     ``engine_queues`` (the engines' ``sglang:num_queue_reqs``) raise a replica's ``queued`` when the
     engine reports more waiting requests than its sidecar's record (which counts every request not
     yet past prefill, so it is usually the larger)."""
     replicas: list[ReplicaObservation] = []
     for pod in pods:
-        if not pod.alive:
+        if not pod.alive or pod.lapsed:
             continue
         load = loads.get(pod.name)
         phase = replica_phase(pod, load)

@@ -7,13 +7,15 @@ Specification:
   reset counts its new value; one sample alone is no load;
 * a pod's phase: draining (marked), starting (not Ready), warming (annotation or its sidecar), ready;
 * replicas the spec wants but whose pods do not exist yet are `starting`;
+* a pod that served and is unready now (hung) is no capacity: it is not observed (nor its stale load
+  record, nor the subtrees it holds); its slot is `starting`, the replacement the reconcile creates;
 * status.hotPrefixes carries hashes, token counts, rounded rates and holders, at most 8;
 * warm sources: each subtree from a reachable holder other than the target, grouped by holder.
 """
 
 from __future__ import annotations
 
-from prefixfleet.operator.autoscale import SubtreeObservation
+from prefixfleet.operator.autoscale import SubtreeObservation, plan_scale
 from prefixfleet.operator.autoscale_observe import (
     EngineReading,
     TokenCounters,
@@ -104,6 +106,47 @@ def test_observation_counts_pods_still_to_come_as_starting() -> None:
     assert set(by_id) == {"a", "b", "pending-0"}  # the failed pod is gone; one more is on its way
     assert by_id["a"].est_wait_s == 0.5 and by_id["a"].in_flight == 2 and by_id["a"].prefill_load == 0.8
     assert by_id["b"].phase == "draining" and by_id["pending-0"].phase == "starting"
+
+
+SERVED = "2026-01-01T00:00:00Z"  # the operator's first-ready mark
+
+
+def test_a_replica_that_served_and_hung_is_no_capacity_its_replacement_is() -> None:
+    pods = [
+        ObservedPod("a", phase="Running", ready=True, first_ready=SERVED),
+        # hung: unready after serving; its sidecar's last load record still says it is busy
+        ObservedPod("b", phase="Running", ready=False, first_ready=SERVED, ready_changed=SERVED),
+        ObservedPod("c", phase="Running", ready=False),  # never Ready yet: loading its model
+    ]
+    loads = {"a": load(), "b": load(pending=9000, in_flight=5), "c": load()}
+    observed = observe_fleet(100.0, 3, pods, loads, {"a": 0.2, "b": 0.9}, ())
+    by_id = {r.replica_id: r for r in observed.replicas}
+    assert set(by_id) == {"a", "c", "pending-0"}
+    assert by_id["c"].phase == "starting" and by_id["pending-0"].phase == "starting"
+    assert by_id["pending-0"].in_flight == 0 and by_id["pending-0"].prefill_load == 0.0
+    # the planner still counts spec.replicas slots, so the scales it plans keep their size
+    assert sum(r.phase != "draining" for r in observed.replicas) == 3
+
+
+def test_a_hung_replica_being_drained_stays_draining() -> None:
+    hung = ObservedPod("b", ready=False, first_ready=SERVED, draining_since=SERVED)
+    observed = observe_fleet(100.0, 1, [hung], {}, {}, ())
+    assert {r.replica_id: r.phase for r in observed.replicas} == {"b": "draining", "pending-0": "starting"}
+
+
+def test_hot_subtrees_held_only_by_a_hung_replica_are_starved_not_on_their_way() -> None:
+    # Observed as `starting`, the hung holder made its hot subtrees look like help on its way, so an
+    # idle replica was never warmed with them. Left out, they are starved and get a helper.
+    spec = validate_spec({**SPEC, "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2,
+                          "hotRateRps": 0.1}, "prewarm": {"topSubtrees": 2}})  # fmt: skip
+    pods = [
+        ObservedPod("a", phase="Running", ready=True, first_ready=SERVED),
+        ObservedPod("b", phase="Running", ready=False, first_ready=SERVED, ready_changed=SERVED),
+    ]
+    hot = SubtreeObservation("00000000000000aa", tokens=4096, rate_rps=5.0, holders=frozenset({"b"}))
+    observed = observe_fleet(100.0, 2, pods, {"a": load(), "b": load()}, {}, (hot,))
+    plan = plan_scale(observed, scale_policy(spec))
+    assert [(w.target, w.subtree_ids) for w in plan.prewarm] == [("a", ("00000000000000aa",))]
 
 
 def test_hot_prefixes_status_and_warm_sources() -> None:
