@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import statistics
 import time
 import uuid
@@ -67,12 +68,16 @@ from .requests import (
 from .slow_clients import ClientTimeouts, body_deadline
 from .tenancy import with_tenant_salt
 from .upstream import Origin, UpstreamPool, UpstreamResponse, split_url
-from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, FleetView, WorkerView
+from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, SUSPECT_S, FleetView, WorkerView
 
 log = logging.getLogger("prefixfleet.gateway")
 CLIENT_CLOSED_REQUEST = 499  # nginx's code for a client that left before its answer
 _SHARE_COALESCE_S = 0.01  # send notices wait at most this long to share a publish round trip
 _RETRY_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError)
+# Retry-After on a 503: the earliest a retry can find a worker that was not there. A worker that
+# failed sits out SUSPECT_S (2 s); a member joining or leaving draining shows within a refresh
+# (0.2 s). Clients (the OpenAI SDKs) honour it and back off on their own when it stays unavailable.
+RETRY_AFTER_S = math.ceil(SUSPECT_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +116,13 @@ async def json_route_errors(request: web.Request, handler: Handler) -> web.Strea
         return response
     except web.HTTPNotFound:
         return json_error(404, f"no endpoint {request.method} {request.path}")
+
+
+def unavailable(message: str) -> web.Response:
+    """503 in the OpenAI error shape, telling the client when a retry can succeed."""
+    response = json_error(503, message, kind="service_unavailable")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
+    return response
 
 
 class _Retryable(Exception):
@@ -522,7 +534,7 @@ class Gateway:
                 self.view.record_done(worker.worker_id, handle, time.time())
         kind = "no_worker" if not excluded else "upstream"
         self.metrics.errors.labels(kind).inc()
-        return json_error(503, last_error, kind="service_unavailable")
+        return unavailable(last_error)
 
     def _origin(self, url: str) -> tuple[Origin, str]:
         found = self._origins.get(url)
@@ -637,9 +649,7 @@ class Gateway:
             except (aiohttp.ClientError, OSError, TimeoutError):
                 continue
         self.metrics.errors.labels("no_worker").inc()
-        return self._answer(
-            "/v1/models", json_error(503, "no worker is available", kind="service_unavailable"), started
-        )
+        return self._answer("/v1/models", unavailable("no worker is available"), started)
 
     async def handle_health(self, _request: web.Request) -> web.Response:
         routable = len(self.view.routable(time.monotonic()))
@@ -649,7 +659,9 @@ class Gateway:
             "workers": len(self.view.workers),
             "redis_ok": self.redis_ok if self.redis else None,
         }
-        return web.json_response(body, status=200 if routable else 503)
+        if routable:
+            return web.json_response(body)
+        return web.json_response(body, status=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
     async def handle_livez(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
