@@ -27,6 +27,8 @@ from typing import Any
 
 import httptools
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, InvalidURLError
+from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
 from .slow_clients import ClientTimeouts
@@ -466,6 +468,40 @@ class _FrontConnection(asyncio.Protocol):
             protocol.data_received(buffer)
 
 
+class _JsonParseErrors(RequestHandler):
+    """aiohttp's protocol, answering a request its parser refuses (a non-ASCII byte in the URL, a bad
+    header…) with a 400 in the OpenAI error shape and one log line, instead of plain text and an
+    ERROR traceback per malformed request. Every other error keeps aiohttp's handling."""
+
+    __slots__ = ()  # the same layout as RequestHandler: an instance of it can become one of these
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status != 400 or not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        problem = (exc.message or "malformed request").split("\n", 1)[0].rstrip(": ")
+        if isinstance(exc, InvalidURLError):
+            problem += " (a request URL must be ASCII: percent-encode other bytes)"
+        # a bad method is what TLS or other protocols sent to this port look like: noise, as in aiohttp
+        level = logging.DEBUG if isinstance(exc, BadHttpMethod) else logging.INFO
+        log.log(level, "refused a malformed request from %s: %s", request.remote, problem)
+        error = {"message": f"malformed HTTP request: {problem}", "type": "invalid_request_error"}
+        response = web.json_response({"error": {**error, "param": None, "code": 400}}, status=400)
+        response.force_close()
+        return response
+
+
+def _with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
+    # web.Server builds plain RequestHandlers and takes no class to build instead
+    protocol.__class__ = _JsonParseErrors
+    return protocol
+
+
 class HotFront:
     """Protocol factory for ``loop.create_server``: hot paths here, everything else to ``fallback``."""
 
@@ -520,7 +556,14 @@ async def serve_front(
 ) -> tuple[asyncio.AbstractServer, HotFront]:
     """Listen on ``host:port`` with the front; ``runner`` (set up) serves what the front hands over."""
     assert runner.server is not None, "set the runner up first"
-    front = HotFront(handlers, runner.server, respond, timeouts=timeouts, max_body_bytes=max_body_bytes)
+    aiohttp_server = runner.server
+    front = HotFront(
+        handlers,
+        lambda: _with_json_parse_errors(aiohttp_server()),
+        respond,
+        timeouts=timeouts,
+        max_body_bytes=max_body_bytes,
+    )
     server = await asyncio.get_running_loop().create_server(
         front, host, port, reuse_address=True, backlog=128
     )

@@ -4,10 +4,15 @@ Specification:
 * every 503 the gateway answers itself — no worker in the fleet, every worker draining, every worker
   failing, ``/v1/models`` with no worker, ``/health`` with nothing routable — carries
   ``Retry-After: 2`` (a failed worker sits out 2 s; there was none) and the same OpenAI error body;
+* a request whose URL holds a non-ASCII byte (path or query; a generation path or another) gets a
+  400 in the OpenAI error shape saying the URL must be ASCII, from the gateway and the sidecar, and
+  one log line (it got aiohttp's plain-text 400 and an ERROR traceback in the log);
 """
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +149,42 @@ def test_every_503_of_the_gateway_says_when_to_retry(fleet: Fleet, client: httpx
         done=lambda resp: resp.status_code == 200,
     )  # fmt: skip
     assert "retry-after" not in ok.headers
+
+
+def raw_exchange(base: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send ``request`` as bytes on a new connection; the answer, read to the connection's end."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(request)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+@pytest.mark.parametrize(
+    "target",
+    [b"/v1/chat/completions?user=caf\xc3\xa9", b"/v1/chat/compl\xffetions", b"/prefixfleet/st\xe9tus"],
+    ids=["query", "generation-path", "other-path"],
+)
+def test_a_non_ascii_byte_in_the_url_is_a_json_400_without_a_traceback(
+    fleet: Fleet, client: httpx.Client, target: bytes
+) -> None:
+    body = json.dumps(CHAT).encode()
+    request = b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    for name, base in (("gateway", fleet.gateway), ("sidecar", fleet.sidecar)):
+        status, headers, answer = raw_exchange(base, request % (target, len(body), body))
+        assert status == 400, answer[:300]
+        assert headers["content-type"].startswith("application/json")
+        error = json.loads(answer)["error"]
+        assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", None, 400)
+        assert "URL must be ASCII" in error["message"], error["message"]
+        log = wait_until(
+            lambda name=name: fleet.log(name), 10, f"the {name} to log the refusal",
+            done=lambda text: "refused a malformed request" in text,
+        )  # fmt: skip
+        assert "Traceback" not in log and " ERROR " not in log, log[-2000:]
+    assert chat(client, fleet.gateway).status_code == 200  # still serving
