@@ -82,6 +82,9 @@ class OperatorContext:
     # prefixfleet_operator_unhealthy_replacements_total, in the operator's metrics registry (set by
     # autoscale_handlers when it serves that registry; absent, replacements are not counted)
     unhealthy_replacements: Counter | None = None
+    # per fleet: (monotonic due time, task) of the reconcile planned for when an unready replica's
+    # allowance runs out
+    rechecks: dict[str, tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
 
     def redis(self, url: str) -> aioredis.Redis:
         if url not in self.redis_clients:
@@ -111,6 +114,7 @@ class ReconcileOutcome:
     redis_url: str = ""
     draining: bool = False  # a drain is in progress: look again soon, not only at the next timer
     replaced: tuple[UnhealthyReplica, ...] = ()  # unhealthy replicas deleted by this reconcile
+    recheck_after_s: float | None = None  # an unready replica's allowance runs out then
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +156,7 @@ async def close_clients(memo: kopf.Memo, **_: Any) -> None:
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is None:
         return
-    for task in list(ctx.followups):
+    for task in [*ctx.followups, *(task for _, task in ctx.rechecks.values())]:
         task.cancel()
     for client in ctx.redis_clients.values():
         with contextlib.suppress(Exception):
@@ -204,6 +208,7 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
     ctx: OperatorContext = memo.ctx
     namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
     ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
+    ctx.rechecks.pop(f"{namespace}/{name}", None)
     async with ctx.locks.setdefault(f"{namespace}/{name}", asyncio.Lock()):
         removed = await asyncio.to_thread(delete_children, ctx.kube, ref)
         redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(body.get("spec", {})))
@@ -244,6 +249,21 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
             task = asyncio.create_task(reconcile_later(ctx, namespace, name, logger, MIN_DRAIN_S + 0.5))
             ctx.followups.add(task)
             task.add_done_callback(ctx.followups.discard)
+        if outcome.recheck_after_s is not None:
+            schedule_recheck(ctx, namespace, name, logger, outcome.recheck_after_s)
+
+
+def schedule_recheck(
+    ctx: OperatorContext, namespace: str, name: str, logger: logging.Logger, delay: float
+) -> None:
+    """Reconcile when an unready replica's allowance runs out (a hung replica changes nothing that
+    would trigger one); one pending per fleet, moved earlier when needed."""
+    key, now = f"{namespace}/{name}", time.monotonic()
+    due = now + delay + 0.5  # past the deadline: the API's times have whole seconds
+    pending = ctx.rechecks.get(key)
+    if pending is not None and not pending[1].done() and pending[0] <= due:
+        return
+    ctx.rechecks[key] = (due, asyncio.create_task(reconcile_later(ctx, namespace, name, logger, due - now)))
 
 
 async def reconcile_later(
@@ -353,7 +373,9 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     if changes:
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
     draining = bool(plan.drain_pods) or any(p.draining and p.alive for p in pods)
-    return ReconcileOutcome(fleet, plan.events, spec, ref, pods, redis_url, draining, plan.replaced)
+    return ReconcileOutcome(
+        fleet, plan.events, spec, ref, pods, redis_url, draining, plan.replaced, plan.recheck_after_s
+    )
 
 
 def with_in_flight(

@@ -179,6 +179,7 @@ class ReconcilePlan:
     undrain_pods: tuple[str, ...] = ()  # drained by us but wanted again: remove both annotations
     mark_ready: tuple[str, ...] = ()  # Ready for the first time: annotate first-ready=now
     replaced: tuple[UnhealthyReplica, ...] = ()  # in delete_pods because they are unhealthy
+    recheck_after_s: float | None = None  # reconcile again this soon (UnhealthyPlan.recheck_after_s)
 
     @property
     def is_noop(self) -> bool:
@@ -751,6 +752,28 @@ class UnhealthyPlan:
     overdue: tuple[UnhealthyReplica, ...] = ()  # every replica over its allowance, longest first
     replace: UnhealthyReplica | None = None  # the one to delete now (at most one)
     held_back_by: str = ""  # why none is deleted now although some are overdue
+    # when the next unready replica runs out of its allowance: reconcile again then (not only at the
+    # next timer tick or pod event: nothing else changes while a replica hangs)
+    recheck_after_s: float | None = None
+
+
+def _allowance(
+    pod: ObservedPod, unready_after_s: int, never_ready_after_s: int
+) -> tuple[UnhealthyReason, int, str, datetime] | None:
+    """(reason, allowance, knob, unready since) of a Running pod that is not Ready; None when it
+    has none (Ready, not Running, draining, no readable transition time, the knob at 0)."""
+    if not pod.alive or pod.ready or pod.draining or pod.phase != "Running":
+        return None
+    since = _parse_time(pod.ready_changed)
+    if since is None:
+        return None
+    if pod.was_ready and not _engine_restarted(pod):
+        reason: UnhealthyReason = "unready"
+        allowance, knob = unready_after_s, "spec.engine.replaceUnreadyAfterSeconds"
+    else:
+        reason = "never_ready"
+        allowance, knob = never_ready_after_s, "spec.engine.replaceNeverReadyAfterSeconds"
+    return (reason, allowance, knob, since) if allowance > 0 else None
 
 
 def overdue_replica(
@@ -763,22 +786,12 @@ def overdue_replica(
     or whose engine was restarted by the kubelet since (a crash: it is loading its model again), is
     starting: ``replaceNeverReadyAfterSeconds``. Pending pods wait for a node or an image: no
     replacement fixes that. An unreadable time never replaces a pod."""
-    if not pod.alive or pod.ready or pod.draining or pod.phase != "Running":
+    found = _allowance(pod, unready_after_s, never_ready_after_s)
+    if found is None:
         return None
-    since = _parse_time(pod.ready_changed)
-    if since is None:
-        return None
-    if pod.was_ready and not _engine_restarted(pod):
-        reason: UnhealthyReason = "unready"
-        allowance, knob = unready_after_s, "spec.engine.replaceUnreadyAfterSeconds"
-    else:
-        reason, allowance, knob = (
-            "never_ready",
-            never_ready_after_s,
-            "spec.engine.replaceNeverReadyAfterSeconds",
-        )
+    reason, allowance, knob, since = found
     waited = (now - since).total_seconds()
-    if allowance <= 0 or waited < allowance:
+    if waited < allowance:
         return None
     return UnhealthyReplica(pod.name, reason, pod.ready_changed, waited, allowance, knob)
 
@@ -811,9 +824,17 @@ def plan_unhealthy(
         ),
         key=lambda u: (-u.seconds, u.name),
     )
-    if not overdue:
-        return UnhealthyPlan()
     names = {u.name for u in overdue}
+    remaining = [
+        found[1] - (now - found[3]).total_seconds()
+        for p in pods
+        if p.name not in leaving
+        and p.name not in names
+        and (found := _allowance(p, unready_after_s, never_ready_after_s)) is not None
+    ]
+    recheck = max(min(remaining), 0.0) if remaining else None
+    if not overdue:
+        return UnhealthyPlan(recheck_after_s=recheck)
     starting = [
         p.name
         for p in pods
@@ -831,8 +852,8 @@ def plan_unhealthy(
     elif starting:
         held = f"{', '.join(sorted(starting))} is still starting"
     if held:
-        return UnhealthyPlan(tuple(overdue), None, held)
-    return UnhealthyPlan(tuple(overdue), overdue[0])
+        return UnhealthyPlan(tuple(overdue), None, held, recheck)
+    return UnhealthyPlan(tuple(overdue), overdue[0], "", recheck)
 
 
 def _engine_restarted(pod: ObservedPod) -> bool:
@@ -1007,6 +1028,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         tuple(pod_plan.undrain),
         mark_ready=tuple(p.name for p in observed.pods if p.alive and p.ready and not p.first_ready),
         replaced=replaced,
+        recheck_after_s=unhealthy.recheck_after_s,
     )
 
 

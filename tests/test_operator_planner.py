@@ -377,8 +377,9 @@ def test_the_knobs_default_to_two_minutes_and_off() -> None:
 def test_a_replica_that_served_and_stays_unready_is_replaced_and_said_so() -> None:
     h = template_hash(spec(2))
     pods = [pod("chat-replica-0", h, first_ready=SERVED), unready("chat-replica-1", h)]
-    early = plan_reconcile(FLEET, spec(2), at(119, pods))
+    early = plan_reconcile(FLEET, spec(2), at(100, pods))
     assert early.is_noop and degraded_of(early)["status"] == "False"  # a short hiccup is left alone
+    assert early.recheck_after_s == 20.0  # look again when its allowance runs out
 
     plan = plan_reconcile(FLEET, spec(2), at(130, pods))
     assert [d.name for d in plan.delete_pods] == ["chat-replica-1"] and not plan.create_pods
@@ -403,7 +404,7 @@ def test_the_unready_allowance_is_configurable_and_zero_turns_it_off() -> None:
     pods = [unready("chat-replica-0", h)]
     assert plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=30), at(31, pods)).replaced
     off = plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(10**6, pods))
-    assert off.is_noop and not off.replaced
+    assert off.is_noop and not off.replaced and off.recheck_after_s is None
 
 
 def test_a_replica_that_never_came_up_is_left_to_load_unless_asked() -> None:

@@ -17,7 +17,9 @@ process of the installed ``prefixfleet`` command:
   ``$(POD_IP):N``) to the mapped port; ``--host X`` becomes ``--host 127.0.0.1``.
 * It writes back ``status.podIP: 127.0.0.1``, ``phase: Running`` and the ``Ready`` condition once
   every container with an ``httpGet`` readiness probe answers it (containers without a probe are
-  ready when started), and keeps probing: a failing probe turns ``Ready`` False again. The port
+  ready when started), and keeps probing: a failing probe turns ``Ready`` False again. As a kubelet
+  does, each condition carries the ``lastTransitionTime`` of its last change of status, and each
+  running container its ``state.running.startedAt`` (a restart starts it again). The port
   mapping is published as the annotation ``prefixfleet.io/port-map`` (JSON ``{"containerPort":
   hostPort}``) so clients can reach the pod's real addresses; the operator honours it.
 * A container that exits is restarted (``restartPolicy: Always``, ``restartCount`` increments) or
@@ -39,6 +41,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +161,10 @@ def container_argv(
     return argv
 
 
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def declared_ports(spec: JSON) -> list[int]:
     return sorted({p["containerPort"] for c in spec.get("containers", []) for p in c.get("ports") or []})
 
@@ -170,6 +177,7 @@ class Instance:
     port_map: dict[int, int]
     children: dict[str, Child] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    started: dict[str, str] = field(default_factory=dict)  # container -> startedAt (RFC 3339)
     ready: bool = False
     failed: str | None = None
     task: asyncio.Task[None] | None = None
@@ -265,6 +273,7 @@ class Kubelet:
         tag = re.sub(r"[^A-Za-z0-9_.-]", "_", instance.key)[-12:]
         log_name = f"{pod['metadata']['name']}-{tag}-{name}-{instance.restarts.get(name, 0)}"
         instance.children[name] = await self.supervisor.start(log_name, argv, env={**env, **self.extra_env})
+        instance.started[name] = now_rfc3339()
 
     async def _key_values(self, container: JSON, pod: JSON) -> dict[tuple[str, str, str], str]:
         """Fetch the Secret/ConfigMap keys the env refers to (missing ones stay unset)."""
@@ -323,6 +332,7 @@ class Kubelet:
             instance.failed = str(exc)
             return
         last_status: JSON | None = None
+        transitions: dict[str, tuple[str, str]] = {}  # condition type -> (status, since)
         while True:
             ready_flags = {}
             for name, container in containers.items():
@@ -355,19 +365,23 @@ class Kubelet:
                 ready_flags[name] = await self._probe(container, instance)
             instance.ready = all(ready_flags.values())
             ready = "True" if instance.ready else "False"
+            observed = {
+                "PodScheduled": "True",
+                "Initialized": "True",
+                "ContainersReady": ready,
+                "Ready": ready,
+            }
+            for type_, value in observed.items():
+                if transitions.get(type_, ("", ""))[0] != value:
+                    transitions[type_] = (value, now_rfc3339())
             status = {
                 "phase": "Running",
                 "podIP": "127.0.0.1",
                 "podIPs": [{"ip": "127.0.0.1"}],
                 "hostIP": "127.0.0.1",
                 "conditions": [
-                    {"type": t, "status": s}
-                    for t, s in (
-                        ("PodScheduled", "True"),
-                        ("Initialized", "True"),
-                        ("ContainersReady", ready),
-                        ("Ready", ready),
-                    )
+                    {"type": t, "status": s, "lastTransitionTime": since}
+                    for t, (s, since) in transitions.items()
                 ],
                 "containerStatuses": [
                     {
@@ -377,7 +391,7 @@ class Kubelet:
                         "image": c.get("image", ""),
                         "imageID": "",
                         "started": True,
-                        "state": {"running": {}},
+                        "state": {"running": {"startedAt": instance.started.get(n, "")}},
                     }
                     for n, c in containers.items()
                 ],

@@ -1,0 +1,129 @@
+"""A hung engine is replaced, end to end in the emulated cluster: the operator process (kopf), the
+kubelet shim running engine emulators + sidecars as processes, kubectl, Valkey.
+
+Specification (a two-replica fleet with ``spec.engine.replaceUnreadyAfterSeconds: 2``):
+* both replicas come up Ready, and the operator marks each ``prefixfleet.io/first-ready``;
+* replica 0's engine freezes (SIGSTOP: the process lives and accepts connections but answers
+  nothing, as a hung engine does); its sidecar's ``/health``, proxied to the engine, stops answering,
+  so the kubelet turns the pod unready; no probe restarts the engine (it listens on loopback);
+* after the allowance the operator deletes that pod and the reconcile recreates it (a new pod of the
+  same name, another uid); replica 1 is left alone; the fleet is Ready with 2 replicas again;
+* a Warning Event ``ReplicaUnhealthy`` names the pod and how long it was unready, and the operator's
+  ``prefixfleet_operator_unhealthy_replacements_total{reason="unready"}`` counts it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from prefixfleet.fleet.processes import free_port
+from tests.k8s.cluster import (
+    REPO,
+    EmulatedCluster,
+    OperatorProcess,
+    operator_in_cluster,
+    running_redis,
+    wait_for,
+)
+
+FLEET = "hang"
+SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
+HUNG = f"{FLEET}-replica-0"
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[EmulatedCluster, OperatorProcess, int]]:
+    metrics_port = free_port()
+    with (
+        running_redis(tmp_path) as redis_url,
+        operator_in_cluster(tmp_path, redis_url, extra_args=["--metrics-port", str(metrics_port)]) as (
+            cluster,
+            operator,
+        ),
+    ):
+        yield cluster, operator, metrics_port
+
+
+def fleet_manifest() -> str:
+    fleet = yaml.safe_load((REPO / "examples" / "emulator-fleet.yaml").read_text())
+    fleet["metadata"]["name"] = FLEET
+    fleet["spec"]["replicas"] = 2
+    fleet["spec"]["autoscaling"] = {"enabled": False}
+    fleet["spec"]["router"] = {"replicas": 0}  # not needed here: fewer processes on a shared machine
+    fleet["spec"]["engine"]["args"] = ["--time-scale", "50", "--cache-tokens", "20000"]
+    fleet["spec"]["engine"]["replaceUnreadyAfterSeconds"] = 2
+    return yaml.safe_dump(fleet)
+
+
+def replica_pods(cluster: EmulatedCluster) -> dict[str, dict[str, Any]]:
+    items = cluster.kubectl_json("get", "pods", "-l", SELECTOR)["items"]
+    return {p["metadata"]["name"]: p for p in items}
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def all_ready(cluster: EmulatedCluster) -> dict[str, dict[str, Any]] | None:
+    """The replica pods once the fleet is Ready with both of them Ready and marked as having served."""
+    pods = replica_pods(cluster)
+    status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+    fleet_ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", []))
+    marked = all("prefixfleet.io/first-ready" in p["metadata"].get("annotations", {}) for p in pods.values())
+    if fleet_ready and len(pods) == 2 and all(is_ready(p) for p in pods.values()) and marked:
+        return pods
+    return None
+
+
+def replacements(metrics_port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "prefixfleet_operator_unhealthy_replacements_total" and s.labels.get("fleet") == FLEET
+    }
+
+
+@pytest.mark.timeout(180)
+def test_a_replica_whose_engine_hangs_is_replaced(env: tuple[EmulatedCluster, OperatorProcess, int]) -> None:
+    cluster, _, metrics_port = env
+    cluster.apply(fleet_manifest())
+    before = wait_for(lambda: all_ready(cluster), 90, what="2 Ready replicas, marked first-ready")
+    uids = {name: p["metadata"]["uid"] for name, p in before.items()}
+
+    # freeze the engine of replica 0: the process stays, its port accepts and never answers
+    assert cluster.kubelet is not None
+    engine = cluster.kubelet.kubelet.pods[f"default/{HUNG}"].children["engine"]
+    os.killpg(engine.pid, signal.SIGSTOP)
+
+    wait_for(lambda: not is_ready(replica_pods(cluster).get(HUNG, {"status": {}})) or None, 30,
+             what="the hung replica to turn unready")  # fmt: skip
+
+    # the operator replaces it: a new pod of the same name, Ready, and the fleet is whole again
+    def replaced() -> dict[str, dict[str, Any]] | None:
+        pods = all_ready(cluster)
+        return pods if pods and pods[HUNG]["metadata"]["uid"] != uids[HUNG] else None
+
+    after = wait_for(replaced, 60, what="the hung replica to be replaced and the fleet Ready again")
+    assert after[f"{FLEET}-replica-1"]["metadata"]["uid"] == uids[f"{FLEET}-replica-1"]  # left alone
+
+    events = cluster.kubectl_json("get", "events", "--field-selector", f"involvedObject.name={FLEET}")[
+        "items"
+    ]
+    unhealthy = [e for e in events if e["reason"] == "ReplicaUnhealthy"]
+    assert len(unhealthy) == 1 and unhealthy[0]["type"] == "Warning"
+    message = unhealthy[0]["message"]
+    assert f"pod {HUNG} was Ready, then unready for" in message and "replaceUnreadyAfterSeconds=2" in message
+
+    assert replacements(metrics_port) == {"unready": 1.0}
