@@ -10,6 +10,7 @@ prefix cache (vLLM's ``cache_salt``; the emulator's) are then all separated per 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .requests import BadRequest, is_utf8
@@ -20,8 +21,9 @@ MAX_TENANT_CHARS = 256
 
 def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
     """``body`` with ``cache_salt`` set to ``tenant``; raises :class:`BadRequest` naming the header when
-    it is missing or unusable. A body that is not a JSON object is returned unchanged (request
-    validation reports it)."""
+    it is missing or unusable, or naming the field holding a number no JSON number can carry once
+    parsed (``1e400``, a ``NaN`` literal): re-encoded it would be ``Infinity``, invalid JSON. A body
+    that is not a JSON object is returned unchanged (request validation reports it)."""
     if tenant is None or not tenant.strip():
         raise BadRequest(f"header {header} is required: this gateway isolates tenants", param=header)
     if len(tenant) > MAX_TENANT_CHARS:
@@ -36,6 +38,34 @@ def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
         return body
     obj["cache_salt"] = tenant.strip()
     try:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-    except UnicodeEncodeError:  # a "\ud800" escape in the body has no UTF-8 form: keep it escaped
-        return json.dumps(obj, separators=(",", ":")).encode()
+        try:
+            return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        except UnicodeEncodeError:  # a "\ud800" escape in the body has no UTF-8 form: keep it escaped
+            return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        # 1e400 (no double holds it) or a NaN/Infinity literal read as a non-finite float: no JSON
+        # number says that, and json.dumps would write Infinity, which is not JSON either
+        try:
+            where = non_finite_number(obj) or "body"
+        except RecursionError:  # nested about as deep as the parser allows
+            where = "body"
+        raise BadRequest(
+            f"{where} is not a finite number (JSON numbers must be within ±1.8e308)", param=where
+        ) from None
+
+
+def non_finite_number(value: Any, path: str = "") -> str | None:
+    """Where in ``value`` (as ``messages[0].x``) the first infinite or NaN float is; None if nowhere."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else path
+    if isinstance(value, dict):
+        items = ((f"{path}.{key}" if path else str(key), item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
+    else:
+        return None
+    for where, item in items:
+        found = non_finite_number(item, where)
+        if found is not None:
+            return found
+    return None

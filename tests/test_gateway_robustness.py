@@ -7,6 +7,9 @@ Specification:
 * a request whose URL holds a non-ASCII byte (path or query; a generation path or another) gets a
   400 in the OpenAI error shape saying the URL must be ASCII, from the gateway and the sidecar, and
   one log line (it got aiohttp's plain-text 400 and an ERROR traceback in the log);
+* with tenant isolation on, a number no double holds (``1e400``, ``-1e400``) or a ``NaN``/``Infinity``
+  literal anywhere in the body is a 400 naming its field (the body was re-encoded with ``Infinity``,
+  invalid JSON, and sent to the engine); ordinary numbers are routed as before;
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ pytestmark = pytest.mark.timeout(120)
 FLEET = "robust"
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
 RETRY_AFTER = "2"
+TENANT_HEADER = "X-Tenant"
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Fleet:
     engine: str
     sidecar: str
     gateway: str
+    tenant_gateway: str  # --tenant-header X-Tenant
     empty_gateway: str  # its fleet has no worker
     dead_gateway: str  # its only (static) worker refuses connections
 
@@ -61,7 +66,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     redis.start()
     spawn = Spawner(directory)
     try:
-        ports = {name: free_port() for name in ("engine", "sidecar", "gateway", "empty", "dead", "closed")}
+        ports = {
+            name: free_port()
+            for name in ("engine", "sidecar", "gateway", "tenant", "empty", "dead", "closed")
+        }
         spawn(
             prefixfleet_argv("emulator", "--port", str(ports["engine"]), "--cache-tokens", "20000"),
             name="engine", ready_url=f"{url(ports['engine'])}/health",
@@ -74,14 +82,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             ),
             name="sidecar", ready_url=f"{url(ports['sidecar'])}/prefixfleet/status",
         )  # fmt: skip
-        gateway = spawn(
-            prefixfleet_argv(
-                "router", "gateway", "--redis", redis.url, "--port", str(ports["gateway"]),
-                "--fleet", FLEET, "--refresh-interval", "0.1",
-            ),
-            name="gateway",
-        )  # fmt: skip
-        wait_for_http(f"{url(ports['gateway'])}/health", proc=gateway.proc)  # 200 once w0 is routable
+        for name, extra in (("gateway", ()), ("tenant", ("--tenant-header", TENANT_HEADER))):
+            gateway = spawn(
+                prefixfleet_argv(
+                    "router", "gateway", "--redis", redis.url, "--port", str(ports[name]),
+                    "--fleet", FLEET, "--refresh-interval", "0.1", *extra,
+                ),
+                name=name,
+            )  # fmt: skip
+            wait_for_http(f"{url(ports[name])}/health", proc=gateway.proc)  # 200 once w0 is routable
         for name, where in (
             ("empty", ("--redis", redis.url, "--fleet", "nobody")),
             ("dead", ("--worker", url(ports["closed"]))),  # nothing listens there
@@ -93,6 +102,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             url(ports["engine"]),
             url(ports["sidecar"]),
             url(ports["gateway"]),
+            url(ports["tenant"]),
             url(ports["empty"]),
             url(ports["dead"]),
         )
@@ -188,3 +198,38 @@ def test_a_non_ascii_byte_in_the_url_is_a_json_400_without_a_traceback(
         )  # fmt: skip
         assert "Traceback" not in log and " ERROR " not in log, log[-2000:]
     assert chat(client, fleet.gateway).status_code == 200  # still serving
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [
+        ("temperature", b"1e400"),
+        ("logit_bias.50256", b"-1e400"),
+        ("messages[0].weight", b"NaN"),
+        ("top_p", b"Infinity"),
+    ],
+)
+def test_with_tenant_isolation_a_number_json_cannot_carry_is_a_400_naming_its_field(
+    fleet: Fleet, client: httpx.Client, field: str, text: bytes
+) -> None:
+    bodies = {
+        "temperature": b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"temperature":%s}',
+        "logit_bias.50256": b'{"messages":[{"role":"user","content":"hi"}],"logit_bias":{"50256":%s}}',
+        "messages[0].weight": b'{"messages":[{"role":"user","content":"hi","weight":%s}],"max_tokens":2}',
+        "top_p": b'{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"top_p":%s}',
+    }
+    resp = client.post(
+        f"{fleet.tenant_gateway}/v1/chat/completions",
+        content=bodies[field] % text,
+        headers={"Content-Type": "application/json", TENANT_HEADER: "acme"},
+    )
+    assert resp.status_code == 400, resp.text[:300]
+    error = resp.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", field, 400)
+    assert f"{field} is not a finite number" in error["message"], error["message"]
+    ordinary = client.post(
+        f"{fleet.tenant_gateway}/v1/chat/completions",
+        content=bodies[field] % b"0.5",
+        headers={"Content-Type": "application/json", TENANT_HEADER: "acme"},
+    )
+    assert ordinary.status_code == 200, ordinary.text[:300]
