@@ -847,8 +847,10 @@ def plan_unhealthy(
     held = ""
     if creating:
         held = f"{creating} replica pod(s) are being created"
-    elif busy := sorted({p.name for p in pods if p.terminating} | set(leaving)):
-        held = f"{', '.join(busy)} is being removed"
+    elif leaving:
+        # (a pod already terminating does not count: its replacement, created meanwhile, does, and
+        # one stuck terminating on a lost node must not hold back every replacement after it)
+        held = f"{', '.join(sorted(set(leaving)))} is being removed"
     elif starting:
         held = f"{', '.join(sorted(starting))} is still starting"
     if held:

@@ -485,10 +485,18 @@ def test_hung_replicas_are_replaced_one_at_a_time() -> None:
     starting = apply(creating, gone, ready=False)
     assert not plan_reconcile(FLEET, spec(3), starting).replaced
     terminating = replace(observed, pods=[replace(pods[1], terminating=True), *pods[::2]])
-    assert not plan_reconcile(FLEET, spec(3), terminating).replaced
+    assert not plan_reconcile(FLEET, spec(3), terminating).replaced  # its replacement is being created
     # once the replacement is Ready, the next hung replica goes
     up = replace(starting, pods=[replace(p, ready=True) if not p.ready_changed else p for p in starting.pods])
     assert [u.name for u in plan_reconcile(FLEET, spec(3), up).replaced] == ["chat-replica-2"]
+
+
+def test_a_pod_stuck_terminating_does_not_hold_back_replacements_forever() -> None:
+    # replica-1 was replaced, but its node is gone: it stays Terminating; replica-3 took its place
+    h = template_hash(spec(3))
+    pods = [pod("chat-replica-0", h, first_ready=SERVED), unready("chat-replica-1", h, terminating=True),
+            unready("chat-replica-2", h), pod("chat-replica-3", h, first_ready=SERVED)]  # fmt: skip
+    assert [u.name for u in plan_reconcile(FLEET, spec(3), at(200, pods)).replaced] == ["chat-replica-2"]
 
 
 def test_a_replica_briefly_unready_does_not_hold_back_a_hung_one() -> None:
