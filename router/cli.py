@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -78,6 +79,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help="initial prefill-rate estimate (default: the emulator's stated speed, else 30000)",
     )
+    sc.add_argument("--client-write-timeout", type=float, default=None, metavar="S", help=WRITE_TIMEOUT_HELP)
     sc.add_argument("--log-level", default="INFO")
     sc.set_defaults(func=run_sidecar)
 
@@ -130,6 +132,7 @@ def register(subparsers: Any) -> None:
         help="tenant isolation: every request must carry this header, set by a trusted proxy "
         "(e.g. X-Prefixfleet-Tenant); it becomes the request's cache_salt",
     )
+    gw.add_argument("--client-write-timeout", type=float, default=None, metavar="S", help=WRITE_TIMEOUT_HELP)
     gw.add_argument("--log-level", default="INFO")
     gw.set_defaults(func=run_gateway)
 
@@ -151,6 +154,12 @@ def register(subparsers: Any) -> None:
     bench.set_defaults(func=run_bench_overhead)
 
 
+WRITE_TIMEOUT_HELP = (
+    "end a streamed answer whose client reads nothing for S seconds (connection closed, engine request"
+    " aborted); default: $PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60"
+)
+
+
 def _check_common(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
         raise _usage_error(f"--port must be in 1..65535, got {args.port}")
@@ -162,6 +171,9 @@ def _check_common(args: argparse.Namespace) -> None:
         raise _usage_error("--max-body-bytes and --max-prompt-tokens must be positive")
     if args.prefill_tokens_per_s is not None and args.prefill_tokens_per_s <= 0:
         raise _usage_error("--prefill-tokens-per-s must be positive")
+    timeout = args.client_write_timeout
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise _usage_error(f"--client-write-timeout must be a positive number of seconds, got {timeout:g}")
     try:
         validate_fleet_name(args.fleet)
     except ValueError as exc:
@@ -212,6 +224,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
+        client_write_timeout_s=args.client_write_timeout,
     )
     try:
         config.resolved_worker_id()
@@ -291,6 +304,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         tenant_header=args.tenant_header,
+        client_write_timeout_s=args.client_write_timeout,
     )
     return _run(serve(config))
 

@@ -69,6 +69,11 @@ class _DateHeader:
         return self._line
 
 
+class ClientStalled(Exception):
+    """A streamed answer's write waited longer than the write limit on a client that reads nothing;
+    its connection is closed (the handler then leaves, which aborts the request upstream)."""
+
+
 class HotStream:
     """A streamed (chunked) answer to a :class:`HotRequest`: ``write`` chunks, then ``write_eof``."""
 
@@ -290,9 +295,21 @@ class _FrontConnection(asyncio.Protocol):
     async def drain(self) -> None:
         if not self.write_paused:
             return
-        if self._drain is None or self._drain.done():
-            self._drain = self.loop.create_future()
-        await self._drain
+        # the timer is armed only here: a client that keeps reading never pays for it
+        waiter = self._drain = self.loop.create_future()
+        timer = self.loop.call_later(self.front.timeouts.write_s, self._write_stalled, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
+    def _write_stalled(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.done():
+            return
+        limit = self.front.timeouts.write_s
+        waiter.set_exception(ClientStalled(f"the client read nothing for {limit:g} s"))
+        self.close_after = True
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         self._buffer = self._buffer + data if self._buffer else data

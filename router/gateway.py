@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
-from .front import serve_front
+from .front import ClientStalled, serve_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -46,6 +46,7 @@ from .proxying import (
     open_stream,
     request_target,
     sse_error_event,
+    stream_writer,
 )
 from .records import (
     SENDS_MAGIC,
@@ -100,6 +101,7 @@ class GatewayConfig:
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     upstream_timeout_s: float | None = None  # whole-request limit; None = unlimited (long generations)
     tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
+    client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
 
 
 @web.middleware
@@ -127,6 +129,14 @@ def unavailable(message: str) -> web.Response:
 
 class _Retryable(Exception):
     """The worker failed before the client saw anything: safe to send the request elsewhere."""
+
+
+class _StreamAbandoned(Exception):
+    """The client stopped reading its stream (its connection is closed); ``response`` was begun."""
+
+    def __init__(self, response: Answer) -> None:
+        super().__init__("the client stopped reading its stream")
+        self.response = response
 
 
 class _WarnOnce:
@@ -162,6 +172,7 @@ class Gateway:
         for url in config.workers:
             self.view.add_static(url)
         self.metrics = GatewayMetrics()
+        self.timeouts = ClientTimeouts.from_env(write_s=config.client_write_timeout_s)
         self.session: aiohttp.ClientSession | None = None  # health checks and /v1/models
         self.upstream: UpstreamPool | None = None  # the generation hot path
         self._origins: dict[str, tuple[Origin, str]] = {}
@@ -183,7 +194,7 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[json_route_errors, body_deadline(ClientTimeouts.from_env(), self._body_error)],
+            middlewares=[json_route_errors, body_deadline(self.timeouts, self._body_error)],
         )
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)
@@ -468,6 +479,15 @@ class Gateway:
             # aborts): still a request, counted under nginx's 499 "client closed request".
             self.metrics.request_answered(endpoint, CLIENT_CLOSED_REQUEST, time.perf_counter() - started)
             raise
+        except _StreamAbandoned as exc:
+            # Counted as a client that left (the request was aborted upstream the same way).
+            log.info(
+                "client of %s read nothing of its stream for %g s: connection closed, request aborted",
+                endpoint,
+                self.timeouts.write_s,
+            )
+            self.metrics.request_answered(endpoint, CLIENT_CLOSED_REQUEST, time.perf_counter() - started)
+            return exc.response
         return self._answer(endpoint, response, started)
 
     def _decide(
@@ -610,16 +630,21 @@ class Gateway:
             raise _Retryable("engine died before its first byte")  # the sidecar's error event
         try:
             response = await open_stream(request, upstream.status, headers)
-            await response.write(first)
+            write = stream_writer(request, response, self.timeouts.write_s)
+            await write(first)
         except ConnectionError:
             return web.Response(status=upstream.status)  # the client left before the stream began
+        except ClientStalled:
+            raise _StreamAbandoned(response) from None
         self.metrics.ttft.observe(time.perf_counter() - started)
         try:
             async for chunk in chunks:
                 try:
-                    await response.write(chunk)
+                    await write(chunk)
                 except ConnectionError:
                     return response  # the client left; leaving the upstream context aborts the request
+                except ClientStalled:
+                    raise _StreamAbandoned(response) from None  # leaving the upstream context aborts it
         except _RETRY_ERRORS as exc:
             self.metrics.errors.labels("stream_cut").inc()
             with contextlib.suppress(ConnectionError):
@@ -698,7 +723,7 @@ class Gateway:
 
 async def serve(config: GatewayConfig) -> None:
     gateway = Gateway(config)
-    timeouts = ClientTimeouts.from_env()
+    timeouts = gateway.timeouts
     # handler_cancellation: a client gone before its answer (on a request the front handed over)
     # stops the work upstream too, as on the front
     runner = web.AppRunner(

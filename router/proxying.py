@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 
-from .front import HotRequest, HotStream
+from .front import ClientStalled, HotRequest, HotStream
 
 AnyRequest = web.Request | HotRequest
 Answer = web.StreamResponse | HotStream
@@ -66,6 +67,31 @@ async def open_stream(
     response = web.StreamResponse(status=status, headers=headers)
     await response.prepare(request)
     return response
+
+
+def stream_writer(
+    request: AnyRequest, response: web.StreamResponse | HotStream, timeout_s: float
+) -> Callable[[bytes], Awaitable[None]]:
+    """``write(chunk)`` for a streamed answer that raises :class:`~.front.ClientStalled` (and closes
+    the connection) when a write waits on a client reading nothing longer than ``timeout_s``. The
+    front's stream arms that timer itself, only when a write has to wait; aiohttp's (the unusual
+    requests the front hands over) is timed here."""
+    if isinstance(response, HotStream):
+        return response.write
+    assert isinstance(request, web.Request)
+    return functools.partial(_write_within, request, response, timeout_s)
+
+
+async def _write_within(
+    request: web.Request, response: web.StreamResponse, timeout_s: float, data: bytes
+) -> None:
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(data)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()  # as the front does: the client sees its connection end
+        raise ClientStalled(f"the client read nothing for {timeout_s:g} s") from None
 
 
 async def answer_now(request: AnyRequest, response: web.Response) -> None:

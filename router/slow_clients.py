@@ -4,7 +4,11 @@ A client that opens a connection and sends nothing, or half its headers, is clos
 limit (aiohttp's keep-alive timer, which also runs before the first request). A client that sends
 its headers and then trickles or stalls its body would hold a handler (and the body buffer) forever:
 :func:`body_deadline` reads every request body within the body limit first and answers 408 otherwise,
-closing the connection. The limits come from the environment so every service and every
+closing the connection. A client that stops reading a streamed answer but keeps its connection
+open would hold the engine's work (and its KV cache) for as long as it likes: a write that cannot
+complete within the write limit ends the stream, closes the connection and aborts the request
+upstream, as when the client leaves (the proxies apply it; the gateway and sidecar also take it as
+``--client-write-timeout``). The limits come from the environment so every service and every
 deployment (chart, operator pods, local fleet) can tune them without new flags.
 """
 
@@ -20,8 +24,12 @@ from aiohttp import web
 
 BODY_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_BODY_TIMEOUT_S"
 IDLE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_IDLE_TIMEOUT_S"
+WRITE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S"
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_IDLE_TIMEOUT_S = 75.0
+# nginx's send_timeout: a client that accepts no byte for a minute is gone (its socket buffers hold
+# hundreds of streamed tokens, so a slow reader never waits this long)
+DEFAULT_WRITE_TIMEOUT_S = 60.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Responder = Callable[[web.Request, int, str], web.StreamResponse]
@@ -31,13 +39,20 @@ Responder = Callable[[web.Request, int, str], web.StreamResponse]
 class ClientTimeouts:
     body_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole request body must arrive within this
     idle_s: float = DEFAULT_IDLE_TIMEOUT_S  # idle keep-alive connection / incomplete headers
+    write_s: float = DEFAULT_WRITE_TIMEOUT_S  # a stream's write waiting on a client that reads nothing
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientTimeouts:
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, write_s: float | None = None
+    ) -> ClientTimeouts:
+        """The limits from the environment; ``write_s`` (a flag's value) overrides its variable."""
         env = os.environ if environ is None else environ
+        if write_s is None:
+            write_s = _positive(env, WRITE_TIMEOUT_ENV, DEFAULT_WRITE_TIMEOUT_S)
         return cls(
             body_s=_positive(env, BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_S),
             idle_s=_positive(env, IDLE_TIMEOUT_ENV, DEFAULT_IDLE_TIMEOUT_S),
+            write_s=write_s,
         )
 
     def runner_kwargs(self) -> dict[str, float]:

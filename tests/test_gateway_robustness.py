@@ -10,14 +10,23 @@ Specification:
 * with tenant isolation on, a number no double holds (``1e400``, ``-1e400``) or a ``NaN``/``Infinity``
   literal anywhere in the body is a 400 naming its field (the body was re-encoded with ``Infinity``,
   invalid JSON, and sent to the engine); ordinary numbers are routed as before;
+* a streaming client that stops reading but keeps its connection open is cut off after
+  ``--client-write-timeout`` (here 1 s) by the gateway — also when aiohttp serves the request (a
+  chunked body) — and by the sidecar: its connection is closed, the engine's request aborted (the
+  engine sees its connection end; before, it streamed on into full buffers for as long as the
+  client stayed), the gateway counts it under 499 like a client that left, and each logs one line,
+  no traceback;
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
@@ -29,6 +38,7 @@ from fleet_fixtures import (
     Spawner,
     free_port,
     prefixfleet_argv,
+    serve_http,
     wait_for_http,
     wait_until,
 )
@@ -233,3 +243,152 @@ def test_with_tenant_isolation_a_number_json_cannot_carry_is_a_400_naming_its_fi
         headers={"Content-Type": "application/json", TENANT_HEADER: "acme"},
     )
     assert ordinary.status_code == 200, ordinary.text[:300]
+
+
+STREAM_LIMIT_S = 60.0  # the stand-in engine streams at most this long (bounded; tests wait 20 s)
+
+
+class EndlessStreamEngine(BaseHTTPRequestHandler):
+    """An engine streaming 1 KB SSE events as fast as its client takes them, for up to a minute;
+    it records each stream its client (the sidecar) cut off."""
+
+    aborted: list[float] = []
+    started: list[float] = []
+    lock = threading.Lock()
+
+    def do_GET(self) -> None:
+        info = {"served_model_name": "endless", "max_total_num_tokens": 20000}
+        data = json.dumps(info if self.path == "/get_server_info" else {}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()  # HTTP/1.0: the stream ends with the connection
+        event = b'data: {"choices": [{"delta": {"content": "%s"}}]}\n\n' % (b"x" * 1000)
+        with self.lock:
+            self.started.append(time.monotonic())
+        deadline = time.monotonic() + STREAM_LIMIT_S
+        try:
+            while time.monotonic() < deadline:
+                self.wfile.write(event)
+        except OSError:
+            with self.lock:
+                self.aborted.append(time.monotonic())
+
+    def log_message(self, *_args: object) -> None:
+        return
+
+
+@dataclass
+class StallFleet:
+    children: list[Spawned]
+    gateway: str  # --client-write-timeout 1, in front of a sidecar with the default (60 s)
+    sidecar: str  # --client-write-timeout 1
+
+    def log(self, name: str) -> str:
+        return next(c for c in self.children if c.name == name).log()
+
+
+@pytest.fixture(scope="module")
+def stall_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StallFleet]:
+    directory: Path = tmp_path_factory.mktemp("stall")
+    spawn = Spawner(directory)
+    EndlessStreamEngine.aborted, EndlessStreamEngine.started = [], []
+    with serve_http(EndlessStreamEngine) as engine:
+        try:
+            ports = {name: free_port() for name in ("behind", "gateway", "sidecar")}
+            for name, extra in (("behind", ()), ("sidecar", ("--client-write-timeout", "1"))):
+                spawn(
+                    prefixfleet_argv(
+                        "router", "sidecar", "--engine", engine, "--port", str(ports[name]),
+                        "--worker-id", name, *extra,
+                    ),
+                    name=name, ready_url=f"{url(ports[name])}/prefixfleet/status",
+                )  # fmt: skip
+            gateway = spawn(
+                prefixfleet_argv(
+                    "router", "gateway", "--port", str(ports["gateway"]), "--worker", url(ports["behind"]),
+                    "--client-write-timeout", "1",
+                ),
+                name="gateway",
+            )  # fmt: skip
+            wait_for_http(f"{url(ports['gateway'])}/health", proc=gateway.proc)
+            yield StallFleet(list(spawn.children), url(ports["gateway"]), url(ports["sidecar"]))
+        finally:
+            spawn.stop_all()
+
+
+def metric(client: httpx.Client, base: str, line_start: str) -> float:
+    for line in client.get(f"{base}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def read_to_end(conn: socket.socket) -> bool:
+    """Read what is left; True once the connection ended (closed or reset), False if it stays open."""
+    try:
+        while conn.recv(1 << 20):
+            pass
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("target", "framing"),
+    [("gateway", "content-length"), ("gateway", "chunked"), ("sidecar", "content-length")],
+    ids=["gateway", "gateway-aiohttp", "sidecar"],
+)
+def test_a_streaming_client_that_stops_reading_is_cut_off_and_the_engine_request_aborted(
+    stall_fleet: StallFleet, client: httpx.Client, target: str, framing: str
+) -> None:
+    base = getattr(stall_fleet, target)
+    closed_before = metric(
+        client, stall_fleet.gateway,
+        'prefixfleet_gateway_requests_total{code="499",endpoint="/v1/chat/completions"}',
+    )  # fmt: skip
+    started, aborted = len(EndlessStreamEngine.started), len(EndlessStreamEngine.aborted)
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    if framing == "chunked":  # the front hands it to aiohttp
+        framed = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        framed = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    host, port = base.removeprefix("http://").split(":")
+    with socket.socket() as conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+        conn.settimeout(10)
+        conn.connect((host, int(port)))
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + framed
+        )
+        assert conn.recv(64).startswith(b"HTTP/1.1 200"), "the stream began"
+        wait_until(lambda: len(EndlessStreamEngine.started) > started, 20, "the engine to start streaming")
+        # ... and the client reads nothing more while its connection stays open
+        wait_until(
+            lambda: len(EndlessStreamEngine.aborted) > aborted, 20,
+            "the engine's request to be aborted after the client stopped reading",
+        )  # fmt: skip
+        assert read_to_end(conn), "the proxy closed the connection"
+    log = wait_until(
+        lambda: stall_fleet.log(target), 10, f"the {target} to log the stalled client",
+        done=lambda text: "read nothing of its stream" in text,
+    )  # fmt: skip
+    assert "Traceback" not in log and " ERROR " not in log, log[-2000:]
+    if target == "gateway":
+        closed = metric(
+            client, stall_fleet.gateway,
+            'prefixfleet_gateway_requests_total{code="499",endpoint="/v1/chat/completions"}',
+        )  # fmt: skip
+        assert closed == closed_before + 1
+    else:
+        status = client.get(f"{stall_fleet.sidecar}/prefixfleet/status").json()
+        assert status["load"]["in_flight"] == 0
