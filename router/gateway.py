@@ -647,8 +647,8 @@ class Gateway:
                     raise _StreamAbandoned(response) from None  # leaving the upstream context aborts it
         except _RETRY_ERRORS as exc:
             self.metrics.errors.labels("stream_cut").inc()
-            with contextlib.suppress(ConnectionError):
-                await response.write(sse_error_event(f"worker stream ended early: {exc.__class__.__name__}"))
+            with contextlib.suppress(ConnectionError, ClientStalled):
+                await write(sse_error_event(f"worker stream ended early: {exc.__class__.__name__}"))
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response

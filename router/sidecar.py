@@ -828,8 +828,8 @@ class Sidecar:
             complete = True
         except (OSError, TimeoutError) as exc:
             self._engine_failed(exc)
-            with contextlib.suppress(ConnectionError, aiohttp.ClientError):
-                await response.write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
+            with contextlib.suppress(ConnectionError, aiohttp.ClientError, ClientStalled):
+                await write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
         if parsed is not None and handle is not None and cached is not None:
             uncached = find_uncached_tokens(usage, parsed.num_tokens)
             if uncached is not None:
