@@ -40,6 +40,7 @@ from .proxying import (
     WORKER_HEADER,
     Answer,
     AnyRequest,
+    answer_began,
     answer_headers,
     forward_header_pairs,
     json_error,
@@ -492,7 +493,7 @@ class Gateway:
 
     def _decide(
         self, parsed: InferenceRequest, excluded: set[str]
-    ) -> tuple[WorkerView, list[int], int] | None:
+    ) -> tuple[WorkerView, list[int], int, int] | None:
         t0 = time.perf_counter()
         now = time.monotonic()
         wall = time.time()
@@ -524,7 +525,7 @@ class Gateway:
         self.metrics.matched_ratio.observe(
             row.matched_tokens / parsed.num_tokens if parsed.num_tokens else 0.0
         )
-        return chosen, chain, parsed.num_tokens - row.matched_tokens
+        return chosen, chain, parsed.num_tokens - row.matched_tokens, row.matched_tokens // key[1]
 
     async def _route_and_forward(
         self, request: AnyRequest, body: bytes, parsed: InferenceRequest, started: float
@@ -535,7 +536,7 @@ class Gateway:
             picked = self._decide(parsed, excluded)
             if picked is None:
                 break
-            worker, chain, uncached = picked
+            worker, chain, uncached, matched_blocks = picked
             if attempt:
                 self.metrics.retries.inc()
             wall = time.time()
@@ -550,6 +551,13 @@ class Gateway:
                 for h in chain:
                     worker.overlay.pop(h, None)
                 excluded.add(worker.worker_id)
+            except asyncio.CancelledError:
+                if not answer_began(request):
+                    # The client left before its answer began: the engine most likely never cached
+                    # the new blocks (a streamed answer's first byte means its prefill was done), so
+                    # routing must not count on them until the overlay TTL.
+                    self.view.release_send(worker.worker_id, chain[matched_blocks:], wall)
+                raise
             finally:
                 self.view.record_done(worker.worker_id, handle, time.time())
         kind = "no_worker" if not excluded else "upstream"

@@ -94,6 +94,13 @@ async def _write_within(
         raise ClientStalled(f"the client read nothing for {timeout_s:g} s") from None
 
 
+def answer_began(request: AnyRequest) -> bool:
+    """Whether any byte of the answer went to the client (read when a handler is cancelled)."""
+    if isinstance(request, HotRequest):
+        return request.sent
+    return request.writer.output_size > 0
+
+
 async def answer_now(request: AnyRequest, response: web.Response) -> None:
     """Send a whole answer before the handler returns (it still has bookkeeping to do)."""
     if isinstance(request, HotRequest):

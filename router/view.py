@@ -353,6 +353,18 @@ class FleetView:
             send.done_at = wall_now
             w.done.append(send)
 
+    def release_send(self, worker_id: str, hashes: Iterable[int], sent_at: float) -> None:
+        """Forget the overlay entries of a send made at ``sent_at`` that never reached the engine's
+        cache (its client left before the answer began). Entries a later send stamped again stay;
+        give only the blocks past what was already matched, so the overlay stays prefix-closed."""
+        w = self.workers.get(worker_id)
+        if w is None:
+            return
+        overlay = w.overlay
+        for h in hashes:
+            if overlay.get(h) == sent_at:
+                del overlay[h]
+
     def prune_overlays(self, wall_now: float) -> None:
         """Drop overlay entries a newer summary made redundant or that outlived the TTL."""
         for w in self.workers.values():

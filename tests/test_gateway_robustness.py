@@ -16,6 +16,9 @@ Specification:
   engine sees its connection end; before, it streamed on into full buffers for as long as the
   client stayed), the gateway counts it under 499 like a client that left, and each logs one line,
   no traceback;
+* a request whose client leaves before its answer began (front or aiohttp) gives back the overlay
+  blocks it added (the gateway's record of where it sent new prefixes; they stayed, counted as
+  cached there, until the overlay TTL), while the blocks an earlier answered request sent there stay.
 """
 
 from __future__ import annotations
@@ -392,3 +395,77 @@ def test_a_streaming_client_that_stops_reading_is_cut_off_and_the_engine_request
     else:
         status = client.get(f"{stall_fleet.sidecar}/prefixfleet/status").json()
         assert status["load"]["in_flight"] == 0
+
+
+class HoldingEngine(BaseHTTPRequestHandler):
+    """An engine answering ``max_tokens: 1`` at once and holding any other request, unanswered,
+    until its client leaves (at most ``STREAM_LIMIT_S``)."""
+
+    def do_GET(self) -> None:
+        self._answer({"status": "ok"})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        if body.get("max_tokens") == 1:
+            self._answer({"choices": [{"text": "ok"}]})
+            return
+        self.connection.settimeout(0.1)
+        deadline = time.monotonic() + STREAM_LIMIT_S
+        while time.monotonic() < deadline:
+            try:
+                if not self.connection.recv(1):
+                    return  # its client (the gateway) left
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def _answer(self, obj: object) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_args: object) -> None:
+        return
+
+
+def overlay_blocks(client: httpx.Client, gateway: str) -> int:
+    (worker,) = client.get(f"{gateway}/prefixfleet/view").json()["workers"]
+    return worker["overlay_blocks"]
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])  # chunked: aiohttp serves it
+def test_a_send_whose_client_left_before_its_answer_gives_back_its_overlay_blocks(
+    spawn: Spawner, client: httpx.Client, framing: str
+) -> None:
+    with serve_http(HoldingEngine) as engine:
+        port = free_port()
+        gateway = url(port)
+        proc = spawn(
+            prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", engine), name="gw"
+        )
+        wait_for_http(f"{gateway}/health", proc=proc.proc)
+        shared = " ".join(f"shared{i}" for i in range(64))
+        answered = client.post(f"{gateway}/v1/completions", json={"prompt": shared, "max_tokens": 1})
+        assert answered.status_code == 200, answered.text
+        kept = overlay_blocks(client, gateway)
+        assert kept > 0
+        body = json.dumps({"prompt": shared + " " + " ".join(f"new{i}" for i in range(64))}).encode()
+        host, gw_port = gateway.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(gw_port)), timeout=10) as conn:
+            if framing == "chunked":
+                framed = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+            else:
+                framed = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            conn.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + framed
+            )
+            wait_until(lambda: overlay_blocks(client, gateway) > kept, 20, "the gateway to record the send")
+        # the client left before any answer: its new blocks go, the earlier request's stay
+        wait_until(
+            lambda: overlay_blocks(client, gateway), 20, "the overlay to give back the abandoned send",
+            done=lambda blocks: blocks == kept,
+        )  # fmt: skip
