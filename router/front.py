@@ -296,7 +296,9 @@ class _FrontConnection(asyncio.Protocol):
         if not self.write_paused:
             return
         # the timer is armed only here: a client that keeps reading never pays for it
-        waiter = self._drain = self.loop.create_future()
+        waiter = self._drain
+        if waiter is None or waiter.done():
+            waiter = self._drain = self.loop.create_future()
         timer = self.loop.call_later(self.front.timeouts.write_s, self._write_stalled, waiter)
         try:
             await waiter
