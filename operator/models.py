@@ -73,6 +73,15 @@ _DEFAULT_ENGINE_IMAGES: dict[str, str] = {
 }
 _DEFAULT_ENGINE_PORTS: dict[str, int] = {"sglang": 30000, "vllm": 8000, "emulator": 30000}
 
+# Engine flags (SGLang, vLLM and the emulator alike) that choose where the engine listens: the operator
+# sets them (127.0.0.1 and spec.engine.port), so a second value in spec.engine.args is refused.
+ENGINE_LISTEN_FLAGS: dict[str, str] = {
+    "--port": "set spec.engine.port instead",
+    "--host": "remove it (only the sidecar talks to the engine)",
+    "--uds": "remove it (vLLM would listen on a Unix socket only)",
+}
+ENGINE_ARG_MAX_LENGTH = 16384
+
 
 def default_images() -> dict[str, str]:
     """Default image per engine kind plus the project's own image (key ``"prefixfleet"``)."""
@@ -190,7 +199,8 @@ class EngineSpec(CamelModel):
         description="Engine image. Default per kind: sglang lmsysorg/sglang, vllm vllm/vllm-openai,"
         " emulator the prefixfleet image.",
     )
-    args: list[str] = Field(
+    # Items are bounded so the API server's cost estimate of the CEL rules over args stays small.
+    args: list[Annotated[str, StringConstraints(max_length=ENGINE_ARG_MAX_LENGTH)]] = Field(
         default_factory=list,
         max_length=512,
         description="Extra engine arguments appended to the generated command.",
@@ -240,6 +250,34 @@ class EngineSpec(CamelModel):
         if self.port is None:
             self.port = _DEFAULT_ENGINE_PORTS[self.kind]
         return self
+
+    @model_validator(mode="after")
+    def _args_leave_the_listen_address_alone(self) -> EngineSpec:
+        # The sidecar reaches the engine at 127.0.0.1:spec.engine.port; an engine listening anywhere
+        # else starts fine and never serves a request.
+        for i, arg in enumerate(self.args):
+            flag = arg.split("=", 1)[0]
+            if flag in ENGINE_LISTEN_FLAGS:
+                raise ValueError(
+                    f"spec.engine.args[{i}]: {arg!r} would move the engine off 127.0.0.1:{self.port},"
+                    f" where the sidecar reaches it; {ENGINE_LISTEN_FLAGS[flag]}"
+                )
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.args) || !self.args.exists(a, "
+                    + " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in ENGINE_LISTEN_FLAGS)
+                    + ")",
+                    "spec.engine.args must not set the engine's --host, --port or --uds: the sidecar"
+                    " reaches the engine at 127.0.0.1 on spec.engine.port (set the port there)",
+                    ".args",
+                )
+            ]
+        }
+    )
 
 
 class AutoscalingSpec(CamelModel):

@@ -189,6 +189,11 @@ def test_example_passes_the_crd_schema_and_the_models(path: Path, crd: dict[str,
 
 # ------------------------------------------------------------------ refusing nonsense, by name
 
+
+def engine_args(kind: str, *args: str) -> dict[str, Any]:
+    return {"engine": {"kind": kind, "args": list(args)}}
+
+
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("negative replicas", {"replicas": -1}, "spec.replicas"),
     ("unknown engine kind", {"engine": {"kind": "tgi"}}, "spec.engine.kind"),
@@ -217,6 +222,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("a port out of range", {"router": {"port": 70000}}, "spec.router.port"),
     ("the sidecar on the engine kind's default port", {"sidecar": {"port": 30000}}, "spec.sidecar.port"),
     ("the engine on the sidecar's port", {"engine": {"kind": "vllm", "port": 8100}}, "spec.sidecar.port"),
+    ("the engine's port in its args", engine_args("sglang", "--port", "31000"), "spec.engine.args"),
+    ("the engine's port=N in its args", engine_args("vllm", "--port=9000"), "spec.engine.args"),
+    ("the engine's host in its args", engine_args("vllm", "--host", "0.0.0.0"), "spec.engine.args"),
+    ("the engine's host=H in its args", engine_args("emulator", "--host=::"), "spec.engine.args"),
+    ("a Unix socket for vLLM", engine_args("vllm", "--uds", "/tmp/v.sock"), "spec.engine.args"),
     ("a misspelt field", {"replica": 3}, "spec.replica"),
     ("no model", {"model": None}, "spec.model"),
 ]
@@ -240,6 +250,13 @@ def test_models_refuse_nonsense_naming_the_field(spec: dict[str, Any], field: st
     with pytest.raises(models.InvalidFleetSpec) as err:
         models.validate_spec(body)
     assert field in str(err.value)
+
+
+def test_engine_args_that_only_resemble_listen_flags_are_accepted(crd: dict[str, Any]) -> None:
+    args = ["--nccl-port", "5000", "--port-range", "1", "--dist-init-addr", "10.0.0.1:5000", "--hostname-x"]
+    obj = fleet(engine={"kind": "sglang", "args": args})
+    assert admission_errors(crd, obj) == []
+    assert models.validate_spec(obj["spec"]).engine.args == args
 
 
 def test_the_sidecar_may_take_a_port_the_engine_does_not_use(crd: dict[str, Any]) -> None:
