@@ -102,7 +102,8 @@ def cel_errors(schema: Schema, value: Any) -> list[str]:
     problems = []
     for path, rule, node_value in _rules_with_values(schema, value, ""):
         try:
-            ok = env.program(env.compile(rule["rule"])).evaluate({"self": celpy.json_to_cel(node_value)})
+            program = env.program(env.compile(rule["rule"]), functions=_KUBERNETES_CEL_FUNCTIONS)
+            ok = program.evaluate({"self": celpy.json_to_cel(node_value)})
         except Exception as exc:  # a rule that cannot evaluate is refused by the API server as well
             problems.append(f"{path or '<root>'}: rule {rule['rule']!r} failed to evaluate: {exc}")
             continue
@@ -114,6 +115,18 @@ def cel_errors(schema: Schema, value: Any) -> list[str]:
                 message if message.startswith(where or "\0") else f"{where or '<root>'}: {message}"
             )
     return problems
+
+
+def _index_of(target: Any, item: Any) -> Any:
+    """Kubernetes' CEL ``indexOf`` (its lists and strings libraries), which cel-python lacks."""
+    from celpy import celtypes
+
+    if isinstance(target, str):
+        return celtypes.IntType(target.find(item))
+    return celtypes.IntType(next((i for i, v in enumerate(target) if v == item), -1))
+
+
+_KUBERNETES_CEL_FUNCTIONS = {"indexOf": _index_of}
 
 
 def _rules_with_values(schema: Schema, value: Any, path: str) -> Iterator[tuple[str, dict[str, Any], Any]]:

@@ -264,9 +264,38 @@ class EngineSpec(CamelModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _sglang_metrics_flag_is_bare(self) -> EngineSpec:
+        # The operator always passes SGLang's --enable-metrics (planner.engine_command); it is a
+        # store_true flag, so a value ('--enable-metrics=true', '--enable-metrics true') stops
+        # SGLang's argument parser at start-up, and would sit next to the operator's own flag.
+        if self.kind != "sglang":
+            return self
+        for i, arg in enumerate(self.args):
+            following = self.args[i + 1] if i + 1 < len(self.args) else "-"
+            if arg.startswith("--enable-metrics=") or (
+                arg == "--enable-metrics" and not following.startswith("-")
+            ):
+                shown = arg if arg != "--enable-metrics" else f"--enable-metrics {following}"
+                raise ValueError(
+                    f"spec.engine.args[{i}]: {shown!r}: SGLang's --enable-metrics takes no value and"
+                    " the operator always passes it; remove it"
+                )
+        return self
+
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                cel(
+                    "self.kind != 'sglang' || !has(self.args)"
+                    " || (!self.args.exists(a, a.startsWith('--enable-metrics='))"
+                    " && (!self.args.exists(a, a == '--enable-metrics')"
+                    " || self.args.indexOf('--enable-metrics') == size(self.args) - 1"
+                    " || self.args[self.args.indexOf('--enable-metrics') + 1].startsWith('-')))",
+                    "spec.engine.args: SGLang's --enable-metrics takes no value and the operator"
+                    " always passes it; remove it",
+                    ".args",
+                ),
                 cel(
                     "!has(self.args) || !self.args.exists(a, "
                     + " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in ENGINE_LISTEN_FLAGS)
@@ -274,7 +303,7 @@ class EngineSpec(CamelModel):
                     "spec.engine.args must not set the engine's --host, --port or --uds: the sidecar"
                     " reaches the engine at 127.0.0.1 on spec.engine.port (set the port there)",
                     ".args",
-                )
+                ),
             ]
         }
     )

@@ -227,6 +227,17 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("the engine's host in its args", engine_args("vllm", "--host", "0.0.0.0"), "spec.engine.args"),
     ("the engine's host=H in its args", engine_args("emulator", "--host=::"), "spec.engine.args"),
     ("a Unix socket for vLLM", engine_args("vllm", "--uds", "/tmp/v.sock"), "spec.engine.args"),
+    ("SGLang's metrics flag with =true", engine_args("sglang", "--enable-metrics=true"), "spec.engine.args"),
+    (
+        "SGLang's metrics flag with a value",
+        engine_args("sglang", "--enable-metrics", "true"),
+        "spec.engine.args",
+    ),
+    (
+        "SGLang's metrics flag, value last",
+        engine_args("sglang", "--tp", "2", "--enable-metrics", "1"),
+        "spec.engine.args",
+    ),
     ("a misspelt field", {"replica": 3}, "spec.replica"),
     ("no model", {"model": None}, "spec.model"),
 ]
@@ -257,6 +268,28 @@ def test_engine_args_that_only_resemble_listen_flags_are_accepted(crd: dict[str,
     obj = fleet(engine={"kind": "sglang", "args": args})
     assert admission_errors(crd, obj) == []
     assert models.validate_spec(obj["spec"]).engine.args == args
+
+
+@pytest.mark.parametrize(
+    "args", [["--enable-metrics"], ["--enable-metrics", "--tp", "2"], ["--tp", "2", "--enable-metrics"]]
+)
+def test_sglang_gets_enable_metrics_once_however_the_user_wrote_it(
+    args: list[str], crd: dict[str, Any]
+) -> None:
+    from prefixfleet.operator import planner
+
+    obj = fleet(engine={"kind": "sglang", "args": args})
+    assert admission_errors(crd, obj) == []
+    _, command_args = planner.engine_command(models.validate_spec(obj["spec"]))
+    assert command_args.count("--enable-metrics") == 1
+    assert not any(a.startswith("--enable-metrics=") for a in command_args)
+
+
+def test_other_engines_keep_their_own_metrics_flags(crd: dict[str, Any]) -> None:
+    # only SGLang's flag is the operator's; the emulator and vLLM take args as given
+    obj = fleet(engine={"kind": "vllm", "args": ["--enable-metrics", "true"]})
+    assert admission_errors(crd, obj) == []
+    models.validate_spec(obj["spec"])
 
 
 def test_the_sidecar_may_take_a_port_the_engine_does_not_use(crd: dict[str, Any]) -> None:
