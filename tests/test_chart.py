@@ -327,6 +327,48 @@ def test_values_schema_accepts_good_values(chart: helm_python.Chart, values: dic
     chart.validate_schema(values)
 
 
+# Values that render a chart Helm accepts but that does nothing useful (or harm): each refused when
+# Helm renders (`helm template`/`install` check values.schema.json), naming the key.
+USELESS_VALUES = {
+    "a PodMonitor scraping no port": ({"podMonitor": {"enabled": True, "ports": []}}, "ports"),
+    "a PodMonitor whose ports were removed": ({"podMonitor": {"enabled": True, "ports": None}}, "ports"),
+    "a PodMonitor scraping one port twice": (
+        {"podMonitor": {"enabled": True, "ports": ["http"] * 2}},
+        "ports",
+    ),
+    "a PodMonitor selecting every pod": ({"podMonitor": {"enabled": True, "selector": None}}, "selector"),
+    "a ServiceMonitor selecting every Service": (
+        {"serviceMonitor": {"enabled": True, "selector": None}},
+        "selector",
+    ),
+    "a ServiceMonitor without a port": ({"serviceMonitor": {"enabled": True, "port": None}}, "port"),
+    "Redis without a memory limit": ({"redis": {"enabled": True, "maxMemory": "0mb"}}, "maxMemory"),
+    "a namespace watched twice": (
+        {"operator": {"watchNamespaces": ["a", "a"]}, "rbac": {"scope": "namespace"}},
+        "watchNamespaces",
+    ),
+}
+
+
+@pytest.mark.parametrize(("values", "key"), USELESS_VALUES.values(), ids=USELESS_VALUES.keys())
+def test_rendering_refuses_values_that_make_a_useless_object(
+    chart: helm_python.Chart, values: dict[str, Any], key: str
+) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert key in str(err.value)
+
+
+def test_a_pod_monitor_with_its_defaults_scrapes_the_sidecar_port(chart: helm_python.Chart) -> None:
+    (monitor,) = [
+        m
+        for m in by_kind(render(chart, {"podMonitor": {"enabled": True}}), "PodMonitor")
+        if m["metadata"]["name"].endswith("replicas")
+    ]
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["http"]
+    assert monitor["spec"]["selector"]["matchLabels"]
+
+
 def test_every_default_value_is_described_by_the_schema(chart: helm_python.Chart) -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
 
