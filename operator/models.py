@@ -17,7 +17,16 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 GROUP = "prefixfleet.io"
@@ -187,6 +196,196 @@ class ResourceRequirements(CamelModel):
     limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits (quantities).")
 
 
+# ---------------------------------------------------------------- spec.engine.podTemplate
+# The planner merges podTemplate.metadata and podTemplate.spec into every replica pod (containers by
+# name: "engine" and "sidecar" are the operator's own). What would be dropped silently (any other
+# top-level key), would make the API server refuse every replica pod (a container without a name or,
+# when added, an image; a label value that is no string), or would detach pods from their fleet
+# (the operator's labels and annotations) is refused at admission, by the schema and CEL rules below
+# and by pod_template_problems, with the same messages.
+
+POD_TEMPLATE = "spec.engine.podTemplate"
+OPERATOR_CONTAINERS: tuple[str, ...] = ("engine", "sidecar")
+# The labels the operator selects its pods by (planner._labels) and its own key prefix.
+OPERATOR_LABELS: tuple[str, ...] = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/managed-by",
+)
+OPERATOR_KEY_PREFIX = f"{GROUP}/"
+CONTAINER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+MAX_TEMPLATE_CONTAINERS = 32
+
+_MSG_TEMPLATE_KEYS = (
+    f"{POD_TEMPLATE} takes metadata and spec only (Pod spec fields go under {POD_TEMPLATE}.spec)"
+)
+_MSG_LABELS = (
+    f"{POD_TEMPLATE}.metadata.labels: {OPERATOR_KEY_PREFIX}* and {', '.join(OPERATOR_LABELS)} are the"
+    " operator's (they tie replica pods to their fleet)"
+)
+_MSG_ANNOTATIONS = f"{POD_TEMPLATE}.metadata.annotations: {OPERATOR_KEY_PREFIX}* are the operator's"
+_MSG_NEEDS_IMAGE = (
+    f"{POD_TEMPLATE}.spec.containers: a container other than {' and '.join(OPERATOR_CONTAINERS)}"
+    " (which it is merged into) is added to the pod and needs an image"
+)
+_MSG_INIT_NEEDS_IMAGE = f"{POD_TEMPLATE}.spec.initContainers: every init container needs an image"
+_MSG_UNIQUE = "names must be unique (entries are merged by name)"
+
+
+def _template_containers_schema(field: str) -> dict[str, Any]:
+    return {
+        "type": "array",
+        "maxItems": MAX_TEMPLATE_CONTAINERS,
+        "items": {
+            "type": "object",
+            "additionalProperties": True,
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "maxLength": 63, "pattern": CONTAINER_NAME_PATTERN},
+                "image": {"type": "string", "minLength": 1},
+            },
+        },
+        "x-kubernetes-validations": [
+            cel(
+                "self.all(c, self.exists_one(d, d.name == c.name))",
+                f"{POD_TEMPLATE}.spec.{field}: {_MSG_UNIQUE}",
+            )
+        ],
+    }
+
+
+# Bounded so the API server's cost estimate of the CEL rules iterating them stays small.
+MAX_TEMPLATE_METADATA_KEYS = 128
+_STRING_MAP = {
+    "type": "object",
+    "maxProperties": MAX_TEMPLATE_METADATA_KEYS,
+    "additionalProperties": {"type": "string"},
+}
+POD_TEMPLATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "metadata": {
+            "type": "object",
+            "description": "Labels and annotations added to every replica pod.",
+            "properties": {"labels": _STRING_MAP, "annotations": _STRING_MAP},
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.labels) || self.labels.all(k, !k.startsWith('"
+                    + OPERATOR_KEY_PREFIX
+                    + "') && !(k in ["
+                    + ", ".join(f"'{label}'" for label in OPERATOR_LABELS)
+                    + "]))",
+                    _MSG_LABELS,
+                    ".labels",
+                ),
+                cel(
+                    "!has(self.annotations)"
+                    f" || self.annotations.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}'))",
+                    _MSG_ANNOTATIONS,
+                    ".annotations",
+                ),
+            ],
+        },
+        "spec": {
+            "type": "object",
+            "description": "Pod spec fields merged into every replica pod (containers and initContainers"
+            " by name; other lists replace the generated ones).",
+            "additionalProperties": True,
+            "properties": {
+                "containers": _template_containers_schema("containers"),
+                "initContainers": _template_containers_schema("initContainers"),
+            },
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.containers) || self.containers.all(c, c.name in ["
+                    + ", ".join(f"'{n}'" for n in OPERATOR_CONTAINERS)
+                    + "] || has(c.image))",
+                    _MSG_NEEDS_IMAGE,
+                    ".containers",
+                ),
+                cel(
+                    "!has(self.initContainers) || self.initContainers.all(c, has(c.image))",
+                    _MSG_INIT_NEEDS_IMAGE,
+                    ".initContainers",
+                ),
+            ],
+        },
+    },
+}
+
+
+def pod_template_problems(template: Any) -> list[str]:
+    """What is wrong with a podTemplate, one line per problem naming its field (empty: fine)."""
+    if not isinstance(template, dict):
+        return [f"{POD_TEMPLATE}: must be an object with metadata and/or spec"]
+    problems = [
+        f"{POD_TEMPLATE}.{key}: unknown field; {_MSG_TEMPLATE_KEYS}"
+        for key in template
+        if key not in ("metadata", "spec")
+    ]
+    meta, spec = template.get("metadata"), template.get("spec")
+    if meta is not None:
+        problems += _template_metadata_problems(meta)
+    if spec is not None:
+        if not isinstance(spec, dict):
+            return [*problems, f"{POD_TEMPLATE}.spec: must be an object (Pod spec fields)"]
+        for field in ("containers", "initContainers"):
+            if spec.get(field) is not None:
+                problems += _template_container_problems(field, spec[field])
+    return problems
+
+
+def _template_metadata_problems(meta: Any) -> list[str]:
+    where = f"{POD_TEMPLATE}.metadata"
+    if not isinstance(meta, dict):
+        return [f"{where}: must be an object (labels, annotations)"]
+    problems = [
+        f"{where}.{key}: unknown field; only labels and annotations are merged into the pods"
+        for key in meta
+        if key not in ("labels", "annotations")
+    ]
+    for field in ("labels", "annotations"):
+        values = meta.get(field)
+        if values is None:
+            continue
+        if not isinstance(values, dict) or not all(isinstance(v, str) for v in values.values()):
+            problems.append(f"{where}.{field}: must map names to strings")
+            continue
+        if len(values) > MAX_TEMPLATE_METADATA_KEYS:
+            problems.append(f"{where}.{field}: at most {MAX_TEMPLATE_METADATA_KEYS} entries")
+        if field == "labels" and any(
+            k.startswith(OPERATOR_KEY_PREFIX) or k in OPERATOR_LABELS for k in values
+        ):
+            problems.append(_MSG_LABELS)
+        if field == "annotations" and any(k.startswith(OPERATOR_KEY_PREFIX) for k in values):
+            problems.append(_MSG_ANNOTATIONS)
+    return problems
+
+
+def _template_container_problems(field: str, containers: Any) -> list[str]:
+    where = f"{POD_TEMPLATE}.spec.{field}"
+    if not isinstance(containers, list):
+        return [f"{where}: must be a list of containers (objects with a name)"]
+    if len(containers) > MAX_TEMPLATE_CONTAINERS:
+        return [f"{where}: at most {MAX_TEMPLATE_CONTAINERS} containers"]
+    problems, names = [], []
+    for i, container in enumerate(containers):
+        name = container.get("name") if isinstance(container, dict) else None
+        if not isinstance(name, str) or not re.match(CONTAINER_NAME_PATTERN, name) or len(name) > 63:
+            problems.append(f"{where}[{i}].name: every container needs a name (a DNS label, e.g. engine)")
+            continue
+        names.append(name)
+        image = container.get("image")
+        if not (isinstance(image, str) and image) and (
+            field == "initContainers" or name not in OPERATOR_CONTAINERS
+        ):
+            problems.append(_MSG_NEEDS_IMAGE if field == "containers" else _MSG_INIT_NEEDS_IMAGE)
+    if len(set(names)) != len(names):
+        problems.append(f"{where}: {_MSG_UNIQUE}")
+    return problems
+
+
 class EngineSpec(CamelModel):
     """The inference engine each replica pod runs (behind the prefixfleet sidecar)."""
 
@@ -220,10 +419,10 @@ class EngineSpec(CamelModel):
         max_length=256,
         description="Extra environment variables for the engine container.",
     )
-    pod_template: dict[str, Any] | None = Field(
+    pod_template: Annotated[dict[str, Any], WithJsonSchema(POD_TEMPLATE_SCHEMA)] | None = Field(
         default=None,
-        description="Free-form Pod fields (metadata/spec) merged into every replica pod:"
-        " nodeSelector, tolerations, volumes, ...",
+        description="Pod fields merged into every replica pod: metadata (labels, annotations) and spec"
+        " (nodeSelector, tolerations, volumes, ...; containers merge by name into engine and sidecar).",
     )
     # The engine listens on loopback only, so no kubelet probe can restart a hung one: the operator
     # replaces the pod instead (operator/planner.py, plan_unhealthy).
@@ -241,6 +440,14 @@ class EngineSpec(CamelModel):
         description="A running replica pod that has never been Ready this long (an engine that never came"
         " up) is deleted and recreated, one at a time; 0 = never (model loads can take many minutes).",
     )
+
+    @field_validator("pod_template")
+    @classmethod
+    def _pod_template_is_mergeable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        problems = pod_template_problems(value) if value is not None else []
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
     @model_validator(mode="after")
     def _kind_defaults(self) -> EngineSpec:

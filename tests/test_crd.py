@@ -146,7 +146,10 @@ def test_quantities_are_int_or_string_and_free_form_objects_are_preserved(crd: d
     spec = crd_schema(crd)["properties"]["spec"]["properties"]
     requests = spec["engine"]["properties"]["resources"]["properties"]["requests"]
     assert requests["additionalProperties"]["x-kubernetes-int-or-string"] is True
-    assert spec["engine"]["properties"]["podTemplate"]["x-kubernetes-preserve-unknown-fields"] is True
+    # podTemplate: Pod spec fields pass through; anything beside metadata and spec is an unknown field
+    pod_template = spec["engine"]["properties"]["podTemplate"]
+    assert pod_template["properties"]["spec"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert "x-kubernetes-preserve-unknown-fields" not in pod_template
     # kopf keeps its progress in status.kopf: it must survive pruning
     assert crd_schema(crd)["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
 
@@ -194,6 +197,10 @@ def engine_args(kind: str, *args: str) -> dict[str, Any]:
     return {"engine": {"kind": kind, "args": list(args)}}
 
 
+def pod_template(template: Any) -> dict[str, Any]:
+    return {"engine": {"kind": "sglang", "podTemplate": template}}
+
+
 INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("negative replicas", {"replicas": -1}, "spec.replicas"),
     ("unknown engine kind", {"engine": {"kind": "tgi"}}, "spec.engine.kind"),
@@ -238,6 +245,67 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         engine_args("sglang", "--tp", "2", "--enable-metrics", "1"),
         "spec.engine.args",
     ),
+    (
+        "a Pod field beside podTemplate.spec",
+        pod_template({"nodeSelector": {"gpu": "h100"}}),
+        "podTemplate.nodeSelector",
+    ),
+    (
+        "podTemplate.spec not an object",
+        pod_template({"spec": ["tolerations"]}),
+        "spec.engine.podTemplate.spec",
+    ),
+    (
+        "podTemplate containers not a list",
+        pod_template({"spec": {"containers": {"name": "engine"}}}),
+        "podTemplate.spec.containers",
+    ),
+    (
+        "a podTemplate container without a name",
+        pod_template({"spec": {"containers": [{"image": "busybox"}]}}),
+        "podTemplate.spec.containers[0].name",
+    ),
+    (
+        "a podTemplate container that is a string",
+        pod_template({"spec": {"containers": ["engine"]}}),
+        "podTemplate.spec.containers[0]",
+    ),
+    (
+        "an added container without an image",
+        pod_template({"spec": {"containers": [{"name": "log-shipper"}]}}),
+        "podTemplate.spec.containers",
+    ),
+    (
+        "an init container without an image",
+        pod_template({"spec": {"initContainers": [{"name": "fetch"}]}}),
+        "podTemplate.spec.initContainers",
+    ),
+    (
+        "one container twice",
+        pod_template({"spec": {"containers": [{"name": "engine"}, {"name": "engine"}]}}),
+        "podTemplate.spec.containers",
+    ),
+    (
+        "the operator's fleet label",
+        pod_template({"metadata": {"labels": {"prefixfleet.io/fleet": "x"}}}),
+        "podTemplate.metadata.labels",
+    ),
+    (
+        "the operator's component label",
+        pod_template({"metadata": {"labels": {"app.kubernetes.io/component": "gpu"}}}),
+        "podTemplate.metadata.labels",
+    ),
+    (
+        "a label value that is a number",
+        pod_template({"metadata": {"labels": {"tier": 1}}}),
+        "podTemplate.metadata.labels",
+    ),
+    (
+        "the operator's annotation",
+        pod_template({"metadata": {"annotations": {"prefixfleet.io/template-hash": "x"}}}),
+        "podTemplate.metadata.annotations",
+    ),
+    ("a pod name in podTemplate", pod_template({"metadata": {"name": "mine"}}), "podTemplate.metadata.name"),
     ("a misspelt field", {"replica": 3}, "spec.replica"),
     ("no model", {"model": None}, "spec.model"),
 ]
@@ -290,6 +358,34 @@ def test_other_engines_keep_their_own_metrics_flags(crd: dict[str, Any]) -> None
     obj = fleet(engine={"kind": "vllm", "args": ["--enable-metrics", "true"]})
     assert admission_errors(crd, obj) == []
     models.validate_spec(obj["spec"])
+
+
+def test_a_pod_template_that_merges_cleanly_is_accepted_and_reaches_the_pod(crd: dict[str, Any]) -> None:
+    from prefixfleet.operator import planner
+
+    template = {
+        "metadata": {
+            "labels": {"team": "ml", "app.kubernetes.io/part-of": "chat"},
+            "annotations": {"a": "b"},
+        },
+        "spec": {
+            "nodeSelector": {"gpu": "h100"},
+            "containers": [
+                {"name": "engine", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]},
+                {"name": "log-shipper", "image": "busybox:1.36", "args": ["tail", "-f", "/dev/null"]},
+            ],
+            "initContainers": [{"name": "fetch", "image": "busybox:1.36"}],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+    obj = fleet(**pod_template(template))
+    assert admission_errors(crd, obj) == []
+    spec = models.validate_spec(obj["spec"])
+    ref = planner.FleetRef(name="f", namespace="default", uid="uid")
+    pod_template_out, _ = planner.replica_template(ref, spec, "redis://r:6379/0")
+    assert [c["name"] for c in pod_template_out["spec"]["containers"]] == ["engine", "sidecar", "log-shipper"]
+    assert pod_template_out["metadata"]["labels"]["team"] == "ml"
+    assert pod_template_out["spec"]["nodeSelector"] == {"gpu": "h100"}
 
 
 def test_the_sidecar_may_take_a_port_the_engine_does_not_use(crd: dict[str, Any]) -> None:
