@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import kopf
 import kubernetes
 from kubernetes.client.rest import ApiException
 
@@ -29,6 +30,46 @@ KIND_PATHS: dict[str, tuple[str, str]] = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "PrefixCacheFleet": (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
+
+
+# Answers that say "this object, as written, will never be accepted" (malformed, invalid, or refused
+# by an admission policy or quota): retrying the same manifest at once cannot help.
+REFUSAL_STATUSES = frozenset({400, 403, 422})
+REFUSAL_RETRY_S = 10.0  # as often as the reconcile timer: a fixed spec shows soon
+
+
+class ChildRefused(ApiException, kopf.TemporaryError):
+    """The API server refused a child the operator wrote (400, 403, 422), e.g. a replica pod whose
+    spec.engine.podTemplate the API server finds invalid.
+
+    Still an ``ApiException`` (``status``, ``reason``, ``body`` as the client sets them), and a
+    ``kopf.TemporaryError``: a handler it escapes logs one line naming the child and the API
+    server's own reason (kopf posts it as an Event on the fleet) and retries after
+    ``REFUSAL_RETRY_S``, instead of a traceback. ``str()`` is that one line."""
+
+    def __init__(self, kind: str, namespace: str, name: str, refusal: ApiException) -> None:
+        ApiException.__init__(self, status=refusal.status, reason=refusal.reason, body=refusal.body)
+        self.headers = refusal.headers
+        self.kind, self.namespace, self.name = kind, namespace, name
+        status = _status_body(refusal.body)
+        self.api_reason: str = str(status.get("reason") or refusal.reason or "")
+        self.api_message: str = str(status.get("message") or refusal.body or "").strip()
+        self.delay = REFUSAL_RETRY_S
+
+    def __str__(self) -> str:
+        return (
+            f"the API server refused {self.kind} {self.namespace}/{self.name}"
+            f" ({self.status} {self.api_reason}): {self.api_message}"
+        )
+
+
+def _status_body(body: Any) -> JSON:
+    """The Kubernetes ``Status`` object of an error answer (empty when it is not one)."""
+    try:
+        parsed = json.loads(body) if isinstance(body, str | bytes) else None
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
 
 
 def load_api_client() -> kubernetes.client.ApiClient:
@@ -99,6 +140,8 @@ class Kube:
         except ApiException as exc:
             if exc.status == 409:
                 return False
+            if exc.status in REFUSAL_STATUSES:
+                raise ChildRefused(manifest["kind"], meta["namespace"], meta["name"], exc) from None
             raise
         return True
 
@@ -108,12 +151,17 @@ class Kube:
         meta = manifest["metadata"]
         patch = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata", "status")}
         patch["metadata"] = {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
-        self.request(
-            "PATCH",
-            self.path(manifest["kind"], meta["namespace"], meta["name"]),
-            body=patch,
-            content_type="application/merge-patch+json",
-        )
+        try:
+            self.request(
+                "PATCH",
+                self.path(manifest["kind"], meta["namespace"], meta["name"]),
+                body=patch,
+                content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status in REFUSAL_STATUSES:
+                raise ChildRefused(manifest["kind"], meta["namespace"], meta["name"], exc) from None
+            raise
 
     def delete(self, kind: str, namespace: str, name: str) -> bool:
         try:

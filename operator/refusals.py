@@ -1,0 +1,83 @@
+"""What a fleet shows when the API server refuses one of its children (pure).
+
+A child the operator writes can pass the fleet's admission and still be refused by the API server:
+a replica pod whose ``spec.engine.podTemplate`` mounts a volume the pod lacks (422 Invalid), breaks
+a Pod Security or quota policy (403 Forbidden), ... ``kube.ChildRefused`` names the child and the
+API server's reason in one line; these functions turn such lines into the fleet's ``Degraded``
+condition (reason ``ChildRefused``) and a Warning Event when that changes, so the reason is on the
+fleet (``kubectl describe pcf``) instead of only in the operator's log.
+
+The reconcile keeps going past a refused child (the others, the router and the status are still
+written) and tries again on its next round; once the API server accepts the child, the planner's
+own ``Degraded`` condition replaces this one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from .planner import PlannedEvent
+
+JSON = dict[str, Any]
+REASON = "ChildRefused"
+# Kubernetes caps a condition's message at 32768 characters; API server messages can be long.
+MAX_MESSAGE = 4096
+
+
+def refusal_message(refusals: Sequence[str]) -> str:
+    """The condition message: the first refusal in full, then how many more."""
+    first = refusals[0][:MAX_MESSAGE]
+    more = len(refusals) - 1
+    return first + (f" (and {more} more refused)" if more else "")
+
+
+def with_refusals(
+    status: Mapping[str, Any],
+    refusals: Sequence[str],
+    previous: Sequence[Mapping[str, Any]],
+    now: datetime | None = None,
+) -> JSON:
+    """``status`` (the planner's) with ``Degraded`` set to ``ChildRefused`` when anything was refused.
+
+    ``previous`` are the fleet's current conditions: a Degraded condition that was already True keeps
+    its ``lastTransitionTime``, so a refusal repeated every round changes nothing on the fleet."""
+    out = dict(status)
+    if not refusals:
+        return out
+    old = next((c for c in previous if c.get("type") == "Degraded"), None)
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if old is not None and old.get("status") == "True" and old.get("lastTransitionTime"):
+        stamp = old["lastTransitionTime"]
+    degraded: JSON = {
+        "type": "Degraded",
+        "status": "True",
+        "reason": REASON,
+        "message": refusal_message(refusals),
+        "lastTransitionTime": stamp,
+    }
+    conditions = [dict(c) for c in status.get("conditions") or []]
+    for c in conditions:
+        if c.get("type") == "Degraded":
+            if "observedGeneration" in c:
+                degraded["observedGeneration"] = c["observedGeneration"]
+            c.clear()
+            c.update(degraded)
+            break
+    else:
+        conditions.append(degraded)
+    out["conditions"] = conditions
+    return out
+
+
+def refusal_events(refusals: Sequence[str], previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
+    """One Warning Event when the refusal the fleet shows starts or changes; none while the fleet's
+    Degraded condition already says the same (not one per reconcile round, nor one per pod)."""
+    if not refusals:
+        return []
+    message = refusal_message(refusals)
+    old = next((c for c in previous if c.get("type") == "Degraded"), None)
+    if old is not None and old.get("reason") == REASON and old.get("message") == message:
+        return []
+    return [PlannedEvent("Warning", REASON, message)]
