@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from email.utils import formatdate
@@ -40,6 +42,8 @@ _PIPELINE_PAUSE_BYTES = 256 * 1024  # stop reading while a handler runs and this
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 _NO_BODY_STATUS = frozenset({204, 304})
 _HANDED_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
+# tcp_info's layout below is Linux's
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
 # a handler's bug, in the OpenAI error shape of every other answer
 _INTERNAL_ERROR = {"error": {"message": "internal error", "type": "server_error", "param": None, "code": 500}}
 
@@ -72,6 +76,59 @@ class _DateHeader:
 class ClientStalled(Exception):
     """A streamed answer's write waited longer than the write limit on a client that reads nothing;
     its connection is closed (the handler then leaves, which aborts the request upstream)."""
+
+
+class StallWatch:
+    """The write limit of one wait on a client's socket: ``on_stall`` runs once the client took no
+    byte for ``limit_s``. Checked every ``limit_s``: a client that took bytes since the last check (a
+    slow reader, still reading) gets another period, as nginx's send_timeout counts between two
+    successful sends, not over the whole wait. Taking is read from TCP's acknowledged byte count: the
+    kernel's send buffer (megabytes, autotuned) lets the transport write again only once about a
+    third of it drained, which a slow reader takes minutes to do."""
+
+    __slots__ = ("_handle", "_limit_s", "_loop", "_on_stall", "_taken", "_transport")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        transport: asyncio.Transport,
+        limit_s: float,
+        on_stall: Callable[[], object],
+    ) -> None:
+        self._loop = loop
+        self._transport = transport
+        self._limit_s = limit_s
+        self._on_stall = on_stall
+        self._taken = bytes_taken(transport)
+        self._handle = loop.call_later(limit_s, self._check)
+
+    def _check(self) -> None:
+        taken = bytes_taken(self._transport)
+        if taken > self._taken:
+            self._taken = taken
+            self._handle = self._loop.call_later(self._limit_s, self._check)
+        else:
+            self._on_stall()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+_TCP_INFO_BYTES_ACKED = slice(120, 128)  # struct tcp_info's tcpi_bytes_acked (Linux 4.1+), a u64
+
+
+def bytes_taken(transport: asyncio.Transport) -> int:
+    """A count that grows as the client takes bytes of what was written to it: TCP's acknowledged
+    bytes where the kernel tells (Linux), else minus the transport's unsent bytes."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and _TCP_INFO is not None:
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 128)
+        except OSError:  # not TCP (a Unix socket)
+            info = b""
+        if len(info) == 128:
+            return int.from_bytes(info[_TCP_INFO_BYTES_ACKED], sys.byteorder)
+    return -transport.get_write_buffer_size()
 
 
 class HotStream:
@@ -299,11 +356,13 @@ class _FrontConnection(asyncio.Protocol):
         waiter = self._drain
         if waiter is None or waiter.done():
             waiter = self._drain = self.loop.create_future()
-        timer = self.loop.call_later(self.front.timeouts.write_s, self._write_stalled, waiter)
+        watch = StallWatch(
+            self.loop, self.transport, self.front.timeouts.write_s, lambda: self._write_stalled(waiter)
+        )
         try:
             await waiter
         finally:
-            timer.cancel()
+            watch.cancel()
 
     def _write_stalled(self, waiter: asyncio.Future[None]) -> None:
         if waiter.done():

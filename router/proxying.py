@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from .front import ClientStalled, HotRequest, HotStream
+from .front import ClientStalled, HotRequest, HotStream, StallWatch
 
 AnyRequest = web.Request | HotRequest
 Answer = web.StreamResponse | HotStream
@@ -85,12 +85,20 @@ def stream_writer(
 async def _write_within(
     request: web.Request, response: web.StreamResponse, timeout_s: float, data: bytes
 ) -> None:
+    transport = request.transport
+    if transport is None:  # the client is gone: aiohttp's write says so
+        await response.write(data)
+        return
+    loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(timeout_s):
-            await response.write(data)
+        async with asyncio.timeout(None) as scope:
+            watch = StallWatch(loop, transport, timeout_s, lambda: scope.reschedule(loop.time()))
+            try:
+                await response.write(data)
+            finally:
+                watch.cancel()
     except TimeoutError:
-        if request.transport is not None:
-            request.transport.abort()  # as the front does: the client sees its connection end
+        transport.abort()  # as the front does: the client sees its connection end
         raise ClientStalled(f"the client read nothing for {timeout_s:g} s") from None
 
 

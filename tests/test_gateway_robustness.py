@@ -469,3 +469,46 @@ def test_a_send_whose_client_left_before_its_answer_gives_back_its_overlay_block
             lambda: overlay_blocks(client, gateway), 20, "the overlay to give back the abandoned send",
             done=lambda blocks: blocks == kept,
         )  # fmt: skip
+
+
+WRITE_TIMEOUT_S = 1.0  # the stall fleet's --client-write-timeout
+
+
+@pytest.mark.parametrize(
+    ("target", "framing"),
+    [("gateway", "content-length"), ("gateway", "chunked"), ("sidecar", "content-length")],
+    ids=["gateway", "gateway-aiohttp", "sidecar"],
+)
+def test_a_slow_streaming_client_that_keeps_reading_is_not_cut_off(
+    stall_fleet: StallFleet, target: str, framing: str
+) -> None:
+    """The write timeout is a no-progress limit: a reader far slower than the engine (1 KB every
+    50 ms) makes each write wait far longer than the limit for the proxy's buffers to drain (the
+    kernel's send buffer alone is megabytes), yet it takes bytes all along and keeps its stream. The
+    proxy's log says whether it cut the stream: the client would go on reading what the kernels
+    buffered for a while after a cut."""
+    base = getattr(stall_fleet, target)
+    cut_before = stall_fleet.log(target).count("read nothing of its stream")
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    if framing == "chunked":  # the front hands it to aiohttp
+        framed = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        framed = b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    host, port = base.removeprefix("http://").split(":")
+    with socket.socket() as conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.settimeout(10)
+        conn.connect((host, int(port)))
+        conn.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + framed
+        )
+        assert conn.recv(64).startswith(b"HTTP/1.1 200"), "the stream began"
+        received = 0
+        deadline = time.monotonic() + 4 * WRITE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            data = conn.recv(1024)
+            assert data, f"the {target} closed the stream of a client still reading ({received} bytes in)"
+            received += len(data)
+            time.sleep(0.05)
+        log = stall_fleet.log(target)
+    assert log.count("read nothing of its stream") == cut_before, log[-2000:]
