@@ -17,6 +17,7 @@ from .keys import DEFAULT_FLEET, validate_fleet_name
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .records import validate_worker_id
 from .requests import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_TOKENS
+from .slow_clients import ClientTimeouts
 from .summary import DEFAULT_MAX_BLOCKS
 
 BIND_HELP = "address to listen on (default 127.0.0.1); '' listens on every interface, IPv4 and IPv6"
@@ -156,7 +157,7 @@ def register(subparsers: Any) -> None:
 
 WRITE_TIMEOUT_HELP = (
     "end a streamed answer whose client reads nothing for S seconds (connection closed, engine request"
-    " aborted); default: $PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60"
+    " aborted); a positive number, there is no off; default: $PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60"
 )
 
 
@@ -174,6 +175,10 @@ def _check_common(args: argparse.Namespace) -> None:
     timeout = args.client_write_timeout
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise _usage_error(f"--client-write-timeout must be a positive number of seconds, got {timeout:g}")
+    try:  # read again when the service starts: a bad value is a traceback there
+        ClientTimeouts.from_env(write_s=timeout)
+    except ValueError as exc:
+        raise _usage_error(str(exc)) from None
     try:
         validate_fleet_name(args.fleet)
     except ValueError as exc:

@@ -24,7 +24,9 @@ Specification:
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -512,3 +514,34 @@ def test_a_slow_streaming_client_that_keeps_reading_is_not_cut_off(
             time.sleep(0.05)
         log = stall_fleet.log(target)
     assert log.count("read nothing of its stream") == cut_before, log[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["gateway", "--client-write-timeout", "0"], {}, "--client-write-timeout must be a positive number"),
+        (["sidecar", "--client-write-timeout", "-1"], {}, "--client-write-timeout must be a positive number"),
+        (["gateway"], {"PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S": "0"}, "PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S must"),
+        (
+            ["sidecar"],
+            {"PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S": "soon"},
+            "PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S must",
+        ),
+        (["gateway"], {"PREFIXFLEET_CLIENT_BODY_TIMEOUT_S": "-3"}, "PREFIXFLEET_CLIENT_BODY_TIMEOUT_S must"),
+    ],
+    ids=["flag-zero", "flag-negative", "env-zero", "env-text", "body-env"],
+)
+def test_a_write_timeout_that_is_not_a_positive_number_is_refused_in_one_line(
+    argv: list[str], env: dict[str, str], message: str
+) -> None:
+    """0 is not "off": every stream has a limit. The variables are read at start-up and refused
+    there in one line, like the flags (they were a traceback from the starting service)."""
+    service = argv[0]
+    where = ["--worker", "http://127.0.0.1:1"] if service == "gateway" else ["--engine", "http://127.0.0.1:1"]
+    done = subprocess.run(
+        prefixfleet_argv("router", *argv, *where, "--port", str(free_port())),
+        capture_output=True, text=True, timeout=30, env={**os.environ, **env},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
