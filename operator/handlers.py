@@ -32,7 +32,7 @@ from prefixfleet.router.records import decode_load, split_member_fields
 from prefixfleet.router.redis_conn import redacted, with_credentials
 from prefixfleet.router.summary import SummaryError
 
-from .kube import Kube, load_api_client
+from .kube import ChildRefused, Kube, load_api_client
 from .membership import desired_members, plan_membership
 from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
 from .planner import (
@@ -56,6 +56,7 @@ from .planner import (
     router_name,
     status_changes,
 )
+from .refusals import refusal_events, with_refusals
 
 FLEET_RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 RECONCILE_INTERVAL_S = float(os.environ.get("PREFIXFLEET_RECONCILE_INTERVAL", "10"))
@@ -361,20 +362,30 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_FIRST_READY: stamp})
     for deletion in plan.delete_pods:
         kube.delete("Pod", namespace, deletion.name)
+    # A child the API server refuses (an invalid podTemplate, a policy, a quota) does not stop the
+    # others, the router or the status: the fleet says which and why (operator/refusals.py).
+    refused: list[str] = []
     for manifest in plan.create_pods:
         kopf.adopt(manifest, owner=fleet)
-        kube.create(manifest)
+        try:
+            kube.create(manifest)
+        except ChildRefused as exc:
+            refused.append(str(exc))
     for change in plan.children:
         kopf.adopt(change.manifest, owner=fleet)
-        if change.action == "create" and kube.create(change.manifest):
-            continue
-        kube.replace_spec(change.manifest)
-    changes = status_changes(current_status, plan.status)
+        try:
+            if change.action == "create" and kube.create(change.manifest):
+                continue
+            kube.replace_spec(change.manifest)
+        except ChildRefused as exc:
+            refused.append(str(exc))
+    changes = status_changes(current_status, with_refusals(plan.status, refused, conditions))
     if changes:
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
     draining = bool(plan.drain_pods) or any(p.draining and p.alive for p in pods)
+    events = (*plan.events, *refusal_events(refused, conditions))
     return ReconcileOutcome(
-        fleet, plan.events, spec, ref, pods, redis_url, draining, plan.replaced, plan.recheck_after_s
+        fleet, events, spec, ref, pods, redis_url, draining, plan.replaced, plan.recheck_after_s
     )
 
 

@@ -7,9 +7,8 @@ spec.engine.podTemplate can carry past admission: a volumeMount naming no volume
 
 The operator's Kubernetes calls turn such an answer into ``kube.ChildRefused``: one line naming the
 child and the API server's reason. Escaping a kopf handler, it is logged as that line without a
-traceback and retried later; fixing the spec lets the replica be created. What the fleet itself
-shows (``operator/refusals.py``: Degraded=ChildRefused, one Warning Event) is tested here as pure
-functions; the reconcile (operator/handlers.py) does not call them yet.
+traceback and retried later; fixing the spec lets the replica be created. The fleet shows it too:
+Degraded=ChildRefused naming the pod and the reason, and one Warning Event (``operator/refusals.py``).
 """
 
 from __future__ import annotations
@@ -84,10 +83,7 @@ class RefusingCluster(EmulatedCluster):
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        # set after construction: ApiServerThread(server) tests `server or ...`, and an emulator
-        # that has served no request yet is falsy (kmock gives it a length)
-        self.api = ApiServerThread()
-        self.api.server = PodValidatingApiServer()
+        self.api = ApiServerThread(PodValidatingApiServer())
         self.api.start()
         self.kubeconfig = self.api.write_kubeconfig(workdir / "kubeconfig")
         self.kubelet = None
@@ -191,14 +187,26 @@ def test_the_operator_reports_a_refused_replica_pod_and_creates_it_once_fixed(
             refusal = (
                 f'refused Pod {NAMESPACE}/{FLEET}-replica-0 (422 Invalid): Pod "{FLEET}-replica-0" is invalid'
             )
-            wait_for(
-                lambda: refusal in operator.log_path.read_text(errors="replace"),
-                40,
-                what="the operator to log the refused pod",
-            )
+
+            def degraded() -> dict[str, Any] | None:
+                status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+                cond = next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
+                return cond if cond and cond["reason"] == "ChildRefused" else None
+
+            cond = wait_for(degraded, 40, what="Degraded=ChildRefused on the fleet")
             log = operator.log_path.read_text(errors="replace")
-            assert 'spec.containers[0].volumeMounts[0].name: Not found: "models"' in log
             assert "Traceback" not in log, operator.log_tail(60)
+            assert cond["status"] == "True" and refusal in cond["message"], cond
+            assert 'volumeMounts[0].name: Not found: "models"' in cond["message"], cond
+            events = wait_for(
+                lambda: cluster.kubectl_json("get", "events", "--field-selector", "reason=ChildRefused")[
+                    "items"
+                ],
+                20,
+                what="the ChildRefused Event",
+            )
+            assert [e["involvedObject"]["name"] for e in events] == [FLEET], events
+            assert refusal in events[0]["message"] and events[0]["type"] == "Warning", events
             assert cluster.api.objects("pods", namespace=NAMESPACE) == []
 
             # the same fleet with the volume it mounts: the replica pod is created
@@ -207,6 +215,7 @@ def test_the_operator_reports_a_refused_replica_pod_and_creates_it_once_fixed(
                 lambda: cluster.api.objects("pods", namespace=NAMESPACE), 40, what="the replica pod"
             )
             assert [p["metadata"]["name"] for p in pods] == [f"{FLEET}-replica-0"]
+            wait_for(lambda: degraded() is None, 40, what="the fleet to stop showing the refusal")
         finally:
             print("--- operator log (tail) ---\n" + operator.log_tail(60))
             operator.stop()

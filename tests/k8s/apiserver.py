@@ -1018,7 +1018,7 @@ class ApiServerThread:
     """Runs an :class:`EmulatedApiServer` on 127.0.0.1 in its own thread and event loop."""
 
     def __init__(self, server: EmulatedApiServer | None = None) -> None:
-        self.server = server or EmulatedApiServer()
+        self.server = server if server is not None else EmulatedApiServer()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.port = 0
         self._ready = threading.Event()
