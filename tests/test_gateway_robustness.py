@@ -545,3 +545,47 @@ def test_a_write_timeout_that_is_not_a_positive_number_is_refused_in_one_line(
     assert done.returncode == 2, done.stderr[-2000:]
     assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+class OverloadedEngine(BaseHTTPRequestHandler):
+    """An engine answering every generation 503, with ``Retry-After: 7`` when asked for 7 tokens."""
+
+    def do_GET(self) -> None:
+        self._answer(200, {"status": "ok"}, {})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        error = {"error": {"message": "engine overloaded", "type": "overloaded", "param": None, "code": 503}}
+        self._answer(503, error, {"Retry-After": "7"} if body.get("max_tokens") == 7 else {})
+
+    def _answer(self, status: int, obj: object, headers: dict[str, str]) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        for name, value in {**headers, "Content-Type": "application/json"}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_args: object) -> None:
+        return
+
+
+def test_an_engines_503_passes_through_with_its_own_retry_after_or_none(
+    spawn: Spawner, client: httpx.Client
+) -> None:
+    """Only the 503s the gateway makes itself get its Retry-After: an engine's answer is the
+    engine's, header and body."""
+    with serve_http(OverloadedEngine) as engine:
+        port = free_port()
+        proc = spawn(
+            prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", engine), name="gw"
+        )
+        wait_for_http(f"{url(port)}/health", proc=proc.proc)
+        plain = chat(client, url(port))
+        assert plain.status_code == 503, plain.text
+        assert plain.json()["error"]["message"] == "engine overloaded"
+        assert "retry-after" not in plain.headers
+        own = chat(client, url(port), {**CHAT, "max_tokens": 7})
+        assert (own.status_code, own.headers.get("retry-after")) == (503, "7")
+        assert own.json()["error"]["type"] == "overloaded"
