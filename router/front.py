@@ -18,6 +18,7 @@ limit is closed; a body not complete within the body limit gets the app's 408 an
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import sys
@@ -575,8 +576,12 @@ class _JsonParseErrors(RequestHandler):
 
 
 def _with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
-    # web.Server builds plain RequestHandlers and takes no class to build instead
-    protocol.__class__ = _JsonParseErrors
+    # web.Server builds plain RequestHandlers and takes no class to build instead. The swap leans on
+    # aiohttp's internals (aiohttp>=3.9,<4 in pyproject): should a later aiohttp build the class in
+    # C or change its layout, the connection keeps aiohttp's plain-text 400 rather than failing
+    # (tests/test_gateway_robustness.py notices)
+    with contextlib.suppress(TypeError):
+        protocol.__class__ = _JsonParseErrors
     return protocol
 
 
