@@ -29,8 +29,8 @@ from http import HTTPStatus
 from typing import Any
 
 import httptools
-from aiohttp import web
-from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, InvalidURLError
+from aiohttp import http_exceptions, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
@@ -43,6 +43,9 @@ _PIPELINE_PAUSE_BYTES = 256 * 1024  # stop reading while a handler runs and this
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 _NO_BODY_STATUS = frozenset({204, 304})
 _HANDED_OVER_HEADERS = frozenset({"transfer-encoding", "expect", "upgrade"})
+# aiohttp>=3.9 is allowed; BadHttpMethod came with 3.11.8 (older: TLS and other noise logs at INFO)
+_BAD_METHOD: type[Exception] | tuple[()] = getattr(http_exceptions, "BadHttpMethod", ())
+_BAD_URL: type[Exception] | tuple[()] = getattr(http_exceptions, "InvalidURLError", ())
 # tcp_info's layout below is Linux's
 _TCP_INFO: int | None = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
 # a handler's bug, in the OpenAI error shape of every other answer
@@ -564,10 +567,10 @@ class _JsonParseErrors(RequestHandler):
         if status != 400 or not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
         problem = (exc.message or "malformed request").split("\n", 1)[0].rstrip(": ")
-        if isinstance(exc, InvalidURLError):
+        if isinstance(exc, _BAD_URL):
             problem += " (a request URL must be ASCII: percent-encode other bytes)"
         # a bad method is what TLS or other protocols sent to this port look like: noise, as in aiohttp
-        level = logging.DEBUG if isinstance(exc, BadHttpMethod) else logging.INFO
+        level = logging.DEBUG if isinstance(exc, _BAD_METHOD) else logging.INFO
         log.log(level, "refused a malformed request from %s: %s", request.remote, problem)
         error = {"message": f"malformed HTTP request: {problem}", "type": "invalid_request_error"}
         response = web.json_response({"error": {**error, "param": None, "code": 400}}, status=400)
