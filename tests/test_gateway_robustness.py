@@ -589,3 +589,47 @@ def test_an_engines_503_passes_through_with_its_own_retry_after_or_none(
         own = chat(client, url(port), {**CHAT, "max_tokens": 7})
         assert (own.status_code, own.headers.get("retry-after")) == (503, "7")
         assert own.json()["error"]["type"] == "overloaded"
+
+
+def test_a_send_that_left_keeps_the_blocks_a_concurrent_send_of_its_prefix_holds(
+    spawn: Spawner, client: httpx.Client
+) -> None:
+    """Two sends of one prefix to one worker, both held by the engine: the longer one's client
+    leaves, and only the blocks past the other's go; the other's stay, counted as cached there."""
+    with serve_http(HoldingEngine) as engine:
+        port = free_port()
+        gateway = url(port)
+        proc = spawn(
+            prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", engine), name="gw"
+        )
+        wait_for_http(f"{gateway}/health", proc=proc.proc)
+        shared = " ".join(f"shared{i}" for i in range(64))
+        longer = shared + " " + " ".join(f"more{i}" for i in range(64))
+        host, gw_port = gateway.removeprefix("http://").split(":")
+
+        def send_held(prompt: str) -> socket.socket:
+            body = json.dumps({"prompt": prompt}).encode()
+            conn = socket.create_connection((host, int(gw_port)), timeout=10)
+            conn.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            return conn
+
+        with send_held(shared):
+            held = wait_until(
+                lambda: overlay_blocks(client, gateway), 20, "the gateway to record the first send",
+                done=lambda blocks: blocks > 0,
+            )  # fmt: skip
+            with send_held(longer):
+                wait_until(
+                    lambda: overlay_blocks(client, gateway) > held,
+                    20,
+                    "the gateway to record the second send",
+                )
+            # the longer send's client left: its own blocks go, the held first send's stay
+            wait_until(
+                lambda: overlay_blocks(client, gateway), 20, "the overlay to give back the longer send",
+                done=lambda blocks: blocks == held,
+            )  # fmt: skip
+            assert overlay_blocks(client, gateway) == held
