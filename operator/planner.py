@@ -749,7 +749,8 @@ class UnhealthyReplica:
 
 @dataclass(frozen=True, slots=True)
 class UnhealthyPlan:
-    overdue: tuple[UnhealthyReplica, ...] = ()  # every replica over its allowance, longest first
+    # every replica over its allowance: never-ready ones first, then longest first
+    overdue: tuple[UnhealthyReplica, ...] = ()
     replace: UnhealthyReplica | None = None  # the one to delete now (at most one)
     held_back_by: str = ""  # why none is deleted now although some are overdue
     # when the next unready replica runs out of its allowance: reconcile again then (not only at the
@@ -814,6 +815,12 @@ def plan_unhealthy(
     once: replacing them all would throw away every warm cache and restart every model load for
     nothing. So under such an outage exactly one replica is replaced; its replacement does not come
     up either, which holds back the rest until the outage ends (they then recover by themselves).
+
+    A replica that never came up and is over ``replaceNeverReadyAfterSeconds`` goes before any that
+    served, and while one is overdue no replica that served is replaced: it has no cache to lose,
+    and a fresh pod that cannot come up points at a shared cause again. Otherwise, under an outage
+    with that knob set, the replacement would stop holding back once overdue itself and every warm
+    replica would be replaced in turn, one per allowance.
     """
     overdue = sorted(
         (
@@ -822,7 +829,7 @@ def plan_unhealthy(
             if p.name not in leaving
             and (u := overdue_replica(p, now, unready_after_s, never_ready_after_s)) is not None
         ),
-        key=lambda u: (-u.seconds, u.name),
+        key=lambda u: (u.reason != "never_ready", -u.seconds, u.name),
     )
     names = {u.name for u in overdue}
     remaining = [

@@ -471,6 +471,48 @@ def test_a_fleet_wide_outage_costs_one_replica_not_all() -> None:
     assert deleted == ["chat-replica-0"]
 
 
+def test_an_outage_with_the_never_ready_knob_churns_only_the_replacement() -> None:
+    # Same outage, replaceNeverReadyAfterSeconds=300: the replacement that cannot come up is itself
+    # replaced every 300 s (what the knob asks for), but the three replicas that served and hold warm
+    # caches stay: a fresh pod not coming up points at the shared cause. (Before, each overdue
+    # replacement stopped holding back and a warm replica went every 300 s, until all had.)
+    h = template_hash(spec(4))
+    s = spec(4, replaceNeverReadyAfterSeconds=300)
+    pods = [unready(f"chat-replica-{i}", h, since=f"2026-01-01T00:00:0{i}Z") for i in range(4)]
+    observed = at(300, pods)
+    deleted: list[str] = []
+    said: set[str] = set()
+    for _ in range(60):
+        plan = plan_reconcile(FLEET, s, observed)
+        deleted += [d.name for d in plan.delete_pods]
+        said.add(str(degraded_of(plan)["message"]))
+        observed = apply(plan, observed, ready=False)  # created pods: Running, never Ready
+        stamp = observed.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        observed = replace(
+            observed,
+            pods=[replace(p, ready_changed=p.ready_changed or stamp) for p in observed.pods],
+            now=observed.now + timedelta(minutes=1),
+        )
+    assert set(deleted) == {"chat-replica-0"} and len(deleted) > 1  # the cold one, again and again
+    assert {p.name for p in observed.pods if p.was_ready} == {f"chat-replica-{i}" for i in (1, 2, 3)}
+    assert any(
+        m.startswith("chat-replica-0 never Ready") and m.endswith("replacing it; 3 more unhealthy")
+        for m in said
+    )
+
+
+def test_a_replica_that_never_came_up_goes_before_one_that_served() -> None:
+    h = template_hash(spec(2))
+    s = spec(2, replaceNeverReadyAfterSeconds=60)
+    pods = [
+        unready("chat-replica-0", h),
+        unready("chat-replica-1", h, since="2026-01-01T00:01:00Z", first_ready=""),
+    ]
+    plan = plan_reconcile(FLEET, s, at(200, pods))
+    assert [(u.name, u.reason) for u in plan.replaced] == [("chat-replica-1", "never_ready")]
+    assert "chat-replica-1 never Ready" in str(degraded_of(plan)["message"])
+
+
 def test_hung_replicas_are_replaced_one_at_a_time() -> None:
     h = template_hash(spec(3))
     pods = [pod("chat-replica-0", h, first_ready=SERVED), unready("chat-replica-1", h),
