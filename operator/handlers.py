@@ -209,7 +209,8 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
     ctx: OperatorContext = memo.ctx
     namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
     ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
-    ctx.rechecks.pop(f"{namespace}/{name}", None)
+    if (pending := ctx.rechecks.pop(f"{namespace}/{name}", None)) is not None:
+        pending[1].cancel()
     async with ctx.locks.setdefault(f"{namespace}/{name}", asyncio.Lock()):
         removed = await asyncio.to_thread(delete_children, ctx.kube, ref)
         redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(body.get("spec", {})))
@@ -262,8 +263,11 @@ def schedule_recheck(
     key, now = f"{namespace}/{name}", time.monotonic()
     due = now + delay + 0.5  # past the deadline: the API's times have whole seconds
     pending = ctx.rechecks.get(key)
-    if pending is not None and not pending[1].done() and pending[0] <= due:
-        return
+    # (the pending one may be the task running this very reconcile: it is no longer pending)
+    if pending is not None and not pending[1].done() and pending[1] is not asyncio.current_task():
+        if pending[0] <= due:
+            return
+        pending[1].cancel()  # moved earlier: the later one would only reconcile once more for nothing
     ctx.rechecks[key] = (due, asyncio.create_task(reconcile_later(ctx, namespace, name, logger, due - now)))
 
 
