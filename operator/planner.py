@@ -96,6 +96,9 @@ class ObservedPod:
     ready_changed: str = ""  # lastTransitionTime of the Ready condition
     first_ready: str = ""  # the operator's first-ready mark (see ANNOTATION_FIRST_READY)
     engine_started: str = ""  # when the engine container's current process started, if running
+    # the engine container is listed but not running (waiting in a crash back-off, or exited): the
+    # kubelet restarts it, so it is not hung
+    engine_down: bool = False
 
     @property
     def draining(self) -> bool:
@@ -237,6 +240,7 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         ready_changed=ready_changed,
         first_ready=annotations.get(ANNOTATION_FIRST_READY, ""),
         engine_started=((engine_status.get("state") or {}).get("running") or {}).get("startedAt") or "",
+        engine_down=bool(engine_status) and "running" not in (engine_status.get("state") or {}),
     )
 
 
@@ -866,6 +870,11 @@ def plan_unhealthy(
 
 
 def _engine_restarted(pod: ObservedPod) -> bool:
+    """The kubelet restarted the engine since the pod turned unready, or is about to (a crash
+    back-off): without this, a crash-looping engine counted as hung whenever a reconcile fell in its
+    back-off, and as loading again whenever it fell between."""
+    if pod.engine_down:
+        return True
     started, since = _parse_time(pod.engine_started), _parse_time(pod.ready_changed)
     return started is not None and since is not None and started > since
 

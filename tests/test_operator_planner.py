@@ -429,6 +429,11 @@ def test_an_engine_the_kubelet_restarted_is_loading_again_not_hung() -> None:
     # an engine process that started before the pod turned unready is the one that hung
     hung = [unready("chat-replica-0", h, engine_started="2025-12-31T22:00:10Z")]
     assert [u.reason for u in plan_reconcile(FLEET, spec(1), at(121, hung)).replaced] == ["unready"]
+    # crash-looping: between two restarts its engine waits out a back-off, not running; still the
+    # kubelet's to restart, not hung (before: replaced whenever a reconcile fell in a back-off)
+    backoff = [unready("chat-replica-0", h, engine_down=True)]
+    assert plan_reconcile(FLEET, spec(1), at(600, backoff)).is_noop
+    assert [u.reason for u in plan_reconcile(FLEET, s, at(900, backoff)).replaced] == ["never_ready"]
 
 
 def test_pending_draining_and_unreadable_pods_are_never_replaced() -> None:
@@ -581,6 +586,11 @@ def test_observed_readiness_history_of_a_pod() -> None:
     assert (observed.ready_changed, observed.first_ready) == (T0, SERVED)
     assert observed.engine_started == "2025-12-31T22:00:02Z"
     assert observed.was_ready and observed.lapsed
+    assert not observed.engine_down
     fresh = observe_pod({"metadata": {"name": "x"}, "status": {"phase": "Pending"}})
     assert (fresh.ready_changed, fresh.first_ready, fresh.engine_started) == ("", "", "")
-    assert not fresh.was_ready and not fresh.lapsed
+    assert not fresh.was_ready and not fresh.lapsed and not fresh.engine_down
+    engine = body["status"]["containerStatuses"][1]  # type: ignore[index]
+    engine["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
+    backoff = observe_pod(body)
+    assert backoff.engine_down and backoff.engine_started == ""
