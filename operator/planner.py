@@ -99,6 +99,8 @@ class ObservedPod:
     # the engine container is listed but not running (waiting in a crash back-off, or exited): the
     # kubelet restarts it, so it is not hung
     engine_down: bool = False
+    # the scheduler found no node for it (PodScheduled False, Unschedulable): waiting for capacity
+    unschedulable: bool = False
 
     @property
     def draining(self) -> bool:
@@ -206,6 +208,10 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
     status = body.get("status") or {}
     annotations = meta.get("annotations") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    unschedulable = any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+        for c in status.get("conditions") or []
+    )
     ready_changed = next(
         (
             c.get("lastTransitionTime") or ""
@@ -241,6 +247,7 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         first_ready=annotations.get(ANNOTATION_FIRST_READY, ""),
         engine_started=((engine_status.get("state") or {}).get("running") or {}).get("startedAt") or "",
         engine_down=bool(engine_status) and "running" not in (engine_status.get("state") or {}),
+        unschedulable=unschedulable,
     )
 
 
@@ -846,11 +853,14 @@ def plan_unhealthy(
     recheck = max(min(remaining), 0.0) if remaining else None
     if not overdue:
         return UnhealthyPlan(recheck_after_s=recheck)
+    # (a pod no node has room for is waiting for capacity, not starting: it says nothing about a
+    # shared cause, and it can wait for hours while a cluster grows, or forever)
     starting = [
         p.name
         for p in pods
         if p.alive
         and not p.ready
+        and not p.unschedulable
         and p.name not in names
         and p.name not in leaving
         and (not p.was_ready or _engine_restarted(p))

@@ -554,6 +554,19 @@ def test_a_replica_briefly_unready_does_not_hold_back_a_hung_one() -> None:
     assert [u.name for u in plan.replaced] == ["chat-replica-1"]
 
 
+def test_a_pod_no_node_has_room_for_does_not_hold_back_a_hung_one() -> None:
+    # the autoscaler asked for a third replica the cluster has no GPU for: it stays Pending (for
+    # hours while nodes are added, or for ever); a hung replica is still replaced meanwhile
+    h = template_hash(spec(3))
+    waiting = pod("chat-replica-2", h, ready=False, phase="Pending", unschedulable=True)
+    pods = [pod("chat-replica-0", h, first_ready=SERVED), unready("chat-replica-1", h), waiting]
+    assert [u.name for u in plan_reconcile(FLEET, spec(3), at(200, pods)).replaced] == ["chat-replica-1"]
+    # one scheduled and pulling its image is on its way: it holds the replacement back
+    pulling = replace(waiting, unschedulable=False)
+    plan = plan_reconcile(FLEET, spec(3), at(200, [*pods[:2], pulling]))
+    assert not plan.replaced and "chat-replica-2 is still starting" in str(degraded_of(plan)["message"])
+
+
 def test_the_unhealthy_condition_is_stable_while_nothing_changes() -> None:
     h = template_hash(spec(2))
     pods = [unready("chat-replica-0", h), pod("chat-replica-1", h, ready=False, ready_changed=T0)]
@@ -594,3 +607,9 @@ def test_observed_readiness_history_of_a_pod() -> None:
     engine["state"] = {"waiting": {"reason": "CrashLoopBackOff"}}
     backoff = observe_pod(body)
     assert backoff.engine_down and backoff.engine_started == ""
+    assert not backoff.unschedulable
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    pending = observe_pod(
+        {"metadata": {"name": "x"}, "status": {"phase": "Pending", "conditions": [unschedulable]}}
+    )
+    assert pending.unschedulable
