@@ -630,6 +630,22 @@ class HotFront:
             conn.transport.abort()
 
 
+async def fallback_runner(app: web.Application, timeouts: ClientTimeouts) -> web.AppRunner:
+    """The set-up aiohttp runner serving what the front hands over, under the same client limits.
+
+    handler_cancellation: a client gone before its answer stops the work upstream too, as on the
+    front."""
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        **timeouts.runner_kwargs(),
+    )
+    await runner.setup()
+    return runner
+
+
 async def serve_front(
     runner: web.AppRunner,
     host: str,

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
-from .front import ClientStalled, serve_front
+from .front import ClientStalled, fallback_runner, serve_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -732,16 +732,7 @@ class Gateway:
 async def serve(config: GatewayConfig) -> None:
     gateway = Gateway(config)
     timeouts = gateway.timeouts
-    # handler_cancellation: a client gone before its answer (on a request the front handed over)
-    # stops the work upstream too, as on the front
-    runner = web.AppRunner(
-        gateway.app(),
-        access_log=None,
-        handle_signals=False,
-        handler_cancellation=True,
-        **timeouts.runner_kwargs(),
-    )
-    await runner.setup()
+    runner = await fallback_runner(gateway.app(), timeouts)
     # Generation requests take the lean front; everything else (and anything unusual) aiohttp.
     server, front = await serve_front(
         runner,

@@ -28,7 +28,7 @@ from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
-from .front import ClientStalled, serve_front
+from .front import ClientStalled, fallback_runner, serve_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import CacheMirror
@@ -859,16 +859,7 @@ async def serve(config: SidecarConfig) -> None:
     """Run a sidecar until cancelled."""
     sidecar = Sidecar(config)
     timeouts = sidecar.timeouts
-    # handler_cancellation: a client gone before its answer (on a request the front handed over)
-    # stops the work upstream too, as on the front
-    runner = web.AppRunner(
-        sidecar.app(),
-        access_log=None,
-        handle_signals=False,
-        handler_cancellation=True,
-        **timeouts.runner_kwargs(),
-    )
-    await runner.setup()
+    runner = await fallback_runner(sidecar.app(), timeouts)
     # Generation requests take the lean front; every other path (and anything unusual) aiohttp.
     server, front = await serve_front(
         runner,
