@@ -434,6 +434,14 @@ class HoldingEngine(BaseHTTPRequestHandler):
         return
 
 
+def static_gateway(spawn: Spawner, engine: str) -> str:
+    """The base URL of a gateway process routing to ``engine`` alone (a static worker), once healthy."""
+    port = free_port()
+    proc = spawn(prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", engine), name="gw")
+    wait_for_http(f"{url(port)}/health", proc=proc.proc)
+    return url(port)
+
+
 def overlay_blocks(client: httpx.Client, gateway: str) -> int:
     (worker,) = client.get(f"{gateway}/prefixfleet/view").json()["workers"]
     return worker["overlay_blocks"]
@@ -444,12 +452,7 @@ def test_a_send_whose_client_left_before_its_answer_gives_back_its_overlay_block
     spawn: Spawner, client: httpx.Client, framing: str
 ) -> None:
     with serve_http(HoldingEngine) as engine:
-        port = free_port()
-        gateway = url(port)
-        proc = spawn(
-            prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", engine), name="gw"
-        )
-        wait_for_http(f"{gateway}/health", proc=proc.proc)
+        gateway = static_gateway(spawn, engine)
         shared = " ".join(f"shared{i}" for i in range(64))
         answered = client.post(f"{gateway}/v1/completions", json={"prompt": shared, "max_tokens": 1})
         assert answered.status_code == 200, answered.text
@@ -577,16 +580,12 @@ def test_an_engines_503_passes_through_with_its_own_retry_after_or_none(
     """Only the 503s the gateway makes itself get its Retry-After: an engine's answer is the
     engine's, header and body."""
     with serve_http(OverloadedEngine) as engine:
-        port = free_port()
-        proc = spawn(
-            prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", engine), name="gw"
-        )
-        wait_for_http(f"{url(port)}/health", proc=proc.proc)
-        plain = chat(client, url(port))
+        gateway = static_gateway(spawn, engine)
+        plain = chat(client, gateway)
         assert plain.status_code == 503, plain.text
         assert plain.json()["error"]["message"] == "engine overloaded"
         assert "retry-after" not in plain.headers
-        own = chat(client, url(port), {**CHAT, "max_tokens": 7})
+        own = chat(client, gateway, {**CHAT, "max_tokens": 7})
         assert (own.status_code, own.headers.get("retry-after")) == (503, "7")
         assert own.json()["error"]["type"] == "overloaded"
 
@@ -597,12 +596,7 @@ def test_a_send_that_left_keeps_the_blocks_a_concurrent_send_of_its_prefix_holds
     """Two sends of one prefix to one worker, both held by the engine: the longer one's client
     leaves, and only the blocks past the other's go; the other's stay, counted as cached there."""
     with serve_http(HoldingEngine) as engine:
-        port = free_port()
-        gateway = url(port)
-        proc = spawn(
-            prefixfleet_argv("router", "gateway", "--port", str(port), "--worker", engine), name="gw"
-        )
-        wait_for_http(f"{gateway}/health", proc=proc.proc)
+        gateway = static_gateway(spawn, engine)
         shared = " ".join(f"shared{i}" for i in range(64))
         longer = shared + " " + " ".join(f"more{i}" for i in range(64))
         host, gw_port = gateway.removeprefix("http://").split(":")
