@@ -889,7 +889,7 @@ def _engine_restarted(pod: ObservedPod) -> bool:
     return started is not None and since is not None and started > since
 
 
-def _condition(
+def condition(
     previous: Sequence[JSON],
     type_: str,
     status: bool,
@@ -898,6 +898,7 @@ def _condition(
     now: datetime,
     generation: int,
 ) -> JSON:
+    """A status condition; its lastTransitionTime moves only when its status changes."""
     text = "True" if status else "False"
     old = next((c for c in previous if c.get("type") == type_), None)
     changed = old is None or old.get("status") != text
@@ -982,9 +983,9 @@ def plan_status(
         "routerEndpoint": router_endpoint(fleet, spec),
         "templateHash": template_hash,
         "conditions": [
-            _condition(prev, "Ready", *ready_cond, now, g),
-            _condition(prev, "Progressing", *progressing, now, g),
-            _condition(prev, "Degraded", *degraded, now, g),
+            condition(prev, "Ready", *ready_cond, now, g),
+            condition(prev, "Progressing", *progressing, now, g),
+            condition(prev, "Degraded", *degraded, now, g),
         ],
     }
 
@@ -1067,9 +1068,9 @@ def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: Observ
     return {
         "observedGeneration": fleet.generation,
         "conditions": [
-            _condition(prev, "Ready", False, "InvalidSpec", message, now, g),
-            _condition(prev, "Progressing", False, "InvalidSpec", "fix the spec to continue", now, g),
-            _condition(prev, "Degraded", True, "InvalidSpec", message, now, g),
+            condition(prev, "Ready", False, "InvalidSpec", message, now, g),
+            condition(prev, "Progressing", False, "InvalidSpec", "fix the spec to continue", now, g),
+            condition(prev, "Degraded", True, "InvalidSpec", message, now, g),
         ],
     }
 

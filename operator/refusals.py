@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .planner import PlannedEvent
+from .planner import PlannedEvent, condition
 
 JSON = dict[str, Any]
 REASON = "ChildRefused"
@@ -46,25 +46,20 @@ def with_refusals(
     out = dict(status)
     if not refusals:
         return out
-    old = next((c for c in previous if c.get("type") == "Degraded"), None)
-    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    if old is not None and old.get("status") == "True" and old.get("lastTransitionTime"):
-        stamp = old["lastTransitionTime"]
-    degraded: JSON = {
-        "type": "Degraded",
-        "status": "True",
-        "reason": REASON,
-        "message": refusal_message(refusals),
-        "lastTransitionTime": stamp,
-    }
     conditions = [dict(c) for c in status.get("conditions") or []]
-    for c in conditions:
-        if c.get("type") == "Degraded":
-            if "observedGeneration" in c:
-                degraded["observedGeneration"] = c["observedGeneration"]
-            c.clear()
-            c.update(degraded)
-            break
+    planned = next((c for c in conditions if c.get("type") == "Degraded"), None)
+    degraded = condition(
+        previous,
+        "Degraded",
+        True,
+        REASON,
+        refusal_message(refusals),
+        now or datetime.now(UTC),
+        (planned or status).get("observedGeneration", 0),
+    )
+    if planned is not None:
+        planned.clear()
+        planned.update(degraded)
     else:
         conditions.append(degraded)
     out["conditions"] = conditions
