@@ -79,12 +79,11 @@ class OperatorContext:
     sync_redis_clients: dict[str, redis.Redis] = field(default_factory=dict)
     reconciles: int = 0
     last_reconcile: float = 0.0
-    followups: set[asyncio.Task[None]] = field(default_factory=set)
     # prefixfleet_operator_unhealthy_replacements_total, in the operator's metrics registry (set by
     # autoscale_handlers when it serves that registry; absent, replacements are not counted)
     unhealthy_replacements: Counter | None = None
-    # per fleet: (monotonic due time, task) of the reconcile planned for when an unready replica's
-    # allowance runs out
+    # per fleet: (monotonic due time, task) of the next reconcile planned ahead of the timer (a drain
+    # in progress, or an unready replica's allowance running out)
     rechecks: dict[str, tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
 
     def redis(self, url: str) -> aioredis.Redis:
@@ -157,7 +156,7 @@ async def close_clients(memo: kopf.Memo, **_: Any) -> None:
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is None:
         return
-    for task in [*ctx.followups, *(task for _, task in ctx.rechecks.values())]:
+    for _, task in ctx.rechecks.values():
         task.cancel()
     for client in ctx.redis_clients.values():
         with contextlib.suppress(Exception):
@@ -247,10 +246,8 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
             logger.warning("replacing an unhealthy replica: %s", unhealthy.message)
             if ctx.unhealthy_replacements is not None:
                 ctx.unhealthy_replacements.labels(namespace, name, unhealthy.reason).inc()
-        if outcome.draining and not any(not t.done() for t in ctx.followups):
-            task = asyncio.create_task(reconcile_later(ctx, namespace, name, logger, MIN_DRAIN_S + 0.5))
-            ctx.followups.add(task)
-            task.add_done_callback(ctx.followups.discard)
+        if outcome.draining:  # look again soon, not only at the next timer
+            schedule_recheck(ctx, namespace, name, logger, MIN_DRAIN_S)
         if outcome.recheck_after_s is not None:
             schedule_recheck(ctx, namespace, name, logger, outcome.recheck_after_s)
 
@@ -258,8 +255,9 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
 def schedule_recheck(
     ctx: OperatorContext, namespace: str, name: str, logger: logging.Logger, delay: float
 ) -> None:
-    """Reconcile when an unready replica's allowance runs out (a hung replica changes nothing that
-    would trigger one); one pending per fleet, moved earlier when needed."""
+    """Reconcile after ``delay`` seconds: when an unready replica's allowance runs out (a hung replica
+    changes nothing that would trigger one) or a drain may be over; one pending per fleet, moved
+    earlier when needed."""
     key, now = f"{namespace}/{name}", time.monotonic()
     due = now + delay + 0.5  # past the deadline: the API's times have whole seconds
     pending = ctx.rechecks.get(key)
