@@ -773,7 +773,13 @@ def _allowance(
     pod: ObservedPod, unready_after_s: int, never_ready_after_s: int
 ) -> tuple[UnhealthyReason, int, str, datetime] | None:
     """(reason, allowance, knob, unready since) of a Running pod that is not Ready; None when it
-    has none (Ready, not Running, draining, no readable transition time, the knob at 0)."""
+    has none (Ready, not Running, draining, no readable transition time, the knob at 0).
+
+    A pod that served (the operator's first-ready mark) and whose engine process has not started
+    again since it turned unready is hung: ``replaceUnreadyAfterSeconds``. A pod that never served,
+    or whose engine was restarted by the kubelet since (a crash: it is loading its model again), is
+    starting: ``replaceNeverReadyAfterSeconds``. Pending pods wait for a node or an image: no
+    replacement fixes that. An unreadable time never replaces a pod."""
     if not pod.alive or pod.ready or pod.draining or pod.phase != "Running":
         return None
     since = _parse_time(pod.ready_changed)
@@ -786,26 +792,6 @@ def _allowance(
         reason = "never_ready"
         allowance, knob = never_ready_after_s, "spec.engine.replaceNeverReadyAfterSeconds"
     return (reason, allowance, knob, since) if allowance > 0 else None
-
-
-def overdue_replica(
-    pod: ObservedPod, now: datetime, unready_after_s: int, never_ready_after_s: int
-) -> UnhealthyReplica | None:
-    """The pod as an unhealthy replica when it is Running, not Ready and over its allowance.
-
-    A pod that served (the operator's first-ready mark) and whose engine process has not started
-    again since it turned unready is hung: ``replaceUnreadyAfterSeconds``. A pod that never served,
-    or whose engine was restarted by the kubelet since (a crash: it is loading its model again), is
-    starting: ``replaceNeverReadyAfterSeconds``. Pending pods wait for a node or an image: no
-    replacement fixes that. An unreadable time never replaces a pod."""
-    found = _allowance(pod, unready_after_s, never_ready_after_s)
-    if found is None:
-        return None
-    reason, allowance, knob, since = found
-    waited = (now - since).total_seconds()
-    if waited < allowance:
-        return None
-    return UnhealthyReplica(pod.name, reason, pod.ready_changed, waited, allowance, knob)
 
 
 def plan_unhealthy(
@@ -833,23 +819,19 @@ def plan_unhealthy(
     with that knob set, the replacement would stop holding back once overdue itself and every warm
     replica would be replaced in turn, one per allowance.
     """
-    overdue = sorted(
-        (
-            u
-            for p in pods
-            if p.name not in leaving
-            and (u := overdue_replica(p, now, unready_after_s, never_ready_after_s)) is not None
-        ),
-        key=lambda u: (u.reason != "never_ready", -u.seconds, u.name),
-    )
+    overdue: list[UnhealthyReplica] = []
+    remaining: list[float] = []  # seconds left of each other unready replica's allowance
+    for p in pods:
+        if p.name in leaving or (found := _allowance(p, unready_after_s, never_ready_after_s)) is None:
+            continue
+        reason, allowance, knob, since = found
+        waited = (now - since).total_seconds()
+        if waited >= allowance:
+            overdue.append(UnhealthyReplica(p.name, reason, p.ready_changed, waited, allowance, knob))
+        else:
+            remaining.append(allowance - waited)
+    overdue.sort(key=lambda u: (u.reason != "never_ready", -u.seconds, u.name))
     names = {u.name for u in overdue}
-    remaining = [
-        found[1] - (now - found[3]).total_seconds()
-        for p in pods
-        if p.name not in leaving
-        and p.name not in names
-        and (found := _allowance(p, unready_after_s, never_ready_after_s)) is not None
-    ]
     recheck = max(min(remaining), 0.0) if remaining else None
     if not overdue:
         return UnhealthyPlan(recheck_after_s=recheck)
