@@ -70,7 +70,7 @@ class _Proc:
 
 
 @contextlib.contextmanager
-def _processes(tmp: Path, time_scale: float) -> Iterator[dict[str, _Proc]]:
+def _processes(tmp: Path, time_scale: float, tenant_header: str | None = None) -> Iterator[dict[str, _Proc]]:
     procs: dict[str, _Proc] = {}
     cli = [sys.executable, "-m", "prefixfleet.cli"]
 
@@ -91,8 +91,9 @@ def _processes(tmp: Path, time_scale: float) -> Iterator[dict[str, _Proc]]:
         start("sidecar", [*cli, "router", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}", "--redis",
                           redis_url, "--port", str(sidecar_port), "--worker-id", "bench", "--fleet", "bench"],
               f"http://127.0.0.1:{sidecar_port}")  # fmt: skip
+        isolation = ["--tenant-header", tenant_header] if tenant_header else []
         start("gateway", [*cli, "router", "gateway", "--redis", redis_url, "--port", str(gateway_port),
-                          "--fleet", "bench"], f"http://127.0.0.1:{gateway_port}")  # fmt: skip
+                          "--fleet", "bench", *isolation], f"http://127.0.0.1:{gateway_port}")  # fmt: skip
         yield procs
     finally:
         for p in reversed(list(procs.values())):
@@ -128,19 +129,35 @@ async def _wait_ready(
             await asyncio.sleep(0.1)
 
 
-async def _one(session: aiohttp.ClientSession, url: str, tag: str) -> float | None:
+async def _one(
+    session: aiohttp.ClientSession, url: str, tag: str, headers: dict[str, str] | None = None
+) -> float | None:
     body = {"text": " ".join(f"{tag}w{j}" for j in range(16)), "sampling_params": {"max_new_tokens": 1}}
     t0 = time.perf_counter()
     try:
-        async with session.post(url + "/generate", json=body) as resp:
+        async with session.post(url + "/generate", json=body, headers=headers) as resp:
             await resp.read()
             return time.perf_counter() - t0 if resp.status == 200 else None
     except (aiohttp.ClientError, OSError):
         return None
 
 
-async def measure(requests: int, rate_rps: float, time_scale: float, progress: bool = True) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="pf-bench-") as tmp, _processes(Path(tmp), time_scale) as procs:
+async def measure(
+    requests: int,
+    rate_rps: float,
+    time_scale: float,
+    progress: bool = True,
+    *,
+    tenant_header: str | None = None,
+) -> dict[str, Any]:
+    """``tenant_header``: the gateway isolates tenants by that header (``--tenant-header``); every
+    request then carries it (its tenant path re-encodes the body with the salt)."""
+    # the engine and the sidecar ignore the header: the same request on every path
+    headers = {tenant_header: "bench-tenant"} if tenant_header else None
+    with (
+        tempfile.TemporaryDirectory(prefix="pf-bench-") as tmp,
+        _processes(Path(tmp), time_scale, tenant_header) as procs,
+    ):
         connector = aiohttp.TCPConnector(limit=0)
         timeout = aiohttp.ClientTimeout(total=30)
         async with aiohttp.ClientSession(timeout=timeout) as probe:
@@ -149,7 +166,7 @@ async def measure(requests: int, rate_rps: float, time_scale: float, progress: b
             await _wait_ready(probe, procs)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
             for i in range(30):  # warm connections and code paths on every hop
-                await _one(session, procs[PATHS[i % 3]].url, f"warm{i}")
+                await _one(session, procs[PATHS[i % 3]].url, f"warm{i}", headers)
             cpu_before = {n: cpu_seconds(p.popen.pid) for n, p in procs.items()}
             latencies: dict[str, list[float]] = {n: [] for n in PATHS}
             errors = dict.fromkeys(PATHS, 0)
@@ -158,7 +175,7 @@ async def measure(requests: int, rate_rps: float, time_scale: float, progress: b
             total = requests * len(PATHS)
 
             async def send(path: str, i: int) -> None:
-                latency = await _one(session, procs[path].url, f"{path}{i}")
+                latency = await _one(session, procs[path].url, f"{path}{i}", headers)
                 if latency is None:
                     errors[path] += 1
                 else:
@@ -202,6 +219,7 @@ async def measure(requests: int, rate_rps: float, time_scale: float, progress: b
     return {
         "settings": {"requests_per_path": requests, "rate_rps_per_path": rate_rps, "time_scale": time_scale,
                      "request": "POST /generate, 16 unique words, max_new_tokens 1",
+                     "tenant_header": tenant_header,
                      "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None},
         "paths": paths,
         "cpu_us_per_request": cpu_us,
