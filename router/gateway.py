@@ -65,10 +65,12 @@ from .requests import (
     GENERATE_PATHS,
     BadRequest,
     InferenceRequest,
+    inference_request,
+    load_json_body,
     parse_inference_request,
 )
 from .slow_clients import ClientTimeouts, body_deadline
-from .tenancy import with_tenant_salt
+from .tenancy import checked_tenant, salted_body
 from .upstream import Origin, UpstreamPool, UpstreamResponse, split_url
 from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, SUSPECT_S, FleetView, WorkerView
 
@@ -468,8 +470,16 @@ class Gateway:
                     raise BadRequest(
                         f"header {header} must be sent once, not {len(tenants)} times", param=header
                     )
-                body = with_tenant_salt(body, tenants[0] if tenants else None, header)
-            parsed = parse_inference_request(endpoint, body, max_prompt_tokens=self.config.max_prompt_tokens)
+                tenant = checked_tenant(tenants[0] if tenants else None, header)
+                # parsed once: the salted value is both forwarded and validated
+                obj = load_json_body(body)
+                if isinstance(obj, dict):
+                    body = salted_body(obj, tenant)
+                parsed = inference_request(endpoint, obj, max_prompt_tokens=self.config.max_prompt_tokens)
+            else:
+                parsed = parse_inference_request(
+                    endpoint, body, max_prompt_tokens=self.config.max_prompt_tokens
+                )
         except BadRequest as exc:
             self.metrics.errors.labels("bad_request").inc()
             return self._answer(endpoint, json_error(exc.status, str(exc), param=exc.param), started)

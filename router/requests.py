@@ -96,6 +96,16 @@ def _prompt_tokens(value: Any, param: str) -> bytes:
     )
 
 
+def load_json_body(body: bytes) -> Any:
+    """The JSON value of a request body; raise :class:`BadRequest` when it is not JSON."""
+    try:
+        return json.loads(body)
+    except ValueError as exc:  # also an integer above Python's 4300-digit limit, not a JSONDecodeError
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # e.g. "[[[[...": the C scanner gives up on deep nesting
+        raise BadRequest("request body is not valid JSON: nested too deeply") from None
+
+
 def parse_inference_request(
     path: str,
     body: bytes,
@@ -103,12 +113,18 @@ def parse_inference_request(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
 ) -> InferenceRequest:
     """Validate ``body`` for ``path`` (one of :data:`GENERATE_PATHS`); raise :class:`BadRequest`."""
-    try:
-        obj = json.loads(body)
-    except ValueError as exc:  # also an integer above Python's 4300-digit limit, not a JSONDecodeError
-        raise BadRequest(f"request body is not valid JSON: {exc}") from None
-    except RecursionError:  # e.g. "[[[[...": the C scanner gives up on deep nesting
-        raise BadRequest("request body is not valid JSON: nested too deeply") from None
+    return inference_request(path, load_json_body(body), max_prompt_tokens=max_prompt_tokens)
+
+
+def inference_request(
+    path: str,
+    obj: Any,
+    *,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+) -> InferenceRequest:
+    """Validate a body already parsed (:func:`load_json_body`) for ``path``, as
+    :func:`parse_inference_request` does the raw bytes: the gateway parses once and hands the value
+    both to tenancy and here."""
     if not isinstance(obj, dict):
         raise BadRequest("request body must be a JSON object")
     stream = obj.get("stream", False)

@@ -19,24 +19,24 @@ DEFAULT_TENANT_HEADER = "X-Prefixfleet-Tenant"
 MAX_TENANT_CHARS = 256
 
 
-def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
-    """``body`` with ``cache_salt`` set to ``tenant``; raises :class:`BadRequest` naming the header when
-    it is missing or unusable, or naming the field holding a number no JSON number can carry once
-    parsed (``1e400``, a ``NaN`` literal): re-encoded it would be ``Infinity``, invalid JSON. A body
-    that is not a JSON object is returned unchanged (request validation reports it)."""
+def checked_tenant(tenant: str | None, header: str) -> str:
+    """The tenant a request's header names (stripped); raises :class:`BadRequest` naming the header
+    when it is missing or unusable."""
     if tenant is None or not tenant.strip():
         raise BadRequest(f"header {header} is required: this gateway isolates tenants", param=header)
     if len(tenant) > MAX_TENANT_CHARS:
         raise BadRequest(f"header {header} is longer than {MAX_TENANT_CHARS} characters", param=header)
     if not is_utf8(tenant):
         raise BadRequest(f"header {header} must be UTF-8 text", param=header)
-    try:
-        obj: Any = json.loads(body)
-    except (ValueError, RecursionError):  # ValueError: also an integer above the 4300-digit limit
-        return body
-    if not isinstance(obj, dict):
-        return body
-    obj["cache_salt"] = tenant.strip()
+    return tenant.strip()
+
+
+def salted_body(obj: dict[str, Any], tenant: str) -> bytes:
+    """Set ``obj``'s ``cache_salt`` to ``tenant`` (in place: the caller validates the same value)
+    and return it encoded as the body to forward. Raises :class:`BadRequest` naming the field that
+    holds a number no JSON number can carry once parsed (``1e400``, a ``NaN`` literal): re-encoded
+    it would be ``Infinity``, invalid JSON."""
+    obj["cache_salt"] = tenant
     try:
         try:
             return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
@@ -52,6 +52,20 @@ def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
         raise BadRequest(
             f"{where} is not a finite number (JSON numbers must be within ±1.8e308)", param=where
         ) from None
+
+
+def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
+    """``body`` with ``cache_salt`` set to the header's tenant (:func:`checked_tenant`,
+    :func:`salted_body`), from the raw bytes. A body that is not a JSON object is returned unchanged
+    (request validation reports it). The gateway parses the body once and uses the two steps."""
+    tenant = checked_tenant(tenant, header)
+    try:
+        obj: Any = json.loads(body)
+    except (ValueError, RecursionError):  # ValueError: also an integer above the 4300-digit limit
+        return body
+    if not isinstance(obj, dict):
+        return body
+    return salted_body(obj, tenant)
 
 
 def non_finite_number(value: Any, path: str = "") -> str | None:

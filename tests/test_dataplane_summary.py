@@ -15,7 +15,7 @@ from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.mirror import CacheMirror
 from prefixfleet.router.radix import RadixTree, as_token_bytes
 from prefixfleet.router.records import LoadReport, MemberRecord, decode_load, decode_member, encode_record
-from prefixfleet.router.requests import BadRequest, parse_inference_request
+from prefixfleet.router.requests import BadRequest, inference_request, load_json_body, parse_inference_request
 from prefixfleet.router.summary import (
     FORMAT_VERSION,
     HotNode,
@@ -25,6 +25,7 @@ from prefixfleet.router.summary import (
     encode_summary,
     make_summary,
 )
+from prefixfleet.router.tenancy import salted_body
 from prefixfleet.router.view import FleetView
 
 B = 4  # small blocks keep the examples readable
@@ -360,6 +361,25 @@ def test_gateway_and_sidecar_derive_the_same_tokens_for_every_api():
     assert (gen.token_bytes, gen.stream) == (as_token_bytes([5, 6]), True)
     comp = parse_inference_request("/v1/completions", b'{"prompt": ["a b", "c"], "cache_salt": "t1"}')
     assert (comp.num_tokens, comp.tenant_salt) == (2, "t1")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/generate", b'{"text": "a b c", "cache_salt": "mine", "stream": true}'),
+        ("/v1/completions", b'{"prompt": [[1, 2, 3]], "max_tokens": 4, "x": "\\ud800"}'),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "caf\xc3\xa9"}]}'),
+    ],
+)
+def test_a_body_parsed_once_routes_as_the_salted_body_it_forwards(path, body):
+    # the gateway's tenant path parses the body once: what it routes on must be what the sidecar
+    # and engine will read from the re-encoded body it forwards (the tenant's salt, same tokens)
+    obj = load_json_body(body)
+    forwarded = salted_body(obj, "acme")
+    routed = inference_request(path, obj)
+    assert routed == parse_inference_request(path, forwarded)
+    assert routed.tenant_salt == "acme"
+    assert routed.token_bytes == parse_inference_request(path, body).token_bytes
 
 
 def test_load_tracker_measures_prefill_rate_over_busy_periods_even_when_prefills_are_batched():
