@@ -89,7 +89,27 @@ ENGINE_LISTEN_FLAGS: dict[str, str] = {
     "--host": "remove it (only the sidecar talks to the engine)",
     "--uds": "remove it (vLLM would listen on a Unix socket only)",
 }
+# SGLang's and vLLM's --config FILE reads flags from a YAML file, --host and --port included, where
+# no check here can see them.
+ENGINE_CONFIG_FLAG = "--config"
+# The engines parse args with argparse, which takes any unambiguous prefix of an option for the option
+# ('--por 9000' sets the port). Without the engines' full option lists at hand (they change with
+# every release), every prefix of a refused flag this long or longer is refused: it names that flag,
+# or it is ambiguous and the engine refuses it at start-up anyway. Shorter ones ('--p', '--h') are
+# ambiguous in SGLang, vLLM and the emulator (--help, --page-size, --prefill-tokens-per-s...): left to
+# the engine rather than refused on a guess.
+ENGINE_FLAG_PREFIX_MIN = 4
 ENGINE_ARG_MAX_LENGTH = 16384
+
+
+def refused_engine_flags() -> dict[str, str]:
+    """Every spelling of a refused engine flag (the flag, and its abbreviations argparse would
+    accept, see ENGINE_FLAG_PREFIX_MIN) -> the flag it stands for."""
+    out: dict[str, str] = {}
+    for flag in (*ENGINE_LISTEN_FLAGS, ENGINE_CONFIG_FLAG):
+        for end in range(ENGINE_FLAG_PREFIX_MIN, len(flag) + 1):
+            out.setdefault(flag[:end], flag)
+    return out
 
 
 def default_images() -> dict[str, str]:
@@ -462,13 +482,23 @@ class EngineSpec(CamelModel):
     def _args_leave_the_listen_address_alone(self) -> EngineSpec:
         # The sidecar reaches the engine at 127.0.0.1:spec.engine.port; an engine listening anywhere
         # else starts fine and never serves a request.
+        refused = refused_engine_flags()
         for i, arg in enumerate(self.args):
-            flag = arg.split("=", 1)[0]
-            if flag in ENGINE_LISTEN_FLAGS:
+            written = arg.split("=", 1)[0]
+            flag = refused.get(written)
+            if flag is None:
+                continue
+            shown = repr(arg) if written == flag else f"{arg!r} (argparse reads it as {flag})"
+            if flag == ENGINE_CONFIG_FLAG:
                 raise ValueError(
-                    f"spec.engine.args[{i}]: {arg!r} would move the engine off 127.0.0.1:{self.port},"
-                    f" where the sidecar reaches it; {ENGINE_LISTEN_FLAGS[flag]}"
+                    f"spec.engine.args[{i}]: {shown}: a config file can set the engine's --host and"
+                    f" --port, which the operator owns (127.0.0.1:{self.port}, where the sidecar reaches"
+                    " it); pass the file's other settings as args instead"
                 )
+            raise ValueError(
+                f"spec.engine.args[{i}]: {shown} would move the engine off 127.0.0.1:{self.port},"
+                f" where the sidecar reaches it; {ENGINE_LISTEN_FLAGS[flag]}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -505,10 +535,28 @@ class EngineSpec(CamelModel):
                 ),
                 cel(
                     "!has(self.args) || !self.args.exists(a, "
-                    + " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in ENGINE_LISTEN_FLAGS)
+                    + " || ".join(
+                        f"a == '{f}' || a.startsWith('{f}=')"
+                        for f, flag in refused_engine_flags().items()
+                        if flag != ENGINE_CONFIG_FLAG
+                    )
                     + ")",
-                    "spec.engine.args must not set the engine's --host, --port or --uds: the sidecar"
-                    " reaches the engine at 127.0.0.1 on spec.engine.port (set the port there)",
+                    "spec.engine.args must not set the engine's --host, --port or --uds (nor an"
+                    f" abbreviation of {ENGINE_FLAG_PREFIX_MIN} characters or more, which argparse"
+                    " accepts): the sidecar reaches the engine at 127.0.0.1 on spec.engine.port (set the"
+                    " port there)",
+                    ".args",
+                ),
+                cel(
+                    "!has(self.args) || !self.args.exists(a, "
+                    + " || ".join(
+                        f"a == '{f}' || a.startsWith('{f}=')"
+                        for f, flag in refused_engine_flags().items()
+                        if flag == ENGINE_CONFIG_FLAG
+                    )
+                    + ")",
+                    "spec.engine.args must not pass --config (or an abbreviation): a config file can set"
+                    " the engine's --host and --port, which the operator owns; pass its settings as args",
                     ".args",
                 ),
             ]

@@ -234,6 +234,14 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("the engine's host in its args", engine_args("vllm", "--host", "0.0.0.0"), "spec.engine.args"),
     ("the engine's host=H in its args", engine_args("emulator", "--host=::"), "spec.engine.args"),
     ("a Unix socket for vLLM", engine_args("vllm", "--uds", "/tmp/v.sock"), "spec.engine.args"),
+    # argparse (SGLang, vLLM) takes an unambiguous prefix for the option
+    ("the engine's port, abbreviated", engine_args("sglang", "--por", "9000"), "spec.engine.args"),
+    ("the engine's port=N, abbreviated", engine_args("vllm", "--po=9000"), "spec.engine.args"),
+    ("the engine's host, abbreviated", engine_args("vllm", "--hos", "::"), "spec.engine.args"),
+    ("a Unix socket, abbreviated", engine_args("vllm", "--ud=/tmp/v.sock"), "spec.engine.args"),
+    ("a config file (sets host, port)", engine_args("sglang", "--config", "c.yaml"), "spec.engine.args"),
+    ("a config file, =FILE", engine_args("vllm", "--config=/etc/v.yaml"), "spec.engine.args"),
+    ("a config file, abbreviated", engine_args("vllm", "--conf", "/etc/v.yaml"), "spec.engine.args"),
     ("SGLang's metrics flag with =true", engine_args("sglang", "--enable-metrics=true"), "spec.engine.args"),
     (
         "SGLang's metrics flag with a value",
@@ -331,8 +339,28 @@ def test_models_refuse_nonsense_naming_the_field(spec: dict[str, Any], field: st
     assert field in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("arg", "index", "says"),
+    [
+        ("--por", 2, "'--por' (argparse reads it as --port) would move the engine off 127.0.0.1:30000"),
+        ("--hos=::", 2, "'--hos=::' (argparse reads it as --host) would move the engine off"),
+        ("--config", 2, "'--config': a config file can set the engine's --host and --port, which the"),
+        ("--confi=c.yaml", 2, "'--confi=c.yaml' (argparse reads it as --config): a config file can set"),
+    ],
+)
+def test_a_refused_engine_arg_is_named_by_index_with_the_flag_argparse_reads(
+    arg: str, index: int, says: str
+) -> None:
+    with pytest.raises(models.InvalidFleetSpec) as err:
+        models.validate_spec(fleet(engine={"kind": "sglang", "args": ["--tp", "2", arg, "x"]})["spec"])
+    assert f"spec.engine.args[{index}]: {says}" in str(err.value)
+
+
 def test_engine_args_that_only_resemble_listen_flags_are_accepted(crd: dict[str, Any]) -> None:
-    args = ["--nccl-port", "5000", "--port-range", "1", "--dist-init-addr", "10.0.0.1:5000", "--hostname-x"]
+    # '--p', '--h' and '--c' are shorter than the refused abbreviations (ambiguous in the engines,
+    # which refuse them themselves); longer options that merely start like a refused flag are others
+    args = ["--nccl-port", "5000", "--port-range", "1", "--dist-init-addr", "10.0.0.1:5000", "--hostname-x",
+            "--p", "1", "--h", "--c", "--config-format", "hf", "--context-length", "8192"]  # fmt: skip
     obj = fleet(engine={"kind": "sglang", "args": args})
     assert admission_errors(crd, obj) == []
     assert models.validate_spec(obj["spec"]).engine.args == args
