@@ -40,6 +40,7 @@ from .planner import (
     ANNOTATION_FIRST_READY,
     ANNOTATION_SPEC_HASH,
     ANNOTATION_STATE,
+    ANNOTATION_UNREADY_SEEN,
     LABEL_MANAGED_BY,
     LABEL_ROLE,
     MANAGER,
@@ -362,6 +363,8 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_STATE: None, ANNOTATION_DRAINING_SINCE: None})
     for pod_name in plan.mark_ready:
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_FIRST_READY: stamp})
+    for pod_name, mark in plan.mark_unready:
+        kube.annotate("Pod", namespace, pod_name, {ANNOTATION_UNREADY_SEEN: mark})
     for deletion in plan.delete_pods:
         kube.delete("Pod", namespace, deletion.name)
     # A child the API server refuses (an invalid podTemplate, a policy, a quota) does not stop the

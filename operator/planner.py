@@ -52,6 +52,13 @@ ANNOTATION_DRAINING_SINCE = "prefixfleet.io/draining-since"
 # Set by the operator the first time it sees a replica Ready (RFC 3339 time): a pod that is unready
 # later with this mark served and then stopped (a hung engine), rather than never having come up.
 ANNOTATION_FIRST_READY = "prefixfleet.io/first-ready"
+# Set by the operator the first time it sees a replica in an unready stretch that a replacement
+# knob applies to: JSON {"at": <the operator's time>, "readyChanged": <the Ready condition's
+# lastTransitionTime>}. The allowance is counted from "at", on the operator's own clock: the
+# kubelet's lastTransitionTime is the node's clock, and a node running behind or ahead would get its
+# pods replaced early or late. "readyChanged" ties the mark to one stretch: a later stretch (another
+# transition time) is marked afresh, so no mark has to be removed when the pod is Ready again.
+ANNOTATION_UNREADY_SEEN = "prefixfleet.io/unready-seen"
 ENGINE_CONTAINER = "engine"
 # A drain lasts at least this long even when the sidecar reports no request in flight, so every
 # gateway has refreshed its membership view (they poll every 0.2 s by default) before deletion.
@@ -95,6 +102,9 @@ class ObservedPod:
     in_flight: int | None = None  # requests in flight at its sidecar (load record), if known
     ready_changed: str = ""  # lastTransitionTime of the Ready condition
     first_ready: str = ""  # the operator's first-ready mark (see ANNOTATION_FIRST_READY)
+    # when the operator first saw the current unready stretch (ANNOTATION_UNREADY_SEEN); "" when it
+    # has not marked this stretch
+    unready_seen: str = ""
     engine_started: str = ""  # when the engine container's current process started, if running
     # the engine container is listed but not running (waiting in a crash back-off, or exited): the
     # kubelet restarts it, so it is not hung
@@ -183,6 +193,8 @@ class ReconcilePlan:
     drain_pods: tuple[str, ...] = ()  # annotate state=draining + draining-since=now
     undrain_pods: tuple[str, ...] = ()  # drained by us but wanted again: remove both annotations
     mark_ready: tuple[str, ...] = ()  # Ready for the first time: annotate first-ready=now
+    # (pod, value): unready, first seen so by the operator: annotate unready-seen=value
+    mark_unready: tuple[tuple[str, str], ...] = ()
     replaced: tuple[UnhealthyReplica, ...] = ()  # in delete_pods because they are unhealthy
     recheck_after_s: float | None = None  # reconcile again this soon (UnhealthyPlan.recheck_after_s)
 
@@ -196,6 +208,7 @@ class ReconcilePlan:
             or self.drain_pods
             or self.undrain_pods
             or self.mark_ready
+            or self.mark_unready
         )
 
 
@@ -245,10 +258,29 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         draining_since=annotations.get(ANNOTATION_DRAINING_SINCE, ""),
         ready_changed=ready_changed,
         first_ready=annotations.get(ANNOTATION_FIRST_READY, ""),
+        unready_seen=_unready_seen(annotations.get(ANNOTATION_UNREADY_SEEN, ""), ready_changed)
+        if conditions.get("Ready") != "True"
+        else "",
         engine_started=((engine_status.get("state") or {}).get("running") or {}).get("startedAt") or "",
         engine_down=bool(engine_status) and "running" not in (engine_status.get("state") or {}),
         unschedulable=unschedulable,
     )
+
+
+def _unready_seen(mark: str, ready_changed: str) -> str:
+    """The operator's time in an unready-seen mark, if the mark is of the current stretch."""
+    try:
+        value = json.loads(mark) if mark else {}
+    except ValueError:
+        return ""
+    if not isinstance(value, dict) or not ready_changed or value.get("readyChanged") != ready_changed:
+        return ""
+    return str(value.get("at") or "")
+
+
+def unready_mark(now: datetime, ready_changed: str) -> str:
+    """The value of ANNOTATION_UNREADY_SEEN for a stretch the operator sees for the first time now."""
+    return json.dumps({"at": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "readyChanged": ready_changed})
 
 
 def replica_selector(fleet: FleetRef) -> str:
@@ -737,7 +769,7 @@ class UnhealthyReplica:
 
     name: str
     reason: UnhealthyReason  # unready: it served, then stopped; never_ready: it has not come up
-    since: str  # when its Ready condition last turned False
+    since: str  # when the operator first saw this unready stretch (its own clock)
     seconds: float  # how long it has been unready
     allowance_s: int
     knob: str  # the spec field that set the allowance
@@ -767,23 +799,26 @@ class UnhealthyPlan:
     # when the next unready replica runs out of its allowance: reconcile again then (not only at the
     # next timer tick or pod event: nothing else changes while a replica hangs)
     recheck_after_s: float | None = None
+    # unready replicas the operator sees for the first time in this stretch: their allowance counts
+    # from now (ReconcilePlan.mark_unready records it)
+    first_seen: tuple[ObservedPod, ...] = ()
 
 
 def _allowance(
     pod: ObservedPod, unready_after_s: int, never_ready_after_s: int
-) -> tuple[UnhealthyReason, int, str, datetime] | None:
-    """(reason, allowance, knob, unready since) of a Running pod that is not Ready; None when it
-    has none (Ready, not Running, draining, no readable transition time, the knob at 0).
+) -> tuple[UnhealthyReason, int, str] | None:
+    """(reason, allowance, knob) of a Running pod that is not Ready; None when it has none (Ready,
+    not Running, draining, no readable transition time, the knob at 0).
 
     A pod that served (the operator's first-ready mark) and whose engine process has not started
     again since it turned unready is hung: ``replaceUnreadyAfterSeconds``. A pod that never served,
     or whose engine was restarted by the kubelet since (a crash: it is loading its model again), is
     starting: ``replaceNeverReadyAfterSeconds``. Pending pods wait for a node or an image: no
-    replacement fixes that. An unreadable time never replaces a pod."""
+    replacement fixes that. An unreadable transition time (what ties the operator's own sighting
+    to this unready stretch: ANNOTATION_UNREADY_SEEN) never replaces a pod."""
     if not pod.alive or pod.ready or pod.draining or pod.phase != "Running":
         return None
-    since = _parse_time(pod.ready_changed)
-    if since is None:
+    if _parse_time(pod.ready_changed) is None:
         return None
     if pod.was_ready and not _engine_restarted(pod):
         reason: UnhealthyReason = "unready"
@@ -791,7 +826,13 @@ def _allowance(
     else:
         reason = "never_ready"
         allowance, knob = never_ready_after_s, "spec.engine.replaceNeverReadyAfterSeconds"
-    return (reason, allowance, knob, since) if allowance > 0 else None
+    return (reason, allowance, knob) if allowance > 0 else None
+
+
+def replacement_coming(pod: ObservedPod, unready_after_s: int, never_ready_after_s: int) -> bool:
+    """An unready pod will serve again without anyone's help (the kubelet restarted its engine) or
+    will be replaced once over its allowance; False for a hung one no knob replaces."""
+    return _engine_restarted(pod) or _allowance(pod, unready_after_s, never_ready_after_s) is not None
 
 
 def plan_unhealthy(
@@ -821,20 +862,26 @@ def plan_unhealthy(
     """
     overdue: list[UnhealthyReplica] = []
     remaining: list[float] = []  # seconds left of each other unready replica's allowance
+    first_seen: list[ObservedPod] = []
     for p in pods:
         if p.name in leaving or (found := _allowance(p, unready_after_s, never_ready_after_s)) is None:
             continue
-        reason, allowance, knob, since = found
+        reason, allowance, knob = found
+        # counted on the operator's clock from its first sighting (ANNOTATION_UNREADY_SEEN)
+        since = _parse_time(p.unready_seen)
+        if since is None:
+            first_seen.append(p)
+            since = now
         waited = (now - since).total_seconds()
         if waited >= allowance:
-            overdue.append(UnhealthyReplica(p.name, reason, p.ready_changed, waited, allowance, knob))
+            overdue.append(UnhealthyReplica(p.name, reason, p.unready_seen, waited, allowance, knob))
         else:
             remaining.append(allowance - waited)
     overdue.sort(key=lambda u: (u.reason != "never_ready", -u.seconds, u.name))
     names = {u.name for u in overdue}
     recheck = max(min(remaining), 0.0) if remaining else None
     if not overdue:
-        return UnhealthyPlan(recheck_after_s=recheck)
+        return UnhealthyPlan(recheck_after_s=recheck, first_seen=tuple(first_seen))
     # (a pod no node has room for is waiting for capacity, not starting: it says nothing about a
     # shared cause, and it can wait for hours while a cluster grows, or forever)
     starting = [
@@ -857,8 +904,8 @@ def plan_unhealthy(
     elif starting:
         held = f"{', '.join(sorted(starting))} is still starting"
     if held:
-        return UnhealthyPlan(tuple(overdue), None, held, recheck)
-    return UnhealthyPlan(tuple(overdue), overdue[0], "", recheck)
+        return UnhealthyPlan(tuple(overdue), None, held, recheck, tuple(first_seen))
+    return UnhealthyPlan(tuple(overdue), overdue[0], "", recheck, tuple(first_seen))
 
 
 def _engine_restarted(pod: ObservedPod) -> bool:
@@ -1038,6 +1085,9 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         tuple(pod_plan.drain),
         tuple(pod_plan.undrain),
         mark_ready=tuple(p.name for p in observed.pods if p.alive and p.ready and not p.first_ready),
+        mark_unready=tuple(
+            (p.name, unready_mark(observed.now, p.ready_changed)) for p in unhealthy.first_seen
+        ),
         replaced=replaced,
         recheck_after_s=unhealthy.recheck_after_s,
     )

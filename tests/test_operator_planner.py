@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +21,7 @@ from prefixfleet.operator.planner import (
     plan_reconcile,
     pod_url,
     replica_template,
+    unready_mark,
 )
 
 FLEET = FleetRef(name="chat", namespace="team-a", uid="uid-1", generation=3)
@@ -72,6 +74,8 @@ def apply(plan: ReconcilePlan, observed: ObservedState, ready: bool = True) -> O
     pods = [replace(p, draining_since=stamp) if p.name in drain else p for p in pods]
     pods = [replace(p, draining_since="") if p.name in undrain else p for p in pods]
     pods = [replace(p, first_ready=stamp) if p.name in plan.mark_ready else p for p in pods]
+    seen = {name: json.loads(mark)["at"] for name, mark in plan.mark_unready}
+    pods = [replace(p, unready_seen=seen[p.name]) if p.name in seen else p for p in pods]
     children = dict(observed.children)
     for change in plan.children:
         children[change.key] = change.manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
@@ -355,7 +359,9 @@ SERVED = "2025-12-31T23:00:00Z"  # the first-ready mark of pods that served
 
 
 def unready(name: str, h: str, since: str = T0, **kw: object) -> ObservedPod:
+    """Unready since ``since``, which the operator saw at once (its unready-seen mark)."""
     kw.setdefault("first_ready", SERVED)
+    kw.setdefault("unready_seen", since)
     return pod(name, h, ready=False, ready_changed=since, created="2025-12-31T22:00:00Z", **kw)
 
 
@@ -613,3 +619,65 @@ def test_observed_readiness_history_of_a_pod() -> None:
         {"metadata": {"name": "x"}, "status": {"phase": "Pending", "conditions": [unschedulable]}}
     )
     assert pending.unschedulable
+
+
+# The allowance is counted on the operator's clock, from the first time it saw the pod unready (the
+# prefixfleet.io/unready-seen mark, kept on the pod across operator restarts): the Ready condition's
+# lastTransitionTime is the node's clock, which may run behind or ahead of the operator's.
+
+
+def test_a_node_clock_running_behind_does_not_get_a_hung_replica_replaced_at_once() -> None:
+    h = template_hash(spec(2))
+    # the node is an hour behind: the kubelet says unready "since an hour before" the operator's now
+    behind = unready("chat-replica-1", h, since="2025-12-31T23:00:00Z", unready_seen="")
+    observed = at(0, [pod("chat-replica-0", h, first_ready=SERVED), behind])
+    first = plan_reconcile(FLEET, spec(2), observed)
+    assert not first.replaced and first.recheck_after_s == 120.0  # the whole allowance, from now
+    (mark,) = first.mark_unready
+    assert mark[0] == "chat-replica-1" and not first.is_noop
+    assert json.loads(mark[1]) == {"at": "2026-01-01T00:00:00Z", "readyChanged": "2025-12-31T23:00:00Z"}
+    marked = apply(first, observed)
+    assert not plan_reconcile(FLEET, spec(2), replace(marked, now=NOW + timedelta(seconds=119))).replaced
+    plan = plan_reconcile(FLEET, spec(2), replace(marked, now=NOW + timedelta(seconds=120)))
+    assert [(u.name, u.seconds, u.since) for u in plan.replaced] == [("chat-replica-1", 120.0, T0)]
+    assert not plan.mark_unready  # marked once per stretch
+
+
+def test_a_node_clock_running_ahead_does_not_delay_the_replacement() -> None:
+    h = template_hash(spec(2))
+    # an hour ahead: by the kubelet's time the pod turns unready an hour from now
+    ahead = unready("chat-replica-1", h, since="2026-01-01T01:00:00Z", unready_seen="")
+    observed = apply(plan_reconcile(FLEET, spec(2), at(0, [ahead])), at(0, [ahead]))
+    plan = plan_reconcile(FLEET, spec(2), replace(observed, now=NOW + timedelta(seconds=121)))
+    assert [u.name for u in plan.replaced] == ["chat-replica-1"]
+
+
+def test_the_unready_seen_mark_belongs_to_one_unready_stretch() -> None:
+    def body(ready: str, changed: str, mark: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": "chat-replica-0", "annotations": {"prefixfleet.io/unready-seen": mark}},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "Ready", "status": ready, "lastTransitionTime": changed}],
+            },
+        }
+
+    mark = unready_mark(NOW, T0)
+    assert observe_pod(body("False", T0, mark)).unready_seen == "2026-01-01T00:00:00Z"
+    # Ready since, and unready again: a new stretch, whatever the old mark said
+    assert observe_pod(body("False", "2026-01-01T00:10:00Z", mark)).unready_seen == ""
+    assert observe_pod(body("True", T0, mark)).unready_seen == ""
+    for broken in ("", "yesterday", "[1]", '{"at": "2026-01-01T00:00:00Z"}'):
+        assert observe_pod(body("False", T0, broken)).unready_seen == ""
+    # a mark of this stretch the operator wrote before a restart still counts
+    h = template_hash(spec(1))
+    seen = replace(observe_pod(body("False", T0, mark)), template_hash=h, first_ready=SERVED)
+    assert [u.name for u in plan_reconcile(FLEET, spec(1), at(120, [seen])).replaced] == ["chat-replica-0"]
+
+
+def test_no_mark_is_written_where_no_knob_would_replace() -> None:
+    h = template_hash(spec(1))
+    loading = unready("chat-replica-0", h, first_ready="", unready_seen="")  # never Ready, knob off
+    assert plan_reconcile(FLEET, spec(1), at(5, [loading])).is_noop
+    hung = unready("chat-replica-0", h, unready_seen="")
+    assert plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(5, [hung])).is_noop
