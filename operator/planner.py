@@ -59,6 +59,13 @@ ANNOTATION_FIRST_READY = "prefixfleet.io/first-ready"
 # pods replaced early or late. "readyChanged" ties the mark to one stretch: a later stretch (another
 # transition time) is marked afresh, so no mark has to be removed when the pod is Ready again.
 ANNOTATION_UNREADY_SEEN = "prefixfleet.io/unready-seen"
+# A pod without the first-ready mark (created, or Ready and unready again, before this operator
+# version marked pods) served if its Ready condition changed this long after the pod started
+# (status.startTime; the node's clock for both): the kubelet writes the condition, False, when it
+# starts the pod, and moves its lastTransitionTime only when its status changes, so a later time means
+# it turned True and then False again. The margin errs towards "never Ready", which never replaces a
+# pod that may be loading its model on a guess.
+READY_BEFORE_MARGIN_S = 10.0
 ENGINE_CONTAINER = "engine"
 # A drain lasts at least this long even when the sidecar reports no request in flight, so every
 # gateway has refreshed its membership view (they poll every 0.2 s by default) before deletion.
@@ -102,6 +109,7 @@ class ObservedPod:
     in_flight: int | None = None  # requests in flight at its sidecar (load record), if known
     ready_changed: str = ""  # lastTransitionTime of the Ready condition
     first_ready: str = ""  # the operator's first-ready mark (see ANNOTATION_FIRST_READY)
+    started: str = ""  # status.startTime: when the kubelet started the pod (the node's clock)
     # when the operator first saw the current unready stretch (ANNOTATION_UNREADY_SEEN); "" when it
     # has not marked this stretch
     unready_seen: str = ""
@@ -131,7 +139,16 @@ class ObservedPod:
 
     @property
     def was_ready(self) -> bool:
-        return bool(self.first_ready)
+        """It has been Ready: the operator's mark, or the kubelet's Ready condition having changed well
+        after the pod started (READY_BEFORE_MARGIN_S). Without either (no startTime): never Ready."""
+        if self.first_ready:
+            return True
+        started, changed = _parse_time(self.started), _parse_time(self.ready_changed)
+        return (
+            started is not None
+            and changed is not None
+            and (changed - started).total_seconds() > READY_BEFORE_MARGIN_S
+        )
 
     @property
     def lapsed(self) -> bool:
@@ -258,6 +275,7 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         draining_since=annotations.get(ANNOTATION_DRAINING_SINCE, ""),
         ready_changed=ready_changed,
         first_ready=annotations.get(ANNOTATION_FIRST_READY, ""),
+        started=status.get("startTime") or "",
         unready_seen=_unready_seen(annotations.get(ANNOTATION_UNREADY_SEEN, ""), ready_changed)
         if conditions.get("Ready") != "True"
         else "",

@@ -681,3 +681,44 @@ def test_no_mark_is_written_where_no_knob_would_replace() -> None:
     assert plan_reconcile(FLEET, spec(1), at(5, [loading])).is_noop
     hung = unready("chat-replica-0", h, unready_seen="")
     assert plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(5, [hung])).is_noop
+
+
+# Pods an older operator created carry no first-ready mark; one unready at the upgrade (or Ready and
+# unready again while no operator ran) still served if the kubelet's Ready condition says so: it is
+# written False when the pod starts, and its lastTransitionTime moves only when its status changes.
+
+
+def upgraded(ready_changed: str, started: str = "2025-12-31T22:00:00Z") -> dict[str, object]:
+    """An unready pod without the first-ready mark, as the kubelet reports it."""
+    return {
+        "metadata": {"name": "chat-replica-0", "creationTimestamp": "2025-12-31T21:59:58Z"},
+        "status": {
+            "phase": "Running",
+            "startTime": started,
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": ready_changed}],
+            "containerStatuses": [
+                {"name": "engine", "state": {"running": {"startedAt": "2025-12-31T22:00:01Z"}}},
+            ],
+        },
+    }
+
+
+def test_a_pod_unready_since_long_after_it_started_served_mark_or_not() -> None:
+    h = template_hash(spec(1))
+    hung = replace(observe_pod(upgraded(T0)), template_hash=h, unready_seen=T0)
+    assert hung.was_ready and hung.lapsed and not hung.first_ready
+    plan = plan_reconcile(FLEET, spec(1), at(120, [hung]))
+    assert [(u.name, u.reason) for u in plan.replaced] == [("chat-replica-0", "unready")]
+
+
+def test_a_pod_unready_since_it_started_never_served_and_is_left_to_load() -> None:
+    h = template_hash(spec(1))
+    # the kubelet wrote Ready=False as it started the pod (within a second or two): loading
+    for changed in ("2025-12-31T22:00:00Z", "2025-12-31T22:00:02Z", "2025-12-31T22:00:10Z"):
+        loading = replace(observe_pod(upgraded(changed)), template_hash=h, unready_seen=T0)
+        assert not loading.was_ready and not loading.lapsed, changed
+        assert plan_reconcile(FLEET, spec(1), at(10**5, [loading])).is_noop
+    # no readable startTime: no evidence, so never Ready (a guess would replace a loading pod)
+    for started in ("", "soon"):
+        unknown = observe_pod(upgraded(T0, started=started))
+        assert not unknown.was_ready
