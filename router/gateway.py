@@ -17,6 +17,7 @@ import math
 import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -29,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
-from .front import ClientStalled, fallback_runner, serve_front
+from .front import ClientStalled, HotFront, fallback_runner, serve_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -665,8 +666,12 @@ class Gateway:
                     raise _StreamAbandoned(response) from None  # leaving the upstream context aborts it
         except _RETRY_ERRORS as exc:
             self.metrics.errors.labels("stream_cut").inc()
-            with contextlib.suppress(ConnectionError, ClientStalled):
-                await write(sse_error_event(f"worker stream ended early: {exc.__class__.__name__}"))
+            with contextlib.suppress(ConnectionError):
+                try:
+                    await write(sse_error_event(f"worker stream ended early: {exc.__class__.__name__}"))
+                except ClientStalled:
+                    # stalled on the last event as on any other: counted as a client that left
+                    raise _StreamAbandoned(response) from None
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
@@ -739,27 +744,53 @@ class Gateway:
         return web.json_response({"policy": self.policy.name, "redis_ok": self.redis_ok, "workers": out})
 
 
-async def serve(config: GatewayConfig) -> None:
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """A gateway serving on its socket (see :func:`listening`)."""
+
+    gateway: Gateway
+    server: asyncio.AbstractServer
+    front: HotFront
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def listening(config: GatewayConfig) -> AsyncIterator[Listening]:
+    """Serve ``config`` until the block ends (port 0: a free port, see :attr:`Listening.port`)."""
     gateway = Gateway(config)
     timeouts = gateway.timeouts
     runner = await fallback_runner(gateway.app(), timeouts)
-    # Generation requests take the lean front; everything else (and anything unusual) aiohttp.
-    server, front = await serve_front(
-        runner,
-        config.host,
-        config.port,
-        dict.fromkeys(GENERATE_PATHS, gateway.handle_generate),
-        gateway._body_error,
-        timeouts=timeouts,
-        max_body_bytes=config.max_body_bytes,
-    )
-    log.info("gateway on %s:%d, policy %s, fleet %s", config.host, config.port, config.policy, config.fleet)
     try:
-        await asyncio.Event().wait()
+        # Generation requests take the lean front; everything else (and anything unusual) aiohttp.
+        server, front = await serve_front(
+            runner,
+            config.host,
+            config.port,
+            dict.fromkeys(GENERATE_PATHS, gateway.handle_generate),
+            gateway._body_error,
+            timeouts=timeouts,
+            max_body_bytes=config.max_body_bytes,
+        )
+    except BaseException:
+        await runner.cleanup()
+        raise
+    try:
+        yield Listening(gateway, server, front)
     finally:
         server.close()
         await front.shutdown()
         await runner.cleanup()
+
+
+async def serve(config: GatewayConfig) -> None:
+    async with listening(config):
+        log.info(
+            "gateway on %s:%d, policy %s, fleet %s", config.host, config.port, config.policy, config.fleet
+        )
+        await asyncio.Event().wait()
 
 
 def _channel(message: dict) -> str:
