@@ -62,6 +62,8 @@ from .autoscale_observe import (
     observe_fleet,
     outage_notice,
     scale_policy,
+    unavailable_replicas,
+    with_unavailable,
 )
 from .autoscale_sources import read_engine_metrics, read_records
 from .handlers import ANNOTATION_VICTIMS, FLEET_RESOURCE, OperatorContext, resolve_redis_url
@@ -282,10 +284,14 @@ async def autoscale_round(
     )
     now = time.time()
     subtrees, state.hot = hot_subtrees(summaries, state.hot, now)
+    # hung pods nothing replaces hold their slots but are no capacity (autoscale_observe)
+    unavailable = unavailable_replicas(pods, spec)
     observed = observe_fleet(
-        now, spec.replicas, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
+        now, spec.replicas, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues(), unavailable
     )
-    plan = plan_scale(observed, scale_policy(spec), state.memory)
+    plan = with_unavailable(
+        plan_scale(observed, scale_policy(spec, len(unavailable)), state.memory), unavailable
+    )
     status: dict[str, Any] = {}
     memory = encode_memory(plan.memory, now)
     refresh = refresh_period(spec.autoscaling.interval_seconds)

@@ -22,13 +22,22 @@ subtrees it held are starved, not "help on its way"), and its load record is sta
 which the reconcile creates (``spec.engine.replaceUnreadyAfterSeconds``). Leaving the slot out as
 well would make the planner's replica count one short of ``spec.replicas``, and every scale it
 planned (``desired = observed + add``) would come out one too small.
+
+Unless no replacement is coming (:func:`unavailable_replicas`: ``replaceUnreadyAfterSeconds: 0``, or
+an unready time no allowance can be counted from): then the slot is no capacity either, and counted
+as ``starting`` it would be "on its way" for ever, so the fleet would stay one replica short and
+never scale down (the planner waits for starting replicas). Such a pod is *unavailable*: the planner
+plans the rest of the fleet (:func:`observe_fleet` leaves out the pod and its slot, and
+:func:`scale_policy` lowers maxReplicas by the pods it holds: they are pods, and cost their GPUs),
+and :func:`with_unavailable` adds their slots back to the plan's ``spec.replicas``. So the fleet
+scales up to make up for them within minReplicas and maxReplicas.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -36,9 +45,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prefixfleet.router.records import LoadReport
 
-from .autoscale import FleetObservation, ReplicaObservation, ReplicaPhase, ScalePolicy, SubtreeObservation
+from .autoscale import (
+    FleetObservation,
+    ReplicaObservation,
+    ReplicaPhase,
+    ScalePlan,
+    ScalePolicy,
+    SubtreeObservation,
+)
 from .models import EngineKind, FleetSpec
-from .planner import ObservedPod
+from .planner import ObservedPod, replacement_coming
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,14 +84,17 @@ ENGINE_METRICS: dict[EngineKind, EngineMetricNames] = {
 HOT_PREFIXES_IN_STATUS = 8
 
 
-def scale_policy(spec: FleetSpec) -> ScalePolicy:
-    """The planner's knobs from ``spec.autoscaling`` and ``spec.prewarm``."""
+def scale_policy(spec: FleetSpec, unavailable: int = 0) -> ScalePolicy:
+    """The planner's knobs from ``spec.autoscaling`` and ``spec.prewarm``, for the fleet without its
+    ``unavailable`` pods (see the module docs): they count against maxReplicas, not minReplicas, which
+    is the least the fleet should have serving."""
     a, p = spec.autoscaling, spec.prewarm
     prewarm = p.enabled and p.top_subtrees > 0
+    most = max(a.max_replicas - unavailable, 0)
     return ScalePolicy(
         mode="prefix_aware_prewarm" if prewarm else "prefix_aware",
-        min_replicas=a.min_replicas,
-        max_replicas=a.max_replicas,
+        min_replicas=min(a.min_replicas, most),
+        max_replicas=most,
         target_ttft_s=a.target_ttft_seconds,
         target_queue_per_replica=a.target_queue_depth,
         scale_up_cooldown_s=float(a.scale_up_cooldown_seconds),
@@ -248,6 +267,34 @@ def outage_notice(was_degraded: bool, reading: EngineReading) -> tuple[int, str]
     return None
 
 
+def unavailable_replicas(pods: Sequence[ObservedPod], spec: FleetSpec) -> tuple[str, ...]:
+    """Pods that served, are unready now, and that nothing brings back: no knob replaces them
+    (``spec.engine.replaceUnreadyAfterSeconds: 0``, or no readable unready time) and the kubelet is
+    not restarting their engine. They are no capacity, and none is on its way for them."""
+    engine = spec.engine
+    return tuple(
+        p.name
+        for p in pods
+        if p.lapsed
+        and not replacement_coming(
+            p, engine.replace_unready_after_seconds, engine.replace_never_ready_after_seconds
+        )
+    )
+
+
+def with_unavailable(plan: ScalePlan, unavailable: Sequence[str]) -> ScalePlan:
+    """``plan``, made for the fleet without its unavailable pods, in ``spec.replicas`` terms: they
+    keep their slots (the reconcile counts every pod), so the scale adds them back."""
+    if not unavailable:
+        return plan
+    return replace(
+        plan,
+        desired_replicas=plan.desired_replicas + len(unavailable),
+        reason=f"{plan.reason}; not counted as capacity, no replacement coming:"
+        f" {_names(sorted(unavailable))} (served, unready now)",
+    )
+
+
 def replica_phase(pod: ObservedPod, load: LoadReport | None) -> ReplicaPhase:
     """``starting`` is a pod not Ready yet; one that served and is unready now is not observed at
     all (:func:`observe_fleet`)."""
@@ -275,9 +322,11 @@ def observe_fleet(
     prefill_loads: Mapping[str, float],
     subtrees: Sequence[SubtreeObservation],
     engine_queues: Mapping[str, float] | None = None,
+    unavailable: Collection[str] = (),
 ) -> FleetObservation:
     """The planner's view: one observation per live pod that has not lapsed (see the module docs),
-    plus ``starting`` ones for the replicas still to come (including lapsed pods' replacements).
+    plus ``starting`` ones for the replicas still to come (including lapsed pods' replacements, but
+    not the slots of ``unavailable`` pods: :func:`unavailable_replicas`).
 
     ``engine_queues`` (the engines' ``sglang:num_queue_reqs``) raise a replica's ``queued`` when the
     engine reports more waiting requests than its sidecar's record (which counts every request not
@@ -303,7 +352,8 @@ def observe_fleet(
             )
         )
     active = sum(1 for r in replicas if r.phase != "draining")
-    for i in range(max(spec_replicas - active, 0)):
+    held = sum(1 for p in pods if p.name in unavailable and p.alive and p.lapsed)
+    for i in range(max(spec_replicas - held - active, 0)):
         replicas.append(ReplicaObservation(replica_id=f"pending-{i}", phase="starting", created_s=now))
     return FleetObservation(now, tuple(replicas), tuple(subtrees))
 

@@ -9,13 +9,18 @@ Specification:
 * replicas the spec wants but whose pods do not exist yet are `starting`;
 * a pod that served and is unready now (hung) is no capacity: it is not observed (nor its stale load
   record, nor the subtrees it holds); its slot is `starting`, the replacement the reconcile creates;
+* unless no replacement is coming (replaceUnreadyAfterSeconds: 0): then it is unavailable, neither
+  serving nor starting; the planner plans the rest of the fleet, its maxReplicas lowered by the pods
+  unavailable, and the scale adds their slots back, so the fleet makes up for them within min/max;
 * status.hotPrefixes carries hashes, token counts, rounded rates and holders, at most 8;
 * warm sources: each subtree from a reachable holder other than the target, grouped by holder.
 """
 
 from __future__ import annotations
 
-from prefixfleet.operator.autoscale import SubtreeObservation, plan_scale
+from dataclasses import replace
+
+from prefixfleet.operator.autoscale import ScalePlan, SubtreeObservation, plan_scale
 from prefixfleet.operator.autoscale_observe import (
     EngineReading,
     TokenCounters,
@@ -26,8 +31,10 @@ from prefixfleet.operator.autoscale_observe import (
     rates_between,
     replica_phase,
     scale_policy,
+    unavailable_replicas,
+    with_unavailable,
 )
-from prefixfleet.operator.models import validate_spec
+from prefixfleet.operator.models import FleetSpec, validate_spec
 from prefixfleet.operator.planner import ObservedPod
 from prefixfleet.router.prewarm import warm_sources
 from prefixfleet.router.records import LoadReport
@@ -147,6 +154,56 @@ def test_hot_subtrees_held_only_by_a_hung_replica_are_starved_not_on_their_way()
     observed = observe_fleet(100.0, 2, pods, {"a": load(), "b": load()}, {}, (hot,))
     plan = plan_scale(observed, scale_policy(spec))
     assert [(w.target, w.subtree_ids) for w in plan.prewarm] == [("a", ("00000000000000aa",))]
+
+
+HUNG = ObservedPod("b", phase="Running", ready=False, first_ready=SERVED, ready_changed=SERVED,
+                   unready_seen=SERVED, created="2026-01-01T00:00:00Z")  # fmt: skip
+
+
+def autoscaled(replicas: int, low: int, high: int, **engine: object) -> FleetSpec:
+    bounds = {"enabled": True, "minReplicas": low, "maxReplicas": high}
+    return validate_spec(
+        {**SPEC, "replicas": replicas, "engine": {"kind": "emulator", **engine}, "autoscaling": bounds}
+    )
+
+
+def scaled(spec: FleetSpec, pods: list[ObservedPod], prefill_loads: dict[str, float]) -> ScalePlan:
+    """One round as the operator's autoscaler plays it (autoscale_handlers.autoscale_round)."""
+    unavailable = unavailable_replicas(pods, spec)
+    loads = {p.name: load() for p in pods}
+    observed = observe_fleet(100.0, spec.replicas, pods, loads, prefill_loads, (), None, unavailable)
+    return with_unavailable(plan_scale(observed, scale_policy(spec, len(unavailable))), unavailable)
+
+
+def test_a_hung_replica_nothing_replaces_is_unavailable_not_starting() -> None:
+    off = autoscaled(2, 1, 4, replaceUnreadyAfterSeconds=0)
+    assert unavailable_replicas([HUNG], off) == ("b",)
+    assert unavailable_replicas([HUNG], autoscaled(2, 1, 4)) == ()  # replaced after 120 s: its slot starts
+    restarted = replace(HUNG, engine_started="2026-01-01T00:00:05Z")  # the kubelet restarted its engine
+    assert unavailable_replicas([restarted], off) == ()
+    loading = replace(HUNG, first_ready="")  # never Ready: starting, not hung
+    assert unavailable_replicas([loading], off) == ()
+    pods = [ObservedPod("a", phase="Running", ready=True, first_ready=SERVED), HUNG]
+    observed = observe_fleet(100.0, 2, pods, {"a": load()}, {}, (), None, ("b",))
+    assert [(r.replica_id, r.phase) for r in observed.replicas] == [("a", "ready")]  # no slot on its way
+
+
+def test_the_fleet_makes_up_for_a_replica_nothing_replaces() -> None:
+    ready = ObservedPod("a", phase="Running", ready=True, first_ready=SERVED, created="2026-01-01T00:00:00Z")
+    # the load needs two replicas; one of the two pods hung, and replacing is off: scale up to three
+    # (before: its slot counted as starting, so the fleet stayed one short for ever)
+    plan = scaled(autoscaled(2, 1, 4, replaceUnreadyAfterSeconds=0), [ready, HUNG], {"a": 1.3})
+    assert (plan.add, plan.desired_replicas) == (1, 3)
+    assert "no replacement coming: b" in plan.reason
+    # with replacement on, its slot is the replacement on its way: nothing to add
+    assert scaled(autoscaled(2, 1, 4), [ready, HUNG], {"a": 1.3}).add == 0
+    # minReplicas counts replicas that can serve: one serving of min 2 -> a third pod
+    plan = scaled(autoscaled(2, 2, 4, replaceUnreadyAfterSeconds=0), [ready, HUNG], {"a": 0.1})
+    assert (plan.add, plan.desired_replicas) == (1, 3)
+    # a hung pod is a pod: maxReplicas bounds them all
+    at_most = scaled(autoscaled(2, 1, 2, replaceUnreadyAfterSeconds=0), [ready, HUNG], {"a": 1.3})
+    assert (at_most.add, at_most.desired_replicas) == (0, 2)
+    assert scale_policy(autoscaled(2, 2, 2), unavailable=2).max_replicas == 0
 
 
 def test_hot_prefixes_status_and_warm_sources() -> None:
