@@ -112,6 +112,16 @@ def refused_engine_flags() -> dict[str, str]:
     return out
 
 
+def _no_engine_arg(*flags: str) -> str:
+    """CEL: no item of spec.engine.args spells one of ``flags`` (refused_engine_flags), bare or =VALUE."""
+    spellings = [f for f, flag in refused_engine_flags().items() if flag in flags]
+    return (
+        "!has(self.args) || !self.args.exists(a, "
+        + " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in spellings)
+        + ")"
+    )
+
+
 def default_images() -> dict[str, str]:
     """Default image per engine kind plus the project's own image (key ``"prefixfleet"``)."""
     return {**_DEFAULT_ENGINE_IMAGES, "prefixfleet": PROJECT_IMAGE}
@@ -534,13 +544,7 @@ class EngineSpec(CamelModel):
                     ".args",
                 ),
                 cel(
-                    "!has(self.args) || !self.args.exists(a, "
-                    + " || ".join(
-                        f"a == '{f}' || a.startsWith('{f}=')"
-                        for f, flag in refused_engine_flags().items()
-                        if flag != ENGINE_CONFIG_FLAG
-                    )
-                    + ")",
+                    _no_engine_arg(*ENGINE_LISTEN_FLAGS),
                     "spec.engine.args must not set the engine's --host, --port or --uds (nor an"
                     f" abbreviation of {ENGINE_FLAG_PREFIX_MIN} characters or more, which argparse"
                     " accepts): the sidecar reaches the engine at 127.0.0.1 on spec.engine.port (set the"
@@ -548,13 +552,7 @@ class EngineSpec(CamelModel):
                     ".args",
                 ),
                 cel(
-                    "!has(self.args) || !self.args.exists(a, "
-                    + " || ".join(
-                        f"a == '{f}' || a.startsWith('{f}=')"
-                        for f, flag in refused_engine_flags().items()
-                        if flag == ENGINE_CONFIG_FLAG
-                    )
-                    + ")",
+                    _no_engine_arg(ENGINE_CONFIG_FLAG),
                     "spec.engine.args must not pass --config (or an abbreviation): a config file can set"
                     " the engine's --host and --port, which the operator owns; pass its settings as args",
                     ".args",
