@@ -4,20 +4,56 @@ The sidecar sees every prompt its engine serves, so inserting each admitted prom
 of the engine's capacity reproduces the engine's radix cache closely (same LRU policy). Where the
 engine reports ``cached_tokens`` lower than the mirror predicted for a request that ran alone, the
 engine holds less than the mirror thinks; the mirror then evicts the difference from its LRU end.
+A prompt is admitted when it is sent, before the engine prefilled it, so that the summary shows it
+at once; a request that ends before the engine's first token (client gone, engine failed, an error
+answer) takes its new tokens back (:meth:`CacheMirror.withdraw`).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, salted_seed
-from .radix import CacheFullError, RadixTree
+from .radix import TOKEN_BYTES, CacheFullError, RadixNode, RadixTree
 from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, BlockIndex, HotPrefix, Summary
 
 _TICK_SAMPLES = 4096
+
+
+class _MirrorTree(RadixTree):
+    """The mirror's tree: a radix tree that can also take back a leaf one insert added."""
+
+    def withdraw_leaf(self, leaf: RadixNode, stamp: int) -> int:
+        """Remove ``leaf`` if nothing used it since its insert left it at recency ``stamp``: still
+        attached, no children, unpinned, not touched (a later request matching into it, or a longer
+        one extending it, changes one of those). Returns the tokens removed."""
+        parent = leaf.parent
+        if parent is None or leaf.children or leaf.pin_count or leaf.last_access != stamp:
+            return 0
+        del parent.children[leaf.edge[:TOKEN_BYTES]]
+        leaf.parent = None  # its entry in the eviction heap is now stale and skipped
+        size = leaf.num_tokens
+        self.cached_tokens -= size
+        self.node_count -= 1
+        # counted as an eviction: the summary's block index finds detached nodes by this count
+        self.evicted_tokens_total += size
+        self.evictions_total += 1
+        self._push_if_leaf(parent)
+        return size
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What admitting one sent prompt did to the mirror (for :meth:`CacheMirror.withdraw`)."""
+
+    matched_tokens: int  # of the prompt, already in the mirror before it
+    token_bytes: bytes
+    namespace: str | None
+    added: RadixNode | None  # the leaf holding the prompt's new tokens; None: nothing was new
+    stamp: int  # that leaf's recency right after the insert
 
 
 class CacheMirror:
@@ -29,7 +65,7 @@ class CacheMirror:
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
         clock: Callable[[], float],
     ) -> None:
-        self.tree = RadixTree(capacity_tokens)
+        self.tree = _MirrorTree(capacity_tokens)
         self.identity = identity
         self.identity_seed = identity.seed()
         self.block_tokens = block_tokens
@@ -50,21 +86,48 @@ class CacheMirror:
         return salted_seed(self.identity_seed, namespace if isinstance(namespace, str) else None)
 
     def admit(self, token_bytes: bytes, namespace: str | None) -> int:
-        """Record a prompt sent to the engine; return how many of its tokens the mirror had cached."""
+        """Record tokens the engine holds (a prompt and its answer); return how many the mirror had."""
+        return self.admit_sent(token_bytes, namespace).matched_tokens
+
+    def admit_sent(self, token_bytes: bytes, namespace: str | None) -> Admission:
+        """Record a prompt sent to the engine, before it is prefilled; :meth:`withdraw` takes its new
+        tokens back if the request ends before the engine's first token."""
         matched = self.tree.matched_tokens(token_bytes, namespace)
         full_hit = matched * 4 == len(token_bytes)
+        added: RadixNode | None = None
         if full_hit:
             # only recency and hits move; the touching match already reaches the prompt's node
             node = self.tree.match_prefix(token_bytes, namespace).node
         else:
-            # longer than the whole cache, or pinned: the engine cannot keep it either
-            with contextlib.suppress(ValueError, CacheFullError):
-                self.tree.insert(token_bytes, namespace)
+            try:
+                added_tokens = self.tree.insert(token_bytes, namespace).new_tokens
+            except (ValueError, CacheFullError):
+                added_tokens = 0  # longer than the whole cache, or pinned: the engine cannot keep it either
             self.changes += 1
             node = self.tree.match_prefix(token_bytes, namespace, touch=False).node
             self.index.track_path(node)
+            if added_tokens:
+                added = node  # the insert's new leaf: it ends exactly at the prompt's end
         self._ticks.append((node.last_access, self._clock()))
-        return matched
+        return Admission(matched, token_bytes, namespace, added, node.last_access)
+
+    def withdraw(self, admission: Admission) -> int:
+        """Take back the tokens ``admission`` added: its request ended before the engine's first
+        token, so the engine may never have prefilled them. Conservative both ways: what the
+        engine may hold of a partial prefill is not claimed, and tokens another request has used
+        since (matched into, extended, pinned) stay, as that request is prefilling them. Returns
+        the tokens removed."""
+        leaf = admission.added
+        if leaf is None:
+            return 0
+        # the leaf must still be where the prompt ends in this tree (not evicted, not flushed)
+        found = self.tree.match_prefix(admission.token_bytes, admission.namespace, touch=False)
+        if found.node is not leaf or found.matched_tokens * 4 != len(admission.token_bytes):
+            return 0
+        removed = self.tree.withdraw_leaf(leaf, admission.stamp)
+        if removed:
+            self.changes += 1
+        return removed
 
     def correct(self, predicted_tokens: int, reported_cached_tokens: int, *, ran_alone: bool) -> int:
         """Reconcile with the engine's report for one request; return tokens evicted from the mirror."""

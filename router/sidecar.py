@@ -31,7 +31,7 @@ from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
 from .front import ClientStalled, fallback_runner, serve_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
-from .mirror import CacheMirror
+from .mirror import Admission, CacheMirror
 from .prewarm import SIDECAR_KEY
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
@@ -673,20 +673,20 @@ class Sidecar:
             return await refuse_too_large(request, self.config.max_body_bytes)
         return await self._forward(request, body, track=True)
 
-    def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, int, int] | None:
+    def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, Admission, int] | None:
         """Tokenize, mirror and count a generation request (after it is on its way to the engine)."""
         try:
             parsed = parse_inference_request(path, body, max_prompt_tokens=self.config.max_prompt_tokens)
         except BadRequest:
             return None  # not ours to judge what the engine accepts: forwarded untracked
-        predicted = self.s.mirror.admit(parsed.token_bytes, parsed.tenant_salt)
+        admission = self.s.mirror.admit_sent(parsed.token_bytes, parsed.tenant_salt)
         handle = self.s.load.admit(
-            parsed.num_tokens - predicted,
+            parsed.num_tokens - admission.matched_tokens,
             time.monotonic(),
             timed=parsed.stream or parsed.max_new_tokens <= 1,
         )
         self.load_changed()
-        return parsed, predicted, handle
+        return parsed, admission, handle
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -713,6 +713,10 @@ class Sidecar:
         load = self.s.load
         handle = predicted = None
         parsed: InferenceRequest | None = None
+        admission: Admission | None = None
+        # the engine began its answer (a stream's first event: the prompt is prefilled) or answered
+        # whole with success: until then the mirror's admission of the prompt is only a guess
+        prefilled = [False]
         exchange: Exchange | None = None
         failure: BaseException | None = None
         try:
@@ -731,7 +735,8 @@ class Sidecar:
             # mirror it while the engine works (it cannot answer before the next await).
             tracked = self._track(request.path, body)
             if tracked is not None:
-                parsed, predicted, handle = tracked
+                parsed, admission, handle = tracked
+                predicted = admission.matched_tokens
         ok = False
         try:
             try:
@@ -767,6 +772,7 @@ class Sidecar:
                     return response
                 load.first_byte(handle, time.monotonic())
                 self.load_changed()
+                prefilled[0] = upstream.status == 200
                 # Answer first, learn after: the mirror update is not the client's wait. Learn even
                 # if the client left mid-answer (then aiohttp cancels this handler): the engine did it.
                 try:
@@ -777,10 +783,12 @@ class Sidecar:
                         self._learn(parsed, data, predicted or 0, handle)
                 return response
             ok = upstream.status < 500
-            return await self._stream(request, upstream, headers, parsed, handle, predicted or 0)
+            return await self._stream(request, upstream, headers, parsed, handle, predicted or 0, prefilled)
         finally:
             if exchange is not None:
                 exchange.close()  # unfinished (client left, handler cancelled): aborts the engine's request
+            if admission is not None and not prefilled[0]:
+                self.s.mirror.withdraw(admission)  # the next summary leaves the prompt out again
             if handle is not None:
                 load.finish(handle, time.monotonic(), ok=ok)
                 self.load_changed()
@@ -793,6 +801,7 @@ class Sidecar:
         parsed: InferenceRequest | None,
         handle: int | None,
         predicted: int,
+        prefilled: list[bool],
     ) -> Answer:
         response = await open_stream(request, upstream.status, headers)
         write = stream_writer(request, response, self.timeouts.write_s)
@@ -808,6 +817,7 @@ class Sidecar:
                         first = False
                         self.s.load.first_byte(handle, time.monotonic())
                         self.load_changed()
+                        prefilled[0] = upstream.status == 200
                     if b"cached_tokens" in chunk:
                         usage = chunk
                         cached = find_cached_tokens(chunk)
