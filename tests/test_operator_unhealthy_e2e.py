@@ -127,3 +127,42 @@ def test_a_replica_whose_engine_hangs_is_replaced(env: tuple[EmulatedCluster, Op
     assert f"pod {HUNG} was Ready, then unready for" in message and "replaceUnreadyAfterSeconds=2" in message
 
     assert replacements(metrics_port) == {"unready": 1.0}
+
+
+def autoscaled_manifest() -> str:
+    """The fleet with replacing off and the autoscaler on (two replicas at least, three at most)."""
+    fleet = yaml.safe_load(fleet_manifest())
+    fleet["spec"]["engine"]["replaceUnreadyAfterSeconds"] = 0
+    fleet["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 2, "maxReplicas": 3, "intervalSeconds": 1}
+    return yaml.safe_dump(fleet)
+
+
+@pytest.mark.timeout(180)
+def test_a_hung_replica_nothing_replaces_is_made_up_for_by_the_autoscaler(
+    env: tuple[EmulatedCluster, OperatorProcess, int],
+) -> None:
+    # replaceUnreadyAfterSeconds: 0 keeps the hung pod; it is no capacity and no replacement is on its
+    # way, so the autoscaler adds a pod to keep minReplicas (2) serving, within maxReplicas (3)
+    cluster, _, metrics_port = env
+    cluster.apply(autoscaled_manifest())
+    before = wait_for(lambda: all_ready(cluster), 90, what="2 Ready replicas, marked first-ready")
+    assert cluster.kubelet is not None
+    engine = cluster.kubelet.kubelet.pods[f"default/{HUNG}"].children["engine"]
+    os.killpg(engine.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: not is_ready(replica_pods(cluster).get(HUNG, {"status": {}})) or None, 30,
+                 what="the hung replica to turn unready")  # fmt: skip
+
+        def made_up() -> dict[str, dict[str, Any]] | None:
+            pods = replica_pods(cluster)
+            serving = sorted(n for n, p in pods.items() if is_ready(p))
+            wanted = cluster.kubectl_json("get", "pcf", FLEET)["spec"]["replicas"]
+            return pods if wanted == 3 and len(serving) == 2 and HUNG not in serving else None
+
+        after = wait_for(made_up, 90, what="the autoscaler to add a replica for the hung one")
+        assert after[HUNG]["metadata"]["uid"] == before[HUNG]["metadata"]["uid"]  # kept: replacing is off
+        status = cluster.kubectl_json("get", "pcf", FLEET)["status"]
+        assert f"no replacement coming: {HUNG}" in status["lastScaleReason"]
+        assert replacements(metrics_port) == {}
+    finally:
+        os.killpg(engine.pid, signal.SIGCONT)  # a stopped process would hold up teardown
