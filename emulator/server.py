@@ -21,6 +21,7 @@ from aiohttp import web
 
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
+from prefixfleet.router.front import fallback_runner
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
@@ -447,14 +448,10 @@ class EmulatorServer:
 
     async def start(self) -> EmulatorServer:
         await self.engine.start()
-        runner = web.AppRunner(
-            build_app(self.engine),
-            handler_cancellation=True,
-            access_log=None,
-            shutdown_timeout=5.0,
-            **ClientTimeouts.from_env().runner_kwargs(),
+        # engine.stop() ends streaming handlers first, so cleanup need not wait aiohttp's 60 s
+        runner = await fallback_runner(
+            build_app(self.engine), ClientTimeouts.from_env(), shutdown_timeout_s=5.0
         )
-        await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
         try:
             await site.start()

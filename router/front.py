@@ -630,16 +630,20 @@ class HotFront:
             conn.transport.abort()
 
 
-async def fallback_runner(app: web.Application, timeouts: ClientTimeouts) -> web.AppRunner:
-    """The set-up aiohttp runner serving what the front hands over, under the same client limits.
+async def fallback_runner(
+    app: web.Application, timeouts: ClientTimeouts, *, shutdown_timeout_s: float = 60.0
+) -> web.AppRunner:
+    """The set-up aiohttp runner serving what the front hands over, under the same client limits
+    (the emulator serves everything with it, having no front).
 
     handler_cancellation: a client gone before its answer stops the work upstream too, as on the
-    front."""
+    front. ``shutdown_timeout_s``: how long cleanup waits for running handlers (aiohttp's default)."""
     runner = web.AppRunner(
         app,
         access_log=None,
         handle_signals=False,
         handler_cancellation=True,
+        shutdown_timeout=shutdown_timeout_s,
         **timeouts.runner_kwargs(),
     )
     await runner.setup()
