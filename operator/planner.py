@@ -261,11 +261,12 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         cost = int(annotations.get(DELETION_COST, 0))
     except (TypeError, ValueError):
         cost = 0
+    ready = conditions.get("Ready") == "True"
     return ObservedPod(
         name=meta.get("name", ""),
         template_hash=annotations.get(ANNOTATION_TEMPLATE_HASH, ""),
         phase=status.get("phase") or "Pending",
-        ready=conditions.get("Ready") == "True",
+        ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
         created=meta.get("creationTimestamp") or "",
         pod_ip=status.get("podIP"),
@@ -276,19 +277,17 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         ready_changed=ready_changed,
         first_ready=annotations.get(ANNOTATION_FIRST_READY, ""),
         started=status.get("startTime") or "",
-        unready_seen=_unready_seen(annotations.get(ANNOTATION_UNREADY_SEEN, ""), ready_changed)
-        if conditions.get("Ready") != "True"
-        else "",
+        unready_seen=_unready_seen(annotations.get(ANNOTATION_UNREADY_SEEN, ""), ready_changed, ready),
         engine_started=((engine_status.get("state") or {}).get("running") or {}).get("startedAt") or "",
         engine_down=bool(engine_status) and "running" not in (engine_status.get("state") or {}),
         unschedulable=unschedulable,
     )
 
 
-def _unready_seen(mark: str, ready_changed: str) -> str:
-    """The operator's time in an unready-seen mark, if the mark is of the current stretch."""
+def _unready_seen(mark: str, ready_changed: str, ready: bool) -> str:
+    """The operator's time in an unready-seen mark, if the mark is of the current unready stretch."""
     try:
-        value = json.loads(mark) if mark else {}
+        value = json.loads(mark) if mark and not ready else {}
     except ValueError:
         return ""
     if not isinstance(value, dict) or not ready_changed or value.get("readyChanged") != ready_changed:
@@ -828,7 +827,7 @@ def _allowance(
     """(reason, allowance, knob) of a Running pod that is not Ready; None when it has none (Ready,
     not Running, draining, no readable transition time, the knob at 0).
 
-    A pod that served (the operator's first-ready mark) and whose engine process has not started
+    A pod that served (``ObservedPod.was_ready``) and whose engine process has not started
     again since it turned unready is hung: ``replaceUnreadyAfterSeconds``. A pod that never served,
     or whose engine was restarted by the kubelet since (a crash: it is loading its model again), is
     starting: ``replaceNeverReadyAfterSeconds``. Pending pods wait for a node or an image: no
