@@ -109,12 +109,28 @@ def cel_errors(schema: Schema, value: Any) -> list[str]:
             continue
         if isinstance(ok, Exception) or not bool(ok):
             where = path + rule.get("fieldPath", "") if rule.get("fieldPath") else path
-            message = rule.get("message") or f"failed rule {rule['rule']}"
+            message = _message_of(env, rule, node_value) or f"failed rule {rule['rule']}"
             # Our messages already start with the field path; don't say it twice.
             problems.append(
                 message if message.startswith(where or "\0") else f"{where or '<root>'}: {message}"
             )
     return problems
+
+
+def _message_of(env: Any, rule: dict[str, Any], node_value: Any) -> str:
+    """What the API server says for a failed rule: its messageExpression's value when that evaluates
+    to a non-empty string, else its message."""
+    import celpy
+
+    if expression := rule.get("messageExpression"):
+        try:
+            program = env.program(env.compile(expression), functions=_KUBERNETES_CEL_FUNCTIONS)
+            said = program.evaluate({"self": celpy.json_to_cel(node_value)})
+        except Exception:  # the API server falls back to message as well
+            said = None
+        if isinstance(said, str) and said.strip():
+            return str(said)
+    return str(rule.get("message") or "")
 
 
 def _index_of(target: Any, item: Any) -> Any:

@@ -13,6 +13,7 @@ that the API server enforces on ``kubectl apply``. Both messages name the offend
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
@@ -112,13 +113,20 @@ def refused_engine_flags() -> dict[str, str]:
     return out
 
 
-def _no_engine_arg(*flags: str) -> str:
-    """CEL: no item of spec.engine.args spells one of ``flags`` (refused_engine_flags), bare or =VALUE."""
+def _no_engine_arg(message: str, *flags: str) -> dict[str, str]:
+    """A CEL rule: no item of spec.engine.args spells one of ``flags`` (refused_engine_flags), bare or
+    =VALUE. Its messageExpression names the first such item by index, as the models do."""
     spellings = [f for f, flag in refused_engine_flags().items() if flag in flags]
-    return (
-        "!has(self.args) || !self.args.exists(a, "
-        + " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in spellings)
-        + ")"
+    spelled = " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in spellings)
+    field = "spec.engine.args"
+    index = f"string(self.args.indexOf(self.args.filter(a, {spelled})[0]))"
+    rest = "]" + message.removeprefix(field)
+    return cel(
+        f"!has(self.args) || !self.args.exists(a, {spelled})",
+        message,
+        ".args",
+        # a JSON string literal is a CEL one (double quotes; the message has no escapes beyond JSON's)
+        message_expression=f"{json.dumps(field + '[')} + {index} + {json.dumps(rest)}",
     )
 
 
@@ -140,9 +148,14 @@ def _cel_default_port() -> str:
     return expr
 
 
-def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
-    """One ``x-kubernetes-validations`` entry (CEL rule evaluated by the API server)."""
+def cel(
+    rule: str, message: str, field_path: str | None = None, message_expression: str | None = None
+) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry (CEL rule evaluated by the API server). The API server
+    says ``message_expression``'s value instead of ``message`` when it evaluates to a string."""
     entry = {"rule": rule, "message": message}
+    if message_expression:
+        entry["messageExpression"] = message_expression
     if field_path:
         entry["fieldPath"] = field_path
     return entry
@@ -543,19 +556,17 @@ class EngineSpec(CamelModel):
                     " always passes it; remove it",
                     ".args",
                 ),
-                cel(
-                    _no_engine_arg(*ENGINE_LISTEN_FLAGS),
+                _no_engine_arg(
                     "spec.engine.args must not set the engine's --host, --port or --uds (nor an"
                     f" abbreviation of {ENGINE_FLAG_PREFIX_MIN} characters or more, which argparse"
                     " accepts): the sidecar reaches the engine at 127.0.0.1 on spec.engine.port (set the"
                     " port there)",
-                    ".args",
+                    *ENGINE_LISTEN_FLAGS,
                 ),
-                cel(
-                    _no_engine_arg(ENGINE_CONFIG_FLAG),
+                _no_engine_arg(
                     "spec.engine.args must not pass --config (or an abbreviation): a config file can set"
                     " the engine's --host and --port, which the operator owns; pass its settings as args",
-                    ".args",
+                    ENGINE_CONFIG_FLAG,
                 ),
             ]
         }

@@ -356,6 +356,14 @@ def test_a_refused_engine_arg_is_named_by_index_with_the_flag_argparse_reads(
     assert f"spec.engine.args[{index}]: {says}" in str(err.value)
 
 
+def test_the_api_server_names_the_refused_engine_arg_by_index_too(crd: dict[str, Any]) -> None:
+    # the CEL rules' messageExpression (the static message, naming spec.engine.args, is its fallback)
+    obj = fleet(engine={"kind": "sglang", "args": ["--tp", "2", "--hos", "::", "--conf=c.yaml"]})
+    errors = admission_errors(crd, obj)
+    assert [e.split(" must not ")[0] for e in errors] == ["spec.engine.args[2]", "spec.engine.args[4]"]
+    assert "set the engine's --host, --port or --uds" in errors[0] and "pass --config" in errors[1]
+
+
 def test_engine_args_that_only_resemble_listen_flags_are_accepted(crd: dict[str, Any]) -> None:
     # '--p', '--h' and '--c' are shorter than the refused abbreviations (ambiguous in the engines,
     # which refuse them themselves); longer options that merely start like a refused flag are others
