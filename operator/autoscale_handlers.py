@@ -45,7 +45,16 @@ from redis.exceptions import RedisError
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.prewarm import warm_replica
 
-from .autoscale import PlannerMemory, ScalePlan, SubtreeObservation, plan_scale
+from .autoscale import (
+    FleetObservation,
+    PlannerMemory,
+    ReplicaObservation,
+    ScalePlan,
+    ScalePolicy,
+    SubtreeObservation,
+    plan_scale,
+    warm_on_arrival,
+)
 from .autoscale_memory import (
     STALE_AFTER_REFRESHES,
     decode_memory,
@@ -144,6 +153,10 @@ class FleetAutoscale:
     last_round: float = 0.0
     warming: set[asyncio.Task[None]] = field(default_factory=set)
     warming_pods: set[str] = field(default_factory=set)  # pods a task of this process is warming
+    # the last round's observation, policy and Redis: whether a new pod warms is decided on arrival
+    observed: FleetObservation | None = None
+    policy: ScalePolicy = field(default_factory=ScalePolicy)
+    redis_url: str = ""
 
 
 @dataclass
@@ -289,9 +302,9 @@ async def autoscale_round(
     observed = observe_fleet(
         now, spec.replicas, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues(), unavailable
     )
-    plan = with_unavailable(
-        plan_scale(observed, scale_policy(spec, len(unavailable)), state.memory), unavailable
-    )
+    policy = scale_policy(spec, len(unavailable))
+    plan = with_unavailable(plan_scale(observed, policy, state.memory), unavailable)
+    state.observed, state.policy, state.redis_url = observed, policy, redis_url
     status: dict[str, Any] = {}
     memory = encode_memory(plan.memory, now)
     refresh = refresh_period(spec.autoscaling.interval_seconds)
@@ -472,6 +485,16 @@ async def prewarm_replica(
         if url is None:
             logger.warning("pre-warm of %s: its sidecar did not become ready in time", pod_name)
             return
+        if target.startswith("new-") and not warm_on_arrival(
+            await _arrived_to(ctx, state, ref), state.policy
+        ):
+            kopf.event(
+                fleet,
+                type="Normal",
+                reason="PrewarmSkipped",
+                message=f"pod {pod_name}: a ready replica waits past saturation, so it serves at once, cold",
+            )
+            return
         outcome = await warm_replica(
             auto.http,
             url,
@@ -500,6 +523,25 @@ async def prewarm_replica(
                 await asyncio.to_thread(
                     ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: None}
                 )
+
+
+async def _arrived_to(
+    ctx: OperatorContext, state: FleetAutoscale, ref: FleetRef
+) -> Sequence[ReplicaObservation]:
+    """The replicas' waits as a new pod arrives, from their load records now: the last round may be
+    ``intervalSeconds`` old, and in a ramp the fleet saturates within seconds. That round's view if
+    Redis does not answer."""
+    last = state.observed.replicas if state.observed is not None else ()
+    if not state.redis_url:
+        return last
+    pods = await _list_pods(ctx, ref)
+    try:
+        loads, _ = await read_records(
+            ctx.redis(state.redis_url), FleetKeys(ref.redis_fleet), [p.name for p in pods]
+        )
+    except (RedisError, OSError):
+        return last
+    return observe_fleet(time.time(), 0, pods, loads, {}, ()).replicas
 
 
 async def _list_pods(ctx: OperatorContext, ref: FleetRef) -> list[ObservedPod]:

@@ -35,6 +35,7 @@ from prefixfleet.operator.autoscale import (
     ScalePlan,
     ScalePolicy,
     SubtreeObservation,
+    warm_on_arrival,
 )
 from prefixfleet.operator.autoscale import plan_scale as plan_scale_fn
 from prefixfleet.operator.hot_subtrees import HotState, find_prefix, hot_subtrees, parse_subtree_id
@@ -156,6 +157,7 @@ class ElasticRun:
     scale_events: int = 0
     warmup_requests: int = 0
     warmup_tokens: int = 0
+    warmups_skipped: int = 0  # planned warm-ups not run: the replica arrived to a saturated fleet
 
 
 class ElasticFleet:
@@ -174,6 +176,7 @@ class ElasticFleet:
         self.scale_events = 0
         self.warmup_requests = 0
         self.warmup_tokens = 0
+        self.warmups_skipped = 0  # new replicas that arrived to a saturated fleet and served cold
         self._warm_seq = 0
         for _ in range(config.initial):
             self._add(0.0, initial=True)
@@ -222,10 +225,12 @@ class ElasticFleet:
 
     def _transition(self, member: Member, now: float) -> None:
         if member.phase == "starting" and member.prewarm:
-            member.phase = "warming"
             prefixes, member.prewarm = member.prewarm, []
-            self._warm(member, prefixes, now)
-            return
+            if warm_on_arrival(self._serving(now), self.config.policy):
+                member.phase = "warming"
+                self._warm(member, prefixes, now)
+                return
+            self.warmups_skipped += 1  # the fleet is queueing for it: serve at once, cold
         member.phase = "ready"
         member.ready_s = now
 
@@ -250,6 +255,13 @@ class ElasticFleet:
             else:
                 self.control(tick)
                 next_tick = tick + self.config.control_interval_s
+
+    def _serving(self, now: float) -> list[ReplicaObservation]:
+        """The ready replicas' waits right now (what the executor reads when a replica arrives)."""
+        return [
+            ReplicaObservation(m.name, "ready", est_wait_s=m.model.view(_at(now)).wait_s)
+            for m in self.ready()
+        ]
 
     # -- control ----------------------------------------------------------------------------------
 
@@ -417,4 +429,5 @@ def simulate_elastic(
         scale_events=fleet.scale_events,
         warmup_requests=fleet.warmup_requests,
         warmup_tokens=fleet.warmup_tokens,
+        warmups_skipped=fleet.warmups_skipped,
     )

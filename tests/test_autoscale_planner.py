@@ -15,6 +15,7 @@ from prefixfleet.operator.autoscale import (
     SubtreeObservation,
     choose_victim,
     plan_scale,
+    warm_on_arrival,
 )
 from prefixfleet.operator.autoscale_observe import scale_policy
 from prefixfleet.operator.models import validate_spec
@@ -382,3 +383,16 @@ def test_policy_defaults_are_the_spec_defaults():
     # from the spec's models, and autoscale_observe.scale_policy maps the same fields back
     spec = validate_spec({"model": {"name": "m"}, "engine": {"kind": "emulator"}, "replicas": 2})
     assert scale_policy(spec) == ScalePolicy()
+
+
+def test_a_new_replica_warms_on_arrival_unless_a_ready_one_waits_past_saturation():
+    p = policy()  # saturation 0.7 × target 1 s
+    assert warm_on_arrival([rep("r0", wait=0.6), rep("r1", wait=0.1)], p)
+    # one ready replica queueing past 0.7 s is traffic the new replica should take now, cold
+    assert not warm_on_arrival([rep("r0", wait=0.8), rep("r1", wait=0.1)], p)
+    # only ready replicas' queues count: a draining or warming one takes no new traffic anyway
+    assert warm_on_arrival([rep("r0", wait=0.1), rep("r1", wait=3.0, phase="draining")], p)
+    assert warm_on_arrival([rep("r0", wait=0.1), rep("r1", wait=3.0, phase="warming")], p)
+    assert warm_on_arrival([], p)  # nothing observed yet: warm as planned
+    assert not warm_on_arrival([rep("r0", wait=0.8)], policy(target_ttft_s=1.0, saturation=0.75))
+    assert warm_on_arrival([rep("r0", wait=0.8)], policy(target_ttft_s=2.0))

@@ -34,11 +34,13 @@ from prefixfleet.cancellation import cancel_and_wait
 from prefixfleet.fleet.local import LocalFleet
 from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 from prefixfleet.operator.autoscale import (
+    FleetObservation,
     PlannerMemory,
     ScalePlan,
     ScalePolicy,
     SubtreeObservation,
     plan_scale,
+    warm_on_arrival,
 )
 from prefixfleet.operator.autoscale_observe import (
     EngineReading,
@@ -142,6 +144,7 @@ class LocalAutoscaler:
     draining: set[str] = field(default_factory=set)
     warming: set[str] = field(default_factory=set)
     created: dict[str, float] = field(default_factory=dict)
+    observed: FleetObservation | None = None  # the last round's: whether a new replica warms
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -230,7 +233,7 @@ class LocalAutoscaler:
             now, wanted, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
         )
         plan = plan_scale(observed, self.policy, self.memory)
-        self.memory = plan.memory
+        self.memory, self.observed = plan.memory, observed
         await self.execute(plan, subtrees, urls, http)
         return plan
 
@@ -271,8 +274,12 @@ class LocalAutoscaler:
             self.fleet.add_replica(replica)
             self.starting -= 1
             counted = False
-            if subtree_ids:
+            # decided on arrival: a replica the fleet is already queueing for serves at once, cold
+            arrived_to = self.observed.replicas if self.observed is not None else ()
+            if subtree_ids and warm_on_arrival(arrived_to, self.policy):
                 await self._warm(replica.worker_id, replica.sidecar_url, subtree_ids, subtrees, http)
+            elif subtree_ids:
+                self._event("prewarm", f"{replica.worker_id}: skipped, a ready replica waits past saturation")
             self.warming.discard(replica.worker_id)
         finally:
             self.reserved.discard(index)
