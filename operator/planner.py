@@ -53,10 +53,11 @@ ANNOTATION_DRAINING_SINCE = "prefixfleet.io/draining-since"
 # later with this mark served and then stopped (a hung engine), rather than never having come up.
 ANNOTATION_FIRST_READY = "prefixfleet.io/first-ready"
 # Set by the operator the first time it sees a replica in an unready stretch that a replacement
-# knob applies to: JSON {"at": <the operator's time>, "readyChanged": <the Ready condition's
-# lastTransitionTime>}. The allowance is counted from "at", on the operator's own clock: the
-# kubelet's lastTransitionTime is the node's clock, and a node running behind or ahead would get its
-# pods replaced early or late. "readyChanged" ties the mark to one stretch: a later stretch (another
+# knob applies to, or that it reports as unavailable (it served, and nothing replaces it): JSON
+# {"at": <the operator's time>, "readyChanged": <the Ready condition's lastTransitionTime>}. The
+# allowance (and an unavailable replica's "since") is counted from "at", on the operator's own clock:
+# the kubelet's lastTransitionTime is the node's clock, and a node running behind or ahead would get
+# its pods replaced early or late. "readyChanged" ties the mark to one stretch: a later stretch (another
 # transition time) is marked afresh, so no mark has to be removed when the pod is Ready again.
 ANNOTATION_UNREADY_SEEN = "prefixfleet.io/unready-seen"
 # A pod without the first-ready mark (created, or Ready and unready again, before this operator
@@ -297,7 +298,7 @@ def _unready_seen(mark: str, ready_changed: str, ready: bool) -> str:
 
 def unready_mark(now: datetime, ready_changed: str) -> str:
     """The value of ANNOTATION_UNREADY_SEEN for a stretch the operator sees for the first time now."""
-    return json.dumps({"at": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "readyChanged": ready_changed})
+    return json.dumps({"at": _format_time(now), "readyChanged": ready_changed})
 
 
 def replica_selector(fleet: FleetRef) -> str:
@@ -690,6 +691,11 @@ def _parse_time(text: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def _format_time(moment: datetime) -> str:
+    """A time as the operator writes it on objects (RFC 3339, whole seconds, UTC)."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def drained(pod: ObservedPod, now: datetime, drain_seconds: float) -> bool:
     """A draining pod may go: nothing in flight after the minimum drain, or the drain timed out."""
     since = _parse_time(pod.draining_since)
@@ -819,6 +825,34 @@ class UnhealthyPlan:
     # unready replicas the operator sees for the first time in this stretch: their allowance counts
     # from now (ReconcilePlan.mark_unready records it)
     first_seen: tuple[ObservedPod, ...] = ()
+    # replicas that served, are unready, and that nothing replaces (see unavailable)
+    unavailable: tuple[UnavailableReplica, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UnavailableReplica:
+    """A replica that served, is unready now, and that no knob replaces: the fleet is one short
+    until its engine answers again or someone deletes the pod."""
+
+    name: str
+    since: str  # when the operator first saw this unready stretch (its own clock); "" if unknowable
+    why: str  # why no replacement is coming
+    first_seen: bool  # seen unready for the first time in this stretch, by this reconcile
+
+    @property
+    def summary(self) -> str:
+        """For the Degraded condition: a time, not a running count (no status rewrite per reconcile)."""
+        since = f"since {self.since}" if self.since else "since an unknown time"
+        return f"{self.name} unready after serving {since} ({self.why})"
+
+    @property
+    def message(self) -> str:
+        """For the Event, posted once per unready stretch."""
+        since = f" since {self.since}" if self.since else ""
+        return (
+            f"pod {self.name} was Ready, is unready{since} and will not be replaced: {self.why}; "
+            "it serves nothing until its engine answers again or the pod is deleted"
+        )
 
 
 def _allowance(
@@ -852,6 +886,15 @@ def replacement_coming(pod: ObservedPod, unready_after_s: int, never_ready_after
     return _engine_restarted(pod) or _allowance(pod, unready_after_s, never_ready_after_s) is not None
 
 
+def _no_replacement_why(pod: ObservedPod, unready_after_s: int) -> str:
+    """Why :func:`_allowance` gives a pod that served and is unready none (for the fleet's users)."""
+    if pod.phase != "Running":
+        return f"pod phase {pod.phase}"
+    if _parse_time(pod.ready_changed) is None:
+        return "its Ready condition has no readable transition time"
+    return f"spec.engine.replaceUnreadyAfterSeconds is {unready_after_s}"
+
+
 def plan_unhealthy(
     pods: Sequence[ObservedPod],
     now: datetime,
@@ -876,12 +919,30 @@ def plan_unhealthy(
     and a fresh pod that cannot come up points at a shared cause again. Otherwise, under an outage
     with that knob set, the replacement would stop holding back once overdue itself and every warm
     replica would be replaced in turn, one per allowance.
+
+    A replica that served, is unready, and that nothing replaces (no knob applies and the kubelet is
+    not restarting its engine) is listed as ``unavailable``: the fleet reports it instead of looking
+    healthy one replica short.
     """
     overdue: list[UnhealthyReplica] = []
     remaining: list[float] = []  # seconds left of each other unready replica's allowance
     first_seen: list[ObservedPod] = []
+    unavailable: list[UnavailableReplica] = []
     for p in pods:
-        if p.name in leaving or (found := _allowance(p, unready_after_s, never_ready_after_s)) is None:
+        if p.name in leaving:
+            continue
+        if p.lapsed and not replacement_coming(p, unready_after_s, never_ready_after_s):
+            # reported (Degraded, one Event per stretch), and marked like the others so its "since" is
+            # the operator's time, stable across reconciles and restarts; a stretch it cannot tell
+            # from the next (no readable transition time) is not marked
+            new = _parse_time(p.unready_seen) is None and _parse_time(p.ready_changed) is not None
+            if new:
+                first_seen.append(p)
+            since = _format_time(now) if new else p.unready_seen
+            why = _no_replacement_why(p, unready_after_s)
+            unavailable.append(UnavailableReplica(p.name, since, why, new))
+            continue
+        if (found := _allowance(p, unready_after_s, never_ready_after_s)) is None:
             continue
         reason, allowance, knob = found
         # counted on the operator's clock from its first sighting (ANNOTATION_UNREADY_SEEN)
@@ -898,7 +959,9 @@ def plan_unhealthy(
     names = {u.name for u in overdue}
     recheck = max(min(remaining), 0.0) if remaining else None
     if not overdue:
-        return UnhealthyPlan(recheck_after_s=recheck, first_seen=tuple(first_seen))
+        return UnhealthyPlan(
+            recheck_after_s=recheck, first_seen=tuple(first_seen), unavailable=tuple(unavailable)
+        )
     # (a pod no node has room for is waiting for capacity, not starting: it says nothing about a
     # shared cause, and it can wait for hours while a cluster grows, or forever)
     starting = [
@@ -920,9 +983,8 @@ def plan_unhealthy(
         held = f"{', '.join(sorted(set(leaving)))} is being removed"
     elif starting:
         held = f"{', '.join(sorted(starting))} is still starting"
-    if held:
-        return UnhealthyPlan(tuple(overdue), None, held, recheck, tuple(first_seen))
-    return UnhealthyPlan(tuple(overdue), overdue[0], "", recheck, tuple(first_seen))
+    chosen = None if held else overdue[0]
+    return UnhealthyPlan(tuple(overdue), chosen, held, recheck, tuple(first_seen), tuple(unavailable))
 
 
 def _engine_restarted(pod: ObservedPod) -> bool:
@@ -948,7 +1010,7 @@ def condition(
     text = "True" if status else "False"
     old = next((c for c in previous if c.get("type") == type_), None)
     changed = old is None or old.get("status") != text
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ") if changed else old.get("lastTransitionTime")
+    stamp = _format_time(now) if changed else old.get("lastTransitionTime")
     return {
         "type": type_,
         "status": text,
@@ -1010,6 +1072,13 @@ def plan_status(
             what = f"{first.summary}: replacement held back while {unhealthy.held_back_by} (one at a time)"
         more = len(unhealthy.overdue) - 1
         degraded = (True, "ReplicaUnhealthy", what + (f"; {more} more unhealthy" if more else ""))
+    elif unhealthy is not None and unhealthy.unavailable:
+        # served, unready, nothing replaces them: the fleet is short, and would otherwise look healthy
+        degraded = (
+            True,
+            "ReplicaUnavailable",
+            "no replacement coming: " + "; ".join(u.summary for u in unhealthy.unavailable),
+        )
     elif not observed.redis_url:
         # without Redis the gateways learn no members: say so instead of looking healthy
         degraded = (
@@ -1089,6 +1158,9 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         events.append(PlannedEvent(kind, "DeletingReplica", f"deleting pod {d.name}: {d.reason}"))
     for u in replaced:
         events.append(PlannedEvent("Warning", "ReplicaUnhealthy", f"{u.message}: replacing it"))
+    for lost in unhealthy.unavailable:
+        if lost.first_seen:  # once per unready stretch: the mark written with it says it was seen
+            events.append(PlannedEvent("Warning", "ReplicaUnavailable", lost.message))
     for change in children:
         verb = "creating" if change.action == "create" else "updating"
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))

@@ -675,12 +675,124 @@ def test_the_unready_seen_mark_belongs_to_one_unready_stretch() -> None:
     assert [u.name for u in plan_reconcile(FLEET, spec(1), at(120, [seen])).replaced] == ["chat-replica-0"]
 
 
-def test_no_mark_is_written_where_no_knob_would_replace() -> None:
+def test_no_mark_is_written_for_a_pod_loading_its_model_that_no_knob_would_replace() -> None:
     h = template_hash(spec(1))
     loading = unready("chat-replica-0", h, first_ready="", unready_seen="")  # never Ready, knob off
     assert plan_reconcile(FLEET, spec(1), at(5, [loading])).is_noop
-    hung = unready("chat-replica-0", h, unready_seen="")
-    assert plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(5, [hung])).is_noop
+    # (a hung replica with replacing off is marked: it is reported, from the operator's first sighting)
+
+
+# A replica that served, is unready now, and that nothing replaces (replaceUnreadyAfterSeconds: 0, or
+# an unready time no allowance can be counted from; the kubelet not restarting its engine) serves
+# nothing and holds its GPU: the fleet is Degraded (reason ReplicaUnavailable) while it lasts, with
+# one Warning Event ReplicaUnavailable per pod per unready stretch, instead of looking healthy one short.
+
+
+def test_a_hung_replica_nothing_replaces_makes_the_fleet_degraded_once_per_stretch() -> None:
+    h = template_hash(spec(2))
+    s = spec(2, replaceUnreadyAfterSeconds=0)
+    hung = unready("chat-replica-1", h, unready_seen="")  # the kubelet turned it unready at T0
+    observed = at(5, [pod("chat-replica-0", h, first_ready=SERVED), hung])
+    first = plan_reconcile(FLEET, s, observed)
+    assert not first.replaced and not first.delete_pods and not first.create_pods  # kept: replacing is off
+    # marked like any tracked stretch: "since" is the operator's first sighting, not the node's clock
+    assert [(name, json.loads(mark)["at"]) for name, mark in first.mark_unready] == [
+        ("chat-replica-1", "2026-01-01T00:00:05Z")
+    ]
+    (event,) = first.events
+    assert (event.type, event.reason) == ("Warning", "ReplicaUnavailable")
+    assert "pod chat-replica-1 was Ready, is unready since 2026-01-01T00:00:05Z" in event.message
+    assert "spec.engine.replaceUnreadyAfterSeconds is 0" in event.message
+    degraded = degraded_of(first)
+    assert (degraded["status"], degraded["reason"]) == ("True", "ReplicaUnavailable")
+    assert degraded["message"] == (
+        "no replacement coming: chat-replica-1 unready after serving since 2026-01-01T00:00:05Z"
+        " (spec.engine.replaceUnreadyAfterSeconds is 0)"
+    )
+
+    # later rounds (and a restarted operator: the mark is on the pod) say nothing new and keep the
+    # condition as it is: no Event per reconcile, no status rewrite
+    marked = apply(first, observed)
+    later = plan_reconcile(FLEET, s, replace(marked, now=NOW + timedelta(hours=1)))
+    assert later.is_noop and not later.events and degraded_of(later) == degraded
+
+
+def test_the_unavailable_condition_clears_when_the_replica_is_ready_again_or_gone() -> None:
+    h = template_hash(spec(2))
+    s = spec(2, replaceUnreadyAfterSeconds=0)
+    healthy = pod("chat-replica-0", h, first_ready=SERVED)
+    hung = unready("chat-replica-1", h)
+    down = plan_reconcile(FLEET, s, at(60, [healthy, hung]))
+    assert degraded_of(down)["reason"] == "ReplicaUnavailable"
+    prev = down.status["conditions"]
+
+    recovered = replace(hung, ready=True, ready_changed="2026-01-01T00:02:00Z")
+    up = plan_reconcile(FLEET, s, at(120, [healthy, recovered], conditions=prev))
+    assert (degraded_of(up)["status"], degraded_of(up)["reason"]) == ("False", "AsExpected")
+    assert not up.events
+    gone = plan_reconcile(FLEET, s, at(120, [healthy], conditions=prev))
+    assert degraded_of(gone)["status"] == "False"
+
+    # hung again later: a new stretch (the old mark's readyChanged no longer matches), a new Event
+    again = observe_pod(
+        {
+            "metadata": {
+                "name": "chat-replica-1",
+                "annotations": {
+                    "prefixfleet.io/first-ready": SERVED,
+                    "prefixfleet.io/unready-seen": unready_mark(NOW, T0),
+                    "prefixfleet.io/template-hash": h,
+                },
+            },
+            "status": {
+                "phase": "Running",
+                "conditions": [
+                    {"type": "Ready", "status": "False", "lastTransitionTime": "2026-01-01T00:05:00Z"}
+                ],
+            },
+        }
+    )
+    plan = plan_reconcile(FLEET, s, at(300, [healthy, again], conditions=up.status["conditions"]))
+    assert [e.reason for e in plan.events] == ["ReplicaUnavailable"]
+    assert "since 2026-01-01T00:05:00Z" in str(degraded_of(plan)["message"])
+
+
+def test_a_replica_with_a_replacement_coming_is_not_reported_unavailable() -> None:
+    h = template_hash(spec(2))
+    healthy = pod("chat-replica-0", h, first_ready=SERVED)
+    # the default knob (120 s) replaces it: within the allowance nothing is said, as before
+    hung = unready("chat-replica-1", h)
+    early = plan_reconcile(FLEET, spec(2), at(60, [healthy, hung]))
+    assert early.is_noop and not early.events and degraded_of(early)["status"] == "False"
+    over = plan_reconcile(FLEET, spec(2), at(130, [healthy, hung]))
+    assert [e.reason for e in over.events] == ["ReplicaUnhealthy"]
+    assert degraded_of(over)["reason"] == "ReplicaUnhealthy"
+    # replacing off, but the kubelet restarted its engine (a crash: loading again): it comes back itself
+    restarted = unready("chat-replica-1", h, engine_started="2026-01-01T00:00:05Z")
+    plan = plan_reconcile(FLEET, spec(2, replaceUnreadyAfterSeconds=0), at(60, [healthy, restarted]))
+    assert not plan.events and degraded_of(plan)["status"] == "False"
+    # a pod that never served is loading, not unavailable
+    loading = unready("chat-replica-1", h, first_ready="")
+    plan = plan_reconcile(FLEET, spec(2, replaceUnreadyAfterSeconds=0), at(60, [healthy, loading]))
+    assert not plan.events and degraded_of(plan)["status"] == "False"
+    # one the reconcile removes anyway (a scale-down takes an unready pod first) is not reported
+    plan = plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(60, [healthy, hung]))
+    assert [d.name for d in plan.delete_pods] == ["chat-replica-1"]
+    assert [e.reason for e in plan.events] == ["DeletingReplica"] and degraded_of(plan)["status"] == "False"
+
+
+def test_a_hung_replica_without_a_readable_unready_time_is_reported_without_one() -> None:
+    h = template_hash(spec(2))
+    healthy = pod("chat-replica-0", h, first_ready=SERVED)
+    # no transition time to count an allowance from, so even the default knob cannot replace it
+    unknown = unready("chat-replica-1", h, since="", unready_seen="")
+    plan = plan_reconcile(FLEET, spec(2), at(60, [healthy, unknown]))
+    assert not plan.replaced and not plan.mark_unready  # no stretch to tie a mark (or an Event) to
+    assert not plan.events
+    degraded = degraded_of(plan)
+    assert degraded["reason"] == "ReplicaUnavailable"
+    assert "chat-replica-1 unready after serving since an unknown time" in str(degraded["message"])
+    assert "no readable transition time" in str(degraded["message"])
 
 
 # Pods an older operator created carry no first-ready mark; one unready at the upgrade (or Ready and
