@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from prefixfleet.cli import main
-from prefixfleet.operator.autoscale import SCALER_MODES, Prewarm, ScalePlan, ScalePolicy
+from prefixfleet.operator.autoscale import SCALER_MODES, FleetObservation, Prewarm, ScalePlan, ScalePolicy
 from prefixfleet.router.radix import as_token_bytes
 from prefixfleet.sim.autoscale import ElasticConfig, ElasticFleet, ElasticRun, Member, simulate_elastic
 from prefixfleet.sim.autoscale_report import new_replica_hit_rates, replica_seconds, scaler_metrics
@@ -186,18 +186,23 @@ def test_bad_arguments_are_one_line_usage_errors(extra, message, capsys) -> None
     assert message in err and "\n" not in err and "Traceback" not in err
 
 
+def observe_a_hot_prefix(fleet: ElasticFleet, holder: Member, prefix: bytes) -> tuple[FleetObservation, str]:
+    """``holder`` serves three requests sharing ``prefix`` (800 tokens) in the fleet's first 5 s; the
+    fleet's observation at 5 s and the prefix's subtree id in it."""
+    fleet.observe(0.0)  # a rate needs two observations: this is the first
+    for i in range(3):
+        holder.accept(Job(i, 0.1, prefix + as_token_bytes([5000 + i]), 4), 0.1)
+    fleet.advance(4.0, next_tick=5.0, horizon=100.0)
+    observed = fleet.observe(5.0)
+    return observed, next(s.subtree_id for s in observed.subtrees if s.tokens == 800)
+
+
 def test_prewarm_of_an_existing_replica_copies_a_holders_prefix() -> None:
     policy = ScalePolicy(mode="prefix_aware_prewarm", min_replicas=2, max_replicas=2)
     fleet = ElasticFleet(ElasticConfig(cache_tokens=10_000, policy=policy, service=SERVICE))
     hot_prefix = as_token_bytes(range(1000, 1800))  # 800 tokens = 50 blocks of 16
     holder, idle = fleet.members
-    fleet.observe(0.0)  # a rate needs two observations: this is the first
-    for i in range(3):
-        job = Job(i, 0.1, hot_prefix + as_token_bytes([5000 + i]), 4)
-        holder.accept(job, 0.1)
-    fleet.advance(4.0, next_tick=5.0, horizon=100.0)
-    observed = fleet.observe(5.0)
-    sid = next(s.subtree_id for s in observed.subtrees if s.tokens == 800)
+    observed, sid = observe_a_hot_prefix(fleet, holder, hot_prefix)
     plan = ScalePlan(desired_replicas=2, prewarm=(Prewarm(idle.name, (sid,)),), reason="test")
     fleet.execute(plan, observed, 5.0)
     assert len(idle.warmups) == 1 and idle.phase == "ready"  # an existing replica keeps serving
@@ -213,13 +218,7 @@ def arriving_replica(backlog_requests: int) -> tuple[ElasticFleet, Member]:
     config = ElasticConfig(cache_tokens=100_000, policy=policy, service=SERVICE, startup_delay_s=1.0)
     fleet = ElasticFleet(config)
     (holder,) = fleet.members
-    hot_prefix = as_token_bytes(range(1000, 1800))
-    fleet.observe(0.0)
-    for i in range(3):
-        holder.accept(Job(i, 0.1, hot_prefix + as_token_bytes([5000 + i]), 4), 0.1)
-    fleet.advance(4.0, next_tick=5.0, horizon=100.0)
-    observed = fleet.observe(5.0)
-    sid = next(s.subtree_id for s in observed.subtrees if s.tokens == 800)
+    observed, sid = observe_a_hot_prefix(fleet, holder, as_token_bytes(range(1000, 1800)))
     for i in range(backlog_requests):  # 0.1 s of prefill each at SERVICE's speed
         start = 20_000 + 1000 * i
         holder.accept(Job(10 + i, 5.0, as_token_bytes(range(start, start + 1000)), 4), 5.0)
