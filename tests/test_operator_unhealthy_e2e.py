@@ -10,6 +10,10 @@ Specification (a two-replica fleet with ``spec.engine.replaceUnreadyAfterSeconds
   same name, another uid); replica 1 is left alone; the fleet is Ready with 2 replicas again;
 * a Warning Event ``ReplicaUnhealthy`` names the pod and how long it was unready, and the operator's
   ``prefixfleet_operator_unhealthy_replacements_total{reason="unready"}`` counts it.
+
+With ``replaceUnreadyAfterSeconds: 0`` (and the autoscaler on) the hung pod is kept: the autoscaler
+adds a replica for it, and the fleet says so: ``Degraded=True``, reason ``ReplicaUnavailable``, naming
+the pod, and one Warning Event ``ReplicaUnavailable`` however many reconciles it stays hung.
 """
 
 from __future__ import annotations
@@ -164,5 +168,20 @@ def test_a_hung_replica_nothing_replaces_is_made_up_for_by_the_autoscaler(
         status = cluster.kubectl_json("get", "pcf", FLEET)["status"]
         assert f"no replacement coming: {HUNG}" in status["lastScaleReason"]
         assert replacements(metrics_port) == {}
+
+        # the fleet says it is short of a replica nothing replaces (it looked healthy before)
+        (degraded,) = (c for c in status["conditions"] if c["type"] == "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "ReplicaUnavailable")
+        assert f"no replacement coming: {HUNG} unready after serving since" in degraded["message"]
+        assert "replaceUnreadyAfterSeconds is 0" in degraded["message"]
+
+        # once for this unready stretch, not once per reconcile (there were many meanwhile)
+        def unavailable_events() -> list[dict[str, Any]]:
+            events = cluster.kubectl_json("get", "events", "--field-selector", f"involvedObject.name={FLEET}")
+            return [e for e in events["items"] if e["reason"] == "ReplicaUnavailable"]
+
+        unavailable = wait_for(unavailable_events, 10, what="a ReplicaUnavailable Event")
+        assert len(unavailable) == 1 and unavailable[0]["type"] == "Warning"
+        assert f"pod {HUNG} was Ready, is unready since" in unavailable[0]["message"]
     finally:
         os.killpg(engine.pid, signal.SIGCONT)  # a stopped process would hold up teardown
