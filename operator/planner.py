@@ -825,7 +825,7 @@ class UnhealthyPlan:
     # unready replicas the operator sees for the first time in this stretch: their allowance counts
     # from now (ReconcilePlan.mark_unready records it)
     first_seen: tuple[ObservedPod, ...] = ()
-    # replicas that served, are unready, and that nothing replaces (see unavailable)
+    # replicas that served, are unready, and that nothing replaces (stays_unavailable)
     unavailable: tuple[UnavailableReplica, ...] = ()
 
 
@@ -886,6 +886,13 @@ def replacement_coming(pod: ObservedPod, unready_after_s: int, never_ready_after
     return _engine_restarted(pod) or _allowance(pod, unready_after_s, never_ready_after_s) is not None
 
 
+def stays_unavailable(pod: ObservedPod, unready_after_s: int, never_ready_after_s: int) -> bool:
+    """It served, is unready now, and nothing brings it back: no knob replaces it and the kubelet is
+    not restarting its engine. It is no capacity, none is on its way for it, and the fleet says so
+    (``Degraded``, reason ``ReplicaUnavailable``)."""
+    return pod.lapsed and not replacement_coming(pod, unready_after_s, never_ready_after_s)
+
+
 def _no_replacement_why(pod: ObservedPod, unready_after_s: int) -> str:
     """Why :func:`_allowance` gives a pod that served and is unready none (for the fleet's users)."""
     if pod.phase != "Running":
@@ -931,7 +938,7 @@ def plan_unhealthy(
     for p in pods:
         if p.name in leaving:
             continue
-        if p.lapsed and not replacement_coming(p, unready_after_s, never_ready_after_s):
+        if stays_unavailable(p, unready_after_s, never_ready_after_s):
             # reported (Degraded, one Event per stretch), and marked like the others so its "since" is
             # the operator's time, stable across reconciles and restarts; a stretch it cannot tell
             # from the next (no readable transition time) is not marked
