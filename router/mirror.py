@@ -17,32 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, salted_seed
-from .radix import TOKEN_BYTES, CacheFullError, RadixNode, RadixTree
+from .radix import CacheFullError, RadixNode, RadixTree
 from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, BlockIndex, HotPrefix, Summary
 
 _TICK_SAMPLES = 4096
-
-
-class _MirrorTree(RadixTree):
-    """The mirror's tree: a radix tree that can also take back a leaf one insert added."""
-
-    def withdraw_leaf(self, leaf: RadixNode, stamp: int) -> int:
-        """Remove ``leaf`` if nothing used it since its insert left it at recency ``stamp``: still
-        attached, no children, unpinned, not touched (a later request matching into it, or a longer
-        one extending it, changes one of those). Returns the tokens removed."""
-        parent = leaf.parent
-        if parent is None or leaf.children or leaf.pin_count or leaf.last_access != stamp:
-            return 0
-        del parent.children[leaf.edge[:TOKEN_BYTES]]
-        leaf.parent = None  # its entry in the eviction heap is now stale and skipped
-        size = leaf.num_tokens
-        self.cached_tokens -= size
-        self.node_count -= 1
-        # counted as an eviction: the summary's block index finds detached nodes by this count
-        self.evicted_tokens_total += size
-        self.evictions_total += 1
-        self._push_if_leaf(parent)
-        return size
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +28,6 @@ class Admission:
     """What admitting one sent prompt did to the mirror (for :meth:`CacheMirror.withdraw`)."""
 
     matched_tokens: int  # of the prompt, already in the mirror before it
-    token_bytes: bytes
-    namespace: str | None
     added: RadixNode | None  # the leaf holding the prompt's new tokens; None: nothing was new
     stamp: int  # that leaf's recency right after the insert
 
@@ -65,7 +41,7 @@ class CacheMirror:
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
         clock: Callable[[], float],
     ) -> None:
-        self.tree = _MirrorTree(capacity_tokens)
+        self.tree = RadixTree(capacity_tokens)
         self.identity = identity
         self.identity_seed = identity.seed()
         self.block_tokens = block_tokens
@@ -109,7 +85,7 @@ class CacheMirror:
             if added_tokens:
                 added = node  # the insert's new leaf: it ends exactly at the prompt's end
         self._ticks.append((node.last_access, self._clock()))
-        return Admission(matched, token_bytes, namespace, added, node.last_access)
+        return Admission(matched, added, node.last_access)
 
     def withdraw(self, admission: Admission) -> int:
         """Take back the tokens ``admission`` added: its request ended before the engine's first
@@ -117,14 +93,10 @@ class CacheMirror:
         engine may hold of a partial prefill is not claimed, and tokens another request has used
         since (matched into, extended, pinned) stay, as that request is prefilling them. Returns
         the tokens removed."""
-        leaf = admission.added
-        if leaf is None:
+        if admission.added is None:
             return 0
-        # the leaf must still be where the prompt ends in this tree (not evicted, not flushed)
-        found = self.tree.match_prefix(admission.token_bytes, admission.namespace, touch=False)
-        if found.node is not leaf or found.matched_tokens * 4 != len(admission.token_bytes):
-            return 0
-        removed = self.tree.withdraw_leaf(leaf, admission.stamp)
+        # the tree checks the leaf is still there (not evicted, not flushed) and untouched
+        removed = self.tree.remove_leaf(admission.added, if_untouched_since=admission.stamp)
         if removed:
             self.changes += 1
         return removed

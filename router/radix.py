@@ -124,6 +124,7 @@ class RadixTree:
         self.capacity_tokens = capacity_tokens
         self._roots: dict[object, RadixNode] = {}
         self._clock = 0
+        self._cleared_at = 0  # the recency clock's value at the last clear()
         self._heap: list[tuple[int, int, RadixNode]] = []
         self._heap_seq = 0
         self._pins: dict[tuple[object, bytes], int] = {}
@@ -324,8 +325,13 @@ class RadixTree:
         if not node.children and node.pin_count == 0 and node.parent is not None:
             self._heap_seq += 1
             heapq.heappush(self._heap, (node.last_access, self._heap_seq, node))
-            if len(self._heap) > 4 * self.node_count + 64:
-                self._compact_heap()
+            self._bound_heap()
+
+    def _bound_heap(self) -> None:
+        # Checked after removals too: they shrink node_count without a push, so a push-side bound
+        # alone lets stale entries outnumber the live tree (70 for 1 node, found by the stateful test).
+        if len(self._heap) > 4 * self.node_count + 64:
+            self._compact_heap()
 
     def _compact_heap(self) -> None:
         self._heap = [e for e in self._heap if self._is_live_entry(e)]
@@ -344,30 +350,29 @@ class RadixTree:
     def _evict(self, needed: int) -> int:
         freed = 0
         while freed < needed:
-            # Re-read ``self._heap`` every round: pushing a parent below may compact (rebind) it.
+            # Re-read ``self._heap`` every round: _detach_leaf pushing a parent may compact (rebind) it.
             if not self._heap:
                 raise CacheFullError(f"cannot free {needed - freed} more tokens: nothing evictable")
             entry = heapq.heappop(self._heap)
             if not self._is_live_entry(entry):
                 continue
-            node = entry[2]
-            parent = node.parent
-            assert parent is not None
-            del parent.children[node.edge[:TOKEN_BYTES]]
-            node.parent = None
-            size = node.num_tokens
-            freed += size
-            self.cached_tokens -= size
-            self.node_count -= 1
-            self.evicted_tokens_total += size
-            self.evictions_total += 1
-            if parent.parent is not None:
-                self._push_if_leaf(parent)
-        # Evicting shrinks node_count without a push, so the push-side bound alone lets stale
-        # entries outnumber the live tree (70 entries for 1 node, found by the stateful test).
-        if len(self._heap) > 4 * self.node_count + 64:
-            self._compact_heap()
+            freed += self._detach_leaf(entry[2])
+        self._bound_heap()
         return freed
+
+    def _detach_leaf(self, node: RadixNode) -> int:
+        """Take an unpinned leaf out of the tree, counted as an eviction; returns its tokens."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.edge[:TOKEN_BYTES]]
+        node.parent = None  # detached: its heap entries are stale and skipped
+        size = node.num_tokens
+        self.cached_tokens -= size
+        self.node_count -= 1
+        self.evicted_tokens_total += size
+        self.evictions_total += 1
+        self._push_if_leaf(parent)  # left childless: a leaf to evict in turn (a root never is)
+        return size
 
     def evict(self, tokens: int) -> int:
         """Free at least ``tokens`` tokens of LRU unpinned leaves (or raise CacheFullError)."""
@@ -376,8 +381,32 @@ class RadixTree:
             raise CacheFullError(f"cannot evict {tokens} tokens: only {evictable} are unpinned")
         return self._evict(tokens)
 
+    def remove_leaf(self, leaf: RadixNode, *, if_untouched_since: int) -> int:
+        """Take back the tokens one insert added, if nothing used them since; returns the tokens removed.
+
+        ``leaf`` is the node an insert created (the one its sequence ends in) and
+        ``if_untouched_since`` that node's ``last_access`` right after the insert. The leaf goes
+        only while it is still in this tree (not evicted, not cleared), a leaf (nothing extended
+        it), unpinned, and untouched (no match or insert reached into it since, which would give it
+        a later stamp). A later insert that split it leaves this node the lower part, so only the
+        tokens below the split go. Otherwise nothing changes and 0 is returned.
+
+        Counted as an eviction (``evictions_total``, ``evicted_tokens_total``): a removed node is
+        detached exactly as an evicted one, and followers of the tree such as the summary's block
+        index find detached nodes by that count. The parent is left as it is, as after an eviction:
+        edges are not merged back, and a parent left childless becomes an evictable leaf.
+        """
+        if leaf.parent is None or leaf.children or leaf.pin_count or leaf.last_access != if_untouched_since:
+            return 0
+        if if_untouched_since <= self._cleared_at:
+            return 0  # from before the last clear(): the clock is never reset, no live node is as old
+        size = self._detach_leaf(leaf)
+        self._bound_heap()
+        return size
+
     def clear(self) -> None:
         """Drop everything, pins included (a flush: the engine's cache identity changed)."""
+        self._cleared_at = self._clock
         self._roots.clear()
         self._heap.clear()
         self._pins.clear()

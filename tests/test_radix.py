@@ -406,6 +406,76 @@ def test_the_heap_stays_bounded_after_an_eviction_shrinks_the_tree() -> None:
     assert len(tree._heap) <= 4 * tree.node_count + 64
 
 
+# -- taking back an insert ------------------------------------------------------------------------
+
+
+def _inserted_leaf(tree: RadixTree, tokens: list[int]) -> tuple[RadixNode, int]:
+    """Insert ``tokens``; return the leaf the insert added and its stamp (as a caller records them)."""
+    assert tree.insert(tokens).new_tokens
+    leaf = tree.match_prefix(tokens, touch=False).node
+    return leaf, leaf.last_access
+
+
+def test_an_untouched_leaf_is_removed_and_counted_as_an_eviction() -> None:
+    tree = RadixTree(100)
+    tree.insert([1, 2, 3])
+    leaf, stamp = _inserted_leaf(tree, [1, 2, 3, 4, 5])
+    assert tree.remove_leaf(leaf, if_untouched_since=stamp) == 2
+    assert tree.cached_sequences() == [[1, 2, 3]] and (tree.cached_tokens, tree.node_count) == (3, 1)
+    assert (tree.evictions_total, tree.evicted_tokens_total) == (1, 2)
+    assert leaf.parent is None  # detached like an evicted node, which is how followers find it
+    assert tree.evict(3) == 3  # the parent, a leaf again, is evictable
+    assert tree.remove_leaf(leaf, if_untouched_since=stamp) == 0  # once
+
+
+def test_a_split_leaf_gives_back_only_its_lower_part_and_the_parent_is_not_merged() -> None:
+    tree = RadixTree(100)
+    leaf, stamp = _inserted_leaf(tree, [1, 2, 3, 4])
+    tree.insert([1, 2, 9])  # splits the leaf after [1, 2]; the leaf node keeps [3, 4]
+    assert tree.remove_leaf(leaf, if_untouched_since=stamp) == 2
+    assert sorted(tree.cached_sequences()) == [[1, 2, 9]]
+    assert tree.node_count == 2  # [1, 2] keeps its one child, as after an eviction
+
+
+def test_a_leaf_used_or_gone_since_its_insert_stays() -> None:
+    tree = RadixTree(100)
+
+    def state() -> tuple[object, ...]:
+        return sorted(tree.cached_sequences()), tree.cached_tokens, tree.node_count, tree.evictions_total
+
+    touched = _inserted_leaf(tree, [1, 1])
+    tree.match_prefix([1])  # a match reaching into it
+    extended = _inserted_leaf(tree, [2, 2])
+    tree.insert([2, 2, 2])
+    pinned = _inserted_leaf(tree, [3, 3])
+    tree.insert([3, 3], pin=True)
+    before = state()
+    for leaf, stamp in (touched, extended, pinned):
+        assert tree.remove_leaf(leaf, if_untouched_since=stamp) == 0
+    assert state() == before
+    evicted = _inserted_leaf(tree, [4, 4])
+    tree.evict(tree.cached_tokens - tree.pinned_tokens)
+    before = state()
+    assert tree.remove_leaf(evicted[0], if_untouched_since=evicted[1]) == 0
+    assert state() == before
+    flushed = _inserted_leaf(tree, [5, 5])
+    tree.clear()
+    tree.insert([5, 5])
+    assert tree.remove_leaf(flushed[0], if_untouched_since=flushed[1]) == 0  # from before the clear
+    assert tree.cached_sequences() == [[5, 5]]
+
+
+def test_the_heap_stays_bounded_after_removing_leaves() -> None:
+    tree = RadixTree(1_000)
+    leaves = [_inserted_leaf(tree, [leaf]) for leaf in range(3)]
+    for _ in range(70):  # stale entries, up to the push-side threshold of 4 × 3 + 64
+        tree.match_prefix([0])
+    for leaf, stamp in leaves[1:]:
+        assert tree.remove_leaf(leaf, if_untouched_since=stamp) == 1
+    assert tree.node_count == 1
+    assert len(tree._heap) <= 4 * tree.node_count + 64
+
+
 def test_memory_estimate_grows_with_the_tree() -> None:
     tree = RadixTree(100_000)
     empty = tree.memory_bytes()

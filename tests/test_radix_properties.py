@@ -3,8 +3,9 @@
 The model keeps the cache as a plain set of token-level prefixes, one per cached token, with its own
 recency clock and pin counts, and evicts by scanning every leaf and taking the least recently used
 one (no heap). The tree must agree with it exactly after every operation: same cached sequences,
-same longest matches, same refusals, same victims. Only node *boundaries* (where edges split) are
-read from the tree, because eviction frees whole edges.
+same longest matches, same refusals, same victims, the same leaves taken back (``remove_leaf``).
+Only node *boundaries* (where edges split) are read from the tree, because eviction frees whole
+edges.
 
 Tokens come from a four-letter alphabet and sequences are short, so shared prefixes, splits inside
 edges and evictions are common.
@@ -145,6 +146,25 @@ class ReferenceCache:
             freed += len(full) - start
         return freed
 
+    def remove_untouched_tail(self, seq: Seq, ns: object, matched: int, stamp: int) -> int:
+        """Remove what an insert stamped ``stamp`` added past ``matched`` if it is still one unused
+        leaf (cached, not extended, unpinned, its last token still at that stamp); returns the
+        tokens removed, 0 if none.
+
+        A later split (by an insert or a pin ending inside the leaf) stamps the upper part afresh,
+        so the leaf is the run of ``stamp`` at the end of ``seq``."""
+        key = (ns, seq)
+        if self.stamps.get(key) != stamp or key in self.pinned_prefixes():
+            return 0
+        if any(n == ns and len(s) > len(seq) and s[: len(seq)] == seq for n, s in self.stamps):
+            return 0
+        start = len(seq) - 1
+        while start > matched and self.stamps[(ns, seq[:start])] == stamp:
+            start -= 1
+        for i in range(start + 1, len(seq) + 1):
+            del self.stamps[(ns, seq[:i])]
+        return len(seq) - start
+
 
 def node_map(tree: RadixTree) -> dict[Key, int]:
     return {(ns, full): start for ns, start, full, _ in walk(tree)}
@@ -170,6 +190,9 @@ class RadixTreeMachine(RuleBasedStateMachine):
         self.tree = RadixTree(capacity)
         self.model = ReferenceCache(capacity)
         self.fresh: set[Key] = set()  # inserted since the last eviction: must still match fully
+        # recent inserts that added a leaf: (ns, seq, matched, model stamp, leaf, its stamp, flushes)
+        self.added: list[tuple[object, Seq, int, int, RadixNode, int, int]] = []
+        self.flushes = 0
 
     def _any_sequence(self, data: st.DataObject) -> tuple[Seq, object]:
         """A random sequence, or one that shares a prefix with a cached one (to force splits)."""
@@ -230,6 +253,11 @@ class RadixTreeMachine(RuleBasedStateMachine):
         if tree.evictions_total != evictions_before:
             self.fresh.clear()
         self.fresh.add((ns, seq))
+        if new:
+            found = tree.match_prefix(seq, namespace=ns, touch=False)
+            assert found.depth_in_node == found.node.num_tokens  # the new leaf ends where seq does
+            record = (ns, seq, m, model.clock, found.node, found.node.last_access, self.flushes)
+            self.added = [*self.added[-7:], record]
 
     @rule(data=st.data(), touch=st.booleans())
     def match(self, data: st.DataObject, touch: bool) -> None:
@@ -279,6 +307,33 @@ class RadixTreeMachine(RuleBasedStateMachine):
         with pytest.raises(PinError):
             self.tree.release_pin(seq, namespace=ns)
         assert snapshot(self.tree) == before
+
+    @precondition(lambda self: bool(self.added))
+    @rule(data=st.data())
+    def remove_leaf(self, data: st.DataObject) -> None:
+        """Taking back an insert's leaf removes exactly its untouched tail, or changes nothing."""
+        newest_first = self.added[::-1]
+        ns, seq, matched, stamp, leaf, leaf_stamp, flushes = data.draw(st.sampled_from(newest_first))
+        before = snapshot(self.tree)
+        evictions_before = self.tree.evictions_total
+        # a leaf from before a clear() is gone even when the model re-cached the same tokens since
+        expected = self.model.remove_untouched_tail(seq, ns, matched, stamp) if flushes == self.flushes else 0
+        assert self.tree.remove_leaf(leaf, if_untouched_since=leaf_stamp) == expected
+        if expected:
+            assert self.tree.evictions_total == evictions_before + 1  # followers see it as an eviction
+            self.fresh.discard((ns, seq))
+        else:
+            assert snapshot(self.tree) == before
+
+    @rule(flush=st.integers(min_value=0, max_value=3))
+    def clear(self, flush: int) -> None:
+        if flush != 3:  # one draw in four (3, not 0, which the generator favours): most runs fill the cache
+            return
+        self.tree.clear()
+        self.model.stamps.clear()
+        self.model.pins.clear()
+        self.fresh.clear()
+        self.flushes += 1
 
     @rule(needed=st.integers(min_value=1, max_value=12))
     def evict(self, needed: int) -> None:
