@@ -54,7 +54,7 @@ from .autoscale import (
     SubtreeObservation,
 )
 from .models import EngineKind, FleetSpec
-from .planner import ObservedPod, replacement_coming
+from .planner import ObservedPod, stays_unavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,15 +271,9 @@ def unavailable_replicas(pods: Sequence[ObservedPod], spec: FleetSpec) -> tuple[
     """Pods that served, are unready now, and that nothing brings back: no knob replaces them
     (``spec.engine.replaceUnreadyAfterSeconds: 0``, or no readable unready time) and the kubelet is
     not restarting their engine. They are no capacity, and none is on its way for them."""
-    engine = spec.engine
-    return tuple(
-        p.name
-        for p in pods
-        if p.lapsed
-        and not replacement_coming(
-            p, engine.replace_unready_after_seconds, engine.replace_never_ready_after_seconds
-        )
-    )
+    unready_after_s = spec.engine.replace_unready_after_seconds
+    never_ready_after_s = spec.engine.replace_never_ready_after_seconds
+    return tuple(p.name for p in pods if stays_unavailable(p, unready_after_s, never_ready_after_s))
 
 
 def with_unavailable(plan: ScalePlan, unavailable: Sequence[str]) -> ScalePlan:
