@@ -151,6 +151,12 @@ def register(subparsers: Any) -> None:
     bench.add_argument("--rate", type=float, default=100.0, help="requests/s per path")
     bench.add_argument("--time-scale", type=float, default=20.0, help="emulator speed-up")
     bench.add_argument("--json", metavar="FILE")
+    bench.add_argument(
+        "--tenant-header",
+        default=None,
+        metavar="NAME",
+        help="measure tenant isolation: the gateway runs with --tenant-header NAME, every request carries it",
+    )
     bench.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
     bench.set_defaults(func=run_bench_overhead)
 
@@ -287,11 +293,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             raise _usage_error(f"{flag} must be positive")
     if args.max_retries < 0:
         raise _usage_error("--max-retries must not be negative")
-    header = args.tenant_header
-    if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
-        raise _usage_error(
-            f"--tenant-header must be an HTTP header name (letters, digits, '-'), got {args.tenant_header!r}"
-        )
+    _check_tenant_header(args.tenant_header)
     config = GatewayConfig(
         port=args.port,
         redis_url=args.redis,
@@ -314,6 +316,13 @@ def run_gateway(args: argparse.Namespace) -> int:
     return _run(serve(config))
 
 
+def _check_tenant_header(header: str | None) -> None:
+    if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
+        raise _usage_error(
+            f"--tenant-header must be an HTTP header name (letters, digits, '-'), got {header!r}"
+        )
+
+
 def run_bench_overhead(args: argparse.Namespace) -> int:
     import json
 
@@ -321,8 +330,10 @@ def run_bench_overhead(args: argparse.Namespace) -> int:
 
     if args.requests < 1 or args.rate <= 0 or args.time_scale <= 0:
         raise _usage_error("--requests, --rate and --time-scale must be positive")
+    _check_tenant_header(args.tenant_header)
+    run = measure(args.requests, args.rate, args.time_scale, args.progress, tenant_header=args.tenant_header)
     try:
-        report = asyncio.run(measure(args.requests, args.rate, args.time_scale, progress=args.progress))
+        report = asyncio.run(run)
     except RuntimeError as exc:
         raise _usage_error(str(exc)) from None
     print(format_table(report))
