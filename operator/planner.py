@@ -1043,6 +1043,7 @@ def plan_status(
     outdated = [p for p in alive if p.template_hash != template_hash]
     failed = [p for p in observed.pods if p.failed]
     want = spec.replicas
+    unavailable = unhealthy.unavailable if unhealthy is not None else ()
     router_ok = spec.router.replicas == 0 or observed.router_ready_replicas >= 1
     all_ready = len([p for p in current_ready if p.serving]) >= want and not outdated
     if want == 0:
@@ -1061,6 +1062,14 @@ def plan_status(
         progressing = (True, "Draining", "draining: " + ", ".join(p.name for p in alive if p.draining))
     elif len(alive) > want:
         progressing = (True, "ScalingDown", f"{len(alive)} -> {want} replicas")
+    elif len(ready) < want and unavailable and len(ready) + len(unavailable) >= want:
+        # the only replicas missing are hung ones nothing replaces: nothing is under way, so waiting
+        # (kubectl wait --for=condition=Progressing=false) must end; Degraded says why
+        progressing = (
+            False,
+            "ReplicaUnavailable",
+            f"{len(ready)}/{want} replicas ready, no replacement coming",
+        )
     elif len(ready) < want:
         progressing = (True, "WaitingForReplicas", f"{len(ready)}/{want} replicas ready")
     else:
@@ -1079,12 +1088,12 @@ def plan_status(
             what = f"{first.summary}: replacement held back while {unhealthy.held_back_by} (one at a time)"
         more = len(unhealthy.overdue) - 1
         degraded = (True, "ReplicaUnhealthy", what + (f"; {more} more unhealthy" if more else ""))
-    elif unhealthy is not None and unhealthy.unavailable:
+    elif unavailable:
         # served, unready, nothing replaces them: the fleet is short, and would otherwise look healthy
         degraded = (
             True,
             "ReplicaUnavailable",
-            "no replacement coming: " + "; ".join(u.summary for u in unhealthy.unavailable),
+            "no replacement coming: " + "; ".join(u.summary for u in unavailable),
         )
     elif not observed.redis_url:
         # without Redis the gateways learn no members: say so instead of looking healthy

@@ -717,6 +717,24 @@ def test_a_hung_replica_nothing_replaces_makes_the_fleet_degraded_once_per_stret
     assert later.is_noop and not later.events and degraded_of(later) == degraded
 
 
+def test_a_fleet_short_only_of_unavailable_replicas_is_not_progressing() -> None:
+    h = template_hash(spec(2))
+    s = spec(2, replaceUnreadyAfterSeconds=0)
+    healthy = pod("chat-replica-0", h, first_ready=SERVED)
+    plan = plan_reconcile(FLEET, s, at(60, [healthy, unready("chat-replica-1", h)]))
+    progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+    # nothing is under way: a `kubectl wait --for=condition=Progressing=false` ends, Degraded says why
+    assert (progressing["status"], progressing["reason"]) == ("False", "ReplicaUnavailable")
+    assert progressing["message"] == "1/2 replicas ready, no replacement coming"
+    # a replica still loading next to it: the fleet is still waiting for that one
+    loading = unready("chat-replica-2", h, first_ready="")
+    plan = plan_reconcile(
+        FLEET, spec(3, replaceUnreadyAfterSeconds=0), at(60, [healthy, unready("chat-replica-1", h), loading])
+    )
+    progressing = next(c for c in plan.status["conditions"] if c["type"] == "Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "WaitingForReplicas")
+
+
 def test_the_unavailable_condition_clears_when_the_replica_is_ready_again_or_gone() -> None:
     h = template_hash(spec(2))
     s = spec(2, replaceUnreadyAfterSeconds=0)
