@@ -16,8 +16,11 @@ Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.ena
    * scale up: ``spec.replicas`` through the ``/scale`` subresource (the reconcile handler creates
      the pods); each new pod is marked ``prefixfleet.io/state: warming`` as soon as it exists, and
      once its sidecar answers it gets ``POST /prefixfleet/warm`` with the hot subtrees the plan
-     assigned to it and a holder's sidecar as the source; then the mark is removed (ready);
-   * pre-warm of an idle existing replica: the same warm request, marked warming meanwhile;
+     assigned to it and a holder's sidecar as the source (``hold_traffic``: no traffic until warmed);
+     then the mark is removed (ready). Unless a ready replica waits past saturation when it arrives
+     (:func:`~.autoscale.warm_on_arrival`, on load records read then): it serves at once, cold;
+   * pre-warm of an idle existing replica: the same warm request without ``hold_traffic`` and
+     without the mark: it keeps serving while it warms (as the simulator models it);
    * scale down: the planner's victim goes into the fleet's ``prefixfleet.io/victims`` annotation and
      ``spec.replicas`` is lowered: the reconcile loop drains exactly that pod, then deletes it;
    * ``status.lastScaleTime``, ``lastScaleReason``, ``hotPrefixes`` (hashes only), an Event with the
@@ -470,30 +473,28 @@ async def prewarm_replica(
     known: set[str],
     logger: logging.Logger,
 ) -> None:
-    """Mark the target warming, wait for its sidecar, warm it from holders, mark it ready again."""
+    """Warm the target from holders once its sidecar answers. A new pod (``new-<i>``) is marked
+    warming as soon as it exists and held out of rotation until warmed, unless it arrives to a
+    saturated fleet (:func:`skipped_on_arrival`); an existing one keeps serving while it warms."""
     namespace = ref.namespace
     deadline = time.monotonic() + WARM_TIMEOUT_S
+    new = target.startswith("new-")
     pod_name: str | None = None
     try:
         pod_name = await _target_pod(ctx, ref, target, known, deadline)
         if pod_name is None:
             logger.warning("pre-warm of %s: no pod appeared in time", target)
             return
-        state.warming_pods.add(pod_name)
-        await asyncio.to_thread(ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: "warming"})
+        if new:  # not serving yet: keep the gateways off it until it is warm
+            state.warming_pods.add(pod_name)
+            await asyncio.to_thread(
+                ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: "warming"}
+            )
         url, urls = await _wait_sidecar(ctx, auto.http, ref, pod_name, sidecar_port, deadline)
         if url is None:
             logger.warning("pre-warm of %s: its sidecar did not become ready in time", pod_name)
             return
-        if target.startswith("new-") and not warm_on_arrival(
-            await _arrived_to(ctx, state, ref), state.policy
-        ):
-            kopf.event(
-                fleet,
-                type="Normal",
-                reason="PrewarmSkipped",
-                message=f"pod {pod_name}: a ready replica waits past saturation, so it serves at once, cold",
-            )
+        if new and await skipped_on_arrival(ctx, state, fleet, ref, pod_name):
             return
         outcome = await warm_replica(
             auto.http,
@@ -502,6 +503,7 @@ async def prewarm_replica(
             subtrees,
             urls,
             exclude=pod_name,
+            hold_traffic=new,
             timeout_s=lambda: max(deadline - time.monotonic(), 1.0),  # what is left of the deadline
         )
         for source, error in outcome.errors:
@@ -517,12 +519,29 @@ async def prewarm_replica(
             ),
         )
     finally:
-        if pod_name is not None:  # never leave a replica out of rotation
+        if new and pod_name is not None:  # never leave a replica out of rotation
             state.warming_pods.discard(pod_name)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(
                     ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: None}
                 )
+
+
+async def skipped_on_arrival(
+    ctx: OperatorContext, state: FleetAutoscale, fleet: dict[str, Any], ref: FleetRef, pod_name: str
+) -> bool:
+    """Whether the new pod ``pod_name`` skips its planned warm-up because the fleet is queueing for
+    it (:func:`~.autoscale.warm_on_arrival` on the load records read now); Event ``PrewarmSkipped``
+    when it does. The caller then removes its warming mark: it serves at once, cold."""
+    if warm_on_arrival(await _arrived_to(ctx, state, ref), state.policy):
+        return False
+    kopf.event(
+        fleet,
+        type="Normal",
+        reason="PrewarmSkipped",
+        message=f"pod {pod_name}: a ready replica waits past saturation, so it serves at once, cold",
+    )
+    return True
 
 
 async def _arrived_to(

@@ -6,11 +6,14 @@ Two endpoints on every sidecar, called by the autoscaler (never by clients, neve
   prefix whose chained block hash (16 hex digits, as published in the summaries) is ``hash``, found in
   the sidecar's mirror tree; 404 when it is not held. Token ids stay pod-to-pod: Redis only ever
   holds hashes.
-* ``POST /prefixfleet/warm {"source": URL, "hashes": [...]}`` on the replica being warmed: its state
-  becomes ``warming`` (gateways send it nothing new), each prefix is fetched from the source sidecar
-  and replayed as a prefill-only request (``max_new_tokens: 0``) to this sidecar's own ``/generate``,
-  so it goes through the mirror like any request; then the state becomes ``ready``. The answer
-  reports the warmed tokens and, per hash, ``ok`` or why it failed.
+* ``POST /prefixfleet/warm {"source": URL, "hashes": [...], "hold_traffic": true}`` on the replica
+  being warmed: each prefix is fetched from the source sidecar and replayed as a prefill-only request
+  (``max_new_tokens: 0``) to this sidecar's own ``/generate``, so it goes through the mirror like any
+  request. With ``hold_traffic`` (the default) its state is ``warming`` meanwhile (gateways send it
+  nothing new), then ``ready``: for a new replica, warmed before it takes traffic. With
+  ``hold_traffic: false`` the state is left alone and the replica keeps serving while it warms: for
+  an existing replica, as the simulator models it. The answer reports the warmed tokens and, per
+  hash, ``ok`` or why it failed.
 
 Cache identity is respected: a prefix is replayed only when the source serves the same model,
 revision and adapter (another identity names different blocks, so its cache would be useless here).
@@ -55,6 +58,7 @@ _URL = re.compile(r"https?://[^/\s]+")  # fullmatch: ``$`` would accept a traili
 class WarmRequest:
     source: str
     hashes: tuple[str, ...]
+    hold_traffic: bool = True  # warming state (no new traffic) while it warms; absent: true
 
 
 def parse_warm_request(body: Any) -> WarmRequest:
@@ -71,7 +75,10 @@ def parse_warm_request(body: Any) -> WarmRequest:
         raise ValueError(f"field 'hashes' holds {len(hashes)} hashes; at most {MAX_WARM_HASHES} per request")
     for h in hashes:
         parse_subtree_id(h)
-    return WarmRequest(source.rstrip("/"), tuple(dict.fromkeys(hashes)))
+    hold = body.get("hold_traffic", True)
+    if not isinstance(hold, bool):
+        raise ValueError(f"field 'hold_traffic' must be true or false, got {hold!r}")
+    return WarmRequest(source.rstrip("/"), tuple(dict.fromkeys(hashes)), hold)
 
 
 def lookup_prefix(sidecar: Sidecar, block_hash: int) -> HotPrefix | None:
@@ -120,14 +127,17 @@ async def handle_warm(request: web.Request) -> web.Response:
         warm = parse_warm_request(body)
     except ValueError as exc:
         return json_error(400, str(exc))
-    previous = sidecar.s.state
-    try:  # also the announcement: a client that leaves cancels this handler from any await on
-        set_state(sidecar, "warming")
-        await announce_state(sidecar)  # gateways know before the first prefill starts
+    if not warm.hold_traffic:  # an existing replica: it keeps serving, its warm-up queues with traffic
         results = await warm_prefixes(sidecar, warm.source, warm.hashes)
-    finally:
-        # a draining replica stays draining: warming never overrides the operator's removal
-        set_state(sidecar, "draining" if previous == "draining" else "ready")
+    else:
+        previous = sidecar.s.state
+        try:  # also the announcement: a client that leaves cancels this handler from any await on
+            set_state(sidecar, "warming")
+            await announce_state(sidecar)  # gateways know before the first prefill starts
+            results = await warm_prefixes(sidecar, warm.source, warm.hashes)
+        finally:
+            # a draining replica stays draining: warming never overrides the operator's removal
+            set_state(sidecar, "draining" if previous == "draining" else "ready")
     return web.json_response(
         {
             "worker_id": sidecar.s.worker_id,
@@ -240,10 +250,13 @@ async def warm_replica(
     sidecar_urls: Mapping[str, str],
     *,
     exclude: str,
+    hold_traffic: bool,
     timeout_s: Callable[[], float],
 ) -> WarmOutcome:
     """Warm the replica whose sidecar is at ``url`` with ``subtree_ids``: one ``/prefixfleet/warm``
     request per holder (see :func:`warm_sources`; ``exclude`` is the target's own name), in turn.
+    ``hold_traffic``: the target is out of rotation while it warms (a new replica, not serving yet);
+    false for an existing replica, which keeps serving (its warm-up queues with its traffic).
 
     ``timeout_s`` gives each request's timeout as it is sent (a caller with an overall deadline
     returns what is left of it). A request that fails or answers other than 200 with a JSON object
@@ -253,7 +266,7 @@ async def warm_replica(
     errors: list[tuple[str, str]] = []
     for source, sids in warm_sources(subtree_ids, subtrees, sidecar_urls, exclude=exclude).items():
         try:
-            result = await _request_warm(http, url, source, sids, timeout_s())
+            result = await _request_warm(http, url, source, sids, hold_traffic, timeout_s())
         except (httpx.HTTPError, ValueError) as exc:
             errors.append((source, f"{exc.__class__.__name__}: {exc}"[:300]))
             failed += len(sids)
@@ -266,12 +279,11 @@ async def warm_replica(
 
 
 async def _request_warm(
-    http: httpx.AsyncClient, url: str, source: str, sids: Sequence[str], timeout_s: float
+    http: httpx.AsyncClient, url: str, source: str, sids: Sequence[str], hold_traffic: bool, timeout_s: float
 ) -> dict[str, Any]:
     """The target's answer to one warm request; ValueError when it is not a 200 with a JSON object."""
-    resp = await http.post(
-        f"{url}/prefixfleet/warm", json={"source": source, "hashes": sids}, timeout=timeout_s
-    )
+    body = {"source": source, "hashes": list(sids), "hold_traffic": hold_traffic}
+    resp = await http.post(f"{url}/prefixfleet/warm", json=body, timeout=timeout_s)
     if resp.status_code != 200:
         raise ValueError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
     result = resp.json()

@@ -5,7 +5,9 @@ Specification:
   chained block hash is ``hash``; an unknown hash is a 404, a malformed one a 400;
 * ``POST /prefixfleet/warm`` on a cold replica fetches each prefix from the source and prefills it
   through its own sidecar: afterwards a request with that prefix on the cold replica is a cache hit;
-* the warmed replica is ``warming`` (in its Redis load record) while it warms, ``ready`` after;
+* by default (a new replica) the warmed replica is ``warming`` (announced on the events channel and in
+  its Redis load record) while it warms, ``ready`` after; with ``hold_traffic: false`` (an existing
+  replica, which keeps serving while it warms) it stays ``ready`` throughout: no state change at all;
 * an unknown hash is reported failed in the summary, not a crash; a bad body is a 400 naming the field;
 * token ids never reach Redis (only hashes do);
 * the autoscalers' client (``warm_replica``) sends one warm request per holder and tallies them: the
@@ -84,6 +86,32 @@ def load_state(redis_url: str, worker: str) -> str | None:
     return decode_load(raw).state if raw is not None else None
 
 
+async def subscribed_events(redis_url: str) -> redis.client.PubSub:
+    """A subscription to the fleet's events channel, confirmed by Redis (SUBSCRIBE is only sent on
+    the first read: a state notice published before the confirmation would be missed)."""
+    events = redis.Redis.from_url(redis_url).pubsub()
+    events.subscribe(FleetKeys(FLEET).events)
+    for _ in range(50):
+        confirmed = await asyncio.to_thread(events.get_message, timeout=0.1)
+        if confirmed and confirmed["type"] == "subscribe":
+            return events
+    raise AssertionError("Redis never confirmed the events subscription")
+
+
+async def state_notices(events: redis.client.PubSub, worker: str, reads: int) -> list[str]:
+    """The ``state <worker> ...`` notices among the next ``reads`` reads (0.1 s each at most),
+    stopping at ``ready``."""
+    states: list[str] = []
+    notice = f"state {worker} ".encode()
+    for _ in range(reads):
+        message = await asyncio.to_thread(events.get_message, timeout=0.1)
+        if message and message["type"] == "message" and message["data"].startswith(notice):
+            states.append(message["data"].decode().split()[-1])
+        if states[-1:] == ["ready"]:
+            break
+    return states
+
+
 async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hits(pair: Pair) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         await generate(http, pair.holder, PREFIX + "first question?")
@@ -102,29 +130,15 @@ async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hi
         async with http.post(f"{pair.cold}/flush_cache") as resp:
             assert resp.status == 200
 
-        # watch the cold replica's published state changes while it warms
-        events = redis.Redis.from_url(pair.redis_url).pubsub()
-        events.subscribe(FleetKeys(FLEET).events)
-        # SUBSCRIBE is only sent here: wait for Redis to confirm it, or the "warming" notice may
-        # be published before the subscription exists and be missed.
-        for _ in range(50):
-            confirmed = await asyncio.to_thread(events.get_message, timeout=0.1)
-            if confirmed and confirmed["type"] == "subscribe":
-                break
-        else:
-            raise AssertionError("Redis never confirmed the events subscription")
+        # watch the cold replica's published state changes while it warms (no hold_traffic field:
+        # the default, a new replica held out of rotation until warm)
+        events = await subscribed_events(pair.redis_url)
         unknown = "00000000deadbeef"
         async with http.post(f"{pair.cold}/prefixfleet/warm",
                              json={"source": pair.holder, "hashes": [sid, unknown]}) as resp:  # fmt: skip
             assert resp.status == 200, await resp.text()
             summary = await resp.json()
-        states = []
-        for _ in range(100):
-            message = await asyncio.to_thread(events.get_message, timeout=0.1)
-            if message and message["type"] == "message" and message["data"].startswith(b"state w1 "):
-                states.append(message["data"].decode().split()[-1])
-            if states[-1:] == ["ready"]:
-                break
+        states = await state_notices(events, "w1", 100)
         events.close()
 
         assert summary["results"][sid] == {"status": "ok", "tokens": prefix_tokens, "cached_before": 0}
@@ -157,6 +171,7 @@ async def test_bad_requests_get_a_clear_4xx_and_the_sidecar_stays_up(pair: Pair)
             ({"source": "ftp://x", "hashes": []}, "source"),
             ({"source": pair.holder, "hashes": "abc"}, "hashes"),
             ({"source": pair.holder, "hashes": ["xyz"]}, "16 hex digits"),
+            ({"source": pair.holder, "hashes": [], "hold_traffic": "no"}, "hold_traffic"),
         ]:
             async with http.post(f"{pair.cold}/prefixfleet/warm", json=body) as resp:
                 assert resp.status == 400 and field in await resp.text()
@@ -186,8 +201,9 @@ async def test_warm_replica_counts_each_source_and_names_the_failed_one(pair: Pa
     urls = {"w0": pair.holder, "w1": pair.cold, "odd": "http://127.0.0.1:1/not-a-base-url"}
     async with httpx.AsyncClient(timeout=30.0) as http:
         outcome = await warm_replica(
-            http, pair.cold, [sid, other], subtrees, urls, exclude="w1", timeout_s=lambda: 30.0
-        )
+            http, pair.cold, [sid, other], subtrees, urls, exclude="w1", hold_traffic=True,
+            timeout_s=lambda: 30.0,
+        )  # fmt: skip
         assert (outcome.warmed_tokens, outcome.ok, outcome.failed) == (prefix_tokens, 1, 1)
         assert [source for source, _ in outcome.errors] == [urls["odd"]]
         assert "HTTP 400" in outcome.errors[0][1] and "source" in outcome.errors[0][1]
@@ -195,8 +211,36 @@ async def test_warm_replica_counts_each_source_and_names_the_failed_one(pair: Pa
         # a target that does not answer at all: every prefix failed, each source named once
         dead = f"http://127.0.0.1:{free_port()}"
         outcome = await warm_replica(
-            http, dead, [sid, other], subtrees, urls, exclude="new-0", timeout_s=lambda: 5.0
-        )
+            http, dead, [sid, other], subtrees, urls, exclude="new-0", hold_traffic=True,
+            timeout_s=lambda: 5.0,
+        )  # fmt: skip
         assert (outcome.warmed_tokens, outcome.ok, outcome.failed) == (0, 0, 2)
         assert sorted(source for source, _ in outcome.errors) == sorted([pair.holder, urls["odd"]])
         assert all(error.startswith("ConnectError") for _, error in outcome.errors), outcome.errors
+
+
+async def test_a_warm_without_holding_traffic_leaves_the_replica_ready_throughout(pair: Pair) -> None:
+    # an existing replica pre-warmed for a starved subtree keeps serving while it warms (as the
+    # simulator models it): only a new replica is held out of rotation until warm
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await generate(session, pair.holder, PREFIX + "first question?")
+        sid = await prefix_hash(session, pair.holder)
+    prefix_tokens = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
+    subtrees = [SubtreeObservation(sid, tokens=prefix_tokens, rate_rps=1.0, holders=frozenset({"w0"}))]
+    events = await subscribed_events(pair.redis_url)
+    seen: list[str] = []
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        warm = asyncio.create_task(
+            warm_replica(http, pair.cold, [sid], subtrees, {"w0": pair.holder}, exclude="w1",
+                         hold_traffic=False, timeout_s=lambda: 30.0)
+        )  # fmt: skip
+        while not warm.done():  # the sidecar's own state, polled while the warm-up runs
+            seen.append((await http.get(f"{pair.cold}/prefixfleet/status")).json()["state"])
+        outcome = await warm
+        seen.append((await http.get(f"{pair.cold}/prefixfleet/status")).json()["state"])
+    notices = await state_notices(events, "w1", 20)
+    events.close()
+    assert (outcome.warmed_tokens, outcome.ok, outcome.failed) == (prefix_tokens, 1, 0)
+    assert set(seen) == {"ready"}, seen
+    assert notices == []  # no "state w1 warming" (nor "ready") announced to the gateways
+    assert load_state(pair.redis_url, "w1") == "ready"

@@ -9,7 +9,11 @@ whenever that fails from the sidecar's ``/metrics``. Execution with processes:
 
 * scale up: start an engine and its sidecar (``replica-<k>``); its state is set ``warming`` as soon
   as its sidecar answers, then ``POST /prefixfleet/warm`` copies the assigned hot prefixes from a
-  holder (the warm endpoint returns it to ``ready``);
+  holder (``hold_traffic``: no traffic until warmed; the warm endpoint returns it to ``ready``) —
+  unless a ready replica waits past saturation as it arrives (``warm_on_arrival``, on the load
+  records read then): it serves at once, cold;
+* pre-warm of an idle existing replica: the same warm request without ``hold_traffic``: it keeps
+  serving while it warms (as the simulator models it);
 * scale down: the planner's victim is set ``draining`` through its sidecar (gateways stop sending it
   new requests); once nothing is in flight (at least :data:`MIN_DRAIN_S`, at most ``drain_timeout_s``)
   its sidecar and engine are stopped (the sidecar deregisters itself from Redis on the way out).
@@ -36,6 +40,7 @@ from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTa
 from prefixfleet.operator.autoscale import (
     FleetObservation,
     PlannerMemory,
+    ReplicaObservation,
     ScalePlan,
     ScalePolicy,
     SubtreeObservation,
@@ -144,7 +149,7 @@ class LocalAutoscaler:
     draining: set[str] = field(default_factory=set)
     warming: set[str] = field(default_factory=set)
     created: dict[str, float] = field(default_factory=dict)
-    observed: FleetObservation | None = None  # the last round's: whether a new replica warms
+    observed: FleetObservation | None = None  # the last round's (whether a new one warms, if Redis fails)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -211,13 +216,24 @@ class LocalAutoscaler:
     ) -> ScalePlan:
         replicas = list(self.fleet.replicas)
         names = [r.worker_id for r in replicas]
-        keys = FleetKeys(self.fleet.spec.fleet_name)
-        loads, summaries = await read_records(redis, keys, names)
+        loads, summaries = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
         urls = {r.worker_id: r.sidecar_url for r in replicas if r.sidecar_url}
         reading = await self.read_engines(http, urls, prometheus)
         now = time.time()
         subtrees, self.hot = hot_subtrees(summaries, self.hot, now)
-        pods = [
+        wanted = sum(1 for n in names if n not in self.draining) + self.starting
+        observed = observe_fleet(
+            now, wanted, self._pods(names), loads, reading.prefill_loads(loads), subtrees, reading.queues()
+        )
+        plan = plan_scale(observed, self.policy, self.memory)
+        self.memory, self.observed = plan.memory, observed
+        await self.execute(plan, subtrees, urls, http, redis)
+        return plan
+
+    def _pods(self, names: Sequence[str]) -> list[ObservedPod]:
+        """The replicas as the operator's observation sees pods (all Running and Ready: a local
+        replica joins the fleet once its sidecar answers)."""
+        return [
             ObservedPod(
                 n,
                 phase="Running",
@@ -228,14 +244,17 @@ class LocalAutoscaler:
             )
             for n in names
         ]
-        wanted = sum(1 for n in names if n not in self.draining) + self.starting
-        observed = observe_fleet(
-            now, wanted, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
-        )
-        plan = plan_scale(observed, self.policy, self.memory)
-        self.memory, self.observed = plan.memory, observed
-        await self.execute(plan, subtrees, urls, http)
-        return plan
+
+    async def arrived_to(self, redis: aioredis.Redis) -> Sequence[ReplicaObservation]:
+        """The replicas' waits as a new one arrives, from their load records now: the last round may
+        be ``interval_s`` old, and in a ramp the fleet saturates within seconds. That round's view if
+        Redis does not answer."""
+        names = [r.worker_id for r in self.fleet.replicas]
+        try:
+            loads, _ = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
+        except (RedisError, OSError):
+            return self.observed.replicas if self.observed is not None else ()
+        return observe_fleet(time.time(), 0, self._pods(names), loads, {}, ()).replicas
 
     async def execute(
         self,
@@ -243,16 +262,19 @@ class LocalAutoscaler:
         subtrees: Sequence[SubtreeObservation],
         urls: Mapping[str, str],
         http: httpx.AsyncClient,
+        redis: aioredis.Redis,
     ) -> None:
         if plan.add:
             self._event("scale_up", plan.reason)
         new_warm = {w.target: w.subtree_ids for w in plan.prewarm if w.target.startswith("new-")}
         for i in range(plan.add):
             self.starting += 1
-            self._spawn(self._add_replica(new_warm.get(f"new-{i}", ()), subtrees, http))
+            self._spawn(self._add_replica(new_warm.get(f"new-{i}", ()), subtrees, http, redis))
         for warm in plan.prewarm:
             if not warm.target.startswith("new-") and warm.target in urls:
-                self._spawn(self._warm(warm.target, urls[warm.target], warm.subtree_ids, subtrees, http))
+                self._spawn(
+                    self._warm(warm.target, urls[warm.target], warm.subtree_ids, subtrees, http, new=False)
+                )
         for victim in plan.drain:
             if victim in urls and victim not in self.draining:
                 self._event("scale_down", plan.reason)
@@ -260,7 +282,11 @@ class LocalAutoscaler:
                 self._spawn(self._drain(victim, urls[victim], http))
 
     async def _add_replica(
-        self, subtree_ids: Sequence[str], subtrees: Sequence[SubtreeObservation], http: httpx.AsyncClient
+        self,
+        subtree_ids: Sequence[str],
+        subtrees: Sequence[SubtreeObservation],
+        http: httpx.AsyncClient,
+        redis: aioredis.Redis,
     ) -> None:
         index = max([r.index for r in self.fleet.replicas] + list(self.reserved), default=-1) + 1
         self.reserved.add(index)  # concurrent additions never share an index
@@ -275,9 +301,9 @@ class LocalAutoscaler:
             self.starting -= 1
             counted = False
             # decided on arrival: a replica the fleet is already queueing for serves at once, cold
-            arrived_to = self.observed.replicas if self.observed is not None else ()
-            if subtree_ids and warm_on_arrival(arrived_to, self.policy):
-                await self._warm(replica.worker_id, replica.sidecar_url, subtree_ids, subtrees, http)
+            if subtree_ids and warm_on_arrival(await self.arrived_to(redis), self.policy):
+                url = replica.sidecar_url
+                await self._warm(replica.worker_id, url, subtree_ids, subtrees, http, new=True)
             elif subtree_ids:
                 self._event("prewarm", f"{replica.worker_id}: skipped, a ready replica waits past saturation")
             self.warming.discard(replica.worker_id)
@@ -293,18 +319,25 @@ class LocalAutoscaler:
         subtree_ids: Sequence[str],
         subtrees: Sequence[SubtreeObservation],
         http: httpx.AsyncClient,
+        *,
+        new: bool,
     ) -> None:
-        self.warming.add(name)
-        with contextlib.suppress(httpx.HTTPError):  # no traffic until warmed (best effort)
-            await http.post(f"{url}/prefixfleet/state", json={"state": "warming"})
+        """Warm ``name`` from holders. A ``new`` replica takes no traffic until warmed; an existing
+        one keeps serving meanwhile (its warm-up queues with its traffic, as in the simulator)."""
+        if new:
+            self.warming.add(name)
+            with contextlib.suppress(httpx.HTTPError):  # no traffic until warmed (best effort)
+                await http.post(f"{url}/prefixfleet/state", json={"state": "warming"})
         holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
         live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
         outcome = await warm_replica(
-            http, url, subtree_ids, subtrees, live, exclude=name, timeout_s=lambda: WARM_TIMEOUT_S
-        )
-        with contextlib.suppress(httpx.HTTPError):
-            await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
-        self.warming.discard(name)
+            http, url, subtree_ids, subtrees, live, exclude=name, hold_traffic=new,
+            timeout_s=lambda: WARM_TIMEOUT_S,
+        )  # fmt: skip
+        if new:
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
+            self.warming.discard(name)
         self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
 
     async def _drain(self, name: str, url: str, http: httpx.AsyncClient) -> None:
