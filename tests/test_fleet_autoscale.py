@@ -4,24 +4,32 @@ Specification (one replica allowed to grow to two, short intervals):
 * a burst on one long prefix makes the loop start a second replica, pre-warmed with that prefix from
   the holder: its first requests routed by the gateway are cache hits on the whole prefix;
 * after the burst the loop drains the replica the planner names and stops its processes; no request
-  fails meanwhile and the fleet is back to one replica.
+  fails meanwhile and the fleet is back to one replica;
+* a new replica that arrives while a ready one waits past saturation (0.7 × the TTFT target, read
+  from the load records as it arrives, not from the last round) skips its planned warm-up and
+  serves at once: no warm request, state ``ready``, event ``prewarm <replica>: skipped``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from fleet_fixtures import eventually
 
 from prefixfleet.fleet.autoscale import LocalAutoscaler
-from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
+from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet, Replica
 from prefixfleet.fleet.processes import Supervisor
-from prefixfleet.operator.autoscale import ScalePolicy
+from prefixfleet.operator.autoscale import Prewarm, ScalePlan, ScalePolicy
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
+from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.records import decode_load
 from prefixfleet.tokenizer import tokenize
 
 pytestmark = pytest.mark.timeout(180)
@@ -123,3 +131,60 @@ def test_up_autoscale_refuses_bad_bounds_in_one_line(
     assert main(["up", "--autoscale", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+SLOW_ENGINE = EngineSettings(cache_tokens=60_000, prefill_tokens_per_s=500)
+
+
+async def recorded_wait_s(redis_url: str, fleet_name: str, worker: str) -> float:
+    """The wait a replica's load record in Redis shows (pending prefill tokens / prefill speed)."""
+    async with aioredis.from_url(redis_url) as client:
+        raw = await client.get(FleetKeys(fleet_name).load(worker))
+    load = decode_load(raw) if raw is not None else None
+    speed = load.prefill_tokens_per_s if load is not None else 0.0
+    return load.pending_prefill_tokens / speed if load is not None and speed > 0 else 0.0
+
+
+@contextlib.asynccontextmanager
+async def saturated(fleet: LocalFleet, replica: Replica, policy: ScalePolicy) -> AsyncIterator[None]:
+    """``replica`` with three unique 1000-token prompts queued (6 s of prefill on SLOW_ENGINE), from
+    the moment its load record shows a wait past saturation until the block ends (then cancelled)."""
+    prompts = [" ".join(f"q{i}w{j}" for j in range(1000)) for i in range(3)]
+    worker, past = replica.worker_id, policy.saturation * policy.target_ttft_s
+    async with httpx.AsyncClient(timeout=60) as http:
+        url = f"{replica.sidecar_url}/generate"
+        body = {"sampling_params": {"max_new_tokens": 1}}
+        sends = [asyncio.create_task(http.post(url, json={**body, "text": text})) for text in prompts]
+        try:
+            await eventually(
+                lambda: recorded_wait_s(fleet.redis_url, fleet.spec.fleet_name, worker), 15,
+                f"{worker}'s load record to show a wait past {past} s", done=lambda wait: wait > past,
+            )  # fmt: skip
+            yield
+        finally:
+            for send in sends:
+                send.cancel()
+            await asyncio.gather(*sends, return_exceptions=True)
+
+
+async def test_a_replica_arriving_to_a_saturated_fleet_skips_its_warm_up(tmp_path: Path) -> None:
+    async with Supervisor(tmp_path) as sup:
+        fleet = LocalFleet(sup, FleetSpec(replicas=1, gateways=0, engine=SLOW_ENGINE))
+        await fleet.start_engines()
+        autoscaler = LocalAutoscaler(fleet, POLICY)
+        (holder,) = fleet.replicas
+        async with aioredis.from_url(fleet.redis_url) as redis, httpx.AsyncClient(timeout=30) as http:
+            calm = await autoscaler.round(redis, http)  # the last round saw an idle fleet: nothing to do
+            assert calm.is_noop and autoscaler.observed is not None
+            async with saturated(fleet, holder, POLICY):
+                # a plan made a start-up earlier: one replica, pre-warmed with a (hot) subtree
+                warm = Prewarm("new-0", ("00000000c0ffee00",))
+                plan = ScalePlan(desired_replicas=2, add=1, prewarm=(warm,), reason="test: scale up by 1")
+                await autoscaler.execute(plan, (), {holder.worker_id: holder.sidecar_url or ""}, http, redis)
+                await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
+                new = next(r for r in fleet.replicas if r.worker_id == "replica-1")
+                state = (await http.get(f"{new.sidecar_url}/prefixfleet/status")).json()["state"]
+    warm_ups = [e.detail for e in autoscaler.events if e.action == "prewarm"]
+    # decided on the load records as it arrived (the last round's view said warm): no warm request
+    assert warm_ups == ["replica-1: skipped, a ready replica waits past saturation"], autoscaler.events
+    assert state == "ready" and not autoscaler.warming
