@@ -8,12 +8,19 @@ Specification (a one-replica fleet allowed to grow to two, with short intervals 
   gateway with the prefix are cache hits on the whole prefix;
 * after the burst the fleet scales back to 1, removing exactly the replica the planner named in its
   reason (the least valuable cache), and no request fails while it drains;
-* the operator exports its metrics (scale events by action, replicas, max replicas, TTFT target).
+* the operator exports its metrics (scale events by action, replicas, max replicas, TTFT target);
+* (in-process, the operator's pre-warm task against the emulated API server, real sidecars and Redis)
+  a new pod is warmed when it arrives to a calm fleet (Event ``Prewarmed``), but skips its warm-up
+  when a ready replica waits past saturation in the load records read as it arrives (Event
+  ``PrewarmSkipped``, no warm request, the warming mark removed); pre-warming an existing pod never
+  marks it warming (it keeps serving).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
 import threading
 import time
@@ -22,13 +29,34 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kopf
+import kubernetes
 import pytest
 import yaml
+from kopf._core.engines import posting  # where kopf.event queues an Event for the operator's poster
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixfleet.fleet.processes import free_port
+from prefixfleet.fleet.local import FleetSpec, LocalFleet
+from prefixfleet.fleet.processes import Supervisor, free_port
+from prefixfleet.operator.autoscale import ScalePolicy, SubtreeObservation
+from prefixfleet.operator.autoscale_handlers import (
+    AutoscaleContext,
+    FleetAutoscale,
+    OperatorMetrics,
+    prewarm_replica,
+)
+from prefixfleet.operator.handlers import OperatorContext
+from prefixfleet.operator.kube import Kube
+from prefixfleet.operator.planner import (
+    ANNOTATION_PORT_MAP,
+    ANNOTATION_STATE,
+    LABEL_FLEET,
+    LABEL_ROLE,
+    FleetRef,
+)
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
 from prefixfleet.tokenizer import tokenize
+from tests.k8s.apiserver import ApiServerThread
 from tests.k8s.cluster import (
     REPO,
     EmulatedCluster,
@@ -37,6 +65,7 @@ from tests.k8s.cluster import (
     running_redis,
     wait_for,
 )
+from tests.test_fleet_autoscale import SLOW_ENGINE, saturated
 
 FLEET = "auto"
 REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
@@ -217,3 +246,89 @@ def test_burst_scales_up_prewarmed_then_down_removing_the_named_victim(
     assert samples[("prefixfleet_operator_replicas", "")] == 1.0
     assert samples[("prefixfleet_operator_max_replicas", "")] == 2.0
     assert samples[("prefixfleet_operator_target_ttft_seconds", "")] == 1.0
+
+
+SIDECAR_PORT = 8100  # the pods' container port; each pod's port map points it at its real sidecar
+
+
+def replica_pod(name: str, sidecar_url: str) -> dict[str, Any]:
+    """A Ready replica pod of FLEET as the kubelet reports it, its sidecar at ``sidecar_url``."""
+    host_port = int(sidecar_url.rsplit(":", 1)[1])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "default",
+            "labels": {LABEL_FLEET: FLEET, LABEL_ROLE: "replica"},
+            "annotations": {ANNOTATION_PORT_MAP: json.dumps({str(SIDECAR_PORT): host_port})},
+        },
+        "spec": {"containers": [{"name": "engine", "image": "emulator"}]},
+        "status": {"phase": "Running", "podIP": "127.0.0.1",
+                   "conditions": [{"type": "Ready", "status": "True"}]},
+    }  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+async def test_the_operator_warms_a_new_pod_only_if_the_fleet_is_not_queueing_for_it(tmp_path: Path) -> None:
+    api = ApiServerThread().start()
+    events: asyncio.Queue[posting.K8sEvent] = asyncio.Queue()
+    posting.settings_var.set(kopf.OperatorSettings())
+    posting.event_queue_var.set(events)
+    posting.event_queue_loop_var.set(asyncio.get_running_loop())
+    policy = ScalePolicy(target_ttft_s=1.0)  # saturated: a ready replica waits more than 0.7 s
+    auto = AutoscaleContext(OperatorMetrics(), httpx.AsyncClient(timeout=5))
+    try:
+        async with Supervisor(tmp_path) as sup:
+            # two replicas (engine + sidecar processes) publishing load records as the fleet "auto"
+            ref = FleetRef(name=FLEET, namespace="default", uid="fleet-uid")
+            spec = FleetSpec(replicas=2, gateways=0, engine=SLOW_ENGINE, fleet_name=ref.redis_fleet)
+            local = LocalFleet(sup, spec)
+            await local.start_engines()
+            holder, new = local.replicas
+            kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
+            for replica in (holder, new):
+                kube.create(replica_pod(replica.worker_id, replica.sidecar_url or ""))
+            ctx = OperatorContext(kube=kube)
+            # no round yet: the last round's view (none) would always warm; only a fresh read can skip
+            state = FleetAutoscale(policy=policy, redis_url=local.redis_url)
+            body = {"apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet",
+                    "metadata": {"name": FLEET, "namespace": "default", "uid": ref.uid}}  # fmt: skip
+            sid = "00000000c0ffee00"  # a subtree nobody holds: the warm request is made, its prefix fails
+
+            async def prewarm(target: str, holders: set[str]) -> list[tuple[str, str]]:
+                """The operator's pre-warm task for ``target``: the Events it posted (reason, message)."""
+                subtrees = [SubtreeObservation(sid, tokens=64, rate_rps=1.0, holders=frozenset(holders))]
+                await prewarm_replica(ctx, auto, state, body, ref, SIDECAR_PORT, target, [sid], subtrees,
+                                      {holder.worker_id}, logging.getLogger("test"))  # fmt: skip
+                posted = []
+                while not events.empty():
+                    event = events.get_nowait()
+                    posted.append((event.reason, event.message))
+                return posted
+
+            def pod(name: str) -> dict[str, Any]:
+                return kube.get("Pod", "default", name) or {}
+
+            # calm: the new pod is warmed (its sidecar asked to copy the subtree from the holder)
+            calm = await prewarm("new-0", {holder.worker_id})
+            assert [reason for reason, _ in calm] == ["Prewarmed"], calm
+            assert "1 failed" in calm[0][1] and new.worker_id in calm[0][1]
+
+            # an existing pod keeps serving while it warms: never marked warming (nor touched at all)
+            version = pod(holder.worker_id)["metadata"]["resourceVersion"]
+            existing = await prewarm(holder.worker_id, {new.worker_id})
+            assert [reason for reason, _ in existing] == ["Prewarmed"], existing
+            assert pod(holder.worker_id)["metadata"]["resourceVersion"] == version
+
+            async with saturated(local, holder, policy):
+                skipped = await prewarm("new-0", {holder.worker_id})
+            assert [reason for reason, _ in skipped] == ["PrewarmSkipped"], skipped
+            assert skipped[0][1].startswith(f"pod {new.worker_id}: a ready replica waits past saturation")
+            assert ANNOTATION_STATE not in (pod(new.worker_id)["metadata"].get("annotations") or {})
+            labels = {"namespace": "default", "fleet": FLEET, "action": "prewarm"}
+            warmed = auto.metrics.registry.get_sample_value("prefixfleet_operator_scale_events_total", labels)
+            assert warmed == 2  # the calm and the existing pod's warm-ups; none for the skipped one
+    finally:
+        await auto.http.aclose()
+        api.stop()
