@@ -30,6 +30,11 @@ class EmulatorConfig:
     max_prompt_tokens: int | None = None  # None: min(65536, cache_tokens - 1)
     max_new_tokens_limit: int = 16_384
     max_body_bytes: int = 32 * 1024 * 1024
+    # False: a prompt counts as cached for other requests from its admission on (optimistic).
+    # True: only once the prefill pass computing each chunk has completed, as SGLang inserts a
+    # running request's tokens chunk by chunk; a request sharing an uncomputed prefix with one
+    # admitted in the same pass waits for the next pass (SGLang's in-batch prefix check).
+    cache_on_compute: bool = False
 
     def __post_init__(self) -> None:
         if self.max_prompt_tokens is None and isinstance(self.cache_tokens, int):
@@ -60,6 +65,8 @@ class EmulatorConfig:
             value = getattr(self, name)
             if not _finite(value) or value < 0:
                 out.append(f"{name} must be a non-negative number, got {value!r}")
+        if not isinstance(self.cache_on_compute, bool):
+            out.append(f"cache_on_compute must be true or false, got {self.cache_on_compute!r}")
         if not out and self.max_prompt_tokens >= self.cache_tokens:
             out.append(
                 f"max_prompt_tokens ({self.max_prompt_tokens}) must be smaller than cache_tokens "

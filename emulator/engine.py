@@ -17,6 +17,14 @@ prefill queue delays decode (and the other way round), as on a real GPU. A reque
 emitted at the end of the pass that completes its prefill. When a request finishes, the pin is
 released and prompt + generated tokens stay cached (SGLang caches the output too), LRU-evictable.
 
+*When* a prompt counts as cached for other requests is ``EmulatorConfig.cache_on_compute``. False
+(the default, optimistic): the whole prompt is inserted, pinned, at admission, so a request admitted
+later — even in the same pass, or while the first is still being chunk-prefilled — finds it cached.
+True (SGLang-like): admission pins only the matched prefix and reserves pool room for the rest; the
+pinned path grows as each pass that computes a chunk completes, so others see only computed tokens.
+A waiting request that shares a not-yet-cached prefix with one admitted into the pass being formed
+waits for the next pass and finds that prefix cached then (SGLang's in-batch prefix check).
+
 Callers drive it with :meth:`EngineModel.plan` then :meth:`EngineModel.commit` after the
 iteration's duration has passed; ``now`` arguments are modelled seconds.
 """
@@ -29,12 +37,31 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prefixfleet.router.radix import TOKEN_BYTES, CacheFullError, RadixTree, as_token_bytes
+from prefixfleet.router.radix import (
+    TOKEN_BYTES,
+    CacheFullError,
+    RadixTree,
+    as_token_bytes,
+    common_prefix_bytes,
+)
 
 from .config import EmulatorConfig
 
 HIT_RATE_WINDOW = 256  # requests in the cache-hit-rate window
 THROUGHPUT_WINDOW_S = 5.0  # modelled seconds in the generation-throughput window
+# cache_on_compute: a shared uncached prefix this long makes a request wait for the next pass
+# (SGLang's IN_BATCH_PREFIX_CACHING_DEPRIORITIZE_THRESHOLD)
+BATCH_PREFIX_MIN_TOKENS = 32
+
+
+def shares_uncached_prefix(prompt: bytes, matched: int, batch: Iterable[bytes]) -> bool:
+    """Does ``prompt`` share ``BATCH_PREFIX_MIN_TOKENS`` or more tokens beyond its ``matched`` cached
+    ones with a prompt of ``batch`` (those admitted into the prefill pass being formed)? Such a request
+    is better off waiting one pass and finding that prefix cached than computing it a second time."""
+    need = matched + BATCH_PREFIX_MIN_TOKENS
+    if len(prompt) < need * TOKEN_BYTES:
+        return False
+    return any(common_prefix_bytes(other, prompt) >= need for other in batch)
 
 
 class RequestState(enum.Enum):
@@ -59,6 +86,7 @@ class EngineRequest:
     state: RequestState = RequestState.WAITING
     cached_tokens: int = 0
     computed_tokens: int = 0  # uncached prompt tokens prefilled so far
+    pinned: int = 0  # leading prompt tokens in the radix tree under this request's pin
     generated: int = 0
     prefill_started_at: float | None = None
     first_token_at: float | None = None
@@ -140,6 +168,7 @@ class EngineModel:
         self.requests: dict[str, EngineRequest] = {}
         self.chunked: EngineRequest | None = None  # at most one request is part-way through prefill
         self.reserved_decode_tokens = 0
+        self.reserved_prefill_tokens = 0  # running requests' prompt tokens not in the tree yet
         self.in_flight: Iteration | None = None
         self.totals = _Totals()
 
@@ -197,42 +226,66 @@ class EngineModel:
         ns = request.namespace
         matched = tree.matched_tokens(request.prompt, ns)
         new_tokens = request.prompt_tokens - matched
-        need_free = (
-            tree.cached_tokens + new_tokens + self.reserved_decode_tokens + request.max_new_tokens - cap
-        )
+        reserved = self.reserved_prefill_tokens + self.reserved_decode_tokens + request.max_new_tokens
+        need_free = tree.cached_tokens + new_tokens + reserved - cap
         if need_free > 0:
             evictable = (
                 tree.cached_tokens - tree.pinned_tokens - self._unpinned_matched_tokens(request.prompt, ns)
             )
             if need_free > evictable:
                 return False  # the pool is held by running requests: wait for one to finish
-        try:
-            result = tree.insert(request.prompt, ns, pin=True)
-        except CacheFullError:
-            return False
-        excess = tree.cached_tokens + self.reserved_decode_tokens + request.max_new_tokens - cap
+        # cache_on_compute pins only what is cached already; the rest joins the tree as it is computed
+        pinned = matched if self.config.cache_on_compute else request.prompt_tokens
+        key = request.prompt[: pinned * TOKEN_BYTES]
+        if pinned:
+            try:
+                tree.insert(key, ns, pin=True)
+            except CacheFullError:
+                return False
+        excess = tree.cached_tokens + request.prompt_tokens - pinned + reserved - cap
         if excess > 0:
             try:
                 tree.evict(excess)
             except CacheFullError:  # not expected after the check above; stay consistent anyway
-                tree.release_pin(request.prompt, ns)
+                if pinned:
+                    tree.release_pin(key, ns)
                 return False
         self.reserved_decode_tokens += request.max_new_tokens
-        request.cached_tokens = result.matched_tokens
+        self.reserved_prefill_tokens += request.prompt_tokens - pinned
+        request.pinned = pinned
+        request.cached_tokens = matched
         request.state = RequestState.PREFILLING
         request.prefill_started_at = now
         self.prefilling[request.rid] = request
         return True
 
+    def _cache_computed(self, request: EngineRequest) -> None:
+        """Extend the request's pinned path over the prompt tokens computed so far (a no-op when its
+        whole prompt was pinned at admission): from now on other requests find them cached."""
+        upto = request.cached_tokens + request.computed_tokens
+        if upto <= request.pinned:
+            return
+        try:
+            self.tree.insert(request.prompt[: upto * TOKEN_BYTES], request.namespace, pin=True)
+        except CacheFullError:  # the pool reservation rules this out; if not, they stay private
+            return
+        if request.pinned:
+            self.tree.release_pin(request.prompt[: request.pinned * TOKEN_BYTES], request.namespace)
+        self.reserved_prefill_tokens -= upto - request.pinned
+        request.pinned = upto
+
     def _release(self, request: EngineRequest) -> None:
-        """Give back a running request's pool reservation and pin; keep its tokens cached."""
+        """Give back a running request's pool reservation and pin; keep its computed tokens cached."""
         self.reserved_decode_tokens -= request.max_new_tokens
+        self.reserved_prefill_tokens -= request.prompt_tokens - request.pinned
         if request.generated > 0:
             sequence = request.prompt + request.output[: request.generated * TOKEN_BYTES]
             # If the output does not fit right now, only the prompt stays cached.
             with contextlib.suppress(CacheFullError, ValueError):
                 self.tree.insert(sequence, request.namespace)
-        self.tree.release_pin(request.prompt, request.namespace)
+        if request.pinned:
+            self.tree.release_pin(request.prompt[: request.pinned * TOKEN_BYTES], request.namespace)
+        request.pinned = 0
 
     # -- iterations --------------------------------------------------------------------------
 
@@ -256,16 +309,26 @@ class EngineModel:
             take = min(request.uncached_tokens - request.computed_tokens, budget)
             parts.append(PrefillPart(request, take, admitted=False))
             budget -= take
+        batch: dict[str | None, list[bytes]] = {}  # namespace -> prompts admitted into this pass
+        deferred: list[EngineRequest] = []
         while budget > 0 and self.waiting and self.num_running < cfg.max_running:
             request = self.waiting[0]
+            ns = request.namespace
+            if cfg.cache_on_compute and ns in batch:
+                matched = self.tree.match_prefix(request.prompt, ns, touch=False).matched_tokens
+                if shares_uncached_prefix(request.prompt, matched, batch[ns]):
+                    deferred.append(self.waiting.popleft())
+                    continue
             if not self._try_admit(request, now):
                 break  # FCFS: nobody overtakes a request waiting for KV memory
             self.waiting.popleft()
+            batch.setdefault(ns, []).append(request.prompt)
             take = min(request.uncached_tokens, budget)
             parts.append(PrefillPart(request, take, admitted=True))
             budget -= take
             if take < request.uncached_tokens:
                 self.chunked = request
+        self.waiting.extendleft(reversed(deferred))  # first in the queue for the next pass
         decode = tuple(self.decoding.values())
         if not parts and not decode:
             return None
@@ -293,6 +356,7 @@ class EngineModel:
             if request.done:
                 continue
             request.computed_tokens += part.new_tokens
+            self._cache_computed(request)
             if request.computed_tokens < request.uncached_tokens:
                 continue  # chunked: more passes to go
             if self.chunked is request:

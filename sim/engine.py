@@ -13,6 +13,10 @@ Two models behind one small interface (:class:`ReplicaModel`):
   ``max_running`` requests run; admission matches and inserts the prompt *pinned*, so a running
   request's prefix is never evicted, and a request that cannot get cache room waits. TTFT = end of
   the step that finishes its prefill; the pin is released when its last output token is decoded.
+  With ``cache_on_compute`` (this model and ``emulator``; SGLang-like) admission pins only the
+  matched prefix and reserves cache room for the rest, the pinned path grows as each step computes a
+  chunk (others see computed tokens only), and a request sharing an uncached prefix with one admitted
+  in the same step waits one step (as :class:`~prefixfleet.emulator.engine.EngineModel` does).
 * ``emulator`` — the local fleet's engine: the engine emulator's own scheduler
   (:class:`prefixfleet.emulator.engine.EngineModel`) driven on the simulator's clock, so a simulated
   replica admits, chunks, reserves KV room, evicts and times iterations exactly as an emulated engine
@@ -38,7 +42,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from prefixfleet.emulator.config import EmulatorConfig
-from prefixfleet.emulator.engine import EngineModel, EngineRequest, Iteration
+from prefixfleet.emulator.engine import EngineModel, EngineRequest, Iteration, shares_uncached_prefix
 from prefixfleet.emulator.text import generated_tokens, generated_words, generation_seed
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
 from prefixfleet.router.loadtrack import LoadTracker
@@ -82,6 +86,9 @@ class ServiceConfig:
     step_token_budget: int = 8192  # prefill-chunk + decode tokens per engine step
     decode_base_s: float = 0.008  # one forward pass with a tiny batch
     decode_s_per_seq: float = 0.00005  # extra per decoding sequence in the batch
+    # batched and emulator: a prompt's tokens count as cached for others only once computed
+    # (False: from admission on, the optimistic model; see EmulatorConfig.cache_on_compute)
+    cache_on_compute: bool = False
     # emulator only: fixed cost of an iteration's prefill pass (its decode step costs decode_base_s)
     prefill_pass_s: float = 0.0
     # emulator only: a sidecar pushes its load at most once per report_gap_s and gateways see it
@@ -120,6 +127,8 @@ class ServiceConfig:
                 raise ValueError(
                     "the emulator charges nothing per request: use prefill_pass_s (per prefill pass)"
                 )
+        elif self.service == "fifo" and self.cache_on_compute:
+            raise ValueError("cache_on_compute applies to the batched and emulator service models only")
         elif any(getattr(self, name) for name in _EMULATOR_ONLY):
             raise ValueError(f"{', '.join(_EMULATOR_ONLY)} apply to the emulator service model only")
 
@@ -160,12 +169,14 @@ class ServiceConfig:
             decode_step_per_req_s=self.decode_s_per_seq,
             max_running=self.max_running,
             chunk_tokens=self.step_token_budget,
+            cache_on_compute=self.cache_on_compute,
         )
 
     def as_dict(self) -> dict[str, Any]:
         keys = ["service", "prefill_s_per_token", "cached_s_per_token", "request_overhead_s"]
         if self.service in ("batched", "emulator"):
             keys += ["max_running", "step_token_budget", "decode_base_s", "decode_s_per_seq"]
+            keys.append("cache_on_compute")
         if self.service == "emulator":
             keys += list(_EMULATOR_ONLY)
         return {k: getattr(self, k) for k in keys}
@@ -303,6 +314,7 @@ class BatchedReplica(ReplicaModel):
         self._step_decodes: list[Job] = []
         self._waiting_uncached = 0  # routing-time estimate for jobs not yet admitted
         self._memory_blocked = False  # the last admission stopped for lack of cache room
+        self._reserved = 0  # cache_on_compute: running prompts' tokens not computed (in the tree) yet
 
     # -- what a policy may see ----------------------------------------------------------------
 
@@ -361,21 +373,69 @@ class BatchedReplica(ReplicaModel):
     def _admit(self, now: float) -> None:
         cfg = self.config
         self._memory_blocked = False
+        batch: list[bytes] = []  # prompts admitted in this step
+        deferred: list[Job] = []
         while self._waiting and len(self._running) < cfg.max_running:
             job = self._waiting[0]
             key = _cacheable(job.tokens, self.tree.capacity_tokens)
-            try:
-                result = self.tree.insert(key, pin=True)
-            except CacheFullError:
+            if cfg.cache_on_compute:
+                matched = self.tree.match_prefix(key, touch=False).matched_tokens
+                if batch and shares_uncached_prefix(key, matched, batch):
+                    deferred.append(self._waiting.popleft())  # finds the prefix cached next step
+                    continue
+                pinned = self._pin_matched(key, matched)
+            else:
+                try:
+                    pinned, matched = key, self.tree.insert(key, pin=True).matched_tokens
+                except CacheFullError:
+                    pinned = None
+            if pinned is None:
                 self._memory_blocked = True
                 break  # no room while running requests hold their prefixes: wait for one to finish
             self._waiting.popleft()
             self._waiting_uncached -= job.est_uncached
-            job.pin_tokens = key
-            job.matched = result.matched_tokens
+            batch.append(key)
+            job.pin_tokens = pinned
+            job.matched = matched
             job.prefill_left = job.total - job.matched
             job.start_s = now
             self._running.append(job)
+        self._waiting.extendleft(reversed(deferred))
+
+    def _pin_matched(self, key: bytes, matched: int) -> bytes | None:
+        """cache_on_compute admission: pin the cached prefix, make room for the rest (None: no room)."""
+        tree = self.tree
+        prefix = key[: matched * TOKEN_BYTES]
+        if matched:
+            tree.insert(prefix, pin=True)  # nothing new to cache: cannot overflow
+        uncached = len(key) // TOKEN_BYTES - matched
+        overflow = tree.cached_tokens + self._reserved + uncached - tree.capacity_tokens
+        if overflow > 0:
+            try:
+                tree.evict(overflow)
+            except CacheFullError:
+                if matched:
+                    tree.release_pin(prefix)
+                return None
+        self._reserved += uncached
+        return prefix
+
+    def _cache_computed(self, job: Job) -> None:
+        """Extend the job's pinned path over its computed prompt tokens (a no-op when the whole prompt
+        was pinned at admission): from now on other requests find them cached."""
+        key = _cacheable(job.tokens, self.tree.capacity_tokens)
+        upto = min(job.total - job.prefill_left, len(key) // TOKEN_BYTES)
+        held = len(job.pin_tokens) // TOKEN_BYTES
+        if upto <= held:
+            return
+        try:
+            self.tree.insert(key[: upto * TOKEN_BYTES], pin=True)
+        except CacheFullError:  # the reservation rules this out; if not, they stay private
+            return
+        if held:
+            self.tree.release_pin(job.pin_tokens)
+        self._reserved -= upto - held
+        job.pin_tokens = key[: upto * TOKEN_BYTES]
 
     def _start_step(self, now: float) -> None:
         cfg = self.config
@@ -415,6 +475,7 @@ class BatchedReplica(ReplicaModel):
         finished: list[Job] = []
         for job, take in self._step_chunks:
             job.prefill_left -= take
+            self._cache_computed(job)
             if job.prefill_left == 0:
                 job.ttft_s = now - job.arrival_s  # the step that ends prefill emits the first token
                 job.output_left -= 1
@@ -424,7 +485,10 @@ class BatchedReplica(ReplicaModel):
         for job in self._running:
             if job.output_left <= 0:
                 job.finish_s = now
-                self.tree.release_pin(job.pin_tokens)
+                key_tokens = len(_cacheable(job.tokens, self.tree.capacity_tokens)) // TOKEN_BYTES
+                self._reserved -= key_tokens - len(job.pin_tokens) // TOKEN_BYTES
+                if job.pin_tokens:
+                    self.tree.release_pin(job.pin_tokens)
                 finished.append(job)
             else:
                 still.append(job)

@@ -1,0 +1,267 @@
+"""When a prompt counts as cached for other requests: at admission (the optimistic default) or only
+once the prefill pass computing it has completed (``cache_on_compute``, SGLang-like).
+
+Both the emulator's scheduler (``EngineModel``) and the simulator's ``batched`` replica, on virtual
+clocks: no I/O, no wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prefixfleet.cli import UsageError
+from prefixfleet.emulator.config import EmulatorConfig
+from prefixfleet.emulator.engine import (
+    EngineModel,
+    EngineRequest,
+    RequestRejected,
+    RequestState,
+    make_request,
+    run_until_idle,
+)
+from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.sim.cli import service_config
+from prefixfleet.sim.engine import BatchedReplica, Job, ServiceConfig
+
+LONG = list(range(1, 5001))  # a 5000-token prompt nobody has seen: 3 passes of 2048 tokens
+
+
+def engine(cache_on_compute: bool, **overrides: object) -> EngineModel:
+    base: dict[str, object] = dict(cache_tokens=20_000, chunk_tokens=2_048, max_running=8)
+    base.update(overrides)
+    return EngineModel(EmulatorConfig(cache_on_compute=cache_on_compute, **base))  # type: ignore[arg-type]
+
+
+def submit(model: EngineModel, rid: str, prompt: list[int], max_new: int, now: float = 0.0) -> EngineRequest:
+    request = make_request(rid, prompt, max_new, range(7_000_000, 7_000_000 + max_new), now)
+    model.submit(request)
+    return request
+
+
+def step(model: EngineModel, now: float) -> float:
+    iteration = model.plan(now)
+    assert iteration is not None
+    now += iteration.duration
+    model.commit(iteration, now)
+    return now
+
+
+def cached_in_tree(model: EngineModel, prompt: list[int]) -> int:
+    return model.tree.match_prefix(as_token_bytes(prompt), touch=False).matched_tokens
+
+
+@pytest.mark.parametrize(("cache_on_compute", "expected"), [(False, 5000), (True, 2 * 2048)])
+def test_a_request_admitted_mid_chunk_finds_only_completed_chunks_cached(cache_on_compute, expected):
+    model = engine(cache_on_compute)
+    first = submit(model, "first", LONG, 4)
+    now = step(model, 0.0)  # pass 1: first's tokens 0..2047
+    # At admission (default) the whole prompt is in the tree; otherwise only the computed chunk.
+    assert cached_in_tree(model, LONG) == (5000 if not cache_on_compute else 2048)
+    second = submit(model, "second", [*LONG, 9001, 9002], 4, now)
+    now = step(model, now)  # pass 2: first's second chunk fills the budget, second waits
+    assert second.state is RequestState.WAITING
+    now = step(model, now)  # pass 3: first's last 904 tokens, then second is admitted
+
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == expected
+    run_until_idle(model, now)
+    assert model.tree.pinned_tokens == 0 and not model.tree.pinned_sequences()
+
+
+def test_same_pass_duplicate_waits_one_pass_and_then_hits_while_others_go_ahead():
+    model = engine(True, chunk_tokens=4_096)
+    prompt = list(range(1, 1001))
+    a = submit(model, "a", prompt, 2)
+    b = submit(model, "b", [*prompt, 5], 2)  # shares a's 1000 uncomputed tokens
+    c = submit(model, "c", list(range(50_000, 50_300)), 2)  # unrelated, behind b
+    iteration = model.plan(0.0)
+    assert [p.request.rid for p in iteration.prefill] == ["a", "c"]
+    now = iteration.duration
+    model.commit(iteration, now)
+    assert model.waiting[0] is b  # still first in line for the next pass
+    run_until_idle(model, now)
+
+    assert b.cached_tokens == 1000 and b.prefill_started_at == now
+    assert a.cached_tokens == c.cached_tokens == 0
+
+
+def test_default_mode_shares_a_prefix_within_one_pass():
+    model = engine(False, chunk_tokens=4_096)
+    prompt = list(range(1, 1001))
+    submit(model, "a", prompt, 2)
+    b = submit(model, "b", [*prompt, 5], 2)
+    iteration = model.plan(0.0)
+    assert [p.request.rid for p in iteration.prefill] == ["a", "b"]
+    assert b.cached_tokens == 1000
+
+
+def test_abort_mid_chunk_leaves_only_the_computed_chunks_cached():
+    model = engine(True)
+    submit(model, "a", LONG, 4)
+    now = step(model, 0.0)
+    assert model.abort("a")
+    assert cached_in_tree(model, LONG) == 2048
+    assert model.tree.pinned_tokens == 0 and model.reserved_prefill_tokens == 0
+    assert model.plan(now) is None
+
+
+# Tenants' prefixes (some longer than a chunk), each request one prefix plus a short unique suffix.
+_prefixes = [list(range(t * 100_000, t * 100_000 + n)) for t, n in enumerate((300, 900, 1500, 50))]
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["submit", "submit", "submit", "step", "step", "abort"]),
+        st.integers(0, 3),  # tenant
+        st.integers(1, 200),  # suffix length
+        st.integers(0, 40),  # max_new_tokens
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+@pytest.mark.parametrize("cache_on_compute", [False, True])
+@settings(max_examples=50, deadline=None)
+@given(ops=_ops, cache=st.integers(2_500, 6_000), chunk=st.integers(64, 2_048), max_running=st.integers(1, 6))
+def test_computed_prefixes_stay_pinned_the_pool_holds_and_every_pin_is_released(
+    cache_on_compute, ops, cache, chunk, max_running
+):
+    model = engine(cache_on_compute, cache_tokens=cache, chunk_tokens=chunk, max_running=max_running)
+    now, submitted, seq = 0.0, [], 0
+    for op, tenant, suffix, max_new in ops:
+        if op == "submit":
+            seq += 1
+            prompt = [*_prefixes[tenant], *range(900_000 + seq * 1000, 900_000 + seq * 1000 + suffix)]
+            try:
+                submitted.append(submit(model, f"r{seq}", prompt, max_new, now))
+            except RequestRejected:
+                assert len(prompt) + max_new > cache
+        elif op == "step" and (it := model.plan(now)) is not None:
+            now += it.duration
+            model.commit(it, now)
+        elif op == "abort" and submitted:
+            model.abort(submitted[tenant % len(submitted)].rid)
+        held = model.tree.cached_tokens + model.reserved_prefill_tokens + model.reserved_decode_tokens
+        assert held <= cache
+        for request in [*model.prefilling.values(), *model.decoding.values()]:
+            computed = request.cached_tokens + request.computed_tokens
+            # every token computed for a running request (and nothing else of it) is pinned
+            assert request.pinned == (request.prompt_tokens if not cache_on_compute else computed)
+            match = model.tree.match_prefix(request.prompt, touch=False).matched_tokens
+            assert match >= request.pinned
+    now, _ = run_until_idle(model, now)
+
+    assert model.idle and model.tree.pinned_tokens == 0 and not model.tree.pinned_sequences()
+    assert model.reserved_decode_tokens == model.reserved_prefill_tokens == 0
+    finished = [r for r in submitted if r.state is RequestState.FINISHED]
+    assert all(r.generated == r.max_new_tokens and r.pinned == 0 for r in finished)
+    assert all(0 <= r.cached_tokens <= r.prompt_tokens for r in finished)
+
+
+# -- the simulator's batched replica ------------------------------------------------------------
+
+
+def batched(cache_on_compute: bool, capacity: int = 2_000, budget: int = 200) -> BatchedReplica:
+    cfg = ServiceConfig(
+        "batched",
+        prefill_s_per_token=0.001,
+        max_running=8,
+        step_token_budget=budget,
+        decode_base_s=0.01,
+        decode_s_per_seq=0.0,
+        cache_on_compute=cache_on_compute,
+    )
+    return BatchedReplica(0, capacity, cfg)
+
+
+def drain(rep: BatchedReplica, now: float, until: float = math.inf) -> tuple[float, list[Job]]:
+    finished: list[Job] = []
+    for _ in range(10_000):
+        t = rep.next_event_s()
+        if t is None or t > until:
+            return now, finished
+        now = t
+        finished += rep.on_event(now)
+    raise AssertionError("replica still busy")
+
+
+@pytest.mark.parametrize(("cache_on_compute", "expected"), [(False, 500), (True, 200)])
+def test_batched_request_admitted_mid_chunk_finds_only_computed_steps_cached(cache_on_compute, expected):
+    rep = batched(cache_on_compute)
+    prompt = as_token_bytes(range(500))
+    first = Job(0, 0.0, prompt, 3)
+    rep.accept(first, 0.0)  # step 1 computes 200 of its 500 tokens
+    second = Job(1, 0.001, prompt + as_token_bytes([9999]), 3)
+    rep.accept(second, 0.001)  # admitted when step 2 starts
+    drain(rep, 0.0)
+
+    assert first.matched == 0 and second.matched == expected
+    assert rep.tree.pinned_tokens == 0 and not rep.tree.pinned_sequences() and rep._reserved == 0
+
+
+def test_batched_same_step_duplicate_waits_one_step_and_hits():
+    rep = batched(True, budget=4_096)
+    prompt = as_token_bytes(range(1000))
+    a, b = Job(0, 0.0, prompt, 2), Job(1, 0.0, prompt + as_token_bytes([7]), 2)
+    rep.accept(a, 0.0)
+    rep.accept(b, 0.0)
+    assert rep.prefill_backlog(0.0) == 2 and len(rep._running) == 1
+    drain(rep, 0.0)
+    assert a.matched == 0 and b.matched == 1000 and b.start_s > a.start_s
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    jobs=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 300), st.integers(1, 8), st.floats(0.0, 0.05)),
+        min_size=1,
+        max_size=30,
+    ),
+    capacity=st.integers(1_500, 4_000),
+    budget=st.integers(32, 1_024),
+)
+def test_batched_running_prefixes_stay_pinned_and_every_pin_is_released(jobs, capacity, budget):
+    rep = batched(True, capacity=capacity, budget=budget)
+    bases = [as_token_bytes(range(b * 10_000, b * 10_000 + n)) for b, n in enumerate((600, 1200, 40))]
+    now, accepted = 0.0, []
+    for i, (base, suffix, out, gap) in enumerate(jobs):
+        drain(rep, now, until=now + gap)
+        now += gap
+        unique = as_token_bytes(range(500_000 + i * 1000, 500_000 + i * 1000 + suffix))
+        job = Job(i, now, bases[base] + unique, out)
+        rep.accept(job, now)
+        accepted.append(job)
+        for running in rep._running:
+            held = len(running.pin_tokens) // 4
+            assert held == min(running.total - running.prefill_left, len(running.tokens) // 4)
+            assert rep.tree.match_prefix(running.tokens, touch=False).matched_tokens >= held
+        assert rep.tree.cached_tokens + rep._reserved <= capacity
+    drain(rep, now)
+
+    assert all(not math.isnan(j.finish_s) for j in accepted)
+    assert rep.tree.pinned_tokens == 0 and not rep.tree.pinned_sequences() and rep._reserved == 0
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def test_service_config_carries_the_mode_to_the_emulator_and_refuses_it_for_fifo():
+    cfg = ServiceConfig("emulator", prefill_s_per_token=0.001, cache_on_compute=True)
+    assert cfg.emulator_config(10_000).cache_on_compute is True
+    assert cfg.as_dict()["cache_on_compute"] is True
+    with pytest.raises(ValueError, match="cache_on_compute applies to the batched and emulator"):
+        ServiceConfig("fifo", cache_on_compute=True)
+    with pytest.raises(ValueError, match="cache_on_compute must be true or false"):
+        EmulatorConfig(cache_on_compute="yes")  # type: ignore[arg-type]
+
+
+def test_engine_flag_sets_the_mode_and_names_a_bad_value():
+    args = argparse.Namespace(service=None, engine=["cache-on-compute=true"])
+    assert service_config({"service": "batched"}, args).cache_on_compute is True
+    args = argparse.Namespace(service=None, engine=["cache_on_compute=maybe"])
+    with pytest.raises(UsageError, match="cache_on_compute must be true or false"):
+        service_config({"service": "batched"}, args)
