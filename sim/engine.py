@@ -14,9 +14,10 @@ Two models behind one small interface (:class:`ReplicaModel`):
   request's prefix is never evicted, and a request that cannot get cache room waits. TTFT = end of
   the step that finishes its prefill; the pin is released when its last output token is decoded.
   With ``cache_on_compute`` (this model and ``emulator``; SGLang-like) admission pins only the
-  matched prefix and reserves cache room for the rest, the pinned path grows as each step computes a
-  chunk (others see computed tokens only), and a request sharing an uncached prefix with one admitted
-  in the same step waits one step (as :class:`~prefixfleet.emulator.engine.EngineModel` does).
+  matched prefix and reserves cache room for the rest, a request is matched again when its first
+  chunk is scheduled, the pinned path grows as each step computes a chunk (others see computed tokens
+  only), and a request sharing an uncached prefix with one prefilled in the same step waits one step
+  (as :class:`~prefixfleet.emulator.engine.EngineModel` does).
 * ``emulator`` — the local fleet's engine: the engine emulator's own scheduler
   (:class:`prefixfleet.emulator.engine.EngineModel`) driven on the simulator's clock, so a simulated
   replica admits, chunks, reserves KV room, evicts and times iterations exactly as an emulated engine
@@ -187,6 +188,7 @@ class Job:
 
     __slots__ = (
         "arrival_s",
+        "began_prefill",
         "est_uncached",
         "finish_s",
         "index",
@@ -215,6 +217,7 @@ class Job:
         self.ttft_s = math.nan
         self.finish_s = math.nan
         self.pin_tokens = b""
+        self.began_prefill = False  # a step has carried (part of) its prefill
 
 
 def _cacheable(tokens: bytes, capacity: int) -> bytes:
@@ -373,16 +376,11 @@ class BatchedReplica(ReplicaModel):
     def _admit(self, now: float) -> None:
         cfg = self.config
         self._memory_blocked = False
-        batch: list[bytes] = []  # prompts admitted in this step
-        deferred: list[Job] = []
         while self._waiting and len(self._running) < cfg.max_running:
             job = self._waiting[0]
             key = _cacheable(job.tokens, self.tree.capacity_tokens)
             if cfg.cache_on_compute:
                 matched = self.tree.match_prefix(key, touch=False).matched_tokens
-                if batch and shares_uncached_prefix(key, matched, batch):
-                    deferred.append(self._waiting.popleft())  # finds the prefix cached next step
-                    continue
                 pinned = self._pin_matched(key, matched)
             else:
                 try:
@@ -394,13 +392,11 @@ class BatchedReplica(ReplicaModel):
                 break  # no room while running requests hold their prefixes: wait for one to finish
             self._waiting.popleft()
             self._waiting_uncached -= job.est_uncached
-            batch.append(key)
             job.pin_tokens = pinned
             job.matched = matched
             job.prefill_left = job.total - job.matched
             job.start_s = now
             self._running.append(job)
-        self._waiting.extendleft(reversed(deferred))
 
     def _pin_matched(self, key: bytes, matched: int) -> bytes | None:
         """cache_on_compute admission: pin the cached prefix, make room for the rest (None: no room)."""
@@ -420,11 +416,23 @@ class BatchedReplica(ReplicaModel):
         self._reserved += uncached
         return prefix
 
-    def _cache_computed(self, job: Job) -> None:
-        """Extend the job's pinned path over its computed prompt tokens (a no-op when the whole prompt
-        was pinned at admission): from now on other requests find them cached."""
+    def _first_chunk_waits(self, job: Job, batch: list[bytes]) -> bool:
+        """cache_on_compute, before a job's first chunk: take in what was computed since its admission
+        (a job here can wait several steps for prefill budget), then say whether it should wait one
+        more step because it shares an uncached prefix with ``batch``, this step's prefills."""
         key = _cacheable(job.tokens, self.tree.capacity_tokens)
-        upto = min(job.total - job.prefill_left, len(key) // TOKEN_BYTES)
+        matched = self.tree.match_prefix(key, touch=False).matched_tokens
+        if matched > job.matched:
+            self._pin_upto(job, matched)
+            job.matched = matched
+            job.prefill_left = job.total - matched
+        return shares_uncached_prefix(key, matched, batch)
+
+    def _pin_upto(self, job: Job, upto: int) -> None:
+        """Extend the job's pinned path over its first ``upto`` prompt tokens, once computed (a no-op
+        when the whole prompt was pinned at admission): from now on other requests find them cached."""
+        key = _cacheable(job.tokens, self.tree.capacity_tokens)
+        upto = min(upto, len(key) // TOKEN_BYTES)
         held = len(job.pin_tokens) // TOKEN_BYTES
         if upto <= held:
             return
@@ -448,12 +456,18 @@ class BatchedReplica(ReplicaModel):
         budget = cfg.step_token_budget - len(decodes)
         chunks: list[tuple[Job, int]] = []
         prefill_tokens = 0
+        batch: list[bytes] = []  # prompts whose prefill begins in this step (not the chunked ones)
         for job in self._running:
             if not math.isnan(job.ttft_s):
                 continue
+            if cfg.cache_on_compute and not job.began_prefill and self._first_chunk_waits(job, batch):
+                continue  # SGLang's in-batch prefix check: it finds that prefix cached next step
             take = min(job.prefill_left, max(budget, 0))
             if take == 0 and job.prefill_left > 0:
                 break  # budget spent; later jobs wait in admission order
+            if not job.began_prefill:
+                batch.append(job.tokens)
+                job.began_prefill = True
             chunks.append((job, take))
             budget -= take
             prefill_tokens += take
@@ -475,7 +489,7 @@ class BatchedReplica(ReplicaModel):
         finished: list[Job] = []
         for job, take in self._step_chunks:
             job.prefill_left -= take
-            self._cache_computed(job)
+            self._pin_upto(job, job.total - job.prefill_left)
             if job.prefill_left == 0:
                 job.ttft_s = now - job.arrival_s  # the step that ends prefill emits the first token
                 job.output_left -= 1

@@ -189,14 +189,16 @@ def drain(rep: BatchedReplica, now: float, until: float = math.inf) -> tuple[flo
     raise AssertionError("replica still busy")
 
 
-@pytest.mark.parametrize(("cache_on_compute", "expected"), [(False, 500), (True, 200)])
+@pytest.mark.parametrize(("cache_on_compute", "expected"), [(False, 500), (True, 400)])
 def test_batched_request_admitted_mid_chunk_finds_only_computed_steps_cached(cache_on_compute, expected):
     rep = batched(cache_on_compute)
     prompt = as_token_bytes(range(500))
     first = Job(0, 0.0, prompt, 3)
     rep.accept(first, 0.0)  # step 1 computes 200 of its 500 tokens
     second = Job(1, 0.001, prompt + as_token_bytes([9999]), 3)
-    rep.accept(second, 0.001)  # admitted when step 2 starts
+    rep.accept(second, 0.001)  # admitted when step 2 starts (its match: 200 tokens, or 500 by default)
+    # Step 2's budget goes to the first job's next 200 tokens. The second job's prefill begins in
+    # step 3, next to the first's last 100: it is matched again then and finds 400 computed tokens.
     drain(rep, 0.0)
 
     assert first.matched == 0 and second.matched == expected
