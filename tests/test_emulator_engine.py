@@ -251,10 +251,17 @@ _ops = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("cache_on_compute", [False, True])
+@settings(max_examples=50, deadline=None)
 @given(ops=_ops, cache=st.integers(2_500, 6_000), chunk=st.integers(64, 2_048), max_running=st.integers(1, 6))
-def test_pool_never_overflows_fifo_holds_and_everything_is_released(ops, cache, chunk, max_running):
-    model = EngineModel(config(cache_tokens=cache, chunk_tokens=chunk, max_running=max_running))
+def test_pool_never_overflows_fifo_holds_and_everything_is_released(
+    cache_on_compute, ops, cache, chunk, max_running
+):
+    model = EngineModel(
+        config(
+            cache_tokens=cache, chunk_tokens=chunk, max_running=max_running, cache_on_compute=cache_on_compute
+        )
+    )
     now, submitted, seq = 0.0, [], 0
     for op, tenant, suffix, max_new in ops:
         if op == "submit":
@@ -269,14 +276,22 @@ def test_pool_never_overflows_fifo_holds_and_everything_is_released(ops, cache, 
             model.commit(it, now)
         elif op == "abort" and submitted:
             model.abort(submitted[tenant % len(submitted)].rid)
-        assert model.tree.cached_tokens + model.reserved_decode_tokens <= cache
+        held = model.tree.cached_tokens + model.reserved_prefill_tokens + model.reserved_decode_tokens
+        assert held <= cache
         assert model.num_running <= max_running
+        for request in [*model.prefilling.values(), *model.decoding.values()]:
+            computed = request.cached_tokens + request.computed_tokens
+            # a running request's computed tokens (only those with cache_on_compute) stay pinned
+            assert request.pinned == (computed if cache_on_compute else request.prompt_tokens)
+            assert model.tree.match_prefix(request.prompt, touch=False).matched_tokens >= request.pinned
     now, _ = run_until_idle(model, now)
 
-    assert model.idle and model.tree.pinned_tokens == 0 and model.reserved_decode_tokens == 0
+    assert model.idle and model.tree.pinned_tokens == 0 and not model.tree.pinned_sequences()
+    assert model.reserved_decode_tokens == model.reserved_prefill_tokens == 0
     finished = [r for r in submitted if r.state is RequestState.FINISHED]
-    assert all(r.generated == r.max_new_tokens for r in finished)
+    assert all(r.generated == r.max_new_tokens and r.pinned == 0 for r in finished)
     assert all(0 <= r.cached_tokens <= r.prompt_tokens for r in finished)
     assert all(r.arrival <= r.first_token_at <= r.finished_at for r in finished)
     starts = [r.prefill_started_at for r in finished]
-    assert starts == sorted(starts)  # first come, first served
+    if not cache_on_compute:  # there a request sharing a prefix being computed may wait one pass
+        assert starts == sorted(starts)  # first come, first served

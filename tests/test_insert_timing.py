@@ -19,7 +19,6 @@ from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.engine import (
     EngineModel,
     EngineRequest,
-    RequestRejected,
     RequestState,
     make_request,
     run_until_idle,
@@ -108,58 +107,6 @@ def test_abort_mid_chunk_leaves_only_the_computed_chunks_cached():
     assert cached_in_tree(model, LONG) == 2048
     assert model.tree.pinned_tokens == 0 and model.reserved_prefill_tokens == 0
     assert model.plan(now) is None
-
-
-# Tenants' prefixes (some longer than a chunk), each request one prefix plus a short unique suffix.
-_prefixes = [list(range(t * 100_000, t * 100_000 + n)) for t, n in enumerate((300, 900, 1500, 50))]
-_ops = st.lists(
-    st.tuples(
-        st.sampled_from(["submit", "submit", "submit", "step", "step", "abort"]),
-        st.integers(0, 3),  # tenant
-        st.integers(1, 200),  # suffix length
-        st.integers(0, 40),  # max_new_tokens
-    ),
-    min_size=1,
-    max_size=60,
-)
-
-
-@pytest.mark.parametrize("cache_on_compute", [False, True])
-@settings(max_examples=50, deadline=None)
-@given(ops=_ops, cache=st.integers(2_500, 6_000), chunk=st.integers(64, 2_048), max_running=st.integers(1, 6))
-def test_computed_prefixes_stay_pinned_the_pool_holds_and_every_pin_is_released(
-    cache_on_compute, ops, cache, chunk, max_running
-):
-    model = engine(cache_on_compute, cache_tokens=cache, chunk_tokens=chunk, max_running=max_running)
-    now, submitted, seq = 0.0, [], 0
-    for op, tenant, suffix, max_new in ops:
-        if op == "submit":
-            seq += 1
-            prompt = [*_prefixes[tenant], *range(900_000 + seq * 1000, 900_000 + seq * 1000 + suffix)]
-            try:
-                submitted.append(submit(model, f"r{seq}", prompt, max_new, now))
-            except RequestRejected:
-                assert len(prompt) + max_new > cache
-        elif op == "step" and (it := model.plan(now)) is not None:
-            now += it.duration
-            model.commit(it, now)
-        elif op == "abort" and submitted:
-            model.abort(submitted[tenant % len(submitted)].rid)
-        held = model.tree.cached_tokens + model.reserved_prefill_tokens + model.reserved_decode_tokens
-        assert held <= cache
-        for request in [*model.prefilling.values(), *model.decoding.values()]:
-            computed = request.cached_tokens + request.computed_tokens
-            # every token computed for a running request (and nothing else of it) is pinned
-            assert request.pinned == (request.prompt_tokens if not cache_on_compute else computed)
-            match = model.tree.match_prefix(request.prompt, touch=False).matched_tokens
-            assert match >= request.pinned
-    now, _ = run_until_idle(model, now)
-
-    assert model.idle and model.tree.pinned_tokens == 0 and not model.tree.pinned_sequences()
-    assert model.reserved_decode_tokens == model.reserved_prefill_tokens == 0
-    finished = [r for r in submitted if r.state is RequestState.FINISHED]
-    assert all(r.generated == r.max_new_tokens and r.pinned == 0 for r in finished)
-    assert all(0 <= r.cached_tokens <= r.prompt_tokens for r in finished)
 
 
 # -- the simulator's batched replica ------------------------------------------------------------
