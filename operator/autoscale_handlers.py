@@ -155,7 +155,7 @@ class FleetAutoscale:
     metrics_degraded: bool = False  # the configured Prometheus is out: warned once, until it is back
     last_round: float = 0.0
     warming: set[asyncio.Task[None]] = field(default_factory=set)
-    warming_pods: set[str] = field(default_factory=set)  # pods a task of this process is warming
+    warming_pods: set[str] = field(default_factory=set)  # pods (new or existing) a task here is warming
     # the last round's observation, policy and Redis: whether a new pod warms is decided on arrival
     observed: FleetObservation | None = None
     policy: ScalePolicy = field(default_factory=ScalePolicy)
@@ -485,8 +485,14 @@ async def prewarm_replica(
         if pod_name is None:
             logger.warning("pre-warm of %s: no pod appeared in time", target)
             return
+        if pod_name in state.warming_pods:
+            # an existing replica keeps serving while it warms, so the next round may plan the same
+            # warm-up again before this one ends: one warm-up per pod at a time
+            logger.info("pre-warm of %s: already warming", pod_name)
+            pod_name = None  # not ours to clean up
+            return
+        state.warming_pods.add(pod_name)
         if new:  # not serving yet: keep the gateways off it until it is warm
-            state.warming_pods.add(pod_name)
             await asyncio.to_thread(
                 ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: "warming"}
             )
@@ -519,8 +525,9 @@ async def prewarm_replica(
             ),
         )
     finally:
-        if new and pod_name is not None:  # never leave a replica out of rotation
+        if pod_name is not None:
             state.warming_pods.discard(pod_name)
+        if new and pod_name is not None:  # never leave a replica out of rotation
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(
                     ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: None}

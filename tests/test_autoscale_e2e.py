@@ -321,6 +321,12 @@ async def test_the_operator_warms_a_new_pod_only_if_the_fleet_is_not_queueing_fo
             assert [reason for reason, _ in existing] == ["Prewarmed"], existing
             assert pod(holder.worker_id)["metadata"]["resourceVersion"] == version
 
+            # one warm-up per pod at a time: the next round planning the same one while it runs is a no-op
+            state.warming_pods.add(holder.worker_id)  # a warm-up of it in flight
+            assert await prewarm(holder.worker_id, {new.worker_id}) == []
+            assert state.warming_pods == {holder.worker_id}  # the running one's mark is left alone
+            state.warming_pods.clear()
+
             async with saturated(local, holder, policy):
                 skipped = await prewarm("new-0", {holder.worker_id})
             assert [reason for reason, _ in skipped] == ["PrewarmSkipped"], skipped
