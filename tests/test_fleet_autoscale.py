@@ -188,3 +188,27 @@ async def test_a_replica_arriving_to_a_saturated_fleet_skips_its_warm_up(tmp_pat
     # decided on the load records as it arrived (the last round's view said warm): no warm request
     assert warm_ups == ["replica-1: skipped, a ready replica waits past saturation"], autoscaler.events
     assert state == "ready" and not autoscaler.warming
+
+
+async def test_an_existing_replica_gets_one_warm_up_at_a_time(tmp_path: Path) -> None:
+    async with Supervisor(tmp_path) as sup:
+        fleet = LocalFleet(sup, FleetSpec(replicas=1, gateways=0, engine=SLOW_ENGINE))
+        await fleet.start_engines()
+        autoscaler = LocalAutoscaler(fleet, POLICY)
+        (replica,) = fleet.replicas
+        urls = {replica.worker_id: replica.sidecar_url or ""}
+        plan = ScalePlan(
+            desired_replicas=1,
+            prewarm=(Prewarm(replica.worker_id, ("00000000c0ffee00",)),),
+            reason="test: warm",
+        )
+        async with aioredis.from_url(fleet.redis_url) as redis, httpx.AsyncClient(timeout=30) as http:
+            # it keeps serving while it warms, so the next round may plan the same warm-up before it ends
+            await autoscaler.execute(plan, (), urls, http, redis)
+            await autoscaler.execute(plan, (), urls, http, redis)
+            await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
+            assert not autoscaler.prewarming
+            await autoscaler.execute(plan, (), urls, http, redis)  # once it ended, a new one may start
+            await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
+    warm_ups = [e.detail for e in autoscaler.events if e.action == "prewarm"]
+    assert len(warm_ups) == 2 and all(w.startswith(f"{replica.worker_id}: ") for w in warm_ups), warm_ups

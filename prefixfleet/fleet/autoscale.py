@@ -148,6 +148,7 @@ class LocalAutoscaler:
     reserved: set[int] = field(default_factory=set)
     draining: set[str] = field(default_factory=set)
     warming: set[str] = field(default_factory=set)
+    prewarming: set[str] = field(default_factory=set)  # existing replicas with a warm-up in flight
     created: dict[str, float] = field(default_factory=dict)
     observed: FleetObservation | None = None  # the last round's (whether a new one warms, if Redis fails)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -271,7 +272,10 @@ class LocalAutoscaler:
             self.starting += 1
             self._spawn(self._add_replica(new_warm.get(f"new-{i}", ()), subtrees, http, redis))
         for warm in plan.prewarm:
-            if not warm.target.startswith("new-") and warm.target in urls:
+            existing = not warm.target.startswith("new-") and warm.target in urls
+            # it keeps serving while it warms, so the next round may plan the same warm-up again
+            if existing and warm.target not in self.prewarming:
+                self.prewarming.add(warm.target)
                 self._spawn(
                     self._warm(warm.target, urls[warm.target], warm.subtree_ids, subtrees, http, new=False)
                 )
@@ -330,10 +334,13 @@ class LocalAutoscaler:
                 await http.post(f"{url}/prefixfleet/state", json={"state": "warming"})
         holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
         live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
-        outcome = await warm_replica(
-            http, url, subtree_ids, subtrees, live, exclude=name, hold_traffic=new,
-            timeout_s=lambda: WARM_TIMEOUT_S,
-        )  # fmt: skip
+        try:
+            outcome = await warm_replica(
+                http, url, subtree_ids, subtrees, live, exclude=name, hold_traffic=new,
+                timeout_s=lambda: WARM_TIMEOUT_S,
+            )  # fmt: skip
+        finally:
+            self.prewarming.discard(name)
         if new:
             with contextlib.suppress(httpx.HTTPError):
                 await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
