@@ -63,6 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=_DEFAULTS.max_new_tokens_limit,
         help="largest accepted max_new_tokens / max_tokens",
     )
+    p.add_argument(
+        "--cache-on-compute",
+        action="store_true",
+        help="SGLang-like cache insertion: a prompt's tokens are cached for other requests only once the "
+        "prefill pass computing them completes (default: the whole prompt at admission, optimistic)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=run)
 
@@ -90,6 +96,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
             time_scale=args.time_scale,
             max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens_limit=args.max_new_tokens_limit,
+            cache_on_compute=args.cache_on_compute,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

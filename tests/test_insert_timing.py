@@ -214,3 +214,12 @@ def test_engine_flag_sets_the_mode_and_names_a_bad_value():
     args = argparse.Namespace(service=None, engine=["cache_on_compute=maybe"])
     with pytest.raises(UsageError, match="cache_on_compute must be true or false"):
         service_config({"service": "batched"}, args)
+
+
+def test_the_emulator_cli_selects_the_insertion_timing() -> None:
+    from prefixfleet.cli import build_parser
+    from prefixfleet.emulator.cli import config_from_args
+
+    parse = build_parser().parse_args
+    assert config_from_args(parse(["emulator", "--port", "0", "--cache-on-compute"])).cache_on_compute is True
+    assert config_from_args(parse(["emulator", "--port", "0"])).cache_on_compute is False
