@@ -167,23 +167,31 @@ async def saturated(fleet: LocalFleet, replica: Replica, policy: ScalePolicy) ->
             await asyncio.gather(*sends, return_exceptions=True)
 
 
-async def test_a_replica_arriving_to_a_saturated_fleet_skips_its_warm_up(tmp_path: Path) -> None:
+@contextlib.asynccontextmanager
+async def one_replica(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[LocalFleet, LocalAutoscaler, Replica, aioredis.Redis, httpx.AsyncClient]]:
+    """A one-replica local fleet on SLOW_ENGINE with its autoscaler, a Redis client and an HTTP client."""
     async with Supervisor(tmp_path) as sup:
         fleet = LocalFleet(sup, FleetSpec(replicas=1, gateways=0, engine=SLOW_ENGINE))
         await fleet.start_engines()
-        autoscaler = LocalAutoscaler(fleet, POLICY)
-        (holder,) = fleet.replicas
+        (replica,) = fleet.replicas
         async with aioredis.from_url(fleet.redis_url) as redis, httpx.AsyncClient(timeout=30) as http:
-            calm = await autoscaler.round(redis, http)  # the last round saw an idle fleet: nothing to do
-            assert calm.is_noop and autoscaler.observed is not None
-            async with saturated(fleet, holder, POLICY):
-                # a plan made a start-up earlier: one replica, pre-warmed with a (hot) subtree
-                warm = Prewarm("new-0", ("00000000c0ffee00",))
-                plan = ScalePlan(desired_replicas=2, add=1, prewarm=(warm,), reason="test: scale up by 1")
-                await autoscaler.execute(plan, (), {holder.worker_id: holder.sidecar_url or ""}, http, redis)
-                await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
-                new = next(r for r in fleet.replicas if r.worker_id == "replica-1")
-                state = (await http.get(f"{new.sidecar_url}/prefixfleet/status")).json()["state"]
+            yield fleet, LocalAutoscaler(fleet, POLICY), replica, redis, http
+
+
+async def test_a_replica_arriving_to_a_saturated_fleet_skips_its_warm_up(tmp_path: Path) -> None:
+    async with one_replica(tmp_path) as (fleet, autoscaler, holder, redis, http):
+        calm = await autoscaler.round(redis, http)  # the last round saw an idle fleet: nothing to do
+        assert calm.is_noop and autoscaler.observed is not None
+        async with saturated(fleet, holder, POLICY):
+            # a plan made a start-up earlier: one replica, pre-warmed with a (hot) subtree
+            warm = Prewarm("new-0", ("00000000c0ffee00",))
+            plan = ScalePlan(desired_replicas=2, add=1, prewarm=(warm,), reason="test: scale up by 1")
+            await autoscaler.execute(plan, (), {holder.worker_id: holder.sidecar_url or ""}, http, redis)
+            await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
+            new = next(r for r in fleet.replicas if r.worker_id == "replica-1")
+            state = (await http.get(f"{new.sidecar_url}/prefixfleet/status")).json()["state"]
     warm_ups = [e.detail for e in autoscaler.events if e.action == "prewarm"]
     # decided on the load records as it arrived (the last round's view said warm): no warm request
     assert warm_ups == ["replica-1: skipped, a ready replica waits past saturation"], autoscaler.events
@@ -191,24 +199,16 @@ async def test_a_replica_arriving_to_a_saturated_fleet_skips_its_warm_up(tmp_pat
 
 
 async def test_an_existing_replica_gets_one_warm_up_at_a_time(tmp_path: Path) -> None:
-    async with Supervisor(tmp_path) as sup:
-        fleet = LocalFleet(sup, FleetSpec(replicas=1, gateways=0, engine=SLOW_ENGINE))
-        await fleet.start_engines()
-        autoscaler = LocalAutoscaler(fleet, POLICY)
-        (replica,) = fleet.replicas
+    async with one_replica(tmp_path) as (_, autoscaler, replica, redis, http):
         urls = {replica.worker_id: replica.sidecar_url or ""}
-        plan = ScalePlan(
-            desired_replicas=1,
-            prewarm=(Prewarm(replica.worker_id, ("00000000c0ffee00",)),),
-            reason="test: warm",
-        )
-        async with aioredis.from_url(fleet.redis_url) as redis, httpx.AsyncClient(timeout=30) as http:
-            # it keeps serving while it warms, so the next round may plan the same warm-up before it ends
-            await autoscaler.execute(plan, (), urls, http, redis)
-            await autoscaler.execute(plan, (), urls, http, redis)
-            await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
-            assert not autoscaler.prewarming
-            await autoscaler.execute(plan, (), urls, http, redis)  # once it ended, a new one may start
-            await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
+        warm = Prewarm(replica.worker_id, ("00000000c0ffee00",))
+        plan = ScalePlan(desired_replicas=1, prewarm=(warm,), reason="test: warm")
+        # it keeps serving while it warms, so the next round may plan the same warm-up before it ends
+        await autoscaler.execute(plan, (), urls, http, redis)
+        await autoscaler.execute(plan, (), urls, http, redis)
+        await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
+        assert not autoscaler.prewarming
+        await autoscaler.execute(plan, (), urls, http, redis)  # once it ended, a new one may start
+        await asyncio.wait_for(asyncio.gather(*autoscaler.tasks), 60)
     warm_ups = [e.detail for e in autoscaler.events if e.action == "prewarm"]
     assert len(warm_ups) == 2 and all(w.startswith(f"{replica.worker_id}: ") for w in warm_ups), warm_ups
