@@ -315,7 +315,7 @@ class EngineModel:
             request = self.waiting[0]
             ns = request.namespace
             if cfg.cache_on_compute and ns in batch:
-                matched = self.tree.match_prefix(request.prompt, ns, touch=False).matched_tokens
+                matched = self.tree.matched_tokens(request.prompt, ns)
                 if shares_uncached_prefix(request.prompt, matched, batch[ns]):
                     deferred.append(self.waiting.popleft())
                     continue

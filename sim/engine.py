@@ -380,7 +380,7 @@ class BatchedReplica(ReplicaModel):
             job = self._waiting[0]
             key = _cacheable(job.tokens, self.tree.capacity_tokens)
             if cfg.cache_on_compute:
-                matched = self.tree.match_prefix(key, touch=False).matched_tokens
+                matched = self.tree.matched_tokens(key)
                 pinned = self._pin_matched(key, matched)
             else:
                 try:
@@ -421,7 +421,7 @@ class BatchedReplica(ReplicaModel):
         (a job here can wait several steps for prefill budget), then say whether it should wait one
         more step because it shares an uncached prefix with ``batch``, this step's prefills."""
         key = _cacheable(job.tokens, self.tree.capacity_tokens)
-        matched = self.tree.match_prefix(key, touch=False).matched_tokens
+        matched = self.tree.matched_tokens(key)
         if matched > job.matched:
             self._pin_upto(job, matched)
             job.matched = matched
