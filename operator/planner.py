@@ -289,7 +289,7 @@ def _unready_seen(mark: str, ready_changed: str, ready: bool) -> str:
     """The operator's time in an unready-seen mark, if the mark is of the current unready stretch."""
     try:
         value = json.loads(mark) if mark and not ready else {}
-    except ValueError:
+    except (ValueError, RecursionError):  # a user-edited mark, however broken, is no mark
         return ""
     if not isinstance(value, dict) or not ready_changed or value.get("readyChanged") != ready_changed:
         return ""

@@ -667,7 +667,7 @@ def test_the_unready_seen_mark_belongs_to_one_unready_stretch() -> None:
     # Ready since, and unready again: a new stretch, whatever the old mark said
     assert observe_pod(body("False", "2026-01-01T00:10:00Z", mark)).unready_seen == ""
     assert observe_pod(body("True", T0, mark)).unready_seen == ""
-    for broken in ("", "yesterday", "[1]", '{"at": "2026-01-01T00:00:00Z"}'):
+    for broken in ("", "yesterday", "[1]", '{"at": "2026-01-01T00:00:00Z"}', "[" * 100_000):
         assert observe_pod(body("False", T0, broken)).unready_seen == ""
     # a mark of this stretch the operator wrote before a restart still counts
     h = template_hash(spec(1))
