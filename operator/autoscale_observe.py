@@ -346,7 +346,7 @@ def observe_fleet(
             )
         )
     active = sum(1 for r in replicas if r.phase != "draining")
-    held = sum(1 for p in pods if p.name in unavailable and p.alive and p.lapsed)
+    held = sum(1 for p in pods if p.name in unavailable and p.lapsed)
     for i in range(max(spec_replicas - held - active, 0)):
         replicas.append(ReplicaObservation(replica_id=f"pending-{i}", phase="starting", created_s=now))
     return FleetObservation(now, tuple(replicas), tuple(subtrees))
