@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -357,6 +358,7 @@ async def autoscale_round(
             )  # fmt: skip
             state.warming.add(task)
             task.add_done_callback(state.warming.discard)
+            task.add_done_callback(functools.partial(log_failed_warm_up, logger, warm.target))
         if not plan.add:
             kopf.event(fleet, type="Normal", reason="Prewarming", message=plan.reason)
     return plan
@@ -458,6 +460,13 @@ def scale_fleet(ctx: OperatorContext, namespace: str, name: str, replicas: int) 
         body={"spec": {"replicas": replicas}},
         content_type="application/merge-patch+json",
     )
+
+
+def log_failed_warm_up(logger: logging.Logger, target: str, task: asyncio.Task[None]) -> None:
+    """A warm-up task is nobody's to await: say why it failed (the Kubernetes API, say) instead of
+    asyncio's "Task exception was never retrieved". Its pod is back in rotation by then (finally)."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        logger.warning("pre-warm of %s failed: %s: %s", target, type(exc).__name__, exc)
 
 
 async def prewarm_replica(

@@ -19,6 +19,7 @@ Specification (a one-replica fleet allowed to grow to two, with short intervals 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -43,6 +44,7 @@ from prefixfleet.operator.autoscale_handlers import (
     AutoscaleContext,
     FleetAutoscale,
     OperatorMetrics,
+    log_failed_warm_up,
     prewarm_replica,
 )
 from prefixfleet.operator.handlers import OperatorContext
@@ -338,3 +340,31 @@ async def test_the_operator_warms_a_new_pod_only_if_the_fleet_is_not_queueing_fo
     finally:
         await auto.http.aclose()
         api.stop()
+
+
+async def test_a_warm_up_the_kubernetes_api_fails_is_logged_not_lost(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # nobody awaits a warm-up task: without its done-callback the failure is asyncio's
+    # "Task exception was never retrieved" at garbage collection, naming no pod
+    dead = Kube(
+        kubernetes.client.ApiClient(kubernetes.client.Configuration(host=f"http://127.0.0.1:{free_port()}"))
+    )
+    ref = FleetRef(name=FLEET, namespace="default", uid="fleet-uid")
+    auto = AutoscaleContext(OperatorMetrics(), httpx.AsyncClient(timeout=1))
+    logger = logging.getLogger("test.prewarm")
+    try:
+        state = FleetAutoscale(policy=ScalePolicy())
+        pod = "chat-replica-0"
+        task = asyncio.create_task(
+            prewarm_replica(OperatorContext(kube=dead), auto, state, {}, ref, SIDECAR_PORT, pod,
+                            ["00000000c0ffee00"], [], {pod}, logger)
+        )  # fmt: skip
+        task.add_done_callback(functools.partial(log_failed_warm_up, logger, "chat-replica-0"))
+        with caplog.at_level(logging.WARNING, logger="test.prewarm"):
+            await asyncio.wait([task], timeout=60)
+            await asyncio.sleep(0)  # done-callbacks run on the next loop iteration
+        assert task.done() and task.exception() is not None
+        assert any(r.getMessage().startswith("pre-warm of chat-replica-0 failed: ") for r in caplog.records)
+    finally:
+        await auto.http.aclose()
