@@ -130,8 +130,16 @@ class OperatorMetrics:
             (*labels, "reason"),
             registry=self.registry,
         )
+        self.unavailable_replicas = Gauge(
+            "prefixfleet_operator_unavailable_replicas",
+            "Replica pods that served, are unready and that nothing replaces (Degraded ReplicaUnavailable).",
+            labels,
+            registry=self.registry,
+        )
 
     def forget(self, namespace: str, fleet: str) -> None:
+        """Drop the autoscaler's series of a fleet (unavailable_replicas belongs to the reconcile,
+        which runs for every fleet: handlers.forget_unavailable drops it when the fleet goes)."""
         for gauge in (self.replicas, self.max_replicas, self.target_ttft):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, fleet)
@@ -187,8 +195,9 @@ async def start_autoscaler(memo: kopf.Memo, logger: logging.Logger, **_: Any) ->
             logger.info("operator metrics on :%d/metrics", port)
         except OSError as exc:  # metrics are not worth refusing to reconcile
             logger.warning("operator metrics not served: port %d: %s", port, exc)
-    if (ctx := getattr(memo, "ctx", None)) is not None:  # the reconcile counts its replacements here
+    if (ctx := getattr(memo, "ctx", None)) is not None:  # the reconcile reports its replicas here
         ctx.unhealthy_replacements = metrics.unhealthy_replacements
+        ctx.unavailable_replicas = metrics.unavailable_replicas
     memo.autoscale = AutoscaleContext(
         metrics,
         httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S),

@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 import redis
 import redis.asyncio as aioredis
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
@@ -83,6 +83,8 @@ class OperatorContext:
     # prefixfleet_operator_unhealthy_replacements_total, in the operator's metrics registry (set by
     # autoscale_handlers when it serves that registry; absent, replacements are not counted)
     unhealthy_replacements: Counter | None = None
+    # prefixfleet_operator_unavailable_replicas, likewise: set by every reconcile that planned
+    unavailable_replicas: Gauge | None = None
     # per fleet: (monotonic due time, task) of the next reconcile planned ahead of the timer (a drain
     # in progress, or an unready replica's allowance running out)
     rechecks: dict[str, tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
@@ -116,6 +118,7 @@ class ReconcileOutcome:
     draining: bool = False  # a drain is in progress: look again soon, not only at the next timer
     replaced: tuple[UnhealthyReplica, ...] = ()  # unhealthy replicas deleted by this reconcile
     recheck_after_s: float | None = None  # an unready replica's allowance runs out then
+    unavailable: int | None = None  # replicas served, unready, nothing replaces; None: not planned
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +222,15 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
                 await ctx.redis(redis_url).delete(FleetKeys(ref.redis_fleet).members)
             except RedisError as exc:
                 logger.warning("could not clear the membership of %s in Redis: %s", ref.redis_fleet, exc)
+        forget_unavailable(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
     kopf.info(body, reason="Deleted", message=f"removed {removed} children")
+
+
+def forget_unavailable(ctx: OperatorContext, namespace: str, name: str) -> None:
+    """Drop a fleet's prefixfleet_operator_unavailable_replicas series (the fleet is gone)."""
+    if ctx.unavailable_replicas is not None:
+        with contextlib.suppress(KeyError):
+            ctx.unavailable_replicas.remove(namespace, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,8 +248,11 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
         outcome = await asyncio.to_thread(reconcile_in_cluster, ctx, namespace, name)
         ctx.reconciles += 1
         ctx.last_reconcile = time.time()
-        if outcome is None:
+        if outcome is None:  # the fleet is gone or going
+            forget_unavailable(ctx, namespace, name)
             return
+        if outcome.unavailable is not None and ctx.unavailable_replicas is not None:
+            ctx.unavailable_replicas.labels(namespace, name).set(outcome.unavailable)
         if outcome.spec is not None and outcome.ref is not None and outcome.redis_url:
             await publish_membership(ctx, outcome, logger)
         for event in outcome.events:
@@ -390,7 +404,16 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     draining = bool(plan.drain_pods) or any(p.draining and p.alive for p in pods)
     events = (*plan.events, *refusal_events(refused, conditions))
     return ReconcileOutcome(
-        fleet, events, spec, ref, pods, redis_url, draining, plan.replaced, plan.recheck_after_s
+        fleet,
+        events,
+        spec,
+        ref,
+        pods,
+        redis_url,
+        draining,
+        plan.replaced,
+        plan.recheck_after_s,
+        len(plan.unavailable),
     )
 
 

@@ -215,6 +215,8 @@ class ReconcilePlan:
     mark_unready: tuple[tuple[str, str], ...] = ()
     replaced: tuple[UnhealthyReplica, ...] = ()  # in delete_pods because they are unhealthy
     recheck_after_s: float | None = None  # reconcile again this soon (UnhealthyPlan.recheck_after_s)
+    # served, unready, nothing replaces them (UnhealthyPlan.unavailable): Degraded/ReplicaUnavailable
+    unavailable: tuple[UnavailableReplica, ...] = ()
 
     @property
     def is_noop(self) -> bool:
@@ -1195,6 +1197,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         ),
         replaced=replaced,
         recheck_after_s=unhealthy.recheck_after_s,
+        unavailable=unhealthy.unavailable,
     )
 
 

@@ -9,11 +9,13 @@ Specification (a two-replica fleet with ``spec.engine.replaceUnreadyAfterSeconds
 * after the allowance the operator deletes that pod and the reconcile recreates it (a new pod of the
   same name, another uid); replica 1 is left alone; the fleet is Ready with 2 replicas again;
 * a Warning Event ``ReplicaUnhealthy`` names the pod and how long it was unready, and the operator's
-  ``prefixfleet_operator_unhealthy_replacements_total{reason="unready"}`` counts it.
+  ``prefixfleet_operator_unhealthy_replacements_total{reason="unready"}`` counts it;
+* deleted, the fleet leaves no ``prefixfleet_operator_unavailable_replicas`` series behind.
 
 With ``replaceUnreadyAfterSeconds: 0`` (and the autoscaler on) the hung pod is kept: the autoscaler
 adds a replica for it, and the fleet says so: ``Degraded=True``, reason ``ReplicaUnavailable``, naming
-the pod, and one Warning Event ``ReplicaUnavailable`` however many reconciles it stays hung.
+the pod, one Warning Event ``ReplicaUnavailable`` however many reconciles it stays hung, and
+``prefixfleet_operator_unavailable_replicas`` 1.
 """
 
 from __future__ import annotations
@@ -99,6 +101,18 @@ def replacements(metrics_port: int) -> dict[str, float]:
     }
 
 
+def unavailable_gauge(metrics_port: int) -> float | None:
+    """prefixfleet_operator_unavailable_replicas of the fleet; None when the series is absent."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    values = [
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "prefixfleet_operator_unavailable_replicas" and s.labels.get("fleet") == FLEET
+    ]
+    return values[0] if values else None
+
+
 @pytest.mark.timeout(180)
 def test_a_replica_whose_engine_hangs_is_replaced(env: tuple[EmulatedCluster, OperatorProcess, int]) -> None:
     cluster, _, metrics_port = env
@@ -131,6 +145,12 @@ def test_a_replica_whose_engine_hangs_is_replaced(env: tuple[EmulatedCluster, Op
     assert f"pod {HUNG} was Ready, then unready for" in message and "replaceUnreadyAfterSeconds=2" in message
 
     assert replacements(metrics_port) == {"unready": 1.0}
+    assert unavailable_gauge(metrics_port) == 0.0  # replaced, so none is left unavailable
+
+    # a deleted fleet (not autoscaled: the autoscaler's forget never sees it) leaves no series behind
+    cluster.kubectl("delete", "pcf", FLEET, "--timeout=30s")
+    wait_for(lambda: unavailable_gauge(metrics_port) is None or None, 30,
+             what="the deleted fleet's unavailable_replicas series to go")  # fmt: skip
 
 
 def autoscaled_manifest() -> str:
@@ -168,6 +188,9 @@ def test_a_hung_replica_nothing_replaces_is_made_up_for_by_the_autoscaler(
         status = cluster.kubectl_json("get", "pcf", FLEET)["status"]
         assert f"no replacement coming: {HUNG}" in status["lastScaleReason"]
         assert replacements(metrics_port) == {}
+        # Grafana/Alertmanager see it too (PrefixfleetReplicaUnavailable): the hung pod counts once
+        wait_for(lambda: unavailable_gauge(metrics_port) == 1.0 or None, 10,
+                 what="prefixfleet_operator_unavailable_replicas 1")  # fmt: skip
 
         # the fleet says it is short of a replica nothing replaces (it looked healthy before)
         (degraded,) = (c for c in status["conditions"] if c["type"] == "Degraded")
