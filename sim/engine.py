@@ -383,8 +383,8 @@ class BatchedReplica(ReplicaModel):
                 matched = self.tree.matched_tokens(key)
                 pinned = self._pin_matched(key, matched)
             else:
-                try:
-                    pinned, matched = key, self.tree.insert(key, pin=True).matched_tokens
+                try:  # an empty prompt pins nothing (its finish releases no pin)
+                    pinned, matched = key, self.tree.insert(key, pin=True).matched_tokens if key else 0
                 except CacheFullError:
                     pinned = None
             if pinned is None:

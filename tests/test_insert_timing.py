@@ -223,3 +223,13 @@ def test_the_emulator_cli_selects_the_insertion_timing() -> None:
     parse = build_parser().parse_args
     assert config_from_args(parse(["emulator", "--port", "0", "--cache-on-compute"])).cache_on_compute is True
     assert config_from_args(parse(["emulator", "--port", "0"])).cache_on_compute is False
+
+
+@pytest.mark.parametrize("cache_on_compute", [False, True])
+def test_batched_empty_prompt_leaves_no_pin(cache_on_compute):
+    rep = batched(cache_on_compute)
+    job = Job(0, 0.0, b"", 2)
+    rep.accept(job, 0.0)
+    drain(rep, 0.0)
+    assert job.finish_s is not None
+    assert rep.tree.pinned_tokens == 0 and not rep.tree.pinned_sequences() and rep._reserved == 0
