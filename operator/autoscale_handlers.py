@@ -78,7 +78,7 @@ from .autoscale_observe import (
     unavailable_replicas,
     with_unavailable,
 )
-from .autoscale_sources import read_engine_metrics, read_records
+from .autoscale_sources import read_engine_metrics, read_records, replicas_now
 from .handlers import ANNOTATION_VICTIMS, FLEET_RESOURCE, OperatorContext, resolve_redis_url
 from .hot_subtrees import HotState, hot_subtrees
 from .models import InvalidFleetSpec, validate_spec
@@ -572,20 +572,12 @@ async def skipped_on_arrival(
 async def _arrived_to(
     ctx: OperatorContext, state: FleetAutoscale, ref: FleetRef
 ) -> Sequence[ReplicaObservation]:
-    """The replicas' waits as a new pod arrives, from their load records now: the last round may be
-    ``intervalSeconds`` old, and in a ramp the fleet saturates within seconds. That round's view if
-    Redis does not answer."""
-    last = state.observed.replicas if state.observed is not None else ()
+    """The replicas as a new pod arrives (:func:`~.autoscale_sources.replicas_now`)."""
+    last = state.observed
     if not state.redis_url:
-        return last
+        return last.replicas if last is not None else ()
     pods = await _list_pods(ctx, ref)
-    try:
-        loads, _ = await read_records(
-            ctx.redis(state.redis_url), FleetKeys(ref.redis_fleet), [p.name for p in pods]
-        )
-    except (RedisError, OSError):
-        return last
-    return observe_fleet(time.time(), 0, pods, loads, {}, ()).replicas
+    return await replicas_now(ctx.redis(state.redis_url), FleetKeys(ref.redis_fleet), pods, last)
 
 
 async def _list_pods(ctx: OperatorContext, ref: FleetRef) -> list[ObservedPod]:

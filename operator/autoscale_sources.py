@@ -12,11 +12,13 @@ from collections.abc import Mapping, Sequence
 
 import httpx
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import LoadReport, decode_load
 from prefixfleet.router.summary import Summary, SummaryError, decode_summary
 
+from .autoscale import FleetObservation, ReplicaObservation
 from .autoscale_observe import (
     SGLANG_METRICS,
     EngineMetricNames,
@@ -24,8 +26,10 @@ from .autoscale_observe import (
     EngineReading,
     TokenCounters,
     engine_reading,
+    observe_fleet,
     parse_token_counters,
 )
+from .planner import ObservedPod
 from .prometheus_source import PrometheusScope, PrometheusSource, PrometheusUnavailable
 
 
@@ -47,6 +51,19 @@ async def read_records(
             if raw_summary is not None:
                 summaries[n] = decode_summary(raw_summary)
     return loads, summaries
+
+
+async def replicas_now(
+    redis: aioredis.Redis, keys: FleetKeys, pods: Sequence[ObservedPod], last: FleetObservation | None
+) -> Sequence[ReplicaObservation]:
+    """The replicas' waits from their load records now, as a new replica arrives (warm_on_arrival):
+    the last round may be an interval old, and in a ramp the fleet saturates within seconds. The
+    ``last`` round's view if Redis does not answer."""
+    try:
+        loads, _ = await read_records(redis, keys, [p.name for p in pods])
+    except (RedisError, OSError):
+        return last.replicas if last is not None else ()
+    return observe_fleet(time.time(), 0, pods, loads, {}, ()).replicas
 
 
 async def scrape_counters(

@@ -53,7 +53,7 @@ from prefixfleet.operator.autoscale_observe import (
     observe_fleet,
     outage_notice,
 )
-from prefixfleet.operator.autoscale_sources import read_engine_metrics, read_records
+from prefixfleet.operator.autoscale_sources import read_engine_metrics, read_records, replicas_now
 from prefixfleet.operator.hot_subtrees import HotState, hot_subtrees
 from prefixfleet.operator.planner import ObservedPod
 from prefixfleet.operator.prometheus_source import PrometheusScope, PrometheusSource
@@ -247,15 +247,10 @@ class LocalAutoscaler:
         ]
 
     async def arrived_to(self, redis: aioredis.Redis) -> Sequence[ReplicaObservation]:
-        """The replicas' waits as a new one arrives, from their load records now: the last round may
-        be ``interval_s`` old, and in a ramp the fleet saturates within seconds. That round's view if
-        Redis does not answer."""
+        """The replicas as a new one arrives (``autoscale_sources.replicas_now``)."""
         names = [r.worker_id for r in self.fleet.replicas]
-        try:
-            loads, _ = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
-        except (RedisError, OSError):
-            return self.observed.replicas if self.observed is not None else ()
-        return observe_fleet(time.time(), 0, self._pods(names), loads, {}, ()).replicas
+        keys = FleetKeys(self.fleet.spec.fleet_name)
+        return await replicas_now(redis, keys, self._pods(names), self.observed)
 
     async def execute(
         self,
