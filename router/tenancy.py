@@ -54,20 +54,6 @@ def salted_body(obj: dict[str, Any], tenant: str) -> bytes:
         ) from None
 
 
-def with_tenant_salt(body: bytes, tenant: str | None, header: str) -> bytes:
-    """``body`` with ``cache_salt`` set to the header's tenant (:func:`checked_tenant`,
-    :func:`salted_body`), from the raw bytes. A body that is not a JSON object is returned unchanged
-    (request validation reports it). The gateway parses the body once and uses the two steps."""
-    tenant = checked_tenant(tenant, header)
-    try:
-        obj: Any = json.loads(body)
-    except (ValueError, RecursionError):  # ValueError: also an integer above the 4300-digit limit
-        return body
-    if not isinstance(obj, dict):
-        return body
-    return salted_body(obj, tenant)
-
-
 def non_finite_number(value: Any, path: str = "") -> str | None:
     """Where in ``value`` (as ``messages[0].x``) the first infinite or NaN float is; None if nowhere."""
     if isinstance(value, float):

@@ -55,7 +55,7 @@ from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
 from prefixfleet.router.redis_conn import redacted, redis_options
 from prefixfleet.router.requests import BadRequest
 from prefixfleet.router.summary import Summary, encode_summary
-from prefixfleet.router.tenancy import with_tenant_salt
+from prefixfleet.router.tenancy import checked_tenant, salted_body
 from prefixfleet.router.view import FleetView
 from prefixfleet.tokenizer import tokenize
 
@@ -564,15 +564,18 @@ async def test_with_a_tenant_header_the_gateway_isolates_tenants_and_clients_can
     assert isolating.running()
 
 
-def test_with_tenant_salt_overrides_the_clients_salt_and_requires_the_header():
-    body = json.dumps({"prompt": "hi", "cache_salt": "chosen-by-client"}).encode()
-    assert json.loads(with_tenant_salt(body, "acme", "X-T")) == {"prompt": "hi", "cache_salt": "acme"}
-    assert with_tenant_salt(b"{not json", "acme", "X-T") == b"{not json"  # validation reports it later
+def test_the_tenant_salt_overrides_the_clients_salt_and_requires_the_header():
+    obj = {"prompt": "hi", "cache_salt": "chosen-by-client"}
+    assert json.loads(salted_body(obj, checked_tenant(" acme ", "X-T"))) == {
+        "prompt": "hi",
+        "cache_salt": "acme",
+    }
+    assert obj["cache_salt"] == "acme"  # in place: the gateway validates the value it forwards
     for missing in (None, "", "   "):
         with pytest.raises(BadRequest, match="header X-T is required"):
-            with_tenant_salt(body, missing, "X-T")
+            checked_tenant(missing, "X-T")
     with pytest.raises(BadRequest, match="longer than"):
-        with_tenant_salt(body, "x" * 300, "X-T")
+        checked_tenant("x" * 300, "X-T")
 
 
 def test_tenant_isolation_in_the_fleet_spec_turns_on_the_gateways_tenant_header():
