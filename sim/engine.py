@@ -489,7 +489,8 @@ class BatchedReplica(ReplicaModel):
         finished: list[Job] = []
         for job, take in self._step_chunks:
             job.prefill_left -= take
-            self._pin_upto(job, job.total - job.prefill_left)
+            if self.config.cache_on_compute:  # by default the whole prompt is pinned from admission
+                self._pin_upto(job, job.total - job.prefill_left)
             if job.prefill_left == 0:
                 job.ttft_s = now - job.arrival_s  # the step that ends prefill emits the first token
                 job.output_left -= 1
@@ -499,8 +500,9 @@ class BatchedReplica(ReplicaModel):
         for job in self._running:
             if job.output_left <= 0:
                 job.finish_s = now
-                key_tokens = len(_cacheable(job.tokens, self.tree.capacity_tokens)) // TOKEN_BYTES
-                self._reserved -= key_tokens - len(job.pin_tokens) // TOKEN_BYTES
+                if self.config.cache_on_compute:  # its uncomputed rest was reserved (none by default)
+                    key_tokens = len(_cacheable(job.tokens, self.tree.capacity_tokens)) // TOKEN_BYTES
+                    self._reserved -= key_tokens - len(job.pin_tokens) // TOKEN_BYTES
                 if job.pin_tokens:
                     self.tree.release_pin(job.pin_tokens)
                 finished.append(job)
