@@ -17,7 +17,13 @@ Two models behind one small interface (:class:`ReplicaModel`):
   matched prefix and reserves cache room for the rest, a request is matched again when its first
   chunk is scheduled, the pinned path grows as each step computes a chunk (others see computed tokens
   only), and a request sharing an uncached prefix with one prefilled in the same step waits one step
-  (as :class:`~prefixfleet.emulator.engine.EngineModel` does).
+  (as :class:`~prefixfleet.emulator.engine.EngineModel` does). Policies then see what a gateway
+  knows, not the engine's tree: matches come from a mirror into which every prompt is inserted when
+  it is routed (as a sidecar's mirror does when forwarding; answers are not added, the engine does
+  not cache them either), floored to whole hash blocks; by default the engine's own tree, which
+  holds each prompt from admission on, serves as that mirror. The load part of the view (pending
+  prefill, waits) is the engine's queue with each waiting request counted at its routing-time
+  uncached estimate.
 * ``emulator`` — the local fleet's engine: the engine emulator's own scheduler
   (:class:`prefixfleet.emulator.engine.EngineModel`) driven on the simulator's clock, so a simulated
   replica admits, chunks, reserves KV room, evicts and times iterations exactly as an emulated engine
@@ -225,6 +231,18 @@ def _cacheable(tokens: bytes, capacity: int) -> bytes:
     return tokens if len(tokens) <= capacity * TOKEN_BYTES else tokens[: capacity * TOKEN_BYTES]
 
 
+def _mirror_forward(mirror: RadixTree, tokens: bytes) -> int:
+    """As the sidecar's ``CacheMirror.admit`` when it forwards a prompt: predict what is cached,
+    then insert the prompt (a full hit only refreshes recency). Returns the predicted cached tokens."""
+    matched = mirror.matched_tokens(tokens)
+    if matched * TOKEN_BYTES == len(tokens):
+        mirror.match_prefix(tokens)
+    else:
+        with contextlib.suppress(ValueError, CacheFullError):
+            mirror.insert(tokens)
+    return matched
+
+
 class ReplicaModel(ABC):
     """Common part: identity, cache, counters. Subclasses implement the service discipline."""
 
@@ -318,6 +336,10 @@ class BatchedReplica(ReplicaModel):
         self._waiting_uncached = 0  # routing-time estimate for jobs not yet admitted
         self._memory_blocked = False  # the last admission stopped for lack of cache room
         self._reserved = 0  # cache_on_compute: running prompts' tokens not computed (in the tree) yet
+        # cache_on_compute: what a gateway matches against (the sidecar's mirror, every routed prompt
+        # inserted when routed) — the engine's tree holds computed tokens only. By default the engine
+        # inserts at admission, close enough to routing that its tree serves as the mirror.
+        self.mirror: RadixTree | None = RadixTree(capacity_tokens) if config.cache_on_compute else None
 
     # -- what a policy may see ----------------------------------------------------------------
 
@@ -346,11 +368,15 @@ class BatchedReplica(ReplicaModel):
                 longest = left[-1] if left else 0
                 slot_wait = (longest + (need - len(left)) / slots * mean_out) * step_overhead
         in_step = max(0.0, self._step_end - now) if self._step_end is not None else 0.0
+        known = self.tree if self.mirror is None else self.mirror
+        matched = known.matched_tokens(request.tokens)
+        if self.mirror is not None:  # a gateway matches hash blocks, as the emulator model does
+            matched -= matched % DEFAULT_BLOCK_TOKENS
         return ReplicaState(
             replica_id=self.replica_id,
-            matched_tokens=self.tree.matched_tokens(request.tokens),
-            cached_tokens=self.tree.cached_tokens,
-            capacity_tokens=self.tree.capacity_tokens,
+            matched_tokens=matched,
+            cached_tokens=known.cached_tokens,
+            capacity_tokens=known.capacity_tokens,
             in_flight=occupancy,
             queued=len(self._waiting),
             pending_prefill_tokens=pending,
@@ -364,6 +390,8 @@ class BatchedReplica(ReplicaModel):
     # -- service ------------------------------------------------------------------------------
 
     def accept(self, job: Job, now: float, gateway: int = 0) -> None:
+        if self.mirror is not None:
+            _mirror_forward(self.mirror, _cacheable(job.tokens, self.mirror.capacity_tokens))
         self._waiting.append(job)
         self._waiting_uncached += job.est_uncached
         self.routed += 1
@@ -733,12 +761,8 @@ class EmulatedReplica(ReplicaModel):
 
     def _mirror_admit(self, tokens: bytes, now: float) -> int:
         """As the sidecar's ``CacheMirror.admit``: returns the tokens it predicted cached."""
-        matched = self.mirror.matched_tokens(tokens)
-        if matched * TOKEN_BYTES == len(tokens):
-            self.mirror.match_prefix(tokens)  # a full hit only refreshes recency
-        else:
-            with contextlib.suppress(ValueError, CacheFullError):
-                self.mirror.insert(tokens)
+        matched = _mirror_forward(self.mirror, tokens)
+        if matched * TOKEN_BYTES != len(tokens):
             self._mirror_changed(now)
         return matched
 
