@@ -56,6 +56,7 @@ from .planner import (
     replica_selector,
     router_name,
     status_changes,
+    unavailable_while_invalid,
 )
 from .refusals import refusal_events, with_refusals
 
@@ -332,12 +333,18 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     try:
         spec = validate_spec(fleet.get("spec") or {})
     except InvalidFleetSpec as exc:
+        # no plan, so no replacement either: the unavailable gauge still follows the pods, not the
+        # last valid spec's reconcile
+        pods = tuple(observe_pod(p) for p in kube.list("Pod", namespace, replica_selector(ref)))
+        unavailable = len(unavailable_while_invalid(pods))
         status = plan_invalid_spec(ref, exc.problems, ObservedState(conditions=conditions))
         changes = status_changes(current_status, status)
         if not changes:
-            return ReconcileOutcome(fleet)
+            return ReconcileOutcome(fleet, unavailable=unavailable)
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
-        return ReconcileOutcome(fleet, (PlannedEvent("Warning", "InvalidSpec", str(exc)),))
+        return ReconcileOutcome(
+            fleet, (PlannedEvent("Warning", "InvalidSpec", str(exc)),), unavailable=unavailable
+        )
 
     pods = tuple(observe_pod(p) for p in kube.list("Pod", namespace, replica_selector(ref)))
     children: dict[str, str] = {}

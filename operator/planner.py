@@ -895,6 +895,13 @@ def stays_unavailable(pod: ObservedPod, unready_after_s: int, never_ready_after_
     return pod.lapsed and not replacement_coming(pod, unready_after_s, never_ready_after_s)
 
 
+def unavailable_while_invalid(pods: Sequence[ObservedPod]) -> tuple[str, ...]:
+    """The replicas that stay unavailable while the fleet's spec is invalid: the operator plans
+    nothing then and so replaces nothing, whatever the knobs say, and every pod that served and is
+    unready (its engine not being restarted by the kubelet) stays so until the spec is fixed."""
+    return tuple(p.name for p in pods if stays_unavailable(p, 0, 0))
+
+
 def _no_replacement_why(pod: ObservedPod, unready_after_s: int) -> str:
     """Why :func:`_allowance` gives a pod that served and is unready none (for the fleet's users)."""
     if pod.phase != "Running":

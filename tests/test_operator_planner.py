@@ -21,6 +21,7 @@ from prefixfleet.operator.planner import (
     plan_reconcile,
     pod_url,
     replica_template,
+    unavailable_while_invalid,
     unready_mark,
 )
 
@@ -797,6 +798,22 @@ def test_a_replica_with_a_replacement_coming_is_not_reported_unavailable() -> No
     plan = plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(60, [healthy, hung]))
     assert [d.name for d in plan.delete_pods] == ["chat-replica-1"]
     assert [e.reason for e in plan.events] == ["DeletingReplica"] and degraded_of(plan)["status"] == "False"
+
+
+def test_while_the_spec_is_invalid_every_hung_replica_is_unavailable_whatever_the_knobs() -> None:
+    # an invalid spec stops every plan, replacements too: a replica that served and is unready stays
+    # so until the spec is fixed (prefixfleet_operator_unavailable_replicas keeps counting it)
+    h = template_hash(spec(2))
+    pods = [
+        pod("chat-replica-0", h, first_ready=SERVED),  # serving
+        unready("chat-replica-1", h),  # hung: the default knob would have replaced it in 120 s
+        unready("chat-replica-2", h, engine_started="2026-01-01T00:00:05Z"),  # restarted: loading again
+        unready("chat-replica-3", h, first_ready=""),  # never served: loading
+        unready("chat-replica-4", h, draining_since=T0),  # on its way out
+        unready("chat-replica-5", h, since="", unready_seen=""),  # hung, no readable unready time
+    ]
+    assert unavailable_while_invalid(pods) == ("chat-replica-1", "chat-replica-5")
+    assert unavailable_while_invalid([]) == ()
 
 
 def test_a_hung_replica_without_a_readable_unready_time_is_reported_without_one() -> None:

@@ -15,7 +15,8 @@ Specification (a two-replica fleet with ``spec.engine.replaceUnreadyAfterSeconds
 With ``replaceUnreadyAfterSeconds: 0`` (and the autoscaler on) the hung pod is kept: the autoscaler
 adds a replica for it, and the fleet says so: ``Degraded=True``, reason ``ReplicaUnavailable``, naming
 the pod, one Warning Event ``ReplicaUnavailable`` however many reconciles it stays hung, and
-``prefixfleet_operator_unavailable_replicas`` 1.
+``prefixfleet_operator_unavailable_replicas`` 1. Made invalid (``Degraded`` InvalidSpec: nothing is
+planned or replaced), the fleet's gauge still follows its pods: 1 while the pod hangs, 0 once it answers.
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ def test_a_replica_whose_engine_hangs_is_replaced(env: tuple[EmulatedCluster, Op
              what="the deleted fleet's unavailable_replicas series to go")  # fmt: skip
 
 
+def fleet_degraded_reason(cluster: EmulatedCluster) -> str:
+    conditions = (cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}).get("conditions", [])
+    return next((c["reason"] for c in conditions if c["type"] == "Degraded" and c["status"] == "True"), "")
+
+
 def autoscaled_manifest() -> str:
     """The fleet with replacing off and the autoscaler on (two replicas at least, three at most)."""
     fleet = yaml.safe_load(fleet_manifest())
@@ -206,5 +212,16 @@ def test_a_hung_replica_nothing_replaces_is_made_up_for_by_the_autoscaler(
         unavailable = wait_for(unavailable_events, 10, what="a ReplicaUnavailable Event")
         assert len(unavailable) == 1 and unavailable[0]["type"] == "Warning"
         assert f"pod {HUNG} was Ready, is unready since" in unavailable[0]["message"]
+
+        # a spec the operator refuses (one that got past a server without schema validation) stops
+        # every plan, replacements too; the gauge still follows the pods it observes, not its last plan
+        cluster.api.server.validate_custom_resources = False
+        cluster.kubectl("patch", "pcf", FLEET, "--type", "merge", "-p", '{"spec":{"engine":{"kind":"tpu"}}}')
+        wait_for(lambda: fleet_degraded_reason(cluster) == "InvalidSpec" or None, 30,
+                 what="Degraded InvalidSpec")  # fmt: skip
+        assert unavailable_gauge(metrics_port) == 1.0  # still hung, and nothing replaces it
+        os.killpg(engine.pid, signal.SIGCONT)  # it answers again: Ready, so no longer unavailable
+        wait_for(lambda: unavailable_gauge(metrics_port) == 0.0 or None, 30,
+                 what="prefixfleet_operator_unavailable_replicas 0 under an invalid spec")  # fmt: skip
     finally:
         os.killpg(engine.pid, signal.SIGCONT)  # a stopped process would hold up teardown
