@@ -902,6 +902,15 @@ def unavailable_while_invalid(pods: Sequence[ObservedPod]) -> tuple[str, ...]:
     return tuple(p.name for p in pods if stays_unavailable(p, 0, 0))
 
 
+def unready_since(pod: ObservedPod, now: datetime) -> datetime | None:
+    """When the operator first saw the pod's current unready stretch (its ANNOTATION_UNREADY_SEEN
+    mark); None when there is no readable mark, or one later than ``now`` (a hand edit, or a writer
+    whose clock ran ahead): counting from it would hold a replacement back until then, forever for a
+    far one, so the stretch is seen, and marked afresh, now."""
+    seen = _parse_time(pod.unready_seen)
+    return seen if seen is not None and seen <= now else None
+
+
 def _no_replacement_why(pod: ObservedPod, unready_after_s: int) -> str:
     """Why :func:`_allowance` gives a pod that served and is unready none (for the fleet's users)."""
     if pod.phase != "Running":
@@ -951,10 +960,11 @@ def plan_unhealthy(
             # reported (Degraded, one Event per stretch), and marked like the others so its "since" is
             # the operator's time, stable across reconciles and restarts; a stretch it cannot tell
             # from the next (no readable transition time) is not marked
-            new = _parse_time(p.unready_seen) is None and _parse_time(p.ready_changed) is not None
+            seen = unready_since(p, now)
+            new = seen is None and _parse_time(p.ready_changed) is not None
             if new:
                 first_seen.append(p)
-            since = _format_time(now) if new else p.unready_seen
+            since = _format_time(now) if new else p.unready_seen if seen is not None else ""
             why = _no_replacement_why(p, unready_after_s)
             unavailable.append(UnavailableReplica(p.name, since, why, new))
             continue
@@ -962,7 +972,7 @@ def plan_unhealthy(
             continue
         reason, allowance, knob = found
         # counted on the operator's clock from its first sighting (ANNOTATION_UNREADY_SEEN)
-        since = _parse_time(p.unready_seen)
+        since = unready_since(p, now)
         if since is None:
             first_seen.append(p)
             since = now

@@ -23,6 +23,7 @@ from prefixfleet.operator.planner import (
     replica_template,
     unavailable_while_invalid,
     unready_mark,
+    unready_since,
 )
 
 FLEET = FleetRef(name="chat", namespace="team-a", uid="uid-1", generation=3)
@@ -651,6 +652,30 @@ def test_a_node_clock_running_ahead_does_not_delay_the_replacement() -> None:
     observed = apply(plan_reconcile(FLEET, spec(2), at(0, [ahead])), at(0, [ahead]))
     plan = plan_reconcile(FLEET, spec(2), replace(observed, now=NOW + timedelta(seconds=121)))
     assert [u.name for u in plan.replaced] == ["chat-replica-1"]
+
+
+def test_an_unready_seen_mark_later_than_now_is_no_mark_and_is_stamped_afresh() -> None:
+    # a hand edit, or a writer whose clock ran ahead: counting from it would hold the replacement
+    # back until that time (forever, for a far one)
+    h = template_hash(spec(2))
+    future = unready("chat-replica-1", h, unready_seen="2100-01-01T00:00:00Z")
+    assert unready_since(future, NOW) is None
+    assert unready_since(replace(future, unready_seen=T0), NOW) == NOW  # now itself is readable
+    observed = at(30, [pod("chat-replica-0", h, first_ready=SERVED), future])
+    first = plan_reconcile(FLEET, spec(2), observed)
+    assert not first.replaced and first.recheck_after_s == 120.0  # the whole allowance, from now
+    assert [(name, json.loads(mark)["at"]) for name, mark in first.mark_unready] == [
+        ("chat-replica-1", "2026-01-01T00:00:30Z")
+    ]
+    marked = apply(first, observed)
+    plan = plan_reconcile(FLEET, spec(2), replace(marked, now=NOW + timedelta(seconds=150)))
+    assert [(u.name, u.seconds) for u in plan.replaced] == [("chat-replica-1", 120.0)]
+    # one nothing replaces is reported from now, not from the future
+    off = plan_reconcile(FLEET, spec(2, replaceUnreadyAfterSeconds=0), observed)
+    assert [(u.name, u.since, u.first_seen) for u in off.unavailable] == [
+        ("chat-replica-1", "2026-01-01T00:00:30Z", True)
+    ]
+    assert [name for name, _ in off.mark_unready] == ["chat-replica-1"]
 
 
 def test_the_unready_seen_mark_belongs_to_one_unready_stretch() -> None:
