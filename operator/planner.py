@@ -882,17 +882,16 @@ def _allowance(
     return (reason, allowance, knob) if allowance > 0 else None
 
 
-def replacement_coming(pod: ObservedPod, unready_after_s: int, never_ready_after_s: int) -> bool:
-    """An unready pod will serve again without anyone's help (the kubelet restarted its engine) or
-    will be replaced once over its allowance; False for a hung one no knob replaces."""
-    return _engine_restarted(pod) or _allowance(pod, unready_after_s, never_ready_after_s) is not None
-
-
 def stays_unavailable(pod: ObservedPod, unready_after_s: int, never_ready_after_s: int) -> bool:
     """It served, is unready now, and nothing brings it back: no knob replaces it and the kubelet is
     not restarting its engine. It is no capacity, none is on its way for it, and the fleet says so
     (``Degraded``, reason ``ReplicaUnavailable``)."""
-    return pod.lapsed and not replacement_coming(pod, unready_after_s, never_ready_after_s)
+    return _unavailable_given(pod, _allowance(pod, unready_after_s, never_ready_after_s))
+
+
+def _unavailable_given(pod: ObservedPod, allowance: tuple[UnhealthyReason, int, str] | None) -> bool:
+    """:func:`stays_unavailable` for a pod whose :func:`_allowance` is known already."""
+    return allowance is None and pod.lapsed and not _engine_restarted(pod)
 
 
 def unavailable_while_invalid(pods: Sequence[ObservedPod]) -> tuple[str, ...]:
@@ -956,7 +955,8 @@ def plan_unhealthy(
     for p in pods:
         if p.name in leaving:
             continue
-        if stays_unavailable(p, unready_after_s, never_ready_after_s):
+        found = _allowance(p, unready_after_s, never_ready_after_s)
+        if _unavailable_given(p, found):  # stays_unavailable, without computing the allowance again
             # reported (Degraded, one Event per stretch), and marked like the others so its "since" is
             # the operator's time, stable across reconciles and restarts; a stretch it cannot tell
             # from the next (no readable transition time) is not marked
@@ -968,7 +968,7 @@ def plan_unhealthy(
             why = _no_replacement_why(p, unready_after_s)
             unavailable.append(UnavailableReplica(p.name, since, why, new))
             continue
-        if (found := _allowance(p, unready_after_s, never_ready_after_s)) is None:
+        if found is None:
             continue
         reason, allowance, knob = found
         # counted on the operator's clock from its first sighting (ANNOTATION_UNREADY_SEEN)

@@ -6,6 +6,9 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from prefixfleet.operator.models import FleetSpec
 from prefixfleet.operator.planner import (
     ANNOTATION_SPEC_HASH,
@@ -19,8 +22,10 @@ from prefixfleet.operator.planner import (
     observe_pod,
     plan_invalid_spec,
     plan_reconcile,
+    plan_unhealthy,
     pod_url,
     replica_template,
+    stays_unavailable,
     unavailable_while_invalid,
     unready_mark,
     unready_since,
@@ -823,6 +828,49 @@ def test_a_replica_with_a_replacement_coming_is_not_reported_unavailable() -> No
     plan = plan_reconcile(FLEET, spec(1, replaceUnreadyAfterSeconds=0), at(60, [healthy, hung]))
     assert [d.name for d in plan.delete_pods] == ["chat-replica-1"]
     assert [e.reason for e in plan.events] == ["DeletingReplica"] and degraded_of(plan)["status"] == "False"
+
+
+# Any shape of unready pod: served or not, a readable transition time or not, its engine restarted
+# or down or not, Running or not, draining, terminating; the knobs on or off.
+unready_pods = st.builds(
+    lambda i, ready, served, changed, engine, phase, draining, terminating, seen: ObservedPod(
+        name=f"chat-replica-{i}",
+        phase=phase,
+        ready=ready,
+        terminating=terminating,
+        draining_since=T0 if draining else "",
+        first_ready=SERVED if served else "",
+        ready_changed=changed,
+        unready_seen=seen,
+        engine_started=engine if engine != "down" else "",
+        engine_down=engine == "down",
+    ),
+    st.integers(0, 3),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([T0, "", "garbage"]),
+    st.sampled_from(["", "down", "2025-12-31T23:30:00Z", "2026-01-01T00:00:05Z"]),
+    st.sampled_from(["Running", "Pending", "Unknown"]),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([T0, "", "2100-01-01T00:00:00Z"]),
+)
+
+
+@given(
+    st.lists(unready_pods, max_size=4, unique_by=lambda p: p.name),
+    st.sampled_from([0, 60]),
+    st.sampled_from([0, 60]),
+    st.integers(0, 300),
+)
+def test_the_plan_reports_unavailable_exactly_the_replicas_that_stay_unavailable(
+    pods: list[ObservedPod], unready_after_s: int, never_ready_after_s: int, seconds: int
+) -> None:
+    plan = plan_unhealthy(pods, NOW + timedelta(seconds=seconds), unready_after_s, never_ready_after_s)
+    expected = [p.name for p in pods if stays_unavailable(p, unready_after_s, never_ready_after_s)]
+    assert [u.name for u in plan.unavailable] == expected
+    # and no replica is both unavailable and counted against an allowance
+    assert not {u.name for u in plan.unavailable} & {u.name for u in plan.overdue}
 
 
 def test_while_the_spec_is_invalid_every_hung_replica_is_unavailable_whatever_the_knobs() -> None:
