@@ -424,7 +424,11 @@ class EngineModel:
         t = self.totals
         while t.gen_window and t.gen_window[0][0] <= now - THROUGHPUT_WINDOW_S:
             t.gen_window.popleft()
-        used = self.tree.pinned_tokens + sum(r.generated for r in self.decoding.values())
+        # SGLang's used = pool - free - evictable. Here running requests hold their pinned prompt
+        # path plus the room reserved for them at admission: prompt tokens not yet in the tree
+        # (cache_on_compute) and their max_new_tokens, generated or not. Both modes then report the
+        # same room for the same requests, and what admission sees as unavailable.
+        used = self.tree.pinned_tokens + self.reserved_prefill_tokens + self.reserved_decode_tokens
         return EngineStats(
             num_running=self.num_running,
             num_waiting=len(self.waiting),

@@ -39,7 +39,9 @@ class EngineMetrics:
 
         self.num_running_reqs = gauge("sglang:num_running_reqs", "Requests in prefill or decode.")
         self.num_queue_reqs = gauge("sglang:num_queue_reqs", "Requests waiting to be scheduled.")
-        self.num_used_tokens = gauge("sglang:num_used_tokens", "KV tokens held by running requests.")
+        self.num_used_tokens = gauge(
+            "sglang:num_used_tokens", "KV pool tokens held by running requests (computed or reserved)."
+        )
         self.token_usage = gauge("sglang:token_usage", "Fraction of the KV pool held by running requests.")
         self.cache_hit_rate = gauge(
             "sglang:cache_hit_rate", "Cached / prompt tokens over the last 256 prefilled requests."

@@ -225,6 +225,32 @@ def test_stats_report_queue_usage_and_hit_rate():
     assert stats.gen_throughput > 0
 
 
+@pytest.mark.parametrize("cache_on_compute", [False, True])
+def test_token_usage_is_the_pool_room_running_requests_hold_computed_or_not(cache_on_compute: bool):
+    # SGLang's num_used_tokens is its pool less the free and the evictable room. Here a running
+    # request holds room for its whole prompt and its max_new_tokens from admission on (what the
+    # scheduler keeps for it), in both modes, however much of its prompt is computed yet
+    cap = 10_000
+    model = EngineModel(config(cache_tokens=cap, chunk_tokens=1_000, cache_on_compute=cache_on_compute))
+    submit(model, "cold", SHARED, 50)  # 3000 prompt tokens: three prefill passes
+    now, usage = 0.0, []
+    while (it := model.plan(now)) is not None:
+        usage.append(model.stats(now).num_used_tokens)
+        now += it.duration
+        model.commit(it, now)
+    assert set(usage) == {len(SHARED) + 50} and len(usage) == 3 + 49  # prefill passes, then decode
+    assert model.stats(now).num_used_tokens == 0  # finished: what it left cached is evictable
+
+    # running requests sharing a cached prefix hold it once
+    warm = submit(model, "warm", [*SHARED, *range(7001, 7011)], 5, now)
+    other = submit(model, "other", [*SHARED, *range(8001, 8021)], 5, now)
+    model.plan(now)
+    assert warm.cached_tokens == other.cached_tokens == len(SHARED)
+    stats = model.stats(now)
+    assert stats.num_used_tokens == len(SHARED) + (10 + 5) + (20 + 5)
+    assert stats.token_usage == pytest.approx(stats.num_used_tokens / cap)
+
+
 @pytest.mark.parametrize(
     "field,value",
     [("cache_tokens", 0), ("time_scale", 0.0), ("chunk_tokens", -1), ("prefill_tokens_per_s", float("inf"))],
@@ -278,6 +304,7 @@ def test_pool_never_overflows_fifo_holds_and_everything_is_released(
             model.abort(submitted[tenant % len(submitted)].rid)
         held = model.tree.cached_tokens + model.reserved_prefill_tokens + model.reserved_decode_tokens
         assert held <= cache
+        assert 0 <= model.stats(now).num_used_tokens <= cache
         assert model.num_running <= max_running
         for request in [*model.prefilling.values(), *model.decoding.values()]:
             computed = request.cached_tokens + request.computed_tokens
