@@ -41,7 +41,6 @@ from .proxying import (
     WORKER_HEADER,
     Answer,
     AnyRequest,
-    answer_began,
     answer_headers,
     forward_header_pairs,
     json_error,
@@ -53,10 +52,11 @@ from .proxying import (
 from .records import (
     SENDS_MAGIC,
     WORKER_STATES,
-    SendNotice,
+    SendWithdrawal,
     decode_load_push,
-    decode_send,
+    decode_sends_message,
     encode_send,
+    encode_withdraw,
     split_member_fields,
 )
 from .redis_conn import connect_redis
@@ -187,7 +187,7 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         # own sends told to the other gateways (published off the request path, batched)
         self.gateway_id = uuid.uuid4().hex[:12]
-        self._own_notice_prefix = SENDS_MAGIC + f"{self.gateway_id}\n".encode()
+        self._own_id_line = f"{self.gateway_id}\n".encode()  # after the 4-byte magic of our messages
         self._shares: list[bytes] = []
         self._peers_listening = True  # until the first refresh counts the sends channel's listeners
         self._sends_subscribed = False
@@ -349,14 +349,19 @@ class Gateway:
         self.view.apply_load(push.worker, push.load, time.monotonic())
 
     def _apply_peer_send(self, data: bytes | str) -> None:
-        if isinstance(data, bytes) and data.startswith(self._own_notice_prefix):
-            return  # our own notice back from the channel
+        if isinstance(data, bytes) and data.startswith(self._own_id_line, len(SENDS_MAGIC)):
+            return  # our own notice (or withdrawal) back from the channel
         try:
-            notice: SendNotice = decode_send(data)
+            notice = decode_sends_message(data)
         except ValueError as exc:
             self._warn(f"ignoring a malformed message on the sends channel: {exc}")
             return
-        if notice.gateway != self.gateway_id:
+        if notice.gateway == self.gateway_id:
+            return
+        if isinstance(notice, SendWithdrawal):
+            # only the entries that send stamped (same worker and send time) are dropped
+            self.view.release_send(notice.worker, notice.hashes, notice.sent_at)
+        else:
             self.view.record_peer_send(notice.worker, notice.hashes, notice.sent_at)
 
     def _note_send_listeners(self, numsub: object) -> None:
@@ -369,9 +374,21 @@ class Gateway:
             return
         self._peers_listening = count - (1 if self._sends_subscribed else 0) > 0
 
-    def _share_send(self, worker_id: str, chain: list[int], wall: float) -> None:
+    def _share_send(self, worker_id: str, chain: list[int], wall: float) -> bool:
+        """Queue a send notice for the peers; whether one was queued (only then is a withdrawal due)."""
         if self.redis is not None and chain and self._peers_listening:
             self._shares.append(encode_send(self.gateway_id, worker_id, wall, chain))
+            self._share_ready.set()
+            return True
+        return False
+
+    def _withdraw_send(self, worker_id: str, blocks: list[int], wall: float, shared: bool) -> None:
+        """The send made at ``wall`` ended before the engine's first token, so the engine most likely
+        never cached ``blocks`` (its chain past what was already matched there): stop counting them,
+        here and, if the send was shared, at the peers (queued after its notice: same order)."""
+        self.view.release_send(worker_id, blocks, wall)
+        if shared and blocks:
+            self._shares.append(encode_withdraw(self.gateway_id, worker_id, wall, blocks))
             self._share_ready.set()
 
     async def _share_loop(self) -> None:
@@ -552,23 +569,31 @@ class Gateway:
                 self.metrics.retries.inc()
             wall = time.time()
             handle = self.view.record_send(worker.worker_id, chain, uncached, wall)
-            self._share_send(worker.worker_id, chain, wall)
+            # Not for a static worker: its id is a URL from this gateway's flags, which peers do not
+            # share and a notice's worker field does not admit (encoding it failed the request).
+            shared = not worker.static and self._share_send(worker.worker_id, chain, wall)
+            # Set once the worker's first token arrived (a streamed 200's first byte: the prompt is
+            # prefilled) or its whole 200 answer; a send that ends without it is withdrawn, as the
+            # sidecar withdraws the prompt from its mirror, so no gateway routes on it until its TTL.
+            prefilled = [False]
             try:
-                return await self._forward(request, body, parsed, worker, started)
+                response = await self._forward(request, body, parsed, worker, started, prefilled)
             except _Retryable as exc:
                 last_error = f"worker {worker.worker_id} failed: {exc}"
                 log.info("%s; retrying elsewhere", last_error)
                 self.view.mark_failed(worker.worker_id, time.monotonic())
                 for h in chain:
                     worker.overlay.pop(h, None)
+                self._withdraw_send(worker.worker_id, chain[matched_blocks:], wall, shared)
                 excluded.add(worker.worker_id)
-            except asyncio.CancelledError:
-                if not answer_began(request):
-                    # The client left before its answer began: the engine most likely never cached
-                    # the new blocks (a streamed answer's first byte means its prefill was done), so
-                    # routing must not count on them until the overlay TTL.
-                    self.view.release_send(worker.worker_id, chain[matched_blocks:], wall)
+            except asyncio.CancelledError:  # the client left
+                if not prefilled[0]:
+                    self._withdraw_send(worker.worker_id, chain[matched_blocks:], wall, shared)
                 raise
+            else:
+                if not prefilled[0]:  # an error answer (or a timeout) before the first token
+                    self._withdraw_send(worker.worker_id, chain[matched_blocks:], wall, shared)
+                return response
             finally:
                 self.view.record_done(worker.worker_id, handle, time.time())
         kind = "no_worker" if not excluded else "upstream"
@@ -591,19 +616,22 @@ class Gateway:
         parsed: InferenceRequest,
         worker: WorkerView,
         started: float,
+        prefilled: list[bool],
     ) -> Answer:
         if self.config.upstream_timeout_s is None:
-            return await self._exchange(request, body, worker, started)
+            return await self._exchange(request, body, worker, started, prefilled)
         try:
             async with asyncio.timeout(self.config.upstream_timeout_s):
-                return await self._exchange(request, body, worker, started)
+                return await self._exchange(request, body, worker, started, prefilled)
         except TimeoutError as exc:
             if isinstance(exc, ConnectionError):
                 raise _Retryable(exc.__class__.__name__) from exc
             self.metrics.errors.labels("timeout").inc()
             return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
 
-    async def _exchange(self, request: AnyRequest, body: bytes, worker: WorkerView, started: float) -> Answer:
+    async def _exchange(
+        self, request: AnyRequest, body: bytes, worker: WorkerView, started: float, prefilled: list[bool]
+    ) -> Answer:
         assert self.upstream is not None
         try:
             origin, prefix = self._origin(worker.url)
@@ -630,13 +658,19 @@ class Gateway:
                     raise _Retryable(exc.__class__.__name__) from exc
                 if upstream.status in (502, 503) and upstream.headers.get(RETRYABLE_HEADER):
                     raise _Retryable(f"HTTP {upstream.status} from its sidecar")
+                prefilled[0] = upstream.status == 200
                 if upstream.status >= 500:
                     self.metrics.errors.labels("upstream").inc()
                 return web.Response(status=upstream.status, body=data, headers=headers)
-            return await self._stream(request, upstream, headers, started)
+            return await self._stream(request, upstream, headers, started, prefilled)
 
     async def _stream(
-        self, request: AnyRequest, upstream: UpstreamResponse, headers: CIMultiDict[str], started: float
+        self,
+        request: AnyRequest,
+        upstream: UpstreamResponse,
+        headers: CIMultiDict[str],
+        started: float,
+        prefilled: list[bool],
     ) -> Answer:
         chunks = upstream.iter_chunks()
         try:
@@ -647,6 +681,7 @@ class Gateway:
             raise _Retryable(exc.__class__.__name__) from exc
         if first.startswith(b'data: {"error"') and b"upstream_disconnected" in first:
             raise _Retryable("engine died before its first byte")  # the sidecar's error event
+        prefilled[0] = upstream.status == 200
         try:
             response = await open_stream(request, upstream.status, headers)
             write = stream_writer(request, response, self.timeouts.write_s)

@@ -210,6 +210,9 @@ def decode_load_push(data: bytes | str) -> LoadPush:
 # -- send notices (gateway -> gateways) --------------------------------------------------------------
 
 SENDS_MAGIC = b"PFX1"
+# A withdrawal: same frame as a send notice under its own magic, so a gateway that predates it
+# refuses it as a bad-magic notice (one rate-limited warning) instead of counting it as a send.
+WITHDRAW_MAGIC = b"PFW1"
 _GATEWAY_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
@@ -223,34 +226,90 @@ class SendNotice:
     hashes: array  # array('Q'): the request's chained block hashes, in chain order
 
 
-def encode_send(gateway: str, worker: str, sent_at: float, hashes: Sequence[int]) -> bytes:
-    """``PFX1 <gateway>\\n<worker>\\n<sent_at>\\n`` then the hashes as little-endian u64."""
+@dataclass(frozen=True, slots=True)
+class SendWithdrawal:
+    """The send ``gateway`` made to ``worker`` at ``sent_at`` ended before the engine's first token:
+    ``hashes`` (the blocks of its chain past what that gateway had matched) are not cached there."""
+
+    gateway: str
+    worker: str
+    sent_at: float  # the withdrawn send's time, exactly as its notice carried it
+    hashes: array  # array('Q')
+
+
+def _encode_sends_frame(
+    magic: bytes, gateway: str, worker: str, sent_at: float, hashes: Sequence[int]
+) -> bytes:
     if not _GATEWAY_ID.fullmatch(gateway):
         raise ValueError(f"gateway id {gateway!r} must be 1-64 letters, digits, '_', '.', ':' or '-'")
     validate_worker_id(worker)
+    if not math.isfinite(sent_at) or sent_at < 0:
+        raise ValueError(f"send time {sent_at!r} must be a finite non-negative number")
     blocks = pack_le(array("Q", hashes))
-    return SENDS_MAGIC + f"{gateway}\n{worker}\n{sent_at!r}\n".encode() + blocks
+    # repr: the shortest text that reads back as the same float (withdrawals match sends on it)
+    return magic + f"{gateway}\n{worker}\n{sent_at!r}\n".encode() + blocks
 
 
-def decode_send(data: bytes | str) -> SendNotice:
-    """Parse a send notice; anything malformed raises :class:`SummaryError`."""
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogateescape")
-    if not data.startswith(SENDS_MAGIC):
-        raise SummaryError("send notice: bad magic")
-    parts = data[len(SENDS_MAGIC) :].split(b"\n", 3)
+def encode_send(gateway: str, worker: str, sent_at: float, hashes: Sequence[int]) -> bytes:
+    """``PFX1 <gateway>\\n<worker>\\n<sent_at>\\n`` then the hashes as little-endian u64."""
+    return _encode_sends_frame(SENDS_MAGIC, gateway, worker, sent_at, hashes)
+
+
+def encode_withdraw(gateway: str, worker: str, sent_at: float, hashes: Sequence[int]) -> bytes:
+    """``PFW1 <gateway>\\n<worker>\\n<sent_at>\\n`` then the withdrawn hashes as little-endian u64;
+    ``sent_at`` is the withdrawn send's time as its notice carried it."""
+    return _encode_sends_frame(WITHDRAW_MAGIC, gateway, worker, sent_at, hashes)
+
+
+def _decode_sends_frame(data: bytes, what: str) -> tuple[str, str, float, array]:
+    parts = data[4:].split(b"\n", 3)
     if len(parts) != 4:
-        raise SummaryError("send notice: header must be gateway, worker and time lines")
+        raise SummaryError(f"{what}: header must be gateway, worker and time lines")
     gateway, worker, sent, body = parts
     try:
         gateway_s, worker_s = gateway.decode("ascii"), worker.decode("ascii")
         sent_at = float(sent)
     except (UnicodeDecodeError, ValueError):
-        raise SummaryError("send notice: unreadable gateway, worker or time") from None
+        raise SummaryError(f"{what}: unreadable gateway, worker or time") from None
     if not _GATEWAY_ID.fullmatch(gateway_s) or not _WORKER_ID.fullmatch(worker_s):
-        raise SummaryError("send notice: bad gateway or worker id")
+        raise SummaryError(f"{what}: bad gateway or worker id")
     if not math.isfinite(sent_at) or sent_at < 0:
-        raise SummaryError("send notice: time must be a finite non-negative number")
+        raise SummaryError(f"{what}: time must be a finite non-negative number")
     if len(body) % 8:
-        raise SummaryError(f"send notice: {len(body)} bytes of hashes is not a multiple of 8")
-    return SendNotice(gateway_s, worker_s, sent_at, unpack_le("Q", body))
+        raise SummaryError(f"{what}: {len(body)} bytes of hashes is not a multiple of 8")
+    return gateway_s, worker_s, sent_at, unpack_le("Q", body)
+
+
+def _as_bytes(data: bytes | str) -> bytes:
+    if isinstance(data, str):
+        return data.encode("utf-8", "surrogateescape")
+    if not isinstance(data, bytes):
+        raise SummaryError(f"sends-channel message must be bytes or str, not {type(data).__name__}")
+    return data
+
+
+def decode_send(data: bytes | str) -> SendNotice:
+    """Parse a send notice; anything malformed raises :class:`SummaryError`."""
+    data = _as_bytes(data)
+    if not data.startswith(SENDS_MAGIC):
+        raise SummaryError("send notice: bad magic")
+    return SendNotice(*_decode_sends_frame(data, "send notice"))
+
+
+def decode_withdraw(data: bytes | str) -> SendWithdrawal:
+    """Parse a send withdrawal; anything malformed raises :class:`SummaryError`."""
+    data = _as_bytes(data)
+    if not data.startswith(WITHDRAW_MAGIC):
+        raise SummaryError("send withdrawal: bad magic")
+    return SendWithdrawal(*_decode_sends_frame(data, "send withdrawal"))
+
+
+def decode_sends_message(data: bytes | str) -> SendNotice | SendWithdrawal:
+    """Parse any message of the sends channel by its magic; an unknown kind (a newer gateway's) or
+    anything malformed raises :class:`SummaryError`, for the reader to skip with a warning."""
+    data = _as_bytes(data)
+    if data.startswith(SENDS_MAGIC):
+        return decode_send(data)
+    if data.startswith(WITHDRAW_MAGIC):
+        return decode_withdraw(data)
+    raise SummaryError(f"sends channel: unknown message kind {data[:4]!r}")

@@ -355,8 +355,10 @@ class FleetView:
 
     def release_send(self, worker_id: str, hashes: Iterable[int], sent_at: float) -> None:
         """Forget the overlay entries of a send made at ``sent_at`` that never reached the engine's
-        cache (its client left before the answer began). Entries a later send stamped again stay;
-        give only the blocks past what was already matched, so the overlay stays prefix-closed."""
+        cache (it ended before the engine's first token: its client left, the engine failed or
+        answered with an error), be it an own send or a peer's withdrawn one
+        (``records.SendWithdrawal``). Entries a later send stamped again stay; give only the blocks
+        past what was already matched, so the overlay stays prefix-closed."""
         w = self.workers.get(worker_id)
         if w is None:
             return
