@@ -15,6 +15,7 @@ import logging
 import math
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -28,7 +29,7 @@ from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
-from .front import ClientStalled, fallback_runner, serve_front
+from .front import ClientStalled, HotFront, fallback_runner, serve_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import Admission, CacheMirror
@@ -828,18 +829,17 @@ class Sidecar:
                 except ConnectionError:
                     return response  # the client left; closing upstream aborts the engine's request
                 except ClientStalled:
-                    log.info(
-                        "client of %s read nothing of its stream for %g s: connection closed, "
-                        "request aborted",
-                        request.path,
-                        self.timeouts.write_s,
-                    )
+                    self._client_stalled(request.path)
                     return response  # as for a client that left
             complete = True
         except (OSError, TimeoutError) as exc:
             self._engine_failed(exc)
-            with contextlib.suppress(ConnectionError, aiohttp.ClientError, ClientStalled):
-                await write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
+            with contextlib.suppress(ConnectionError, aiohttp.ClientError):
+                try:
+                    await write(sse_error_event(f"engine stream ended early: {exc.__class__.__name__}"))
+                except ClientStalled:
+                    # stalled on the last event as on any other (the connection is closed)
+                    self._client_stalled(request.path)
         if parsed is not None and handle is not None and cached is not None:
             uncached = find_uncached_tokens(usage, parsed.num_tokens)
             if uncached is not None:
@@ -851,6 +851,14 @@ class Sidecar:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
+
+    def _client_stalled(self, path: str) -> None:
+        """A streamed answer's client read nothing for the write timeout: its connection was closed."""
+        log.info(
+            "client of %s read nothing of its stream for %g s: connection closed, request aborted",
+            path,
+            self.timeouts.write_s,
+        )
 
     def _learn(self, parsed: InferenceRequest, data: bytes, predicted: int, handle: int) -> None:
         """Reconcile the mirror with a finished non-streaming response."""
@@ -865,33 +873,57 @@ class Sidecar:
             self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(text)), parsed.tenant_salt)
 
 
-async def serve(config: SidecarConfig) -> None:
-    """Run a sidecar until cancelled."""
+@dataclass(frozen=True, slots=True)
+class Listening:
+    """A sidecar serving on its socket (see :func:`listening`)."""
+
+    sidecar: Sidecar
+    server: asyncio.AbstractServer
+    front: HotFront
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def listening(config: SidecarConfig) -> AsyncIterator[Listening]:
+    """Serve ``config`` until the block ends, then leave the fleet and stop."""
     sidecar = Sidecar(config)
     timeouts = sidecar.timeouts
     runner = await fallback_runner(sidecar.app(), timeouts)
-    # Generation requests take the lean front; every other path (and anything unusual) aiohttp.
-    server, front = await serve_front(
-        runner,
-        config.host,
-        config.port,
-        dict.fromkeys(GENERATE_PATHS, sidecar.handle_generate),
-        _body_error,
-        timeouts=timeouts,
-        max_body_bytes=config.max_body_bytes,
-    )
-    log.info(
-        "sidecar %s on %s:%d -> %s (fleet %s)",
-        sidecar.s.worker_id,
-        config.host,
-        config.port,
-        config.engine_url,
-        config.fleet,
-    )
     try:
-        await asyncio.Event().wait()
+        # Generation requests take the lean front; every other path (and anything unusual) aiohttp.
+        server, front = await serve_front(
+            runner,
+            config.host,
+            config.port,
+            dict.fromkeys(GENERATE_PATHS, sidecar.handle_generate),
+            _body_error,
+            timeouts=timeouts,
+            max_body_bytes=config.max_body_bytes,
+        )
+    except BaseException:
+        await runner.cleanup()
+        raise
+    try:
+        yield Listening(sidecar, server, front)
     finally:
         await sidecar.leave_fleet()
         server.close()
         await front.shutdown()
         await runner.cleanup()
+
+
+async def serve(config: SidecarConfig) -> None:
+    """Run a sidecar until cancelled."""
+    async with listening(config) as served:
+        log.info(
+            "sidecar %s on %s:%d -> %s (fleet %s)",
+            served.sidecar.s.worker_id,
+            config.host,
+            config.port,
+            config.engine_url,
+            config.fleet,
+        )
+        await asyncio.Event().wait()
