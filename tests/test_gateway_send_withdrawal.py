@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -386,3 +387,23 @@ async def test_a_static_worker_behind_a_shared_fleet_is_routed_without_a_send_no
     finally:
         await listener.aclose()
         await listener_client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_unknown_and_malformed_sends_channel_messages_are_skipped_with_a_warning(
+    fleet: Fleet, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a gateway that predates a message kind sees: a magic it does not know. It warns (at most
+    # once a minute per message) and goes on counting its peers' sends.
+    caplog.set_level(logging.WARNING, logger="prefixfleet.gateway")
+    client = aioredis.from_url(redis_server.url)
+    try:
+        for junk in (b"PFZ9gw-x\ne0\n1.0\n", b"PFW1gw-x\ne0\nsoon\n", b"PFW1", "text"):
+            await client.publish(FleetKeys("withdraw").sends, junk)
+        async with aiohttp.ClientSession() as http:
+            await settled(http, fleet.a, fleet.b, "after-junk")  # B applies A's sends after the junk
+    finally:
+        await client.aclose()
+    warned = [r.getMessage() for r in caplog.records if "sends channel" in r.getMessage()]
+    assert any("unknown message kind" in m for m in warned), warned
+    assert any("send withdrawal: unreadable" in m for m in warned), warned
