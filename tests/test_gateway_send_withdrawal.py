@@ -32,6 +32,8 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from fleet_fixtures import RedisServer, free_port
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixfleet.router.blockhash import CacheIdentity
 from prefixfleet.router.gateway import GatewayConfig, Listening, listening
@@ -105,6 +107,22 @@ def test_malformed_withdrawals_are_refused_naming_what_is_wrong() -> None:
         encode_withdraw("gw-a", "w1\n", 1.0, [])
     with pytest.raises(ValueError, match="send time"):
         encode_withdraw("gw-a", "w1", float("inf"), [])
+
+
+@settings(max_examples=300)
+@given(data=st.data())
+def test_a_sends_message_with_flipped_or_missing_bytes_decodes_or_is_refused(data: st.DataObject) -> None:
+    encode = data.draw(st.sampled_from([encode_send, encode_withdraw]))
+    raw = bytearray(encode("gw-a", "replica-0", 1234.5, [1, 2**64 - 1, 3]))
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    cut = bytes(raw[: data.draw(st.integers(0, len(raw)))])
+    for decode in (decode_sends_message, decode_send, decode_withdraw):
+        try:
+            message = decode(cut)
+        except SummaryError:
+            continue
+        assert isinstance(message, SendNotice | SendWithdrawal) and 8 * len(message.hashes) < len(cut)
 
 
 def test_a_gateway_that_predates_withdrawals_refuses_one_as_a_malformed_notice() -> None:
