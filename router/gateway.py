@@ -573,8 +573,9 @@ class Gateway:
             # share and a notice's worker field does not admit (encoding it failed the request).
             shared = not worker.static and self._share_send(worker.worker_id, chain, wall)
             # Set once the worker's first token arrived (a streamed 200's first byte: the prompt is
-            # prefilled) or its whole 200 answer; a send that ends without it is withdrawn, as the
-            # sidecar withdraws the prompt from its mirror, so no gateway routes on it until its TTL.
+            # prefilled) or its whole 200 answer. A send that ends without it is withdrawn (here and
+            # at the peers), as the sidecar withdraws the prompt from its mirror: no gateway then
+            # routes the prefix there as a hit the engine never computed.
             prefilled = [False]
             try:
                 response = await self._forward(request, body, parsed, worker, started, prefilled)
