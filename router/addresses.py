@@ -26,6 +26,22 @@ def base_url(host: str, port: int, scheme: str = "http") -> str:
     return f"{scheme}://{host_for_url(host)}:{port}"
 
 
+def connect_host(listen_host: str) -> str:
+    """The address a process on this machine dials to reach a server listening on ``listen_host``:
+    the loopback of the wildcard's family (``''`` listens on both, so IPv4's), else the address itself
+    (a server bound to ``::1`` alone is not on ``127.0.0.1``)."""
+    if listen_host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if listen_host.strip("[]") == "::":
+        return "::1"
+    return listen_host.strip("[]")
+
+
+def local_url(listen_host: str, port: int) -> str:
+    """The base URL of this machine's own server listening on ``listen_host``:``port``."""
+    return base_url(connect_host(listen_host), port)
+
+
 def bracket_ipv6_url(url: str) -> str:
     """``http://fd00::12:8100/x`` -> ``http://[fd00::12]:8100/x``; any other URL unchanged.
 

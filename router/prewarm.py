@@ -38,6 +38,7 @@ from aiohttp import web
 
 from prefixfleet.operator.hot_subtrees import find_prefix, parse_subtree_id
 
+from .addresses import local_url
 from .proxying import find_cached_tokens, json_error
 from .summary import HotPrefix
 
@@ -167,7 +168,7 @@ async def announce_state(sidecar: Sidecar) -> None:
 async def warm_prefixes(sidecar: Sidecar, source: str, hashes: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Fetch and replay each prefix in order (one at a time: warming must not swamp the engine)."""
     assert sidecar.session is not None
-    own = f"http://127.0.0.1:{sidecar.config.port}"
+    own = local_url(sidecar.config.host, sidecar.config.port)
     results: dict[str, dict[str, Any]] = {}
     for sid in hashes:
         try:

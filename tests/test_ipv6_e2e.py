@@ -9,6 +9,8 @@ Specification:
   bracketed URLs (``http://[::1]:PORT``) in the fleet's members hash;
 * a second request sharing a long prefix with the first goes to the worker that holds the prefix and
   is served from its cache (``meta_info.cached_tokens`` > 0);
+* a replica listening on ``::1`` only can be pre-warmed from another: it replays the fetched prefix
+  through its own listening address (it used ``127.0.0.1``, where nothing listens);
 * ``prefixfleet router inspect`` reads the fleet from a Redis on ``[::1]``.
 
 Skipped only when this host has no IPv6 loopback.
@@ -28,7 +30,7 @@ import pytest
 import redis
 from fleet_fixtures import Spawner, prefixfleet_argv, redis_server_binary
 
-from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
+from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, block_hashes
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import decode_member
 from prefixfleet.tokenizer import tokenize
@@ -173,6 +175,24 @@ def test_a_repeated_prefix_is_routed_to_its_holder_and_served_from_cache(fleet: 
     again, cached = generate(fleet.gateway, PREFIX + "second question, same prefix?")
     assert again == holder
     assert cached >= len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
+
+
+def test_a_replica_listening_on_ipv6_only_is_warmed_from_another(fleet: Fleet) -> None:
+    warm_prefix = "System: warm-up prefix for the IPv6 replica, policies follow. " * 30
+    source, target = fleet.sidecars["w0"], fleet.sidecars["w1"]
+    generate(source, warm_prefix + "seed?")
+    status = httpx.get(f"{source}/prefixfleet/status", timeout=10).json()
+    seed = CacheIdentity(status["model"], status["revision"], "").seed()
+    sid = f"{block_hashes(tokenize(warm_prefix), seed, DEFAULT_BLOCK_TOKENS)[-1]:016x}"
+    resp = httpx.post(
+        f"{target}/prefixfleet/warm",
+        json={"source": source, "hashes": [sid], "hold_traffic": False},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["results"][sid]["status"] == "ok", resp.text
+    _, cached = generate(target, warm_prefix + "probe on the warmed replica?")
+    assert cached >= len(tokenize(warm_prefix)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
 
 
 def test_inspect_reads_a_fleet_from_redis_on_ipv6(fleet: Fleet) -> None:
