@@ -58,3 +58,37 @@ def bracket_ipv6_url(url: str) -> str:
     if bracketed == host:
         return url
     return f"{scheme}://{bracketed}:{port}{slash}{path}"
+
+
+def authority_error(url: str) -> str | None:
+    """Why the host and port of ``url`` cannot be read, or None when they can (``unix://`` included).
+
+    An IPv6 address without brackets is the usual case (``redis://fd00::12:6379/0``: every client
+    reads the port after the first colon); the message names the bracketed URL to write instead."""
+    _scheme, sep, rest = url.partition("://")
+    if not sep or url.startswith("unix://"):
+        return None
+    authority = rest
+    for end in "/?#":
+        authority = authority.partition(end)[0]
+    authority = authority.rpartition("@")[2]  # after any user:password
+    if authority.startswith("["):
+        host, closed, port = authority[1:].partition("]")
+        if not closed:
+            return f"{authority!r} opens a [ it does not close"
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            return f"[{host}] is not an IPv6 address"
+        if port and not port.startswith(":"):
+            return f"{authority!r} has {port!r} after the ] (expected :PORT)"
+        port = port[1:]
+    elif authority.count(":") > 1:
+        repaired = bracket_ipv6_url(url)
+        hint = f": write {repaired}" if repaired != url else ""
+        return f"an IPv6 address goes in brackets{hint}"
+    else:
+        port = authority.partition(":")[2]
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        return f"the port {port!r} is not a number in 1..65535"
+    return None

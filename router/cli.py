@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from .addresses import authority_error, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS
 from .keys import DEFAULT_FLEET, validate_fleet_name
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
@@ -172,6 +173,8 @@ def _check_common(args: argparse.Namespace) -> None:
         raise _usage_error(f"--port must be in 1..65535, got {args.port}")
     if args.redis is not None and not args.redis.startswith(("redis://", "rediss://", "unix://")):
         raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    if args.redis is not None:
+        _check_authority("--redis", args.redis)
     if args.block_tokens < 1:
         raise _usage_error(f"--block-tokens must be positive, got {args.block_tokens}")
     if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
@@ -195,7 +198,13 @@ def _check_common(args: argparse.Namespace) -> None:
 def _check_url(flag: str, url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise _usage_error(f"{flag} must be an http:// or https:// URL, got {url!r}")
+    _check_authority(flag, url)
     return url.rstrip("/")
+
+
+def _check_authority(flag: str, url: str) -> None:
+    if (problem := authority_error(url)) is not None:
+        raise _usage_error(f"{flag} {url!r}: {problem}")
 
 
 def run_sidecar(args: argparse.Namespace) -> int:
@@ -204,7 +213,8 @@ def run_sidecar(args: argparse.Namespace) -> int:
     _check_common(args)
     engine = _check_url("--engine", args.engine)
     if args.advertise_url:
-        _check_url("--advertise-url", args.advertise_url)
+        # repaired, not refused: the pod spec's http://$(POD_IP):PORT cannot bracket an IPv6 address
+        _check_url("--advertise-url", bracket_ipv6_url(args.advertise_url))
     if args.worker_id:
         try:
             validate_worker_id(args.worker_id)
@@ -357,6 +367,7 @@ def run_inspect(args: argparse.Namespace) -> int:
 
     if not args.redis.startswith(("redis://", "rediss://", "unix://")):
         raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    _check_authority("--redis", args.redis)
     try:
         keys = FleetKeys(args.fleet)
     except ValueError as exc:
