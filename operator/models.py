@@ -528,11 +528,17 @@ class EngineSpec(CamelModel):
     def _sglang_metrics_flag_is_bare(self) -> EngineSpec:
         # The operator always passes SGLang's --enable-metrics (planner.engine_command); it is a
         # store_true flag, so a value ('--enable-metrics=true', '--enable-metrics true') stops
-        # SGLang's argument parser at start-up, and would sit next to the operator's own flag.
+        # SGLang's argument parser at start-up, and would sit next to the operator's own flag. The
+        # bare flag is accepted once (the CEL rule can check the item after one occurrence only).
         if self.kind != "sglang":
             return self
         for i, arg in enumerate(self.args):
             following = self.args[i + 1] if i + 1 < len(self.args) else "-"
+            if arg == "--enable-metrics" and "--enable-metrics" in self.args[:i]:
+                raise ValueError(
+                    f"spec.engine.args[{i}]: '--enable-metrics' a second time: SGLang's --enable-metrics"
+                    " takes no value and the operator always passes it; remove it"
+                )
             if arg.startswith("--enable-metrics=") or (
                 arg == "--enable-metrics" and not following.startswith("-")
             ):
@@ -550,8 +556,9 @@ class EngineSpec(CamelModel):
                     "self.kind != 'sglang' || !has(self.args)"
                     " || (!self.args.exists(a, a.startsWith('--enable-metrics='))"
                     " && (!self.args.exists(a, a == '--enable-metrics')"
-                    " || self.args.indexOf('--enable-metrics') == size(self.args) - 1"
-                    " || self.args[self.args.indexOf('--enable-metrics') + 1].startsWith('-')))",
+                    " || (self.args.exists_one(a, a == '--enable-metrics')"
+                    " && (self.args.indexOf('--enable-metrics') == size(self.args) - 1"
+                    " || self.args[self.args.indexOf('--enable-metrics') + 1].startsWith('-')))))",
                     "spec.engine.args: SGLang's --enable-metrics takes no value and the operator"
                     " always passes it; remove it",
                     ".args",

@@ -1,0 +1,537 @@
+"""The CRD's CEL rules, run by a real CEL implementation and held against the models.
+
+No API server runs here, so the rules (``x-kubernetes-validations``) are evaluated by cel-python
+(``celpy``, the pure-Python CEL of the cel-spec) the way kube-apiserver (cel-go) evaluates them:
+
+- every rule of the generated CRD is found by walking its schema (a new rule is covered without
+  touching this file); each rule and messageExpression must compile, call only functions that
+  Kubernetes 1.28's CEL environment has (the chart's ``kubeVersion``), select only fields the
+  schema declares (the API server type-checks rules against the schema and refuses the CRD
+  otherwise; cel-python does not type-check), and its ``fieldPath`` must name a declared field;
+- ``self`` is built from the schema as the API server builds it: ``number`` fields are doubles even
+  when written as integers, fields the schema does not declare are invisible, and Kubernetes 1.28
+  has no cross-type numeric comparison (cel-python refuses ``int < double`` too);
+- a differential property test: specs generated around the boundaries the rules guard are judged by
+  the API server's steps (defaults, OpenAPI schema with RE2 patterns, then every CEL rule) and by the
+  models (``operator/models.py``); both must accept or both refuse. A refusing rule's
+  messageExpression must name the refused item as the models do.
+
+Kubernetes' own extension functions that cel-python lacks are provided below, implemented to the
+Kubernetes list and strings library documentation (only the forms the rules use).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+import celpy
+import jsonschema
+import pytest
+import re2
+from celpy import celtypes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lark import Token, Tree
+
+from prefixfleet.operator import models
+from prefixfleet.operator.crd import build_crd
+from prefixfleet.operator.crd_admission import apply_defaults, crd_schema
+
+Schema = dict[str, Any]
+
+# ------------------------------------------------------------------ Kubernetes' CEL environment
+
+# Functions and macros in Kubernetes 1.28's CEL environment (the chart's kubeVersion), from
+# https://kubernetes.io/docs/reference/using-api/cel/: the CEL standard library, the cel-go strings
+# extension version 1, and the Kubernetes list, regex and URL libraries. The quantity library,
+# optional types and cross-type numeric comparisons arrived in 1.29: not listed.
+KUBERNETES_1_28_FUNCTIONS = frozenset(
+    {
+        # macros
+        "has", "all", "exists", "exists_one", "map", "filter",
+        # standard library
+        "size", "contains", "startsWith", "endsWith", "matches", "int", "uint", "double", "string",
+        "bytes", "bool", "type", "dyn", "duration", "timestamp", "getDate", "getDayOfMonth",
+        "getDayOfWeek", "getDayOfYear", "getFullYear", "getMonth", "getHours", "getMilliseconds",
+        "getMinutes", "getSeconds",
+        # cel-go strings extension, version 1
+        "charAt", "indexOf", "lastIndexOf", "lowerAscii", "upperAscii", "replace", "split", "join",
+        "substring", "trim",
+        # Kubernetes list library
+        "isSorted", "sum", "min", "max",
+        # Kubernetes regex and URL libraries
+        "find", "findAll", "isURL", "url", "getScheme", "getHost", "getHostname", "getPort",
+        "getEscapedPath", "getQuery",
+    }
+)  # fmt: skip
+MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
+
+
+def _index_of(target: Any, item: Any) -> celtypes.IntType:
+    """``<list>.indexOf(<T>)`` (Kubernetes list library) and ``<string>.indexOf(<string>)`` (strings
+    extension): index of the first equal element or substring (in code points), -1 if none."""
+    if isinstance(target, str):
+        return celtypes.IntType(target.find(item))
+    return celtypes.IntType(next((i for i, v in enumerate(target) if v == item), -1))
+
+
+def _last_index_of(target: Any, item: Any) -> celtypes.IntType:
+    """``lastIndexOf``: as ``indexOf``, the last occurrence."""
+    if isinstance(target, str):
+        return celtypes.IntType(target.rfind(item))
+    found = [i for i, v in enumerate(target) if v == item]
+    return celtypes.IntType(found[-1] if found else -1)
+
+
+KUBERNETES_EXTENSIONS = {"indexOf": _index_of, "lastIndexOf": _last_index_of}
+CELPY_FUNCTIONS = frozenset(celpy.evaluation.base_functions) | MACROS | {"has"}
+
+ENV = celpy.Environment()
+
+
+@cache
+def program(expression: str) -> celpy.Runner:
+    return ENV.program(ENV.compile(expression), functions=KUBERNETES_EXTENSIONS)
+
+
+def to_cel(schema: Schema, value: Any) -> Any:
+    """``value`` as the API server hands it to CEL: typed by the schema, undeclared fields left out."""
+    if isinstance(value, dict):
+        props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+        out = {}
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:  # preserved unknown fields are not accessible in CEL
+                out[celtypes.StringType(key)] = to_cel(sub, item)
+        return celtypes.MapType(out)
+    if isinstance(value, list):
+        return celtypes.ListType([to_cel(schema.get("items", {}), item) for item in value])
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, int) and schema.get("type") == "number":
+        return celtypes.DoubleType(value)  # a number written as 1 is the double 1.0
+    return celpy.json_to_cel(value)
+
+
+# ------------------------------------------------------------------ the rules, found in the CRD
+
+CRD = build_crd()
+SCHEMA = crd_schema(CRD)
+
+
+def schema_rules(node: Schema, path: str = "") -> Iterator[tuple[str, Schema, dict[str, str]]]:
+    """(schema path, schema node, rule) for every x-kubernetes-validations entry."""
+    for rule in node.get("x-kubernetes-validations", []):
+        yield path or "<root>", node, rule
+    for name, sub in node.get("properties", {}).items():
+        yield from schema_rules(sub, f"{path}.{name}")
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            yield from schema_rules(node[key], f"{path}[{key}]")
+
+
+RULES = list(schema_rules(SCHEMA))
+RULE_IDS = [f"{path}#{i}" for i, (path, _, _) in enumerate(RULES)]
+
+
+def test_the_crd_has_cel_rules_to_check() -> None:
+    assert len(RULES) >= 10  # the walk found them (a broken walk would make every test here vacuous)
+
+
+@pytest.mark.parametrize(("path", "node", "rule"), RULES, ids=RULE_IDS)
+def test_rule_and_message_expression_compile(path: str, node: Schema, rule: dict[str, str]) -> None:
+    program(rule["rule"])
+    if "messageExpression" in rule:
+        program(rule["messageExpression"])
+    # The API server refuses a blank message or one with a line break.
+    assert rule["message"].strip() and "\n" not in rule["message"], path
+
+
+def _called(tree: Tree) -> set[str]:
+    names = set()
+    for node in tree.iter_subtrees():
+        if node.data == "member_dot_arg":
+            names.add(str(node.children[1]))
+        elif node.data in ("ident_arg", "dot_ident_arg"):
+            names.add(str(node.children[0]))
+    return names
+
+
+@pytest.mark.parametrize(("path", "node", "rule"), RULES, ids=RULE_IDS)
+def test_rule_calls_only_functions_kubernetes_has(path: str, node: Schema, rule: dict[str, str]) -> None:
+    for expression in (rule["rule"], rule.get("messageExpression")):
+        if expression is None:
+            continue
+        called = _called(ENV.compile(expression))
+        assert called <= KUBERNETES_1_28_FUNCTIONS, f"{path}: not in Kubernetes 1.28's CEL: {called}"
+        # ... and the evaluation here runs every one of them
+        assert called <= CELPY_FUNCTIONS | set(KUBERNETES_EXTENSIONS), called - CELPY_FUNCTIONS
+
+
+def _element_schema(owner: Schema) -> Schema:
+    """What a macro's variable ranges over: list items, or map keys (strings)."""
+    if owner.get("type") == "array":
+        return owner.get("items", {})
+    return {"type": "string"}
+
+
+def _only_child(node: Tree) -> Tree | None:
+    present = [c for c in node.children if c is not None]
+    return present[0] if len(present) == 1 and isinstance(present[0], Tree) else None
+
+
+def undeclared_fields(node: Tree | Token | None, scope: dict[str, Schema | None]) -> Iterator[str]:
+    """Field selections the API server's type check refuses: a field the schema does not declare.
+
+    Yields ``owner.field`` strings. ``scope`` maps variables (``self``, macro variables) to the
+    schema they denote; None for a value of no schema (a literal, a call's result)."""
+    yield from _walk_fields(node, scope, [None])
+
+
+def _walk_fields(node: Any, scope: dict[str, Schema | None], out: list[Schema | None]) -> Iterator[str]:
+    # out[0] receives the schema ``node`` denotes (None if it denotes no schema value)
+    out[0] = None
+    if not isinstance(node, Tree):
+        return
+    kind = node.data
+    if kind == "ident":
+        out[0] = scope.get(str(node.children[0]))
+        return
+    if kind == "member_dot":
+        owner: list[Schema | None] = [None]
+        yield from _walk_fields(node.children[0], scope, owner)
+        name = str(node.children[1])
+        if owner[0] is not None:
+            props, extra = owner[0].get("properties"), owner[0].get("additionalProperties")
+            if props is not None and name in props:
+                out[0] = props[name]
+            elif isinstance(extra, dict) and props is None:
+                out[0] = extra  # a map's value
+            else:
+                yield name
+        return
+    if kind == "member_index":
+        owner = [None]
+        yield from _walk_fields(node.children[0], scope, owner)
+        yield from _walk_fields(node.children[1], scope, [None])
+        if owner[0] is not None:
+            out[0] = owner[0].get("items") or owner[0].get("additionalProperties")
+        return
+    if kind == "member_dot_arg":
+        owner = [None]
+        yield from _walk_fields(node.children[0], scope, owner)
+        args = list(node.children[2].children) if len(node.children) > 2 and node.children[2] else []
+        if str(node.children[1]) in MACROS and args:
+            variable = str(next(args[0].find_data("ident")).children[0])
+            element = _element_schema(owner[0]) if owner[0] is not None else None
+            scope = {**scope, variable: element}
+            args = args[1:]
+        for arg in args:
+            yield from _walk_fields(arg, scope, [None])
+        return
+    child = _only_child(node)
+    if child is not None:  # a wrapper (expr -> conditionalor -> ... -> primary) denotes its child
+        yield from _walk_fields(child, scope, out)
+        return
+    for sub in node.children:
+        yield from _walk_fields(sub, scope, [None])
+
+
+@pytest.mark.parametrize(("path", "node", "rule"), RULES, ids=RULE_IDS)
+def test_rule_selects_only_declared_fields(path: str, node: Schema, rule: dict[str, str]) -> None:
+    for expression in (rule["rule"], rule.get("messageExpression")):
+        if expression is not None:
+            missing = list(undeclared_fields(ENV.compile(expression), {"self": node}))
+            assert not missing, f"{path}: the schema declares no field {missing} (the API server refuses it)"
+
+
+def test_the_declared_field_check_catches_an_undeclared_field() -> None:
+    # the check above is no tautology: a typo, and a field of a free-form object, are caught
+    engine = SCHEMA["properties"]["spec"]["properties"]["engine"]
+    assert list(undeclared_fields(ENV.compile("has(self.arg)"), {"self": engine})) == ["arg"]
+    env_item = engine["properties"]["env"]["items"]
+    typo = "self.valueFrom.secretKeyRef == null"
+    assert list(undeclared_fields(ENV.compile(typo), {"self": env_item})) == ["secretKeyRef"]
+    inner = "self.args.exists(a, a.size() > 0) && self.env.all(e, has(e.nme))"
+    assert list(undeclared_fields(ENV.compile(inner), {"self": engine})) == ["nme"]
+
+
+@pytest.mark.parametrize(("path", "node", "rule"), RULES, ids=RULE_IDS)
+def test_field_path_names_a_declared_field(path: str, node: Schema, rule: dict[str, str]) -> None:
+    if "fieldPath" not in rule:
+        return
+    assert re.fullmatch(r"(\.[A-Za-z_][A-Za-z0-9_]*)+", rule["fieldPath"]), rule["fieldPath"]
+    here = node
+    for name in rule["fieldPath"].split(".")[1:]:
+        assert name in here.get("properties", {}), f"{path}: fieldPath {rule['fieldPath']} is not declared"
+        here = here["properties"][name]
+
+
+# ------------------------------------------------------------------ the API server's verdict
+
+
+def _re2_pattern(validator: Any, pattern: str, instance: Any, schema: Schema) -> Iterator[Any]:
+    # The API server's OpenAPI patterns are Go regexps (RE2): '$' is the end of the text, where
+    # Python's re also matches before a final newline.
+    if validator.is_type(instance, "string") and not re2.search(pattern, instance):
+        yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+OpenAPIValidator = jsonschema.validators.extend(jsonschema.Draft4Validator, {"pattern": _re2_pattern})
+
+
+def rules_at(schema: Schema, value: Any, path: str = "") -> Iterator[tuple[str, Schema, dict[str, str], Any]]:
+    """(path, schema node, rule, value) for every rule whose node is present in ``value``."""
+    for rule in schema.get("x-kubernetes-validations", []):
+        yield path, schema, rule, value
+    if isinstance(value, dict):
+        extra = schema.get("additionalProperties")
+        for name, item in value.items():
+            sub = schema.get("properties", {}).get(name, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                yield from rules_at(sub, item, f"{path}.{name}" if path else name)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            yield from rules_at(schema["items"], item, f"{path}[{i}]")
+
+
+def api_server_refusals(obj: dict[str, Any]) -> list[tuple[str, dict[str, str], Any]] | list[str]:
+    """What the API server refuses ``obj`` for: schema errors (strings), else the failing CEL rules
+    as (path, rule, self). A rule that does not evaluate to a bool fails the test: the API server
+    would refuse with an evaluation error, a rule bug either way."""
+    defaulted = apply_defaults(SCHEMA, obj)
+    schema_errors = [e.message for e in OpenAPIValidator(SCHEMA).iter_errors(defaulted)]
+    if schema_errors:
+        return schema_errors  # CEL runs only on objects that pass the schema
+    failed = []
+    for path, node, rule, value in rules_at(SCHEMA, defaulted):
+        verdict = program(rule["rule"]).evaluate({"self": to_cel(node, value)})
+        assert isinstance(verdict, celtypes.BoolType), f"{path}: {rule['rule']} gave {verdict!r}"
+        if not verdict:
+            failed.append((path, rule, to_cel(node, value)))
+    return failed
+
+
+def model_refusal(spec: dict[str, Any]) -> str | None:
+    try:
+        models.validate_spec(copy.deepcopy(spec))
+    except models.InvalidFleetSpec as err:
+        return str(err)
+    return None
+
+
+def fleet(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": models.API_VERSION,
+        "kind": models.KIND,
+        "metadata": {"name": "f", "namespace": "default"},
+        "spec": spec,
+    }
+
+
+REFUSED = models.refused_engine_flags()
+
+
+def expected_named_index(rule: dict[str, str], args: list[str]) -> int:
+    """The first item of ``args`` the rule refuses, by the models' own table of refused spellings."""
+    flags = {flag for written, flag in REFUSED.items() if f"'{written}'" in rule["rule"]}
+    return next(i for i, arg in enumerate(args) if REFUSED.get(arg.split("=", 1)[0]) in flags)
+
+
+def assert_same_verdict(spec: dict[str, Any]) -> None:
+    refusals = api_server_refusals(fleet(spec))
+    refused_by_model = model_refusal(spec)
+    assert bool(refusals) == bool(refused_by_model), (
+        f"API server {'refuses' if refusals else 'accepts'}"
+        f"{': ' + repr(refusals) if refusals else ''}; models "
+        f"{'refuse: ' + refused_by_model if refused_by_model else 'accept'}; spec={spec!r}"
+    )
+    for refusal in refusals:
+        if isinstance(refusal, str) or "messageExpression" not in refusal[1]:
+            continue
+        path, rule, self_value = refusal
+        said = program(rule["messageExpression"]).evaluate({"self": self_value})
+        assert isinstance(said, str) and said.strip() and "\n" not in said, said
+        # the rules with a messageExpression name the refused engine arg by index, as the models do
+        args = spec["engine"]["args"]
+        index = expected_named_index(rule, args)
+        assert said.startswith(f"spec.engine.args[{index}] "), said
+        named_by_model = re.search(r"spec\.engine\.args\[(\d+)\]: '([^']*)'", refused_by_model or "")
+        if named_by_model and REFUSED.get(named_by_model.group(2).split("=", 1)[0]) and path == "spec.engine":
+            first = min(i for i, a in enumerate(args) if a.split("=", 1)[0] in REFUSED)
+            assert int(named_by_model.group(1)) == first
+
+
+# ------------------------------------------------------------------ specs around the boundaries
+
+LISTEN_AND_CONFIG_SPELLINGS = sorted(REFUSED)
+ARG_WORDS = [
+    *LISTEN_AND_CONFIG_SPELLINGS,
+    *(f"{s}=x" for s in LISTEN_AND_CONFIG_SPELLINGS),
+    *(f"{s}=" for s in ("--port", "--co")),
+    # look-alikes the models and the rules both accept: shorter than ENGINE_FLAG_PREFIX_MIN, longer
+    # options starting like a refused one, another case, a single dash
+    "--p", "--h", "--c", "--u", "--port-range", "--portx=1", "--hostname", "--context-length",
+    "--config-format", "--uds-path", "--PORT", "-port", "--port ", " --port", "port", "--",
+    # SGLang's metrics flag, bare, valued and misspelt; values and other flags around it
+    "--enable-metrics", "--enable-metrics", "--enable-metrics=true", "--enable-metrics=",
+    "--enable-metricsx", "--tp", "2", "9000", "::", "true", "", "-1", "-",
+]  # fmt: skip
+args_words = st.sampled_from(ARG_WORDS) | st.text(alphabet="-=portchsfigu", max_size=9)
+PORTS = [8000, 8100, 30000, 31000]
+
+
+def _optional(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.none() | strategy
+
+
+def _drop_none(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+engines = st.builds(
+    _drop_none,
+    kind=st.sampled_from(models.ENGINE_KINDS),
+    args=_optional(st.lists(args_words, max_size=6)),
+    port=_optional(st.sampled_from(PORTS)),
+    env=_optional(
+        st.lists(
+            st.builds(
+                _drop_none,
+                name=st.sampled_from(["A", "B"]),
+                value=_optional(st.sampled_from(["", "v"])),
+                valueFrom=_optional(st.just({"secretKeyRef": {"name": "s", "key": "k"}})),
+            ),
+            max_size=3,
+        )
+    ),
+)
+LABEL_KEYS = [
+    "team",
+    "prefixfleet.io/fleet",
+    "prefixfleet.io",
+    "xprefixfleet.io/a",
+    *models.OPERATOR_LABELS,
+    "app.kubernetes.io/part-of",
+]
+CONTAINER_NAMES = ["engine", "sidecar", "log-shipper", "fetch"]
+containers = st.lists(
+    st.builds(
+        _drop_none,
+        name=st.sampled_from(CONTAINER_NAMES),
+        image=_optional(st.just("busybox:1.36")),
+    ),
+    max_size=3,
+)
+pod_templates = st.builds(
+    _drop_none,
+    metadata=_optional(
+        st.builds(
+            _drop_none,
+            labels=_optional(st.dictionaries(st.sampled_from(LABEL_KEYS), st.just("x"), max_size=3)),
+            annotations=_optional(st.dictionaries(st.sampled_from(LABEL_KEYS), st.just("x"), max_size=3)),
+        )
+    ),
+    spec=_optional(
+        st.builds(_drop_none, containers=_optional(containers), initContainers=_optional(containers))
+    ),
+)
+MATCH_LABEL_KEYS = ["namespace", "fleet", "_x", "a1", "1a", "a-b", "a.b", ""]
+# targetLoad is in (0, 1], scaleDownLoad in (0, 1) (schema ranges); integers test the number typing
+LOADS = [0.5, 0.6, 0.7, 1, 1.0]
+autoscalings = st.builds(
+    _drop_none,
+    enabled=_optional(st.booleans()),
+    minReplicas=_optional(st.integers(0, 5)),
+    maxReplicas=_optional(st.integers(1, 5)),
+    targetLoad=_optional(st.sampled_from(LOADS)),
+    scaleDownLoad=_optional(st.sampled_from([x for x in LOADS if x < 1])),
+)
+specs = st.builds(
+    _drop_none,
+    model=st.just({"name": "m"}),
+    engine=engines | st.builds(lambda e, t: {**e, "podTemplate": t}, engines, pod_templates),
+    replicas=_optional(st.integers(0, 6)),
+    autoscaling=_optional(autoscalings),
+    sidecar=_optional(st.builds(_drop_none, port=_optional(st.sampled_from(PORTS)))),
+    redis=_optional(
+        st.builds(
+            _drop_none,
+            url=_optional(st.just("redis://r:6379/0")),
+            secretRef=_optional(st.just({"name": "s", "key": "url"})),
+        )
+    ),
+    prometheus=_optional(
+        st.builds(
+            _drop_none,
+            matchLabels=_optional(
+                st.dictionaries(st.sampled_from(MATCH_LABEL_KEYS), st.just("x"), max_size=3)
+            ),
+        )
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs)
+def test_the_api_server_and_the_models_agree(spec: dict[str, Any]) -> None:
+    assert_same_verdict(spec)
+
+
+# Boundaries checked on every run, whatever hypothesis draws (each side of each rule).
+BOUNDARIES: dict[str, dict[str, Any]] = {
+    "replicas at the autoscaling bounds": {
+        "replicas": 4,
+        "autoscaling": {"enabled": True, "minReplicas": 4, "maxReplicas": 4},
+    },
+    "replicas above them": {"replicas": 5, "autoscaling": {"enabled": True, "maxReplicas": 4}},
+    "replicas above them, autoscaling off": {"replicas": 5, "autoscaling": {"maxReplicas": 4}},
+    "min equal to max": {"autoscaling": {"minReplicas": 3, "maxReplicas": 3}},
+    "min above max": {"autoscaling": {"minReplicas": 4, "maxReplicas": 3}},
+    "scaleDownLoad equal to targetLoad": {"autoscaling": {"targetLoad": 0.6, "scaleDownLoad": 0.6}},
+    "targetLoad written as an integer": {"autoscaling": {"targetLoad": 1, "scaleDownLoad": 0.9}},
+    "the sidecar on vLLM's default port": {"engine": {"kind": "vllm"}, "sidecar": {"port": 8000}},
+    "the sidecar on SGLang's default port, engine moved": {
+        "engine": {"kind": "sglang", "port": 31000},
+        "sidecar": {"port": 30000},
+    },
+    "the engine on the default sidecar port": {"engine": {"kind": "emulator", "port": 8100}},
+    "the shortest refused abbreviation": {"engine": {"kind": "vllm", "args": ["--tp", "2", "--po"]}},
+    "a shorter one": {"engine": {"kind": "vllm", "args": ["--p", "1"]}},
+    "config, then port": {"engine": {"kind": "sglang", "args": ["--conf=c", "--port", "1"]}},
+    "SGLang's bare metrics flag last": {"engine": {"kind": "sglang", "args": ["--tp", "--enable-metrics"]}},
+    "SGLang's metrics flag with a value": {"engine": {"kind": "sglang", "args": ["--enable-metrics", "1"]}},
+    "SGLang's metrics flag twice, the second with a value": {
+        "engine": {"kind": "sglang", "args": ["--enable-metrics", "--tp", "--enable-metrics", "true"]}
+    },
+    "SGLang's metrics flag twice, bare": {
+        "engine": {"kind": "sglang", "args": ["--enable-metrics", "--enable-metrics"]}
+    },
+    "vLLM's metrics flag with a value": {"engine": {"kind": "vllm", "args": ["--enable-metrics", "1"]}},
+    "an env var with both sources": {
+        "engine": {"kind": "vllm", "env": [{"name": "A", "value": "", "valueFrom": {}}]}
+    },
+    "Redis url and secretRef": {"redis": {"url": "redis://r", "secretRef": {"name": "s", "key": "k"}}},
+    "the operator's label": {
+        "engine": {"kind": "vllm", "podTemplate": {"metadata": {"labels": {"prefixfleet.io/x": "y"}}}}
+    },
+    "a label like the operator's prefix": {
+        "engine": {"kind": "vllm", "podTemplate": {"metadata": {"labels": {"prefixfleet.io": "y"}}}}
+    },
+    "two engine containers": {
+        "engine": {"kind": "vllm", "podTemplate": {"spec": {"containers": [{"name": "engine"}] * 2}}}
+    },
+    "an added container without an image": {
+        "engine": {"kind": "vllm", "podTemplate": {"spec": {"containers": [{"name": "x"}]}}}
+    },
+    "a match label that is no label name": {"prometheus": {"matchLabels": {"1a": "x"}}},
+}
+
+
+@pytest.mark.parametrize("extra", BOUNDARIES.values(), ids=BOUNDARIES.keys())
+def test_the_api_server_and_the_models_agree_at_the_boundaries(extra: dict[str, Any]) -> None:
+    assert_same_verdict({"model": {"name": "m"}, "engine": {"kind": "emulator"}, **extra})
