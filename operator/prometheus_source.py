@@ -36,6 +36,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.util.retry import Retry
 
+from prefixfleet.router.addresses import host_for_url
+
 from .autoscale_observe import ENGINE_METRICS, SGLANG_METRICS, EngineMetricNames, EngineRates
 from .models import EngineKind, PrometheusSpec
 
@@ -139,7 +141,7 @@ class PrometheusSource:
         parts = urlsplit(self.url)
         if parts.username is None and parts.password is None:
             return self.url
-        host = parts.hostname or ""
+        host = host_for_url(parts.hostname or "")  # urlsplit drops an IPv6 address's brackets
         netloc = f"{host}:{parts.port}" if parts.port else host
         return urlunsplit(parts._replace(netloc=netloc))
 
