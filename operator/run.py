@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from prefixfleet.cli import UsageError
+from prefixfleet.router.addresses import authority_error
 
 from .models import PROMETHEUS_URL_PATTERN
 
@@ -23,6 +24,8 @@ HANDLER_MODULES: tuple[str, ...] = (
     "prefixfleet.operator.handlers",
     "prefixfleet.operator.autoscale_handlers",
 )
+# HOST may be a bracketed IPv6 address: http://[::]:8080/healthz on an IPv6-only cluster
+LIVENESS_URL_PATTERN = r"^https?://(\[[^]/]+\]|[^/:\[\]]+):\d+(/.*)?$"
 
 
 def register(subparsers: Any) -> None:
@@ -76,12 +79,16 @@ def register(subparsers: Any) -> None:
 
 
 def run_operator(args: argparse.Namespace) -> int:
-    if args.liveness is not None and not re.match(r"^https?://[^/:]+:\d+(/.*)?$", args.liveness):
+    if args.liveness is not None and not re.match(LIVENESS_URL_PATTERN, args.liveness):
         raise UsageError(f"--liveness must look like http://HOST:PORT/PATH, got {args.liveness!r}")
     if args.redis and not re.match(r"^(redis|rediss|unix)://", args.redis):
         raise UsageError(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
     if args.prometheus and not re.match(PROMETHEUS_URL_PATTERN, args.prometheus):
         raise UsageError(f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}")
+    urls = {"--liveness": args.liveness, "--redis": args.redis, "--prometheus": args.prometheus}
+    for flag, url in urls.items():
+        if url and (problem := authority_error(url)) is not None:
+            raise UsageError(f"{flag} {url!r}: {problem}")
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
     import kopf

@@ -6,9 +6,16 @@ Specification:
   bracketed URL, for any IPv4 or IPv6 pod IP, port-mapped or not;
 * a Prometheus URL with credentials and an IPv6 host is shown without the credentials and keeps its
   brackets (it lost them: ``http://fd00::9:9090``, which is no URL);
+* ``prefixfleet operator run`` accepts a bracketed liveness host (``http://[::]:8080/healthz``, how
+  an IPv6-only cluster's probe reaches the pod) and refuses an unbracketed IPv6 ``--redis`` or
+  ``--prometheus`` with one line naming the bracketed URL.
 """
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -19,6 +26,7 @@ from prefixfleet.operator.planner import FleetRef, ObservedPod, pod_url, replica
 from prefixfleet.operator.prometheus_source import PrometheusSource
 from prefixfleet.router.addresses import bracket_ipv6_url
 
+PREFIXFLEET = str(Path(sys.executable).parent / "prefixfleet")
 SPEC = FleetSpec.model_validate({"model": {"name": "m", "revision": "r1"}, "engine": {"kind": "emulator"}})
 
 
@@ -64,3 +72,33 @@ def test_a_prometheus_url_is_shown_without_credentials_and_with_its_brackets(url
         assert source.display_url == shown
     finally:
         source.close()
+
+
+def operator_run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PREFIXFLEET, "operator", "run", *args], capture_output=True, text=True, timeout=30, check=False
+    )
+
+
+def test_the_operator_accepts_a_bracketed_liveness_host() -> None:
+    # the liveness URL is checked first: the refusal of the later --redis shows it passed
+    result = operator_run("--liveness", "http://[::]:8080/healthz", "--redis", "redis://::1:6379/0")
+    assert result.returncode == 2 and "--liveness" not in result.stderr
+    assert "--redis 'redis://::1:6379/0': an IPv6 address goes in brackets: write redis://[::1]:6379/0" in (
+        result.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--prometheus", "http://fd00::9:9090"], "--prometheus 'http://fd00::9:9090': an IPv6 address goes"
+         " in brackets: write http://[fd00::9]:9090"),
+        (["--liveness", "http://[nothing]:8080/healthz"], "[nothing] is not an IPv6 address"),
+        (["--liveness", "http://::1:8080/healthz"], "--liveness must look like http://HOST:PORT/PATH"),
+    ],
+)  # fmt: skip
+def test_the_operator_refuses_unreadable_addresses_in_one_line(args: list[str], says: str) -> None:
+    result = operator_run(*args)
+    assert result.returncode == 2 and says in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
