@@ -415,7 +415,7 @@ def _template_container_problems(field: str, containers: Any) -> list[str]:
     problems, names = [], []
     for i, container in enumerate(containers):
         name = container.get("name") if isinstance(container, dict) else None
-        if not isinstance(name, str) or not re.match(CONTAINER_NAME_PATTERN, name) or len(name) > 63:
+        if not isinstance(name, str) or not re.fullmatch(CONTAINER_NAME_PATTERN, name) or len(name) > 63:
             problems.append(f"{where}[{i}].name: every container needs a name (a DNS label, e.g. engine)")
             continue
         names.append(name)
@@ -786,7 +786,9 @@ class PrometheusSpec(CamelModel):
     @model_validator(mode="after")
     def _label_names(self) -> PrometheusSpec:
         for name in self.match_labels or {}:
-            if not re.match(PROMETHEUS_LABEL_PATTERN, name):
+            # fullmatch: the API server's '$' (RE2) is the end of the text; re.match's also matches
+            # before a final newline, which would accept 'fleet\n'
+            if not re.fullmatch(PROMETHEUS_LABEL_PATTERN, name):
                 raise ValueError(
                     f"spec.prometheus.matchLabels: {name!r} is not a Prometheus label name"
                     " ([a-zA-Z_][a-zA-Z0-9_]*)"

@@ -376,7 +376,7 @@ ARG_WORDS = [
     # look-alikes the models and the rules both accept: shorter than ENGINE_FLAG_PREFIX_MIN, longer
     # options starting like a refused one, another case, a single dash
     "--p", "--h", "--c", "--u", "--port-range", "--portx=1", "--hostname", "--context-length",
-    "--config-format", "--uds-path", "--PORT", "-port", "--port ", " --port", "port", "--",
+    "--config-format", "--uds-path", "--PORT", "--port\n", "-port", "--port ", " --port", "port", "--",
     # SGLang's metrics flag, bare, valued and misspelt; values and other flags around it
     "--enable-metrics", "--enable-metrics", "--enable-metrics=true", "--enable-metrics=",
     "--enable-metricsx", "--tp", "2", "9000", "::", "true", "", "-1", "-",
@@ -418,7 +418,9 @@ LABEL_KEYS = [
     *models.OPERATOR_LABELS,
     "app.kubernetes.io/part-of",
 ]
-CONTAINER_NAMES = ["engine", "sidecar", "log-shipper", "fetch"]
+# a trailing newline: a Go regexp's '$' (the API server's patterns and CEL's matches) is the end of
+# the text, where Python's re also matches before a final newline
+CONTAINER_NAMES = ["engine", "sidecar", "log-shipper", "fetch", "fetch\n"]
 containers = st.lists(
     st.builds(
         _drop_none,
@@ -440,7 +442,7 @@ pod_templates = st.builds(
         st.builds(_drop_none, containers=_optional(containers), initContainers=_optional(containers))
     ),
 )
-MATCH_LABEL_KEYS = ["namespace", "fleet", "_x", "a1", "1a", "a-b", "a.b", ""]
+MATCH_LABEL_KEYS = ["namespace", "fleet", "_x", "a1", "1a", "a-b", "a.b", "", "fleet\n"]
 # targetLoad is in (0, 1], scaleDownLoad in (0, 1) (schema ranges); integers test the number typing
 LOADS = [0.5, 0.6, 0.7, 1, 1.0]
 autoscalings = st.builds(
@@ -529,6 +531,13 @@ BOUNDARIES: dict[str, dict[str, Any]] = {
         "engine": {"kind": "vllm", "podTemplate": {"spec": {"containers": [{"name": "x"}]}}}
     },
     "a match label that is no label name": {"prometheus": {"matchLabels": {"1a": "x"}}},
+    "a match label name ending in a newline": {"prometheus": {"matchLabels": {"fleet\n": "x"}}},
+    "an added container named with a final newline": {
+        "engine": {
+            "kind": "vllm",
+            "podTemplate": {"spec": {"initContainers": [{"name": "fetch\n", "image": "busybox"}]}},
+        }
+    },
 }
 
 
