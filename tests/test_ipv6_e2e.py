@@ -11,7 +11,8 @@ Specification:
   is served from its cache (``meta_info.cached_tokens`` > 0);
 * a replica listening on ``::1`` only can be pre-warmed from another: it replays the fetched prefix
   through its own listening address (it used ``127.0.0.1``, where nothing listens);
-* ``prefixfleet router inspect`` reads the fleet from a Redis on ``[::1]``.
+* ``prefixfleet router inspect`` reads the fleet from a Redis on ``[::1]``;
+* a gateway without Redis, given the sidecars as static ``--worker http://[::1]:PORT`` URLs, serves.
 
 Skipped only when this host has no IPv6 loopback.
 """
@@ -24,6 +25,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -204,3 +206,18 @@ def test_inspect_reads_a_fleet_from_redis_on_ipv6(fleet: Fleet) -> None:
     assert "fleet six: 2 member(s)" in out.stdout
     for worker in fleet.sidecars:
         assert f"\n{worker} " in out.stdout
+
+
+def test_a_gateway_with_static_ipv6_workers_serves(fleet: Fleet, tmp_path: Path) -> None:
+    spawn = Spawner(tmp_path)
+    port = free_port6()
+    workers = [a for url in fleet.sidecars.values() for a in ("--worker", url)]
+    try:
+        spawn(
+            prefixfleet_argv("router", "gateway", "--host", V6, "--port", str(port), *workers),
+            name="static-gateway", ready_url=f"{url6(port)}/health",
+        )  # fmt: skip
+        worker, _ = generate(url6(port), PREFIX + "a static question?")
+        assert worker in fleet.sidecars.values()  # a static worker's id is its URL
+    finally:
+        spawn.stop_all()
