@@ -6,6 +6,7 @@ Specification:
 * a URL built by ``base_url`` parses back (the data plane's ``split_url`` and the standard library's
   ``urlsplit``) to the same host and port, for any IPv4 or IPv6 address;
 * ``bracket_ipv6_url`` is idempotent and never changes a URL ``base_url`` built;
+* Redis URLs on an IPv6 host keep their brackets when credentials are added or redacted;
 * ``connect_host`` / ``local_url``: the address a process dials to reach its own server, the
   wildcard's loopback for a wildcard, else the listening address itself (``::1`` stays ``::1``).
 """
@@ -26,6 +27,7 @@ from prefixfleet.router.addresses import (
     host_for_url,
     local_url,
 )
+from prefixfleet.router.redis_conn import redacted, redis_options, with_credentials
 from prefixfleet.router.upstream import split_url
 
 ports = st.integers(min_value=1, max_value=65535)
@@ -97,3 +99,13 @@ def test_a_process_dials_its_own_server_where_it_listens(listen: str, dial: str)
 def test_the_local_url_of_a_server_on_the_ipv6_loopback_is_bracketed() -> None:
     assert local_url("::1", 8100) == "http://[::1]:8100"
     assert local_url("", 8100) == "http://127.0.0.1:8100"
+
+
+def test_redis_urls_on_ipv6_keep_their_brackets_through_credentials_and_redaction() -> None:
+    url = with_credentials("redis://[fd00::6]:6379/0", "p@ss:w/rd", tls=True)
+    assert url == "rediss://:p%40ss%3Aw%2Frd@[fd00::6]:6379/0"
+    assert redacted(url) == "rediss://:***@[fd00::6]:6379/0"
+    target, options = redis_options("redis://[::1]:6379/0", {"PREFIXFLEET_REDIS_PASSWORD": "x"})
+    assert target == "redis://[::1]:6379/0" and options == {"password": "x"}
+    parts = urlsplit(url)
+    assert (parts.hostname, parts.port) == ("fd00::6", 6379)
