@@ -146,6 +146,32 @@ def test_operator_runs_kopf_with_a_liveness_endpoint_the_probe_uses(chart: helm_
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
 
+def operator_args(chart: helm_python.Chart, values: dict[str, Any]) -> list[str]:
+    (deployment,) = [
+        d for d in by_kind(render(chart, values), "Deployment") if d["metadata"]["name"].endswith("operator")
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container["args"]
+
+
+@pytest.mark.parametrize(
+    ("family", "liveness_host", "metrics_addr"), [("IPv4", "0.0.0.0", "0.0.0.0"), ("IPv6", "[::]", "::")]
+)
+def test_the_operator_listens_on_the_chosen_address_family(
+    chart: helm_python.Chart, family: str, liveness_host: str, metrics_addr: str
+) -> None:
+    # An IPv6-only cluster's kubelet probes the pod's IPv6 address: 0.0.0.0 would fail that probe.
+    args = operator_args(chart, {"operator": {"ipFamily": family, "livenessPort": 9000}})
+    assert f"--liveness=http://{liveness_host}:9000/healthz" in args
+    assert f"--metrics-addr={metrics_addr}" in args
+
+
+def test_an_unknown_address_family_is_refused_by_name(chart: helm_python.Chart) -> None:
+    with pytest.raises(helm_python.HelmValuesError) as err:
+        chart.render({"operator": {"ipFamily": "ipv6"}}, name=RELEASE, namespace=NAMESPACE)
+    assert "ipFamily" in str(err.value)
+
+
 def test_watched_namespaces_and_default_redis_reach_the_operator(chart: helm_python.Chart) -> None:
     objects = render(chart, EVERYTHING_ON)
     (container,) = next(
