@@ -312,8 +312,15 @@ def _plan_prefix_aware(
     pending = [r for r in active if r.phase in ("starting", "warming")]
     saturated_wait = policy.saturation * policy.target_ttft_s
     idle_wait = policy.idle * policy.target_ttft_s
+    # A subtree that no worker's cache holds is no one's queue and has no source to pre-warm from;
+    # its requests are plain misses, already in the prefill demand. It can still have a rate: a
+    # decayed average outlives the node (a prefix whose hits stop is evicted a few half-lives
+    # later, still above hotRateRps). Counted as starved, such ghosts added 4 replicas on diurnal
+    # seed 0 with cache_on_compute while no replica waited over 0.31 s, and by default their
+    # (empty) pre-warms reset the quiet period. A holder this round does not observe (hung, left
+    # out) still counts: its subtrees are starved and its sidecar can export them.
     hot = sorted(
-        (s for s in observed.subtrees if s.rate_rps >= policy.hot_rate_rps),
+        (s for s in observed.subtrees if s.rate_rps >= policy.hot_rate_rps and s.holders),
         key=lambda s: subtree_value(s, policy.prefill_s_per_token),
         reverse=True,
     )

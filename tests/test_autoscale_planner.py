@@ -134,6 +134,30 @@ def test_subtree_with_a_warming_holder_is_not_starved():
     assert plan_scale(obs(reps, [sub("hot", {"a", "w"})]), policy()).add == 0
 
 
+def test_a_hot_subtree_no_replica_holds_is_not_starved():
+    # its rate outlives the node (a decayed average): nobody queues on it, nobody can export it for
+    # a pre-warm, and its misses are plain uncached demand. One replica is idle, one is not.
+    reps = [rep("a", wait=0.0), rep("b", wait=0.5)]
+    plan = plan_scale(obs(reps, [sub("ghost", set())]), policy())
+    assert plan.is_noop and plan.add == 0
+    # not even a new replica when none is idle (before: one was added for it, warmed with nothing)
+    busy = [rep("a", wait=0.5), rep("b", wait=0.5)]
+    assert plan_scale(obs(busy, [sub("ghost", set())]), policy()).add == 0
+    assert plan_scale(obs(busy, [sub("ghost", set())]), policy(mode="prefix_aware")).add == 0
+    # held only by a draining replica it is still rescued: copied onto the idle replica from there
+    draining = [*reps, rep("d", phase="draining", in_flight=1)]
+    plan = plan_scale(obs(draining, [sub("leaving", {"d"})]), policy())
+    assert [(p.target, p.subtree_ids) for p in plan.prewarm] == [("a", ("leaving",))]
+
+
+def test_a_new_replica_is_prewarmed_only_with_subtrees_someone_holds():
+    # the whole fleet waits: a new replica, pre-warmed with the hottest subtrees that have a source
+    reps = [rep("a", wait=3.0), rep("b", wait=3.0)]
+    subs = [sub("ghost", set(), rate=50.0), sub("held", {"a", "b"}, rate=5.0)]
+    plan = plan_scale(obs(reps, subs), policy())
+    assert plan.add == 1 and [(p.target, p.subtree_ids) for p in plan.prewarm] == [("new-0", ("held",))]
+
+
 def test_never_above_max():
     reps = [rep(x, wait=5.0) for x in "abc"]
     plan = plan_scale(obs(reps, [sub(f"s{i}", {"a"}) for i in range(20)]), policy(max_replicas=3))
