@@ -83,3 +83,21 @@ def test_a_computed_prefix_is_matched_in_both_modes(cache_on_compute):
     # default: the engine's own tree, token-exact; cache_on_compute: the mirror, in whole blocks
     assert view.matched_tokens == (496 if cache_on_compute else 500)
     assert rep.tree.matched_tokens(prompt) == 500
+
+
+def test_the_wait_shown_for_a_prefix_still_being_computed_covers_its_computation():
+    # The engine serves prefill chunks in admission order: a request routed onto a prefix another
+    # request is computing waits behind it, and the replica's pending prefill (which the view's
+    # wait counts) holds that computation. So the match does not hide the wait.
+    rep = batched(True)
+    prompt = as_token_bytes(range(1, 501))
+    first = Job(0, 0.0, prompt, 3)
+    route(rep, first, 0.0)
+    second = Job(1, 0.001, prompt + as_token_bytes([9999]), 3)
+    view = rep.view(RouteRequest(tokens=second.tokens, num_tokens=second.total, now=0.001))
+    shown_miss_s = (second.total - view.matched_tokens) * rep.config.prefill_s_per_token
+    route(rep, second, 0.001)
+    drain(rep, 0.001)
+
+    assert first.arrival_s + first.ttft_s <= second.arrival_s + second.ttft_s
+    assert second.ttft_s <= view.wait_s + shown_miss_s
