@@ -10,10 +10,11 @@ replicas have a phase (the planner's ``ReplicaPhase``):
 * ``draining`` — no new requests; removed once idle.
 
 Every ``control_interval_s`` the control loop does what the operator does: build each replica's
-cache summary with the sidecar's own builder (:func:`prefixfleet.router.summary.build_summary`),
+cache summary with the sidecar's own builder (:func:`prefixfleet.router.summary.build_summary`) over
+what the sidecar knows (:func:`sidecar_tree`: the model's mirror when it keeps one),
 merge them with :func:`prefixfleet.operator.hot_subtrees.hot_subtrees`, read each replica's load,
 call :func:`prefixfleet.operator.autoscale.plan_scale` and execute the plan. Pre-warm tokens are
-taken from a holder's tree by block hash (:func:`~prefixfleet.operator.hot_subtrees.find_prefix`),
+taken from a holder's sidecar view by block hash (:func:`~prefixfleet.operator.hot_subtrees.find_prefix`),
 which is what a sidecar's hot-prefix export provides.
 """
 
@@ -41,6 +42,7 @@ from prefixfleet.operator.autoscale import plan_scale as plan_scale_fn
 from prefixfleet.operator.hot_subtrees import HotState, find_prefix, hot_subtrees, parse_subtree_id
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
 from prefixfleet.router.policies import DEFAULT_POLICY, RouteRequest, make_policy
+from prefixfleet.router.radix import RadixTree
 from prefixfleet.router.summary import DEFAULT_HOT_K, Summary, build_summary
 
 from .engine import Job, ReplicaModel, ServiceConfig, make_replica
@@ -199,7 +201,8 @@ class ElasticFleet:
         for tokens in prefixes:
             self._warm_seq += 1
             job = Job(-self._warm_seq, now, tokens, 1)  # prefill-only: the first token ends it
-            job.est_uncached = job.total - member.model.tree.matched_tokens(tokens)
+            # the sidecar's estimate, as for a routed request (its load counter, the engine's queue)
+            job.est_uncached = job.total - sidecar_tree(member.model).matched_tokens(tokens)
             member.accept(job, now)
             member.warmups.append(job)
             self.warmup_requests += 1
@@ -269,7 +272,7 @@ class ElasticFleet:
         out = {}
         for m in self.live:
             summary, _exports = build_summary(
-                m.model.tree,
+                sidecar_tree(m.model),
                 worker=m.name,
                 version=0,
                 now=now,
@@ -320,7 +323,7 @@ class ElasticFleet:
         for m in self.live:  # a holder's sidecar exports the prefix behind a published hash
             if m.name in holders:
                 found = find_prefix(
-                    m.model.tree,
+                    sidecar_tree(m.model),
                     block_hash,
                     block_tokens=self.config.block_tokens,
                     namespace_seed=lambda ns: self.identity_seed,
@@ -360,6 +363,16 @@ class ElasticFleet:
             self.scale_events += 1
         if not plan.is_noop:
             self.plans.append((now, plan.reason))
+
+
+def sidecar_tree(model: ReplicaModel) -> RadixTree:
+    """What a replica's sidecar knows of its cache: its mirror (one insert per routed prompt) where
+    the model keeps one, else the engine's tree (the default batched model inserts whole prompts at
+    admission, close enough to routing to serve as the mirror). Summaries, pre-warm exports and
+    warm-up estimates read this; what was really served from cache stays the engine's (``Job.matched``).
+    """
+    mirror = getattr(model, "mirror", None)
+    return model.tree if mirror is None else mirror
 
 
 def _at(now: float) -> RouteRequest:

@@ -240,3 +240,20 @@ def test_a_replica_arriving_to_a_saturated_fleet_serves_at_once_cold() -> None:
     fleet, new = arriving_replica(backlog_requests=30)
     assert new.phase == "ready" and new.ready_s == 6.0
     assert new.warmups == [] and fleet.warmup_tokens == 0 and fleet.warmups_skipped == 1
+
+
+def test_with_cache_on_compute_a_replicas_summary_counts_a_prompt_once_not_per_chunk() -> None:
+    # The engine's tree takes a 5000-token prompt in 2048-token chunks (split at 2048 and 4096, the
+    # first chunk's node hit three times); the sidecar's summary is of its mirror: one routed prompt,
+    # one path, one hit — what the scaler's hot subtrees and first-sight counters are built from.
+    service = ServiceConfig(
+        service="batched", prefill_s_per_token=0.0001, step_token_budget=2048, cache_on_compute=True
+    )
+    policy = ScalePolicy(mode="prefix_aware", min_replicas=1, max_replicas=1)
+    fleet = ElasticFleet(ElasticConfig(cache_tokens=100_000, policy=policy, service=service))
+    (replica,) = fleet.members
+    replica.accept(Job(0, 0.0, as_token_bytes(range(1000, 6000)), 4), 0.0)
+    fleet.advance(4.0, next_tick=5.0, horizon=100.0)  # computed: all 5000 tokens in the engine's tree
+    assert replica.model.tree.cached_tokens == 5000
+    summary = fleet.summaries(5.0)[replica.name]
+    assert [(h.tokens, h.hits) for h in summary.hot] == [(4992, 1)]  # 312 full blocks of 16
