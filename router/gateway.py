@@ -572,10 +572,10 @@ class Gateway:
             # Not for a static worker: its id is a URL from this gateway's flags, which peers do not
             # share and a notice's worker field does not admit (encoding it failed the request).
             shared = not worker.static and self._share_send(worker.worker_id, chain, wall)
-            # Set once the worker's first token arrived (a streamed 200's first byte: the prompt is
-            # prefilled) or its whole 200 answer. A send that ends without it is withdrawn (here and
-            # at the peers), as the sidecar withdraws the prompt from its mirror: no gateway then
-            # routes the prefix there as a hit the engine never computed.
+            # Set once the worker's first token arrived (a streamed 200's first byte, unless an error
+            # event: the prompt is prefilled) or its whole 200 answer. A send that ends without it is
+            # withdrawn (here and at the peers), as the sidecar withdraws the prompt from its mirror:
+            # no gateway then routes the prefix there as a hit the engine never computed.
             prefilled = [False]
             try:
                 response = await self._forward(request, body, parsed, worker, started, prefilled)
@@ -680,9 +680,10 @@ class Gateway:
             raise _Retryable("stream closed before its first byte") from None
         except _RETRY_ERRORS as exc:
             raise _Retryable(exc.__class__.__name__) from exc
-        if first.startswith(b'data: {"error"') and b"upstream_disconnected" in first:
+        error_first = first.startswith(b'data: {"error"')  # an error event before any token
+        if error_first and b"upstream_disconnected" in first:
             raise _Retryable("engine died before its first byte")  # the sidecar's error event
-        prefilled[0] = upstream.status == 200
+        prefilled[0] = upstream.status == 200 and not error_first
         try:
             response = await open_stream(request, upstream.status, headers)
             write = stream_writer(request, response, self.timeouts.write_s)

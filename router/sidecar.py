@@ -818,7 +818,8 @@ class Sidecar:
                         first = False
                         self.s.load.first_byte(handle, time.monotonic())
                         self.load_changed()
-                        prefilled[0] = upstream.status == 200
+                        # an engine's error event before any token (a refused prompt): no prefill
+                        prefilled[0] = upstream.status == 200 and not chunk.startswith(b'data: {"error"')
                     if b"cached_tokens" in chunk:
                         usage = chunk
                         cached = find_cached_tokens(chunk)

@@ -10,7 +10,8 @@ Specification:
   prefix already matched before that send stays, and a later send of the same prefix is unaffected;
 * end to end (a real Redis-compatible server, two real gateways routing to two real sidecars in
   front of stand-in engines, all in this process): a request that ends before its first token on
-  gateway A — its client left, the engine answered with an error, or the engine died and A retried
+  gateway A — its client left, the engine answered with an error (or a stream whose first event is
+  one), or the engine died and A retried
   elsewhere — is no longer matched by gateway B on that worker (before, B's overlay kept it until
   the overlay TTL or a summary generated over a second after the send), while a later successful
   send of the same prompt is.
@@ -186,8 +187,9 @@ def test_a_peers_withdrawal_takes_back_only_what_that_send_stamped() -> None:
 
 class ScriptedEngine:
     """Stand-in engines sharing one script: each request takes its next action (default ``ok``):
-    ``hold`` (never answer: the client gives up first), ``error`` (HTTP 500) or ``die`` (the
-    connection is cut before any answer: the sidecar's retryable 502 sends the gateway elsewhere)."""
+    ``hold`` (never answer: the client gives up first), ``error`` (HTTP 500), ``error_stream`` (a
+    200 stream whose first event is an error) or ``die`` (the connection is cut before any answer:
+    the sidecar's retryable 502 sends the gateway elsewhere)."""
 
     def __init__(self) -> None:
         self.script: deque[str] = deque()
@@ -206,6 +208,12 @@ class ScriptedEngine:
             await asyncio.Event().wait()  # until the sidecar aborts the request
         if action == "error":
             return web.json_response({"error": {"message": "engine failed", "code": 500}}, status=500)
+        if action == "error_stream":  # a 200 stream refused before any token (prompt too long)
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(b'data: {"error": {"message": "prompt too long"}}\n\ndata: [DONE]\n\n')
+            await response.write_eof()
+            return response
         if action == "die":
             assert request.transport is not None
             request.transport.abort()
@@ -359,6 +367,21 @@ async def test_a_request_the_engine_fails_before_its_first_token_is_withdrawn_fr
         await settled(http, a, b, "after")  # B has applied everything A published up to here
         # (eventually: B may hold a summary the sidecar wrote before it withdrew the prompt too)
         await until(lambda: matched_on(b, body)[failed_on] == 0, "gateway B to drop the failed send")
+
+
+@pytest.mark.timeout(60)
+async def test_a_stream_whose_first_event_is_an_error_is_withdrawn_from_the_peers(fleet: Fleet) -> None:
+    # The engine refused the prompt before any token (200, then an error event): nothing prefilled.
+    engine, a, b = fleet.engine, fleet.a, fleet.b
+    body = {**prompt("refused"), "stream": True}
+    async with aiohttp.ClientSession() as http:
+        await settled(http, a, b, "warm")
+        engine.script.append("error_stream")
+        status, failed_on = await send(http, a, body)
+        assert status == 200
+        assert matched_on(a, body)[failed_on] == 0
+        await settled(http, a, b, "after")
+        await until(lambda: matched_on(b, body)[failed_on] == 0, "gateway B to drop the refused send")
 
 
 @pytest.mark.timeout(60)
