@@ -330,12 +330,12 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     )
     current_status = fleet.get("status") or {}
     conditions = current_status.get("conditions") or []
+    pods = tuple(observe_pod(p) for p in kube.list("Pod", namespace, replica_selector(ref)))
     try:
         spec = validate_spec(fleet.get("spec") or {})
     except InvalidFleetSpec as exc:
         # no plan, so no replacement either: the unavailable gauge still follows the pods, not the
         # last valid spec's reconcile
-        pods = tuple(observe_pod(p) for p in kube.list("Pod", namespace, replica_selector(ref)))
         unavailable = len(unavailable_while_invalid(pods))
         status = plan_invalid_spec(ref, exc.problems, ObservedState(conditions=conditions))
         changes = status_changes(current_status, status)
@@ -346,7 +346,6 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
             fleet, (PlannedEvent("Warning", "InvalidSpec", str(exc)),), unavailable=unavailable
         )
 
-    pods = tuple(observe_pod(p) for p in kube.list("Pod", namespace, replica_selector(ref)))
     children: dict[str, str] = {}
     router_ready = 0
     for kind in ("ConfigMap", "Deployment", "Service"):
