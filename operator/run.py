@@ -79,11 +79,11 @@ def register(subparsers: Any) -> None:
 
 
 def run_operator(args: argparse.Namespace) -> int:
-    if args.liveness is not None and not re.match(LIVENESS_URL_PATTERN, args.liveness):
+    if args.liveness is not None and not re.fullmatch(LIVENESS_URL_PATTERN, args.liveness):
         raise UsageError(f"--liveness must look like http://HOST:PORT/PATH, got {args.liveness!r}")
     if args.redis and not re.match(r"^(redis|rediss|unix)://", args.redis):
         raise UsageError(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
-    if args.prometheus and not re.match(PROMETHEUS_URL_PATTERN, args.prometheus):
+    if args.prometheus and not re.fullmatch(PROMETHEUS_URL_PATTERN, args.prometheus):
         raise UsageError(f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}")
     urls = {"--liveness": args.liveness, "--redis": args.redis, "--prometheus": args.prometheus}
     for flag, url in urls.items():

@@ -260,7 +260,7 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
     if args.prometheus is not None:
         from prefixfleet.operator.models import PROMETHEUS_URL_PATTERN
 
-        if args.prometheus != "local" and not re.match(PROMETHEUS_URL_PATTERN, args.prometheus):
+        if args.prometheus != "local" and not re.fullmatch(PROMETHEUS_URL_PATTERN, args.prometheus):
             raise UsageError(
                 "--prometheus must be an http(s)://HOST[:PORT][/PATH] URL or 'local',"
                 f" got {args.prometheus!r}"
