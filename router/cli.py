@@ -171,10 +171,8 @@ WRITE_TIMEOUT_HELP = (
 def _check_common(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
         raise _usage_error(f"--port must be in 1..65535, got {args.port}")
-    if args.redis is not None and not args.redis.startswith(("redis://", "rediss://", "unix://")):
-        raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
     if args.redis is not None:
-        _check_authority("--redis", args.redis)
+        _check_redis_url(args.redis)
     if args.block_tokens < 1:
         raise _usage_error(f"--block-tokens must be positive, got {args.block_tokens}")
     if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
@@ -200,6 +198,12 @@ def _check_url(flag: str, url: str) -> str:
         raise _usage_error(f"{flag} must be an http:// or https:// URL, got {url!r}")
     _check_authority(flag, url)
     return url.rstrip("/")
+
+
+def _check_redis_url(url: str) -> None:
+    if not url.startswith(("redis://", "rediss://", "unix://")):
+        raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {url!r}")
+    _check_authority("--redis", url)
 
 
 def _check_authority(flag: str, url: str) -> None:
@@ -365,9 +369,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from .records import split_member_fields
     from .redis_conn import connect_redis, redacted
 
-    if not args.redis.startswith(("redis://", "rediss://", "unix://")):
-        raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
-    _check_authority("--redis", args.redis)
+    _check_redis_url(args.redis)
     try:
         keys = FleetKeys(args.fleet)
     except ValueError as exc:
