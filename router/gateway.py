@@ -578,24 +578,18 @@ class Gateway:
             # no gateway then routes the prefix there as a hit the engine never computed.
             prefilled = [False]
             try:
-                response = await self._forward(request, body, parsed, worker, started, prefilled)
+                return await self._forward(request, body, parsed, worker, started, prefilled)
             except _Retryable as exc:
                 last_error = f"worker {worker.worker_id} failed: {exc}"
                 log.info("%s; retrying elsewhere", last_error)
                 self.view.mark_failed(worker.worker_id, time.monotonic())
                 for h in chain:
                     worker.overlay.pop(h, None)
-                self._withdraw_send(worker.worker_id, chain[matched_blocks:], wall, shared)
                 excluded.add(worker.worker_id)
-            except asyncio.CancelledError:  # the client left
+            finally:
+                # failed and retried, client left, or an error answer (or a timeout) before the first token
                 if not prefilled[0]:
                     self._withdraw_send(worker.worker_id, chain[matched_blocks:], wall, shared)
-                raise
-            else:
-                if not prefilled[0]:  # an error answer (or a timeout) before the first token
-                    self._withdraw_send(worker.worker_id, chain[matched_blocks:], wall, shared)
-                return response
-            finally:
                 self.view.record_done(worker.worker_id, handle, time.time())
         kind = "no_worker" if not excluded else "upstream"
         self.metrics.errors.labels(kind).inc()
