@@ -128,6 +128,9 @@ class PlannerMemory:
     demand: float | None = None  # the fleet prefill demand, smoothed (prefix-aware modes)
     demand_s: float | None = None
     demand_slope: float = 0.0  # its trend, replica-equivalents per second (demand_trend)
+    # When the demand history began (the planner's first round). None with a demand: a restored
+    # memory of unknown start, whose history counts as long enough (see ``_plan_prefix_aware``).
+    demand_since_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,8 +341,29 @@ def _plan_prefix_aware(
         level, slope = demand_trend(
             memory.demand, slope, demand, now - memory.demand_s, policy.lead_time_s / TREND_STEPS
         )
-    memory = replace(memory, demand=level, demand_s=now, demand_slope=slope)
+    since = memory.demand_since_s
+    if since is None and memory.demand is None:
+        since = now
+    memory = replace(memory, demand=level, demand_s=now, demand_slope=slope, demand_since_s=since)
     base = replace(base, memory=memory)
+    # A fleet that has just started (every serving replica younger than a lead time, and no longer
+    # a demand history) has empty caches: every first request for a prefix is a full prefill, so
+    # the demand is high for the seconds the caches take to fill, and a replica ordered for it
+    # arrives a lead time later to a fleet that no longer needs it. Load alone does not scale up
+    # then; waits (saturated subtrees, a busy fleet) still do. An operator restarted on a running
+    # fleet sees older replicas and plans as before. Measured on viral: a replica added at 5 s for
+    # 1.4-1.9 replica-equivalents of demand that fell to ~0.55 by 30 s (95 replica-seconds), and on
+    # seed 13 its removal at 95 s left the two caches laid out worse for the ramp (SLO 94.9 % vs 96.5 %).
+    history_s = None if since is None else now - since
+    cold_start = (
+        history_s is not None
+        and history_s < policy.lead_time_s
+        and all(
+            0.0 <= now - r.created_s < policy.lead_time_s
+            for r in observed.replicas
+            if r.phase in ("ready", "draining")
+        )
+    )
     # Right after a scale-down demand rises by itself (the victim's prefixes are re-prefilled on the
     # others): that rise is no trend to provision for. Actual load still scales up at once.
     shrunk = memory.last_scale_down_s is not None and now - memory.last_scale_down_s < policy.lead_time_s
@@ -352,6 +376,10 @@ def _plan_prefix_aware(
     load = f"prefill load {demand:.2f} ({outlook})"  # what the load decisions below saw
     by_load = math.ceil(projected / policy.target_load - 1e-9)  # replicas the prefill demand needs
     short = by_load - n  # n counts starting/warming replicas: capacity already on its way
+    held = cold_start and short > 0
+    if held:
+        load = f"{load} needs {by_load}, but the demand history is {history_s:.0f}s: a cold start?"
+        short = 0
 
     if starved or fleet_busy or short > 0:
         prewarm: list[Prewarm] = []
@@ -413,7 +441,7 @@ def _plan_prefix_aware(
     if ready and mean_wait < idle_wait and fits_fewer and not pending:
         why = f"mean wait {mean_wait:.2f}s, {load} fits {n - 1} replicas"
         return _maybe_scale_down(observed, policy, memory, base, active, why, prefix_aware=True)
-    return replace(base, memory=replace(memory, calm_since_s=None))
+    return replace(base, memory=replace(memory, calm_since_s=None), reason=load if held else "steady")
 
 
 def demand_trend(

@@ -420,3 +420,32 @@ def test_a_new_replica_warms_on_arrival_unless_a_ready_one_waits_past_saturation
     assert warm_on_arrival([], p)  # nothing observed yet: warm as planned
     assert not warm_on_arrival([rep("r0", wait=0.8)], policy(target_ttft_s=1.0, saturation=0.75))
     assert warm_on_arrival([rep("r0", wait=0.8)], policy(target_ttft_s=2.0))
+
+
+def test_a_cold_start_is_no_load_to_scale_for():
+    # A fleet that has just started (replicas created at 0, the planner's first rounds): empty caches
+    # make every first request for a prefix a full prefill, so the demand reads 1.8 (3 replicas'
+    # worth) and falls as the caches fill (viral: 1.9 at 5 s, 0.55 at 30 s). A replica ordered for
+    # it would arrive a lead time later, needed by no one.
+    memory = None
+    for now, load in ((5, 0.9), (10, 0.75), (15, 0.6), (30, 0.3)):
+        plan = plan_scale(
+            obs([loaded("a", load), loaded("b", load)], now=now), policy(lead_time_s=30), memory
+        )
+        memory = plan.memory
+        assert plan.add == 0, plan.reason
+    assert memory.demand_since_s == 5
+    cold = plan_scale(obs([loaded("a", 0.9), loaded("b", 0.9)], now=5), policy(lead_time_s=30))
+    assert "cold start" in cold.reason
+    # waits still scale up at once: a saturated fleet is load whatever the history
+    busy = [loaded("a", 0.9, wait=0.9), loaded("b", 0.9, wait=0.9)]
+    assert plan_scale(obs(busy, now=5), policy(lead_time_s=30)).add == 1
+    # one lead time after its first round the same demand adds a replica
+    later = plan_scale(obs([loaded("a", 0.9), loaded("b", 0.9)], now=35), policy(lead_time_s=30), memory)
+    assert later.add == 1 and "needs 3 replicas" in later.reason
+    # an operator (re)started on a fleet that has run for a while: the caches are warm, the load is load
+    running = [replace(loaded(r, 0.9), created_s=-600.0) for r in ("a", "b")]
+    assert plan_scale(obs(running, now=5), policy(lead_time_s=30)).add == 1
+    # a memory restored from the fleet's status (demand, no start) is history enough
+    restored = PlannerMemory(demand=1.8, demand_s=0.0)
+    assert plan_scale(obs([loaded("a", 0.9), loaded("b", 0.9)], now=5), policy(), restored).add == 1
