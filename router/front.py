@@ -23,7 +23,7 @@ import logging
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -674,3 +674,32 @@ async def serve_front(
         front, host, port, reuse_address=True, backlog=128
     )
     return server, front
+
+
+@contextlib.asynccontextmanager
+async def serving_front(
+    app: web.Application,
+    host: str,
+    port: int,
+    handlers: Mapping[str, HotHandler],
+    respond: Responder,
+    *,
+    timeouts: ClientTimeouts,
+    max_body_bytes: int,
+) -> AsyncIterator[tuple[asyncio.AbstractServer, HotFront]]:
+    """Serve ``app`` behind the front on ``host:port`` until the block ends: the front takes the
+    paths in ``handlers``, aiohttp (see :func:`fallback_runner`) everything else."""
+    runner = await fallback_runner(app, timeouts)
+    try:
+        server, front = await serve_front(
+            runner, host, port, handlers, respond, timeouts=timeouts, max_body_bytes=max_body_bytes
+        )
+    except BaseException:
+        await runner.cleanup()
+        raise
+    try:
+        yield server, front
+    finally:
+        server.close()
+        await front.shutdown()
+        await runner.cleanup()

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
-from .front import ClientStalled, HotFront, fallback_runner, serve_front
+from .front import ClientStalled, HotFront, serving_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -792,28 +792,17 @@ class Listening:
 async def listening(config: GatewayConfig) -> AsyncIterator[Listening]:
     """Serve ``config`` until the block ends (port 0: a free port, see :attr:`Listening.port`)."""
     gateway = Gateway(config)
-    timeouts = gateway.timeouts
-    runner = await fallback_runner(gateway.app(), timeouts)
-    try:
-        # Generation requests take the lean front; everything else (and anything unusual) aiohttp.
-        server, front = await serve_front(
-            runner,
-            config.host,
-            config.port,
-            dict.fromkeys(GENERATE_PATHS, gateway.handle_generate),
-            gateway._body_error,
-            timeouts=timeouts,
-            max_body_bytes=config.max_body_bytes,
-        )
-    except BaseException:
-        await runner.cleanup()
-        raise
-    try:
+    # Generation requests take the lean front; everything else (and anything unusual) aiohttp.
+    async with serving_front(
+        gateway.app(),
+        config.host,
+        config.port,
+        dict.fromkeys(GENERATE_PATHS, gateway.handle_generate),
+        gateway._body_error,
+        timeouts=gateway.timeouts,
+        max_body_bytes=config.max_body_bytes,
+    ) as (server, front):
         yield Listening(gateway, server, front)
-    finally:
-        server.close()
-        await front.shutdown()
-        await runner.cleanup()
 
 
 async def serve(config: GatewayConfig) -> None:

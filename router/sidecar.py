@@ -29,7 +29,7 @@ from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
-from .front import ClientStalled, HotFront, fallback_runner, serve_front
+from .front import ClientStalled, HotFront, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import Admission, CacheMirror
@@ -891,29 +891,21 @@ class Listening:
 async def listening(config: SidecarConfig) -> AsyncIterator[Listening]:
     """Serve ``config`` until the block ends, then leave the fleet and stop."""
     sidecar = Sidecar(config)
-    timeouts = sidecar.timeouts
-    runner = await fallback_runner(sidecar.app(), timeouts)
-    try:
-        # Generation requests take the lean front; every other path (and anything unusual) aiohttp.
-        server, front = await serve_front(
-            runner,
-            config.host,
-            config.port,
-            dict.fromkeys(GENERATE_PATHS, sidecar.handle_generate),
-            _body_error,
-            timeouts=timeouts,
-            max_body_bytes=config.max_body_bytes,
-        )
-    except BaseException:
-        await runner.cleanup()
-        raise
-    try:
-        yield Listening(sidecar, server, front)
-    finally:
-        await sidecar.leave_fleet()
-        server.close()
-        await front.shutdown()
-        await runner.cleanup()
+    # Generation requests take the lean front; every other path (and anything unusual) aiohttp.
+    async with serving_front(
+        sidecar.app(),
+        config.host,
+        config.port,
+        dict.fromkeys(GENERATE_PATHS, sidecar.handle_generate),
+        _body_error,
+        timeouts=sidecar.timeouts,
+        max_body_bytes=config.max_body_bytes,
+    ) as (server, front):
+        try:
+            yield Listening(sidecar, server, front)
+        finally:
+            # Leave before the socket closes, so the fleet stops routing here first.
+            await sidecar.leave_fleet()
 
 
 async def serve(config: SidecarConfig) -> None:
