@@ -8,11 +8,13 @@ clocks: no I/O, no wall time.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_replicas import batched_replica
 
 from prefixfleet.cli import UsageError
 from prefixfleet.emulator.config import EmulatorConfig
@@ -112,17 +114,7 @@ def test_abort_mid_chunk_leaves_only_the_computed_chunks_cached():
 # -- the simulator's batched replica ------------------------------------------------------------
 
 
-def batched(cache_on_compute: bool, capacity: int = 2_000, budget: int = 200) -> BatchedReplica:
-    cfg = ServiceConfig(
-        "batched",
-        prefill_s_per_token=0.001,
-        max_running=8,
-        step_token_budget=budget,
-        decode_base_s=0.01,
-        decode_s_per_seq=0.0,
-        cache_on_compute=cache_on_compute,
-    )
-    return BatchedReplica(0, capacity, cfg)
+batched = functools.partial(batched_replica, capacity=2_000)
 
 
 def drain(rep: BatchedReplica, now: float, until: float = math.inf) -> tuple[float, list[Job]]:

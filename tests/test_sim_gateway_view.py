@@ -8,27 +8,18 @@ tree is the view. Virtual clocks only: no I/O, no wall time.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
+from sim_replicas import batched_replica
 
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
 from prefixfleet.router.policies import RouteRequest
 from prefixfleet.router.radix import as_token_bytes
-from prefixfleet.sim.engine import BatchedReplica, Job, ServiceConfig
+from prefixfleet.sim.engine import BatchedReplica, Job
 
-
-def batched(cache_on_compute: bool, capacity: int = 4_000, budget: int = 200) -> BatchedReplica:
-    cfg = ServiceConfig(
-        "batched",
-        prefill_s_per_token=0.001,
-        max_running=8,
-        step_token_budget=budget,
-        decode_base_s=0.01,
-        decode_s_per_seq=0.0,
-        cache_on_compute=cache_on_compute,
-    )
-    return BatchedReplica(0, capacity, cfg)
+batched = functools.partial(batched_replica, capacity=4_000)
 
 
 def route(rep: BatchedReplica, job: Job, now: float) -> int:
