@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from typing import Any
@@ -676,6 +677,18 @@ async def serve_front(
     return server, front
 
 
+@dataclass(frozen=True, slots=True)
+class FrontServing:
+    """The front serving on its socket (see :func:`serving_front`)."""
+
+    server: asyncio.AbstractServer
+    front: HotFront
+
+    @property
+    def port(self) -> int:
+        return int(self.server.sockets[0].getsockname()[1])
+
+
 @contextlib.asynccontextmanager
 async def serving_front(
     app: web.Application,
@@ -686,7 +699,7 @@ async def serving_front(
     *,
     timeouts: ClientTimeouts,
     max_body_bytes: int,
-) -> AsyncIterator[tuple[asyncio.AbstractServer, HotFront]]:
+) -> AsyncIterator[FrontServing]:
     """Serve ``app`` behind the front on ``host:port`` until the block ends: the front takes the
     paths in ``handlers``, aiohttp (see :func:`fallback_runner`) everything else."""
     runner = await fallback_runner(app, timeouts)
@@ -698,7 +711,7 @@ async def serving_front(
         await runner.cleanup()
         raise
     try:
-        yield server, front
+        yield FrontServing(server, front)
     finally:
         server.close()
         await front.shutdown()

@@ -30,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
-from .front import ClientStalled, HotFront, serving_front
+from .front import ClientStalled, FrontServing, serving_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -776,16 +776,10 @@ class Gateway:
 
 
 @dataclass(frozen=True, slots=True)
-class Listening:
-    """A gateway serving on its socket (see :func:`listening`)."""
+class Listening(FrontServing):
+    """A gateway serving on its socket (see :func:`listening`), with its ``.gateway``."""
 
     gateway: Gateway
-    server: asyncio.AbstractServer
-    front: HotFront
-
-    @property
-    def port(self) -> int:
-        return int(self.server.sockets[0].getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -801,8 +795,8 @@ async def listening(config: GatewayConfig) -> AsyncIterator[Listening]:
         gateway._body_error,
         timeouts=gateway.timeouts,
         max_body_bytes=config.max_body_bytes,
-    ) as (server, front):
-        yield Listening(gateway, server, front)
+    ) as serving:
+        yield Listening(server=serving.server, front=serving.front, gateway=gateway)
 
 
 async def serve(config: GatewayConfig) -> None:

@@ -29,7 +29,7 @@ from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
-from .front import ClientStalled, HotFront, serving_front
+from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import Admission, CacheMirror
@@ -875,16 +875,10 @@ class Sidecar:
 
 
 @dataclass(frozen=True, slots=True)
-class Listening:
-    """A sidecar serving on its socket (see :func:`listening`)."""
+class Listening(FrontServing):
+    """A sidecar serving on its socket (see :func:`listening`), with its ``.sidecar``."""
 
     sidecar: Sidecar
-    server: asyncio.AbstractServer
-    front: HotFront
-
-    @property
-    def port(self) -> int:
-        return int(self.server.sockets[0].getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -900,9 +894,9 @@ async def listening(config: SidecarConfig) -> AsyncIterator[Listening]:
         _body_error,
         timeouts=sidecar.timeouts,
         max_body_bytes=config.max_body_bytes,
-    ) as (server, front):
+    ) as serving:
         try:
-            yield Listening(sidecar, server, front)
+            yield Listening(server=serving.server, front=serving.front, sidecar=sidecar)
         finally:
             # Leave before the socket closes, so the fleet stops routing here first.
             await sidecar.leave_fleet()
