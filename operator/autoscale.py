@@ -376,7 +376,9 @@ def _plan_prefix_aware(
     load = f"prefill load {demand:.2f} ({outlook})"  # what the load decisions below saw
     by_load = math.ceil(projected / policy.target_load - 1e-9)  # replicas the prefill demand needs
     short = by_load - n  # n counts starting/warming replicas: capacity already on its way
-    held = cold_start and short > 0
+    # ...unless waits say the fleet is short anyway: then the load tells by how much (a fleet
+    # started too small for its steady load, e.g. the Mooncake trace from 2 replicas).
+    held = cold_start and short > 0 and not (starved or fleet_busy)
     if held:
         load = f"{load} needs {by_load}, but the demand history is {history_s:.0f}s: a cold start?"
         short = 0

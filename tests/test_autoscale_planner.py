@@ -440,6 +440,9 @@ def test_a_cold_start_is_no_load_to_scale_for():
     # waits still scale up at once: a saturated fleet is load whatever the history
     busy = [loaded("a", 0.9, wait=0.9), loaded("b", 0.9, wait=0.9)]
     assert plan_scale(obs(busy, now=5), policy(lead_time_s=30)).add == 1
+    # and when waits say the fleet is short, the load says by how much: 2.4 needs 4 replicas
+    busier = [loaded("a", 1.2, wait=0.9), loaded("b", 1.2, wait=0.9)]
+    assert plan_scale(obs(busier, now=5), policy(lead_time_s=30, max_step_up=2)).add == 2
     # one lead time after its first round the same demand adds a replica
     later = plan_scale(obs([loaded("a", 0.9), loaded("b", 0.9)], now=35), policy(lead_time_s=30), memory)
     assert later.add == 1 and "needs 3 replicas" in later.reason
