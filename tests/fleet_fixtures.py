@@ -34,13 +34,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from aiohttp import web
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 30.0
@@ -69,6 +70,19 @@ def serve_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextlib.asynccontextmanager
+async def serve_aiohttp(app: web.Application, **runner_options: object) -> AsyncIterator[str]:
+    """An aiohttp stand-in (an engine that misbehaves on purpose) on a free loopback port for the
+    ``async with`` block; yields its base URL. ``runner_options`` go to ``web.AppRunner``."""
+    runner = web.AppRunner(app, access_log=None, **runner_options)  # type: ignore[arg-type]
+    await runner.setup()
+    await web.TCPSite(runner, LOOPBACK, 0).start()
+    try:
+        yield f"http://{LOOPBACK}:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 def port_open(port: int, host: str = LOOPBACK) -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from fleet_fixtures import serve_aiohttp
 
 SIOCOUTQNSD = 0x894B  # bytes in a socket's send queue not yet sent (linux/sockios.h)
 FIRST_EVENT = b'data: {"choices": [{"text": "a"}]}\n\n'
@@ -50,14 +51,8 @@ class CuttingEngine:
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/health", self.health)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-        finally:
-            await runner.cleanup()
+        async with serve_aiohttp(app) as url:
+            yield url
 
 
 def queued(fd: int, request: int) -> int:

@@ -32,7 +32,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
-from fleet_fixtures import RedisServer, free_port
+from fleet_fixtures import RedisServer, free_port, serve_aiohttp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -233,14 +233,8 @@ class ScriptedEngine:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/health", self.health)
         # handler_cancellation: a held request ends when the sidecar aborts it (not at cleanup)
-        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-        finally:
-            await runner.cleanup()
+        async with serve_aiohttp(app, handler_cancellation=True) as url:
+            yield url
 
 
 def prompt(tag: str) -> dict:
