@@ -495,9 +495,9 @@ class Sidecar:
             fixed_latency_s=round(load.fixed_latency_s, 4),
         )
 
-    async def publish_once(self, *, register: bool, periodic: bool = True) -> None:
+    async def publish_once(self, *, register: bool, periodic: bool = True) -> LoadReport:
         """Write the load record (and push it to gateways); on periodic rounds also the summary when
-        the tree changed, TTL refreshes and, when asked, the member record."""
+        the tree changed, TTL refreshes and, when asked, the member record. Returns the record written."""
         assert self.redis is not None
         ttl_ms = int(self.config.record_ttl_s * 1000)
         pipe = self.redis.pipeline(transaction=False)
@@ -531,6 +531,7 @@ class Sidecar:
             pipe.hset(self.keys.members, self.s.worker_id, encode_record(self.member_record()))
         await pipe.execute()
         self.s.pushed_load = self._queue_figures(report)
+        return report
 
     @staticmethod
     def _queue_figures(report: LoadReport) -> tuple[object, ...]:
@@ -566,13 +567,17 @@ class Sidecar:
             try:
                 # Between periodic rounds, push only if the queue differs from what gateways last saw
                 # (requests may have come and gone meanwhile; the periodic round refreshes the rest).
+                written = self.s.state
                 if periodic or self._queue_figures(self.load_report()) != self.s.pushed_load:
-                    await self.publish_once(register=register, periodic=periodic)
+                    written = (await self.publish_once(register=register, periodic=periodic)).state
                 if periodic:
                     last_periodic = now
                 if state_change:
+                    # The notice names the state the record just written holds: one that changed
+                    # while it was written (warming -> ready) has its own round next, so a reader
+                    # acting on a notice never finds the record behind it.
                     assert self.redis is not None
-                    await self.redis.publish(self.keys.events, f"state {self.s.worker_id} {self.s.state}")
+                    await self.redis.publish(self.keys.events, f"state {self.s.worker_id} {written}")
                 if register:
                     last_register = now
                 if not self.s.redis_ok:
