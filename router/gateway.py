@@ -43,6 +43,7 @@ from .proxying import (
     AnyRequest,
     answer_headers,
     forward_header_pairs,
+    is_error_event,
     json_error,
     open_stream,
     request_target,
@@ -674,7 +675,7 @@ class Gateway:
             raise _Retryable("stream closed before its first byte") from None
         except _RETRY_ERRORS as exc:
             raise _Retryable(exc.__class__.__name__) from exc
-        error_first = first.startswith(b'data: {"error"')  # an error event before any token
+        error_first = is_error_event(first)  # an error event before any token
         if error_first and b"upstream_disconnected" in first:
             raise _Retryable("engine died before its first byte")  # the sidecar's error event
         prefilled[0] = upstream.status == 200 and not error_first

@@ -133,6 +133,12 @@ def sse_error_event(message: str, kind: str = "upstream_disconnected") -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+def is_error_event(chunk: bytes) -> bool:
+    """Whether a streamed chunk opens with an SSE error event (:func:`sse_error_event`'s shape, or an
+    engine's own): at a stream's start it means no token came, so nothing was prefilled."""
+    return chunk.startswith(b'data: {"error"')
+
+
 def find_cached_tokens(data: bytes) -> int | None:
     """The engine's ``cached_tokens`` (SGLang meta_info or OpenAI usage details) if the bytes hold one."""
     found = _CACHED_TOKENS.findall(data)

@@ -44,6 +44,7 @@ from .proxying import (
     find_cached_tokens,
     find_uncached_tokens,
     forward_header_pairs,
+    is_error_event,
     json_error,
     open_stream,
     output_text,
@@ -824,7 +825,7 @@ class Sidecar:
                         self.s.load.first_byte(handle, time.monotonic())
                         self.load_changed()
                         # an engine's error event before any token (a refused prompt): no prefill
-                        prefilled[0] = upstream.status == 200 and not chunk.startswith(b'data: {"error"')
+                        prefilled[0] = upstream.status == 200 and not is_error_event(chunk)
                     if b"cached_tokens" in chunk:
                         usage = chunk
                         cached = find_cached_tokens(chunk)
