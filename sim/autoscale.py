@@ -11,7 +11,7 @@ replicas have a phase (the planner's ``ReplicaPhase``):
 
 Every ``control_interval_s`` the control loop does what the operator does: build each replica's
 cache summary with the sidecar's own builder (:func:`prefixfleet.router.summary.build_summary`) over
-what the sidecar knows (:func:`sidecar_tree`: the model's mirror when it keeps one),
+what the sidecar knows (``ReplicaModel.sidecar_tree``: the model's mirror when it keeps one),
 merge them with :func:`prefixfleet.operator.hot_subtrees.hot_subtrees`, read each replica's load,
 call :func:`prefixfleet.operator.autoscale.plan_scale` and execute the plan. Pre-warm tokens are
 taken from a holder's sidecar view by block hash (:func:`~prefixfleet.operator.hot_subtrees.find_prefix`),
@@ -42,7 +42,6 @@ from prefixfleet.operator.autoscale import plan_scale as plan_scale_fn
 from prefixfleet.operator.hot_subtrees import HotState, find_prefix, hot_subtrees, parse_subtree_id
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
 from prefixfleet.router.policies import DEFAULT_POLICY, RouteRequest, make_policy
-from prefixfleet.router.radix import RadixTree
 from prefixfleet.router.summary import DEFAULT_HOT_K, Summary, build_summary
 
 from .engine import Job, ReplicaModel, ServiceConfig, make_replica
@@ -202,7 +201,7 @@ class ElasticFleet:
             self._warm_seq += 1
             job = Job(-self._warm_seq, now, tokens, 1)  # prefill-only: the first token ends it
             # the sidecar's estimate, as for a routed request (its load counter, the engine's queue)
-            job.est_uncached = job.total - sidecar_tree(member.model).matched_tokens(tokens)
+            job.est_uncached = job.total - member.model.sidecar_tree().matched_tokens(tokens)
             member.accept(job, now)
             member.warmups.append(job)
             self.warmup_requests += 1
@@ -272,7 +271,7 @@ class ElasticFleet:
         out = {}
         for m in self.live:
             summary, _exports = build_summary(
-                sidecar_tree(m.model),
+                m.model.sidecar_tree(),
                 worker=m.name,
                 version=0,
                 now=now,
@@ -323,7 +322,7 @@ class ElasticFleet:
         for m in self.live:  # a holder's sidecar exports the prefix behind a published hash
             if m.name in holders:
                 found = find_prefix(
-                    sidecar_tree(m.model),
+                    m.model.sidecar_tree(),
                     block_hash,
                     block_tokens=self.config.block_tokens,
                     namespace_seed=lambda ns: self.identity_seed,
@@ -363,16 +362,6 @@ class ElasticFleet:
             self.scale_events += 1
         if not plan.is_noop:
             self.plans.append((now, plan.reason))
-
-
-def sidecar_tree(model: ReplicaModel) -> RadixTree:
-    """What a replica's sidecar knows of its cache: its mirror (one insert per routed prompt) where
-    the model keeps one, else the engine's tree (the default batched model inserts whole prompts at
-    admission, close enough to routing to serve as the mirror). Summaries, pre-warm exports and
-    warm-up estimates read this; what was really served from cache stays the engine's (``Job.matched``).
-    """
-    mirror = getattr(model, "mirror", None)
-    return model.tree if mirror is None else mirror
 
 
 def _at(now: float) -> RouteRequest:

@@ -256,6 +256,12 @@ class ReplicaModel(ABC):
     def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
         """What a policy in gateway number ``gateway`` may see of this replica for ``request``."""
 
+    def sidecar_tree(self) -> RadixTree:
+        """What the replica's sidecar knows of its cache (summaries, pre-warm exports and routing
+        matches read it): by default the engine's own tree; models that keep a sidecar-like mirror
+        (one insert per routed prompt) return that."""
+        return self.tree
+
     @abstractmethod
     def accept(self, job: Job, now: float, gateway: int = 0) -> None:
         """Take a request routed by gateway number ``gateway``."""
@@ -341,6 +347,9 @@ class BatchedReplica(ReplicaModel):
         # inserts at admission, close enough to routing that its tree serves as the mirror.
         self.mirror: RadixTree | None = RadixTree(capacity_tokens) if config.cache_on_compute else None
 
+    def sidecar_tree(self) -> RadixTree:
+        return self.tree if self.mirror is None else self.mirror
+
     # -- what a policy may see ----------------------------------------------------------------
 
     def view(self, request: RouteRequest, gateway: int = 0) -> ReplicaState:
@@ -368,7 +377,7 @@ class BatchedReplica(ReplicaModel):
                 longest = left[-1] if left else 0
                 slot_wait = (longest + (need - len(left)) / slots * mean_out) * step_overhead
         in_step = max(0.0, self._step_end - now) if self._step_end is not None else 0.0
-        known = self.tree if self.mirror is None else self.mirror
+        known = self.sidecar_tree()
         matched = known.matched_tokens(request.tokens)
         if self.mirror is not None:  # a gateway matches hash blocks, as the emulator model does
             matched -= matched % DEFAULT_BLOCK_TOKENS
@@ -665,6 +674,9 @@ class EmulatedReplica(ReplicaModel):
         self._overlays: dict[int, _Overlay] = {}
         self._notices: list[tuple[float, float, int, bytes]] = []  # (seen at, sent at, gateway, prompt)
         self._forwarded: list[tuple[float, int, Job, _Send]] = []  # heap: (reaches the sidecar at, ...)
+
+    def sidecar_tree(self) -> RadixTree:
+        return self.mirror
 
     def carry_sidecar_from(self, earlier: EmulatedReplica) -> None:
         """Keep the sidecar of ``earlier`` with everything it measured (prefill rate, fixed latency):
