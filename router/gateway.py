@@ -52,6 +52,7 @@ from .proxying import (
 )
 from .records import (
     SENDS_MAGIC,
+    WITHDRAW_MAGIC,
     WORKER_STATES,
     SendWithdrawal,
     decode_load_push,
@@ -193,6 +194,8 @@ class Gateway:
         self._peers_listening = True  # until the first refresh counts the sends channel's listeners
         self._sends_subscribed = False
         self._share_ready = asyncio.Event()
+        self._sharing_ok = True  # the last publish on the sends channel worked (logged on change)
+        self._withdrawals_lost = 0  # since sharing last failed: told when it works again
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -360,8 +363,10 @@ class Gateway:
         if notice.gateway == self.gateway_id:
             return
         if isinstance(notice, SendWithdrawal):
-            # only the entries that send stamped (same worker and send time) are dropped
-            self.view.release_send(notice.worker, notice.hashes, notice.sent_at)
+            # only the entries that send stamped (same worker and send time) are dropped; none when
+            # its notice never reached us, or a summary, the TTL or a later send replaced them
+            dropped = self.view.release_send(notice.worker, notice.hashes, notice.sent_at)
+            self.metrics.peer_send_withdrawals.labels("applied" if dropped else "unknown").inc()
         else:
             self.view.record_peer_send(notice.worker, notice.hashes, notice.sent_at)
 
@@ -402,18 +407,47 @@ class Gateway:
             await asyncio.sleep(_SHARE_COALESCE_S)
             self._share_ready.clear()
             batch, self._shares = self._shares, []
+            withdrawals = sum(1 for message in batch if message.startswith(WITHDRAW_MAGIC))
             try:
                 pipe = self.redis.pipeline(transaction=False)
                 for notice in batch:
                     pipe.publish(self.keys.sends, notice)
                 await pipe.execute()
                 backoff = 0.2
-            except (aioredis.RedisError, OSError, TimeoutError):
+            except (aioredis.RedisError, OSError, TimeoutError) as exc:
+                self._sharing_failed(batch, withdrawals, exc)
                 await asyncio.sleep(0.2)  # best effort: summaries still carry the prefixes
+                continue
             except Exception:  # a bug must not end sharing: peers would then route blind to our sends
                 log.exception("sharing sends failed unexpectedly; %d dropped", len(batch))
+                self.metrics.send_withdrawals.labels("failed").inc(withdrawals)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+                continue
+            self.metrics.send_withdrawals.labels("published").inc(withdrawals)
+            if not self._sharing_ok:
+                log.warning(
+                    "sends channel publishing again (%d send withdrawals were lost meanwhile)",
+                    self._withdrawals_lost,
+                )
+                self._sharing_ok = True
+                self._withdrawals_lost = 0
+
+    def _sharing_failed(self, batch: list[bytes], withdrawals: int, exc: BaseException) -> None:
+        """A publish round lost ``batch``: counted, and logged once per outage (not per request)."""
+        self.metrics.send_withdrawals.labels("failed").inc(withdrawals)
+        self._withdrawals_lost += withdrawals
+        if self._sharing_ok:
+            self._sharing_ok = False
+            log.warning(
+                "publishing on the sends channel failed (%s): %d send notices and %d withdrawals "
+                "lost; peers keep counting lost withdrawals' sends as hits until a summary or the "
+                "overlay TTL (%g s). Not logged again until publishing works",
+                exc,
+                len(batch) - withdrawals,
+                withdrawals,
+                self.config.overlay_ttl_s,
+            )
 
     async def _refresh_loop(self) -> None:
         backoff = 0.5  # after an unexpected error: doubles while it persists, up to 5 s

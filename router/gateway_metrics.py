@@ -13,6 +13,8 @@ TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 DECISION_BUCKETS = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1)
 ERROR_KINDS = ("bad_request", "no_worker", "upstream", "timeout", "stream_cut")
 RATIO_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+WITHDRAWAL_SENT_OUTCOMES = ("published", "failed")
+WITHDRAWAL_RECEIVED_OUTCOMES = ("applied", "unknown")
 
 
 class GatewayMetrics:
@@ -79,6 +81,26 @@ class GatewayMetrics:
             registry=r,
         )
         self.redis_up = Gauge(p + "redis_up", "1 when the last read of Redis succeeded.", registry=r)
+        # A lost withdrawal leaves peers counting the send as a hit until a summary or the overlay
+        # TTL: without these, a Redis that drops them looks the same as one that delivers them.
+        self.send_withdrawals = Counter(
+            p + "send_withdrawals",
+            "Own sends withdrawn for the peers (ended before the first token), by outcome: "
+            "published, failed (lost to a Redis error).",
+            ["outcome"],
+            registry=r,
+        )
+        self.peer_send_withdrawals = Counter(
+            p + "peer_send_withdrawals",
+            "Peers' send withdrawals read from the sends channel, by outcome: applied (entries "
+            "dropped), unknown (nothing of that send in this view).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in WITHDRAWAL_SENT_OUTCOMES:
+            self.send_withdrawals.labels(outcome)
+        for outcome in WITHDRAWAL_RECEIVED_OUTCOMES:
+            self.peer_send_withdrawals.labels(outcome)
         self._answered: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
         self._routed: dict[tuple[str, str, str], tuple[Counter, Counter, Counter, Counter]] = {}
         # Token-weighted hit estimates: sum(matched) / sum(prompt) per reason, unlike the per-request

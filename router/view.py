@@ -353,19 +353,23 @@ class FleetView:
             send.done_at = wall_now
             w.done.append(send)
 
-    def release_send(self, worker_id: str, hashes: Iterable[int], sent_at: float) -> None:
+    def release_send(self, worker_id: str, hashes: Iterable[int], sent_at: float) -> int:
         """Forget the overlay entries of a send made at ``sent_at`` that never reached the engine's
         cache (it ended before the engine's first token: its client left, the engine failed or
         answered with an error), be it an own send or a peer's withdrawn one
         (``records.SendWithdrawal``). Entries a later send stamped again stay; give only the blocks
-        past what was already matched, so the overlay stays prefix-closed."""
+        past what was already matched, so the overlay stays prefix-closed. Returns how many entries
+        were dropped (0: the worker or that send's stamps are not in the view)."""
         w = self.workers.get(worker_id)
         if w is None:
-            return
+            return 0
         overlay = w.overlay
+        dropped = 0
         for h in hashes:
             if overlay.get(h) == sent_at:
                 del overlay[h]
+                dropped += 1
+        return dropped
 
     def prune_overlays(self, wall_now: float) -> None:
         """Drop overlay entries a newer summary made redundant or that outlived the TTL."""

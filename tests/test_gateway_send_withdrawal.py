@@ -35,6 +35,7 @@ from aiohttp import web
 from fleet_fixtures import RedisServer, free_port, serve_aiohttp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from prefixfleet.router.blockhash import CacheIdentity
 from prefixfleet.router.gateway import GatewayConfig, Listening, listening
@@ -442,3 +443,120 @@ async def test_unknown_and_malformed_sends_channel_messages_are_skipped_with_a_w
     warned = [r.getMessage() for r in caplog.records if "sends channel" in r.getMessage()]
     assert any("unknown message kind" in m for m in warned), warned
     assert any("send withdrawal: unreadable" in m for m in warned), warned
+
+
+# -- counters --------------------------------------------------------------------------------------
+
+
+async def counter(http: aiohttp.ClientSession, served: Listening, name: str, outcome: str) -> float:
+    """A ``prefixfleet_gateway_<name>_total{outcome}`` sample as the gateway's /metrics serves it."""
+    async with http.get(f"http://127.0.0.1:{served.port}/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"prefixfleet_gateway_{name}_total" and sample.labels == {"outcome": outcome}:
+                return sample.value
+    raise AssertionError(f"no {name}{{outcome={outcome}}} on /metrics")
+
+
+async def until_counter(
+    http: aiohttp.ClientSession, served: Listening, name: str, outcome: str, value: float
+) -> None:
+    await until_async(
+        lambda: counter(http, served, name, outcome), value, f"{name}{{outcome={outcome}}} = {value}"
+    )
+
+
+async def until_async(probe, expected: object, what: str) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(500):  # bounded: 10 s
+        if await probe() == expected:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+@pytest.mark.timeout(60)
+async def test_withdrawals_are_counted_as_published_by_the_sender_and_applied_or_unknown_by_peers(
+    fleet: Fleet, redis_server: RedisServer
+) -> None:
+    engine, a, b = fleet.engine, fleet.a, fleet.b
+    async with aiohttp.ClientSession() as http:
+        for served in (a, b):  # every outcome is exported at 0 from the start
+            for name, outcome in [
+                ("send_withdrawals", "published"),
+                ("send_withdrawals", "failed"),
+                ("peer_send_withdrawals", "applied"),
+                ("peer_send_withdrawals", "unknown"),
+            ]:
+                assert await counter(http, served, name, outcome) == 0
+        await settled(http, a, b, "warm")  # successful sends withdraw nothing
+        assert await counter(http, a, "send_withdrawals", "published") == 0
+        engine.script.append("error")
+        status, _ = await send(http, a, prompt("counted"))
+        assert status == 500
+        await until_counter(http, a, "send_withdrawals", "published", 1)
+        await until_counter(http, b, "peer_send_withdrawals", "applied", 1)
+        # a withdrawal of a send no gateway here has seen changes nothing and is counted as unknown
+        client = aioredis.from_url(redis_server.url)
+        try:
+            await client.publish(FleetKeys("withdraw").sends, encode_withdraw("gw-x", "e0", 12.5, [1, 2]))
+        finally:
+            await client.aclose()
+        await until_counter(http, a, "peer_send_withdrawals", "unknown", 1)
+        await until_counter(http, b, "peer_send_withdrawals", "unknown", 1)
+        assert await counter(http, b, "peer_send_withdrawals", "applied") == 1
+        assert await counter(http, a, "send_withdrawals", "failed") == 0
+
+
+async def sharing_again(http: aiohttp.ClientSession, a: Listening, redis_server: RedisServer) -> None:
+    """After a Redis restart: until A publishes its sends again (it shares only while a peer listens,
+    and the peers subscribe again with a backoff); a summary alone could not prove it."""
+    client = aioredis.from_url(redis_server.url)
+    listener = client.pubsub(ignore_subscribe_messages=True)
+    channel = FleetKeys("withdraw").sends
+    try:
+        await until_async(lambda: client.pubsub_numsub(channel), [(channel.encode(), 2)], "both gateways")
+        await listener.subscribe(channel)
+        for attempt in range(100):  # bounded: ~10 s
+            status, _ = await send(http, a, prompt(f"probe{attempt}x"))
+            assert status == 200
+            message = await listener.get_message(timeout=0.1)
+            if message is not None and message["data"].startswith(b"PFX1"):
+                return
+        raise AssertionError("gateway A never shared a send again")
+    finally:
+        await listener.aclose()
+        await client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_withdrawals_lost_to_a_redis_outage_are_counted_and_logged_once(
+    fleet: Fleet, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="prefixfleet.gateway")
+    engine, a, b = fleet.engine, fleet.a, fleet.b
+    async with aiohttp.ClientSession() as http:
+        await settled(http, a, b, "warm")
+        redis_server.stop()
+        # the view is frozen during the outage: A still routes, and its withdrawals cannot go out
+        for lost in (1, 2):
+            engine.script.append("error")
+            status, _ = await send(http, a, prompt(f"lost{lost}"))
+            assert status == 500
+            await until_counter(http, a, "send_withdrawals", "failed", lost)
+        failures = [
+            r.getMessage() for r in caplog.records if "publishing on the sends channel" in r.getMessage()
+        ]
+        assert len(failures) == 1, failures  # once per outage, with the reason, not once per request
+        assert "failed (" in failures[0] and "2 withdrawals" not in failures[0]
+        assert await counter(http, a, "send_withdrawals", "published") == 0
+        redis_server.start()
+        await sharing_again(http, a, redis_server)
+        engine.script.append("error")
+        status, _ = await send(http, a, prompt("after"))
+        assert status == 500
+        await until_counter(http, a, "send_withdrawals", "published", 1)
+        assert await counter(http, a, "send_withdrawals", "failed") == 2
+        await until_counter(http, b, "peer_send_withdrawals", "applied", 1)
+    again = [r.getMessage() for r in caplog.records if "publishing again" in r.getMessage()]
+    assert again == ["sends channel publishing again (2 send withdrawals were lost meanwhile)"], again
