@@ -52,7 +52,7 @@ def links(path: Path) -> list[str]:
     return LINK.findall(_prose(path.read_text(encoding="utf-8")))
 
 
-def broken_links(path: Path) -> list[str]:
+def broken_links(path: Path, root: Path = ROOT) -> list[str]:
     problems = []
     for target in links(path):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto: ...
@@ -60,10 +60,10 @@ def broken_links(path: Path) -> list[str]:
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / unquote(file_part)).resolve() if file_part else path
         if not dest.exists():
-            problems.append(f"{target}: no such file {dest.relative_to(ROOT)}")
+            problems.append(f"{target}: no such file {dest.relative_to(root)}")
             continue
         if anchor and dest.suffix == ".md" and anchor not in anchors(dest):
-            problems.append(f"{target}: no heading #{anchor} in {dest.relative_to(ROOT)}")
+            problems.append(f"{target}: no heading #{anchor} in {dest.relative_to(root)}")
     return problems
 
 
@@ -80,15 +80,10 @@ def test_the_checker_finds_a_broken_file_and_a_broken_anchor(tmp_path):
     (tmp_path / "a.md").write_text("# Title\n\n## Part two\n\nSee [b](b.md) and [x](#part-two).\n")
     doc = tmp_path / "b.md"
     doc.write_text("[a](a.md#part-two) [gone](a.md#part-three) [none](c.md) `[code](d.md)`\n")
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert broken_links(doc) == [
-            "a.md#part-three: no heading #part-three in a.md",
-            "c.md: no such file c.md",
-        ]
-    finally:
-        ROOT = saved
+    assert broken_links(doc, root=tmp_path) == [
+        "a.md#part-three: no heading #part-three in a.md",
+        "c.md: no such file c.md",
+    ]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
