@@ -30,6 +30,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from prefixfleet.router.addresses import authority_error
+
 GROUP = "prefixfleet.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -169,6 +171,59 @@ class CamelModel(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The JSON form Kubernetes stores (camelCase, no nulls)."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# The router's rule for the host and port of a URL (router/addresses.py authority_error: an IPv6 host
+# in brackets, a port in 1..65535) as one RE2 pattern, for the CEL rules of spec.redis.url and
+# spec.prometheus.url: the API server refuses at apply time what the sidecar and the operator would
+# refuse at pod start. tests/test_crd_cel.py holds the pattern against authority_error.
+_H16 = "[0-9a-fA-F]{1,4}"
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])"  # no leading zeros, as ipaddress
+_LS32 = f"(?:{_H16}:{_H16}|{_OCTET}(?:[.]{_OCTET}){{3}})"
+# RFC 3986's IPv6address: n groups before '::' and the fixed tail after it (what ipaddress accepts)
+_IPV6 = "(?:" + "|".join(
+    [f"(?:{_H16}:){{6}}{_LS32}", f"::(?:{_H16}:){{5}}{_LS32}"]
+    + [
+        f"(?:(?:{_H16}:){{0,{before}}}{_H16})?::{tail}"
+        for before, tail in enumerate(
+            [f"(?:{_H16}:){{4}}{_LS32}", f"(?:{_H16}:){{3}}{_LS32}", f"(?:{_H16}:){{2}}{_LS32}",
+             f"{_H16}:{_LS32}", _LS32, _H16, ""]
+        )
+    ]
+) + ")"  # fmt: skip
+_PORT = "0*(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+# scheme://[userinfo@]host[:port] up to the first / ? # (a unix:// URL has no host to read): a
+# bracketed IPv6 address with an optional %zone, or a host with no ':' and not opening a '['
+URL_AUTHORITY_PATTERN = (
+    r"^(?:unix://|[a-z]+://(?:[^/?#]*@)?"
+    rf"(?:\[{_IPV6}(?:%[^\]/?#@]*)?\]|[^\[:/?#@][^:/?#@]*)?(?::(?:{_PORT})?)?(?:[/?#]|$))"
+)
+URL_MAX_LENGTH = 2048  # bounds the CEL cost the API server estimates for the pattern
+
+
+def url_authority_error(url: str) -> str | None:
+    """authority_error, with a port's digits ASCII as in the CEL rule (Python's isdigit() also takes
+    '٣' and '²', and int() then raises on '²'): such a digit reads as '_', a port that is no number."""
+    return authority_error("".join("_" if c.isdigit() and not c.isascii() else c for c in url))
+
+
+def readable_url(url: str | None) -> str | None:
+    """A url field's validator: url_authority_error's problem, refused."""
+    problem = None if url is None else url_authority_error(url)
+    if problem:
+        raise ValueError(problem)
+    return url
+
+
+def _cel_url_authority(field: str, example: str) -> dict[str, str]:
+    """The CEL rule of url_authority_error for the url field of this object."""
+    pattern = URL_AUTHORITY_PATTERN.replace("\\", "\\\\")
+    return cel(
+        f"!has(self.url) || self.url.matches('{pattern}')",
+        f"{field}: the host and port cannot be read: an IPv6 address goes in brackets ({example}),"
+        " the port is a number in 1..65535",
+        ".url",
+    )
 
 
 # ---------------------------------------------------------------- spec
@@ -722,7 +777,9 @@ class RedisSpec(CamelModel):
     url: str | None = Field(
         default=None,
         pattern=r"^(redis|rediss|unix)://",
-        description="Redis URL, e.g. redis://prefixfleet-redis:6379/0.",
+        max_length=URL_MAX_LENGTH,
+        description="Redis URL, e.g. redis://prefixfleet-redis:6379/0 (an IPv6 host in brackets:"
+        " redis://[fd00::12]:6379/0).",
     )
     secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding the full Redis URL (may include the password)."
@@ -731,6 +788,8 @@ class RedisSpec(CamelModel):
         default=None, description="Secret key holding the Redis password."
     )
     tls: bool = Field(default=False, description="Connect with TLS (rediss://).")
+
+    _readable_url = field_validator("url")(readable_url)
 
     @model_validator(mode="after")
     def _one_url(self) -> RedisSpec:
@@ -744,7 +803,8 @@ class RedisSpec(CamelModel):
                 cel(
                     "!(has(self.url) && has(self.secretRef))",
                     "spec.redis: set either url or secretRef, not both",
-                )
+                ),
+                _cel_url_authority("spec.redis.url", "redis://[fd00::12]:6379/0"),
             ]
         }
     )
@@ -762,8 +822,10 @@ class PrometheusSpec(CamelModel):
     url: str | None = Field(
         default=None,
         pattern=PROMETHEUS_URL_PATTERN,
-        description="Prometheus base URL (http(s)://host[:port][/path]) the autoscaler queries for engine"
-        " rates; absent: the operator's default, else each sidecar's /metrics.",
+        max_length=URL_MAX_LENGTH,
+        description="Prometheus base URL (http(s)://host[:port][/path], an IPv6 host in brackets) the"
+        " autoscaler queries for engine rates; absent: the operator's default, else each sidecar's"
+        " /metrics.",
     )
     rate_window_seconds: int = Field(
         default=60,
@@ -782,6 +844,8 @@ class PrometheusSpec(CamelModel):
         pattern=PROMETHEUS_LABEL_PATTERN,
         description="Label naming the replica pod in those series.",
     )
+
+    _readable_url = field_validator("url")(readable_url)
 
     @model_validator(mode="after")
     def _label_names(self) -> PrometheusSpec:
@@ -803,7 +867,8 @@ class PrometheusSpec(CamelModel):
                     " || self.matchLabels.all(k, k.matches('^[a-zA-Z_][a-zA-Z0-9_]*$'))",
                     "spec.prometheus.matchLabels: every key must be a Prometheus label name",
                     ".matchLabels",
-                )
+                ),
+                _cel_url_authority("spec.prometheus.url", "http://[fd00::9]:9090"),
             ]
         }
     )

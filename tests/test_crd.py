@@ -226,6 +226,14 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"redis": {"url": "redis://r:6379", "secretRef": {"name": "s", "key": "url"}}},
         "spec.redis",
     ),
+    # the sidecar would exit at pod start on these (router/addresses.py authority_error)
+    ("an unbracketed IPv6 Redis host", {"redis": {"url": "redis://::1:6379/0"}}, "spec.redis.url"),
+    ("a Redis port out of range", {"redis": {"url": "redis://r:0/0"}}, "spec.redis.url"),
+    (
+        "an unbracketed IPv6 Prometheus host",
+        {"prometheus": {"url": "http://fd00::9:9090"}},
+        "spec.prometheus.url",
+    ),
     ("a port out of range", {"router": {"port": 70000}}, "spec.router.port"),
     ("the sidecar on the engine kind's default port", {"sidecar": {"port": 30000}}, "spec.sidecar.port"),
     ("the engine on the sidecar's port", {"engine": {"kind": "vllm", "port": 8100}}, "spec.sidecar.port"),

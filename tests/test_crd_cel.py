@@ -465,6 +465,24 @@ pod_templates = st.builds(
         st.builds(_drop_none, containers=_optional(containers), initContainers=_optional(containers))
     ),
 )
+# host and port as the sidecar reads them (router/addresses.py authority_error), each side of the rule
+REDIS_URLS = [
+    "redis://r:6379/0",
+    "redis://[::1]:6379/0",
+    "redis://::1:6379/0",
+    "rediss://u:p@[fd00::12]:6380",
+    "redis://u:p@fd00::12:6380/1",
+    "redis://r:0/0",
+    "redis://r:65536",
+    "unix:///run/redis.sock",
+    "redis://[r]:6379",
+    "redis://[::1]6379",
+    "redis://r:6379\n",
+]
+PROMETHEUS_URLS = [
+    "http://prometheus:9090", "http://[fd00::9]:9090/prom", "http://fd00::9:9090", "https://a:b@[::1]",
+    "http://p:99999", "http://[fe80::1%25eth0]:9090",
+]  # fmt: skip
 MATCH_LABEL_KEYS = ["namespace", "fleet", "_x", "a1", "1a", "a-b", "a.b", "", "fleet\n"]
 # targetLoad is in (0, 1], scaleDownLoad in (0, 1) (schema ranges); integers test the number typing
 LOADS = [0.5, 0.6, 0.7, 1, 1.0]
@@ -486,13 +504,14 @@ specs = st.builds(
     redis=_rarely(
         st.builds(
             _drop_none,
-            url=_optional(st.just("redis://r:6379/0")),
+            url=_optional(st.sampled_from(REDIS_URLS)),
             secretRef=_optional(st.just({"name": "s", "key": "url"})),
         )
     ),
     prometheus=_rarely(
         st.builds(
             _drop_none,
+            url=_optional(st.sampled_from(PROMETHEUS_URLS)),
             matchLabels=_optional(
                 st.dictionaries(st.sampled_from(MATCH_LABEL_KEYS), st.just("x"), max_size=3)
             ),
@@ -556,6 +575,13 @@ BOUNDARIES: dict[str, dict[str, Any]] = {
     "a match label that is no label name": {"prometheus": {"matchLabels": {"1a": "x"}}},
     "a match label name with a dot": {"prometheus": {"matchLabels": {"a.b": "x"}}},
     "a match label name ending in a newline": {"prometheus": {"matchLabels": {"fleet\n": "x"}}},
+    "an unbracketed IPv6 Redis host": {"redis": {"url": "redis://fd00::12:6379/0"}},
+    "a bracketed IPv6 Redis host": {"redis": {"url": "redis://[fd00::12]:6379/0"}},
+    "a Redis port out of range": {"redis": {"url": "redis://r:65536/0"}},
+    "a Redis port with a final newline": {"redis": {"url": "redis://r:6379\n"}},
+    "a Redis URL on a Unix socket": {"redis": {"url": "unix:///run/redis.sock?db=1"}},
+    "an unbracketed IPv6 Prometheus host": {"prometheus": {"url": "http://fd00::9:9090"}},
+    "a bracketed IPv6 Prometheus host with a zone": {"prometheus": {"url": "http://[fe80::9%eth0]:9090"}},
     "an added container named with a final newline": {
         "engine": {
             "kind": "vllm",
@@ -568,3 +594,73 @@ BOUNDARIES: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("extra", BOUNDARIES.values(), ids=BOUNDARIES.keys())
 def test_the_api_server_and_the_models_agree_at_the_boundaries(extra: dict[str, Any]) -> None:
     assert_same_verdict({"model": {"name": "m"}, "engine": {"kind": "emulator"}, **extra})
+
+
+# ------------------------------------------------------------------ the URL rule against the router's
+
+URL_SCHEMES = ["redis://", "rediss://", "unix://", "http://", "https://"]
+hextets = st.text(alphabet="0123456789abcdefABCDEFg", min_size=0, max_size=5)
+ipv6_hosts = st.one_of(
+    st.ip_addresses(v=6).map(str),
+    st.ip_addresses(v=6).map(lambda a: a.exploded),
+    st.ip_addresses(v=6).map(lambda a: str(a).upper()),
+    st.ip_addresses(v=4).map(lambda a: f"::ffff:{a}"),
+    st.lists(hextets, min_size=1, max_size=10).map(":".join),  # mostly not addresses
+    st.sampled_from(["::", "::1", "1::", "1:2:3:4:5:6:7::", "1::2:3:4:5:6:7:8", "::1.2.3.04", "::256.1.1.1",
+                     "1:2:3:4:5:6:1.2.3.4", "::1.2.3", ":::", "1:::2", "::1%eth0", "fe80::1%", "::١"]),
+)  # fmt: skip
+hosts = st.one_of(
+    ipv6_hosts.map(lambda h: f"[{h}]"),
+    ipv6_hosts,
+    st.sampled_from(["", "r", "redis.ns.svc", "10.0.0.1", "[", "a[b", "[::1", "]", "%"]),
+)
+ports = st.one_of(
+    st.integers(0, 70000).map(str),
+    st.sampled_from(["", "00080", "0", "65535", "65536", "٣", "²", "6_379", "+1", " 1", "1 ", "x", ":1"]),
+)
+url_ends = st.sampled_from(["", "/", "/0", "?db=0", "#f", "\n", "/\n", ":1/x", "]", "@h:1"])
+urls = st.builds(
+    lambda scheme, user, host, port, end: f"{scheme}{user}{host}{port}{end}",
+    st.sampled_from(URL_SCHEMES),
+    st.sampled_from(["", "u:p@", "u@", ":p@", "a@b@", "u:[::1]@"]),
+    hosts,
+    st.none().map(lambda _: "") | ports.map(lambda p: f":{p}"),
+    url_ends,
+)
+url_noise = st.builds(
+    lambda scheme, rest: scheme + rest,
+    st.sampled_from(URL_SCHEMES),
+    st.text(alphabet="0123456789af:[]%.@/?#_\n٣", max_size=24),
+)
+
+
+def rule_of(path: str) -> dict[str, str]:
+    return next(rule for p, _, rule in RULES if p == f".{path}" and rule.get("fieldPath") == ".url")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(urls | url_noise)
+def test_the_url_rule_is_the_routers_authority_rule(url: str) -> None:
+    # the pattern (RE2, as the API server runs it) refuses exactly what authority_error refuses
+    assert (re2.search(models.URL_AUTHORITY_PATTERN, url) is not None) == (
+        models.url_authority_error(url) is None
+    ), (url, models.url_authority_error(url))
+
+
+@pytest.mark.parametrize(
+    ("field", "url"),
+    [("redis", "redis://::1:6379/0"), ("redis", "redis://h:65536/0"), ("prometheus", "http://fd00::9:9090")],
+)
+def test_an_unreadable_url_is_refused_at_apply_time_naming_the_field(field: str, url: str) -> None:
+    refusals = api_server_refusals(
+        fleet({"model": {"name": "m"}, "engine": {"kind": "emulator"}, field: {"url": url}})
+    )
+    assert [(path, rule["fieldPath"]) for path, rule, _ in refusals] == [(f"spec.{field}", ".url")]
+    assert refusals[0][1]["message"].startswith(f"spec.{field}.url: the host and port cannot be read")
+    refused = model_refusal({"model": {"name": "m"}, "engine": {"kind": "emulator"}, field: {"url": url}})
+    assert refused is not None and refused.startswith(f"spec.{field}.url: ")
+
+
+def test_the_url_rules_are_in_the_crd() -> None:
+    for path in ("spec.redis", "spec.prometheus"):
+        assert "matches(" in rule_of(path)["rule"]
