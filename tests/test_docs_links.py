@@ -1,12 +1,16 @@
-"""Every relative link and #anchor in README.md and docs/*.md resolves.
+"""Every relative link and #anchor in README.md and docs/*.md resolves, and every `prefixfleet ...`
+command they show uses only flags that command has.
 
-A newcomer follows these links first; a renamed file or heading must fail here, not in their browser.
-Anchors follow GitHub's heading slugs (lower case, punctuation dropped, spaces to hyphens, repeats
-numbered -1, -2, ...).
+A newcomer follows these links and copies these commands first; a renamed file, heading or flag
+must fail here, not in their browser or shell. Anchors follow GitHub's heading slugs (lower case,
+punctuation dropped, spaces to hyphens, repeats numbered -1, -2, ...). Commands are read from
+fenced blocks and code spans; placeholders (`--seed N`) and omitted required flags are allowed,
+an unknown `--flag` is not.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 from urllib.parse import unquote
@@ -22,6 +26,9 @@ CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
 HTML_ID = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
+FENCED_LINES = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1", re.M | re.S)
+# `prefixfleet` + subcommand words, then its arguments up to a shell operator or the end
+COMMAND = re.compile(r"(?:^|[\s(])(?:\.venv/bin/)?prefixfleet((?:\s+[a-z][a-z0-9-]*)+)((?:\s+[^\s|;&]+)*)")
 
 
 def _prose(text: str) -> str:
@@ -89,3 +96,64 @@ def test_the_checker_finds_a_broken_file_and_a_broken_anchor(tmp_path):
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_and_anchor_resolves(doc):
     assert broken_links(doc) == []
+
+
+def command_snippets(text: str) -> list[str]:
+    """Lines of fenced blocks and code spans, without shell comments."""
+    lines = [line for m in FENCED_LINES.finditer(text) for line in m.group(2).splitlines()]
+    lines += re.findall(r"(?<!`)`([^`\n]+)`(?!`)", FENCED_LINES.sub("", text))
+    return [line.split(" #")[0] for line in lines]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def unknown_flags(text: str, parser: argparse.ArgumentParser) -> list[str]:
+    problems = []
+    for snippet in command_snippets(text):
+        for m in COMMAND.finditer(snippet):
+            words, rest = m.group(1).split(), m.group(2).split()
+            command, path = parser, []
+            for i, word in enumerate(words):
+                sub = _subcommands(command)
+                if word not in sub:
+                    rest = words[i:] + rest
+                    break
+                command, path = sub[word], [*path, word]
+            if not path:
+                continue
+            known = {flag for action in command._actions for flag in action.option_strings}
+            for token in rest:
+                flag = token.strip("[]`,.;:()").split("=")[0]
+                if flag.startswith("--") and len(flag) > 2 and flag not in known:
+                    problems.append(f"prefixfleet {' '.join(path)}: no flag {flag} ({snippet.strip()})")
+    return problems
+
+
+@pytest.fixture(scope="module")
+def cli_parser() -> argparse.ArgumentParser:
+    from prefixfleet.cli import build_parser
+
+    return build_parser()
+
+
+def test_the_flag_checker_finds_an_unknown_flag_and_allows_placeholders(cli_parser):
+    text = (
+        "```sh\nprefixfleet up --policies all --no-such-flag 1   # --not-this-one\n```\n"
+        "Run `prefixfleet sim-autoscale --scenario viral|diurnal --seed N` or "
+        "`.venv/bin/prefixfleet router gateway --port 8000 --polcy x`.\n"
+    )
+    assert unknown_flags(text, cli_parser) == [
+        "prefixfleet up: no flag --no-such-flag (prefixfleet up --policies all --no-such-flag 1)",
+        "prefixfleet router gateway: no flag --polcy"
+        " (.venv/bin/prefixfleet router gateway --port 8000 --polcy x)",
+    ]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_documented_command_uses_only_flags_it_has(doc, cli_parser):
+    assert unknown_flags(doc.read_text(encoding="utf-8"), cli_parser) == []
