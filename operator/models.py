@@ -204,7 +204,11 @@ URL_MAX_LENGTH = 2048  # bounds the CEL cost the API server estimates for the pa
 def url_authority_error(url: str) -> str | None:
     """authority_error, with a port's digits ASCII as in the CEL rule (Python's isdigit() also takes
     '٣' and '²', and int() then raises on '²'): such a digit reads as '_', a port that is no number."""
-    return authority_error("".join("_" if c.isdigit() and not c.isascii() else c for c in url))
+    folded = "".join("_" if c.isdigit() and not c.isascii() else c for c in url)
+    problem = authority_error(folded)
+    if problem is not None and folded != url:
+        problem += " (a digit other than 0-9 reads as '_')"
+    return problem
 
 
 def readable_url(url: str | None) -> str | None:

@@ -14,9 +14,8 @@ import re
 from typing import Any
 
 from prefixfleet.cli import UsageError
-from prefixfleet.router.addresses import authority_error
 
-from .models import PROMETHEUS_URL_PATTERN
+from .models import PROMETHEUS_URL_PATTERN, url_authority_error
 
 # Modules whose import registers kopf handlers; later parts (e.g. the autoscaler's timer) add theirs
 # here and are skipped while they do not exist.
@@ -87,7 +86,8 @@ def run_operator(args: argparse.Namespace) -> int:
         raise UsageError(f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}")
     urls = {"--liveness": args.liveness, "--redis": args.redis, "--prometheus": args.prometheus}
     for flag, url in urls.items():
-        if url and (problem := authority_error(url)) is not None:
+        # the models' form of the router's rule: a superscript port digit ('²') is refused, not a traceback
+        if url and (problem := url_authority_error(url)) is not None:
             raise UsageError(f"{flag} {url!r}: {problem}")
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
