@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import socket
 import statistics
 import sys
@@ -156,9 +155,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from prefixfleet.cli import UsageError
+    from prefixfleet.outputs import output_file, write_json
 
-    if args.requests < 1 or args.concurrency < 1 or args.max_new_tokens < 0:
-        raise UsageError("--requests and --concurrency must be positive, --max-new-tokens non-negative")
+    for flag, value, least in (
+        ("--requests", args.requests, 1),
+        ("--concurrency", args.concurrency, 1),
+        ("--max-new-tokens", args.max_new_tokens, 0),
+    ):
+        if value < least:
+            raise UsageError(f"{flag} must be at least {least}, got {value}")
+    json_path = output_file(args.json, "--json")
     try:
         configs = [EmulatorConfig(time_scale=ts) for ts in args.time_scale]
     except ValueError as exc:
@@ -183,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r['time_scale']:>10} {r['requests_per_s']:>8} {r['wall_e2e_ms_mean']:>12} "
             f"{r['modelled_e2e_ms_mean_scaled']:>12} {r['client_overhead_ms_p50']:>16} {r['errors']:>7}"
         )
-    if args.json:
-        args.json.write_text(json.dumps({"model": model, "http": runs}, indent=2) + "\n")
-        print(f"\nwrote {args.json}")
+    if json_path:
+        write_json(json_path, {"model": model, "http": runs})
+        print(f"\nwrote {json_path}")
     return 0

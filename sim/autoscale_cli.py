@@ -9,11 +9,12 @@ from typing import Any
 
 from prefixfleet.cli import UsageError
 from prefixfleet.operator.autoscale import SCALER_MODES, ScalePolicy
+from prefixfleet.outputs import output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
-from .cli import add_service_arguments, parse_names, parse_pairs, service_config, write_json
+from .cli import add_service_arguments, parse_names, parse_pairs, service_config
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
 
 
@@ -73,6 +74,8 @@ def _positive(value: float | int, flag: str, *, allow_zero: bool = False) -> Non
 
 def run(args: argparse.Namespace) -> int:
     scalers = parse_names(args.scalers, SCALER_MODES, "--scalers", "scaler")
+    json_path = output_file(args.json, "--json")
+    plot_path = output_file(args.plot, "--plot", suffix=".png")
     if args.policy not in POLICIES:
         raise UsageError(f"unknown routing policy {args.policy!r}; choose from {', '.join(POLICIES)}")
     if args.scenario not in SCENARIOS[:-1] and not args.scenario.startswith("trace:"):
@@ -157,12 +160,10 @@ def run(args: argparse.Namespace) -> int:
         f"TTFT target {settings['target_ttft_ms']:g} ms, start-up {args.startup_delay_s:g} s"
     )
     print(format_table(title, metrics, details))
-    if args.json:
-        write_json(args.json, {"scenario": workload.name, "settings": settings, "scalers": metrics})
-    if args.plot:
-        try:
-            write_plot(args.plot, title, runs, target_s)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.plot}: {exc.strerror}") from None
+    if json_path:
+        write_json(json_path, {"scenario": workload.name, "settings": settings, "scalers": metrics})
+    if plot_path:
+        with writing(plot_path, "--plot"):
+            write_plot(str(plot_path), title, runs, target_s)
     sys.stdout.flush()
     return 0

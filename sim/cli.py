@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from prefixfleet.cli import UsageError
+from prefixfleet.outputs import output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
 
 from .engine import SERVICE_MODELS, ServiceConfig
@@ -91,13 +90,6 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
         raise UsageError(str(exc)) from None
 
 
-def write_json(path: str, data: dict[str, Any]) -> None:
-    try:
-        Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"cannot write {path}: {exc.strerror}") from None
-
-
 def parse_pairs(items: list[str], what: str) -> dict[str, str]:
     """``KEY=VALUE`` flags (``--set``, ``--engine``) as a dict; dashes in keys become underscores."""
     out = {}
@@ -136,6 +128,7 @@ def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
 
 
 def run_reproduce(args: argparse.Namespace) -> int:
+    json_path = output_file(args.json, "--json")
     report = reproduce_lab()
     lines = [
         "seed lab burst (4 replicas, 9216-token caches, prefill 0.025 ms/token, lookup 0.0015 ms/token, "
@@ -148,8 +141,8 @@ def run_reproduce(args: argparse.Namespace) -> int:
             f"{m['max_replica_requests']:>10}{m['total_evicted_tokens']:>10}"
         )
     print("\n".join(lines))
-    if args.json:
-        write_json(args.json, report)
+    if json_path:
+        write_json(json_path, report)
     return 0
 
 
@@ -161,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.workload:
         raise UsageError(f"--workload is required (one of: {', '.join(WORKLOADS)}) unless --reproduce lab")
     names = parse_names(args.policies, list(POLICIES), "--policies", "policy")
+    json_path = output_file(args.json, "--json")
+    plot_path = output_file(args.plot, "--plot", suffix=".png")
     settings = parse_pairs(args.workload_settings, "--set")
     try:
         workload = build_workload(args.workload, seed=args.seed, **settings)
@@ -200,9 +195,9 @@ def run(args: argparse.Namespace) -> int:
         f"{fleet.cache_tokens} cache tokens, service {fleet.service.service}"
     )
     print(format_table(title, metrics, DEFAULT_POLICY))
-    if args.json:
+    if json_path:
         write_json(
-            args.json,
+            json_path,
             {
                 "workload": workload.name,
                 "settings": settings,
@@ -210,10 +205,8 @@ def run(args: argparse.Namespace) -> int:
                 "policies": metrics,
             },
         )
-    if args.plot:
-        try:
-            write_plot(args.plot, title, runs, metrics, DEFAULT_POLICY)
-        except OSError as exc:
-            raise UsageError(f"cannot write {args.plot}: {exc.strerror}") from None
+    if plot_path:
+        with writing(plot_path, "--plot"):
+            write_plot(str(plot_path), title, runs, metrics, DEFAULT_POLICY)
     sys.stdout.flush()
     return 0

@@ -16,7 +16,6 @@ Reference rows (the workloads' calibration settings) are reported too, judged bu
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,17 +205,18 @@ def run_benchmark(root: Path, progress: bool = True, cases: tuple[Case, ...] = C
 
 def _run(args: argparse.Namespace) -> int:
     from prefixfleet.cli import UsageError
+    from prefixfleet.outputs import output_file, write_json
 
+    json_path = output_file(args.json, "--json")
     root = Path(__file__).resolve().parents[2]
     try:
         report = run_benchmark(root, progress=not args.quiet)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
     print(format_report(report))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    if json_path is not None:
+        write_json(json_path, report)
+        print(f"wrote {json_path}")
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import sys
 import time
@@ -271,6 +270,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     from prefixfleet.cli import UsageError
+    from prefixfleet.outputs import output_file, write_json
 
     settings = TreeBenchSettings(
         min_nodes=args.min_nodes,
@@ -283,13 +283,12 @@ def _run(args: argparse.Namespace) -> int:
         settings.validate()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.json is not None and not args.json.parent.is_dir():
-        raise UsageError(f"--json: directory {args.json.parent} does not exist")
+    json_path = output_file(args.json, "--json")
     report = run_tree_benchmark(settings, progress=not args.quiet)
     print(format_table(report))
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    if json_path is not None:
+        write_json(json_path, report)
+        print(f"wrote {json_path}")
     return 0
 
 

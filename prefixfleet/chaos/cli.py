@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import math
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -89,24 +89,28 @@ def _plan(args: argparse.Namespace) -> Any:
         problems.append(f"--replicas must be at least 2 for engine-kill, got {args.replicas}")
     if args.gateways < (2 if args.chaos_scenario == "gateway-kill" else 1):
         problems.append(f"--gateways must be at least 2 for gateway-kill, got {args.gateways}")
-    if args.time_scale <= 0:
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
         problems.append(f"--time-scale must be positive, got {args.time_scale}")
     if args.cache_tokens < 1000:
         problems.append(f"--cache-tokens must be at least 1000, got {args.cache_tokens}")
-    if getattr(args, "outage", 1.0) <= 0:
-        problems.append(f"--outage must be positive, got {args.outage}")
+    outage = getattr(args, "outage", 1.0)
+    if not (math.isfinite(outage) and outage > 0):
+        problems.append(f"--outage must be positive, got {outage}")
     if problems:
         raise _usage_error("; ".join(problems))
     return plan
 
 
 def run(args: argparse.Namespace) -> int:
+    from prefixfleet.outputs import output_dir, output_file, write_json
     from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
     from . import scenarios
     from .report import format_report
 
     plan = _plan(args)
+    json_path = output_file(args.json, "--json")
+    output_dir(args.run_dir, "--run-dir")
     policy = args.policy or DEFAULT_POLICY
     if policy not in POLICIES:
         raise _usage_error(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
@@ -143,17 +147,18 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     report["run_dir"] = str(run_dir)
     print(format_report(report))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    if json_path:
+        write_json(json_path, report)
+        print(f"wrote {json_path}")
     return 0
 
 
 def run_all(args: argparse.Namespace) -> int:
     """Every scenario in turn with its default settings, each writing ``DIR/<scenario>.json``."""
     from prefixfleet.cli import build_parser
+    from prefixfleet.outputs import output_dir
 
+    output_dir(args.json_dir, "--json-dir")  # before the first scenario's minutes, not after them
     parser = build_parser("chaos")
     for name in SCENARIOS:
         scenario_args = parser.parse_args(["chaos", name, "--json", str(args.json_dir / f"{name}.json")])

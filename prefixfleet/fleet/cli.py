@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixfleet.cli import UsageError
+from prefixfleet.outputs import output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 DEFAULT_UP_WORKLOAD = "prefixroute"
@@ -83,16 +84,6 @@ def _workload(spec: str, requests: int, seed: int, overrides: dict[str, Any]) ->
     if not workload.requests:
         raise UsageError(f"workload {spec!r} has no requests")
     return workload
-
-
-def _writable(path: str | None, flag: str) -> Path | None:
-    if path is None:
-        return None
-    p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise UsageError(f"{flag}: {parent} is not a directory")
-    return p
 
 
 def _progress_default(value: bool | None) -> bool:
@@ -197,7 +188,9 @@ def run_up_command(args: argparse.Namespace) -> int:
     _positive("--cache-tokens", args.cache_tokens, allow_none=True)
     _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
     _positive("--max-output-tokens", args.max_output_tokens)
-    json_path, plot_path = _writable(args.json, "--json"), _writable(args.plot, "--plot")
+    json_path = output_file(args.json, "--json")
+    plot_path = output_file(args.plot, "--plot", suffix=".png")
+    run_dir = output_dir(args.run_dir, "--run-dir")
     workload = _workload(args.workload, args.requests, args.seed, settings_pairs(args.set))
     engine = engine_for_workload(
         workload,
@@ -215,7 +208,7 @@ def run_up_command(args: argparse.Namespace) -> int:
         policies=policies,
         requests=args.requests,
         max_output_tokens=args.max_output_tokens,
-        run_dir=Path(args.run_dir),
+        run_dir=run_dir,
         progress=_progress_default(args.progress),
         sim_check=args.sim_check,
         restart_dead_replicas=not args.autoscale,  # with it, the planner replaces a dead replica
@@ -226,19 +219,18 @@ def run_up_command(args: argparse.Namespace) -> int:
     )
     print(format_up(report))
     if json_path:
-        from prefixfleet.fleet.local import write_json
-
         write_json(json_path, report)
     if plot_path:
         from prefixfleet.fleet.load import ttfts_ms
         from prefixfleet.fleet.plots import write_live_plot
 
-        write_live_plot(
-            plot_path,
-            f"prefixfleet up: {workload.name}, {spec.replicas} engines, {spec.gateways} gateways",
-            {r.policy: ttfts_ms(r.run.outcomes) for r in runs},
-            {r.policy: r.run.summary.hit_rate for r in runs},
-        )
+        with writing(plot_path, "--plot"):
+            write_live_plot(
+                plot_path,
+                f"prefixfleet up: {workload.name}, {spec.replicas} engines, {spec.gateways} gateways",
+                {r.policy: ttfts_ms(r.run.outcomes) for r in runs},
+                {r.policy: r.run.summary.hit_rate for r in runs},
+            )
     return 0
 
 
@@ -417,7 +409,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     _positive("--max-output-tokens", args.max_output_tokens, allow_none=True)
     if args.limit < 0:
         raise UsageError(f"--limit must be >= 0, got {args.limit}")
-    json_path = _writable(args.json, "--json")
+    json_path = output_file(args.json, "--json")
     workload = _workload(args.workload, args.limit, args.seed, settings_pairs(args.set))
     requests = requests_from_workload(
         workload, limit=args.limit or None, max_output_tokens=args.max_output_tokens
@@ -445,8 +437,6 @@ def run_load_command(args: argparse.Namespace) -> int:
     if summary.error_kinds:
         print("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.error_kinds.items())))
     if json_path:
-        from prefixfleet.fleet.local import write_json
-
         write_json(json_path, {"workload": workload.name, "targets": args.target, **summary.to_dict()})
     return 0
 
@@ -504,7 +494,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     _positive("--cache-tokens", args.cache_tokens, allow_none=True)
     _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
-    json_path, plot_path = _writable(args.json, "--json"), _writable(args.plot, "--plot")
+    json_path = output_file(args.json, "--json")
+    plot_path = output_file(args.plot, "--plot", suffix=".png")
+    run_dir = output_dir(args.run_dir, "--run-dir")
     overrides: dict[str, Any] = settings_pairs(args.set)
     spec = args.workload
     if spec is None:
@@ -532,18 +524,17 @@ def run_compare_command(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens,
         latency_rate_rps=args.latency_rate,
         latency_seconds=args.latency_seconds,
-        run_dir=Path(args.run_dir),
+        run_dir=run_dir,
         progress=_progress_default(args.progress),
     )
     report, ttfts = _run_async(lambda: run_compare(workload, options))
     print(format_compare(report))
-    from prefixfleet.fleet.local import write_json
-
     assert json_path is not None  # required flag
     write_json(json_path, report)
     if plot_path:
         from prefixfleet.fleet.plots import write_live_plot
 
         hits = {name: r["hit_rate"] for name, r in report["routers"].items() if "hit_rate" in r}
-        write_live_plot(plot_path, f"prefixfleet compare: {report['workload']}", ttfts, hits)
+        with writing(plot_path, "--plot"):
+            write_live_plot(plot_path, f"prefixfleet compare: {report['workload']}", ttfts, hits)
     return 0

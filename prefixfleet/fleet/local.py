@@ -9,7 +9,6 @@ cache, sidecar tree and Redis summary reset between policies so no policy inheri
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import random
@@ -658,11 +657,6 @@ def machine_load() -> dict[str, Any]:
     except OSError:
         load1 = None
     return {"cpus": os.cpu_count(), "loadavg_1m": load1}
-
-
-def write_json(path: Path, payload: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
 async def run_up(

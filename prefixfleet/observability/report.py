@@ -342,6 +342,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     from prefixfleet.cli import UsageError
+    from prefixfleet.outputs import output_dir, writing
 
     for flag, value in (("--fleet", args.fleet), ("--namespace", args.namespace)):
         if value is not None and not _NAME.fullmatch(value):
@@ -353,11 +354,13 @@ def run_report(args: argparse.Namespace) -> int:
         rate = parse_duration(args.rate_window) if args.rate_window else None
     except ValueError as exc:
         raise UsageError(f"--since/--rate-window: {exc}") from None
+    out = output_dir(args.out, "--out")
     window = Window.last(since, end=args.until, rate_window_s=rate)
     source = PrometheusSource(args.prometheus)
     try:
         source.check()
-        written = write_report(source, args.out, window, fleet=args.fleet, namespace=args.namespace)
+        with writing(out / "report.json", "--out"):
+            written = write_report(source, out, window, fleet=args.fleet, namespace=args.namespace)
     except (PrometheusUnreachable, QueryFailed) as exc:
         raise UsageError(str(exc)) from None
     for path in written:

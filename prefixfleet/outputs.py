@@ -1,0 +1,84 @@
+"""Files a command writes when it is done (``--json``, ``--plot``, ``--out``, ``--run-dir``).
+
+They are checked before the run, so a path that cannot be written costs a one-line error instead of
+a finished run's results; and written afterwards through :func:`writing`, so a failure that only
+shows at write time (a full disk, a read-only mount) is one line too, never a traceback. Missing
+parent directories are created, as ``mkdir -p`` would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from prefixfleet.cli import UsageError
+
+
+def output_file(value: str | Path | None, flag: str, *, suffix: str | None = None) -> Path | None:
+    """``value`` as a file this process can create or overwrite (``suffix``: its required extension).
+
+    None (the flag was not given) stays None; anything else that cannot be written is a
+    :class:`UsageError` naming ``flag``.
+    """
+    if value is None:
+        return None
+    path = _non_empty(value, flag)
+    if suffix is not None and path.suffix.lower() != suffix:
+        # matplotlib picks the format from the extension: '.txt' fails after the run, no extension
+        # silently writes FILE.png instead of FILE
+        raise UsageError(f"{flag} must name a {suffix} file, got {str(value)!r}")
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{flag} {path} is not writable")
+    _check_creatable(path.parent, flag)
+    return path
+
+
+def output_dir(value: str | Path | None, flag: str) -> Path | None:
+    """``value`` as a directory that exists or can be created, writable; None stays None."""
+    if value is None:
+        return None
+    path = _non_empty(value, flag)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is not a directory")
+    _check_creatable(path, flag)
+    return path
+
+
+@contextmanager
+def writing(path: Path, flag: str) -> Iterator[Path]:
+    """Create ``path``'s directory, then run the body; an OSError in either is a one-line error."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        yield path
+    except OSError as exc:
+        raise UsageError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+
+
+def write_json(path: Path, data: Any, flag: str = "--json") -> None:
+    """``data`` as indented JSON in ``path`` (checked earlier with :func:`output_file`)."""
+    with writing(path, flag):
+        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+def _non_empty(value: str | Path, flag: str) -> Path:
+    if not str(value).strip():
+        raise UsageError(f"{flag} is empty; give a path")
+    return Path(value)
+
+
+def _check_creatable(directory: Path, flag: str) -> None:
+    """``directory`` exists or ``mkdir -p`` can make it: its nearest existing ancestor is a writable dir."""
+    for ancestor in (directory, *directory.parents):
+        if not ancestor.exists():
+            continue
+        if not ancestor.is_dir():
+            raise UsageError(f"{flag}: {ancestor} is not a directory")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag}: cannot create files in {ancestor} (permission denied)")
+        return

@@ -1,0 +1,89 @@
+"""Bad command-line input is one line naming what is wrong, exit status 2, before any work is done.
+
+Specification, for every command: a value that cannot be used (an output path that cannot be
+written, a plot that is not a .png, a number that is not a finite one where a rate or a duration is
+expected, a trace that is not UTF-8) is refused with ``prefixfleet COMMAND: error: ...`` naming the
+flag or setting, exit 2 and no traceback. Output paths are checked before the run, so a bad
+``--json`` never costs a finished run's results. Each case fails before doing the command's work,
+so none of them starts a fleet or a simulation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefixfleet.cli import main
+
+UNDER_A_FILE = f"{__file__}/x"  # a path whose parent is a regular file: never writable, even as root
+SIM = ["sim", "--workload", "prefixroute", "--set", "num_requests=20", "--policies", "round_robin"]
+SCALE = ["sim-autoscale", "--scenario", "viral", "--set", "duration_s=20", "--scalers", "uniform"]
+LOAD = ["load", "--target", "http://127.0.0.1:9", "--workload", "prefixroute", "--set", "num_requests=2"]
+COMPARE = ["compare", "--workload", "prefixroute", "--json", "c.json"]
+
+OUTPUT_CASES = [
+    # (argv, what the one line must say); a directory named "adir" exists in the working directory
+    ([*SIM, "--json", f"{UNDER_A_FILE}.json"], "--json: "),
+    ([*SIM, "--json", "adir"], "--json adir is a directory"),
+    ([*SIM, "--json", ""], "--json is empty"),
+    ([*SIM, "--plot", "out.txt"], "--plot must name a .png file, got 'out.txt'"),
+    ([*SIM, "--plot", "out"], "--plot must name a .png file"),
+    (["sim", "--reproduce", "lab", "--json", f"{UNDER_A_FILE}.json"], "--json: "),
+    ([*SCALE, "--json", ""], "--json is empty"),
+    ([*SCALE, "--plot", "a.svg"], "--plot must name a .png file"),
+    (["bench", "tree", "--quiet", "--json", "adir"], "--json adir is a directory"),
+    (["bench", "policies", "--quiet", "--json", "adir"], "--json adir is a directory"),
+    (["emulator-bench", "--requests", "2", "--json", f"{UNDER_A_FILE}.json"], "--json: "),
+    ([*LOAD, "--json", "adir"], "--json adir is a directory"),
+    (["up", "--json", ""], "--json is empty"),
+    (["up", "--plot", "up.txt"], "--plot must name a .png file"),
+    (["up", "--run-dir", UNDER_A_FILE], "--run-dir: "),
+    ([*COMPARE, "--json", "adir"], "--json adir is a directory"),
+    ([*COMPARE, "--plot", "c.jpg"], "--plot must name a .png file"),
+    ([*COMPARE, "--run-dir", UNDER_A_FILE], "--run-dir: "),
+    (["chaos", "engine-kill", "--json", f"{UNDER_A_FILE}.json"], "--json: "),
+    (["chaos", "soak", "--run-dir", __file__], "--run-dir"),
+    (["chaos", "all", "--json-dir", UNDER_A_FILE], "--json-dir: "),
+    (["report", "--prometheus", "http://127.0.0.1:9", "--out", __file__], "--out"),
+]
+
+NUMBER_CASES = [
+    (["chaos", "engine-kill", "--time-scale", "nan"], "--time-scale must be positive, got nan"),
+    (["chaos", "engine-kill", "--time-scale", "inf"], "--time-scale must be positive, got inf"),
+    (["chaos", "redis-outage", "--outage", "nan"], "--outage must be positive, got nan"),
+    (["emulator-bench", "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
+    (["emulator-bench", "--max-new-tokens", "-1"], "--max-new-tokens must be at least 0, got -1"),
+]
+
+
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"prefixfleet {argv[0]}: error: ")
+    return lines[0]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "adir").mkdir()
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("argv", "message"), OUTPUT_CASES + NUMBER_CASES, ids=lambda v: " ".join(v)[-60:])
+def test_a_bad_value_is_one_line_naming_it_before_any_work(
+    argv: list[str], message: str, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert message in _refused(argv, capsys)
+    assert sorted(p.name for p in workdir.iterdir()) == ["adir"]  # nothing written, no run started
+
+
+def test_a_json_in_a_missing_directory_is_written_there(workdir: Path) -> None:
+    """Missing parent directories are made, as `mkdir -p` would; the run's results are not lost."""
+    assert main([*SIM, "--no-progress", "--json", "new/deeper/r.json"]) == 0
+    assert (workdir / "new" / "deeper" / "r.json").read_text().startswith("{")
