@@ -84,7 +84,12 @@ def _poisson_arrivals(rng: random.Random, count: int, rate_rps: float) -> list[f
 
 
 def _zipf_weights(n: int, exponent: float) -> list[float]:
-    return [1.0 / (rank**exponent) for rank in range(1, n + 1)]
+    try:
+        return [1.0 / (rank**exponent) for rank in range(1, n + 1)]
+    except (OverflowError, ZeroDivisionError):  # rank**exponent beyond a float, or rounded to 0
+        raise ValueError(
+            f"setting 'zipf_exponent' {exponent:g} is too far from 0 for {n} ranks (weights overflow)"
+        ) from None
 
 
 def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> dict[str, Any]:
@@ -96,20 +101,40 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
     merged = dict(base)
     for key, value in overrides.items():
         default = base[key]
+        if isinstance(default, bool):
+            flag = value if isinstance(value, bool) else _BOOLEANS.get(str(value).strip().lower())
+            if flag is None:
+                raise ValueError(
+                    f"workload {workload!r} setting {key!r} must be true or false, got {value!r}"
+                )
+            merged[key] = flag
+            continue
         try:
-            if isinstance(default, bool):
-                merged[key] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-            elif isinstance(default, int):
+            if isinstance(default, int):
                 merged[key] = int(value)
             elif isinstance(default, float):
                 merged[key] = float(value)
+                if not math.isfinite(merged[key]):  # inf rates/durations never end a generator loop
+                    raise ValueError
             else:
                 merged[key] = value
         except (TypeError, ValueError):
             raise ValueError(
-                f"workload {workload!r} setting {key!r} must be a number, got {value!r}"
+                f"workload {workload!r} setting {key!r} must be a finite number, got {value!r}"
             ) from None
+        if isinstance(merged[key], int | float) and merged[key] < 0:  # counts, sizes, rates, durations
+            raise ValueError(f"workload {workload!r} setting {key!r} must be >= 0, got {value!r}")
+    for key in merged:
+        upper = f"{key[: -len('_min')]}_max"
+        if key.endswith("_min") and upper in merged and merged[key] > merged[upper]:
+            raise ValueError(
+                f"workload {workload!r} setting {key!r} ({merged[key]}) must be <= "
+                f"{upper!r} ({merged[upper]})"
+            )
     return merged
+
+
+_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
 def _require_positive(settings: dict[str, Any], workload: str, *keys: str) -> None:
@@ -446,8 +471,12 @@ def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
     max_block_id = (2**32 // block) - 1  # keeps every block's counter range disjoint
     blocks: dict[int, bytes] = {}
     rows = []
-    with file.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with file.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _trace_error(path, lineno, "not UTF-8 text") from None
             if not line.strip():
                 continue
             ts, n_in, n_out, ids = _parse_trace_line(path, lineno, line, max_block_id)

@@ -48,6 +48,18 @@ OUTPUT_CASES = [
     (["report", "--prometheus", "http://127.0.0.1:9", "--out", __file__], "--out"),
 ]
 
+SETTING_CASES = [
+    # workload and scenario settings (--set KEY=VALUE), one rule for every workload
+    ([*SCALE, "--set", "duration_s=inf"], "setting 'duration_s' must be a finite number, got 'inf'"),
+    ([*LOAD, "--set", "rate_rps=inf"], "setting 'rate_rps' must be a finite number"),
+    ([*SIM, "--set", "output_tokens=-1"], "setting 'output_tokens' must be >= 0, got '-1'"),
+    ([*SCALE, "--set", "ramp_s=-5"], "setting 'ramp_s' must be >= 0"),
+    ([*SIM, "--set", "turn_tokens_max=3"], "'turn_tokens_min' (50) must be <= 'turn_tokens_max' (3)"),
+    ([*SIM, "--set", "zipf_exponent=1e9"], "'zipf_exponent' 1e+09 is too far from 0"),
+    (["sim", "--workload", "trace:binary.jsonl"], "trace binary.jsonl line 2: not UTF-8 text"),
+    (["up", "--workload", "trace:binary.jsonl"], "trace binary.jsonl line 2: not UTF-8 text"),
+]
+
 NUMBER_CASES = [
     (["chaos", "engine-kill", "--time-scale", "nan"], "--time-scale must be positive, got nan"),
     (["chaos", "engine-kill", "--time-scale", "inf"], "--time-scale must be positive, got inf"),
@@ -70,17 +82,20 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "adir").mkdir()
+    (tmp_path / "binary.jsonl").write_bytes(b"\n\xff\xfe\n")  # line 1 blank, line 2 not UTF-8
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("argv", "message"), OUTPUT_CASES + NUMBER_CASES, ids=lambda v: " ".join(v)[-60:])
+@pytest.mark.parametrize(
+    ("argv", "message"), OUTPUT_CASES + SETTING_CASES + NUMBER_CASES, ids=lambda v: " ".join(v)[-60:]
+)
 def test_a_bad_value_is_one_line_naming_it_before_any_work(
     argv: list[str], message: str, workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in _refused(argv, capsys)
-    assert sorted(p.name for p in workdir.iterdir()) == ["adir"]  # nothing written, no run started
+    assert sorted(p.name for p in workdir.iterdir()) == ["adir", "binary.jsonl"]  # nothing written
 
 
 def test_a_json_in_a_missing_directory_is_written_there(workdir: Path) -> None:
