@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Sequence
@@ -84,6 +85,8 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
             values[key] = field_type(value)
         except ValueError:
             raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
+        if not math.isfinite(values[key]):  # nan times never compare: the event loop starved
+            raise UsageError(f"--engine {key} must be a finite number, got {value!r}")
     try:
         return ServiceConfig(**values)
     except ValueError as exc:
