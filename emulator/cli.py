@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import signal
 import sys
 
@@ -82,8 +83,11 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
-    if not args.decode_tokens_per_s > 0:
-        raise UsageError(f"--decode-tokens-per-s must be positive, got {args.decode_tokens_per_s}")
+    if not args.host.strip():  # aiohttp would bind every interface: say which one
+        raise UsageError("--host is empty; give an address to bind, e.g. 127.0.0.1")
+    if not (math.isfinite(args.decode_tokens_per_s) and args.decode_tokens_per_s > 0):
+        # inf would make a decode step take no time at all
+        raise UsageError(f"--decode-tokens-per-s must be a positive number, got {args.decode_tokens_per_s}")
     try:
         return EmulatorConfig(
             model=args.model,
