@@ -422,7 +422,9 @@ class _FrontConnection(asyncio.Protocol):
             # line ends any head it accepts, and the bytes stay whole for a hand-over.
             end = buffer.find(b"\r\n\r\n", 0, _MAX_HEAD_BYTES + 4)
             if end < 0:
-                if len(buffer) > _MAX_HEAD_BYTES:
+                # A blank line ended by a bare LF ends a head llhttp refuses: aiohttp answers it (400)
+                # now; waiting for a CRLF one left such a request unanswered until the idle limit.
+                if len(buffer) > _MAX_HEAD_BYTES or b"\n\n" in buffer:
                     self._hand_over()
                 return
             head = self._parse_head(buffer[: end + 4])
