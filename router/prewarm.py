@@ -39,7 +39,8 @@ from aiohttp import web
 from prefixfleet.operator.hot_subtrees import find_prefix, parse_subtree_id
 
 from .addresses import local_url
-from .proxying import find_cached_tokens, json_error
+from .proxying import bad_request, find_cached_tokens, json_error, read_json_object
+from .requests import BadRequest
 from .summary import HotPrefix
 
 if TYPE_CHECKING:
@@ -63,22 +64,28 @@ class WarmRequest:
 
 
 def parse_warm_request(body: Any) -> WarmRequest:
-    """Validate a ``/prefixfleet/warm`` body; ValueError names the bad field."""
+    """Validate a ``/prefixfleet/warm`` body; :class:`BadRequest` (a ValueError) names the bad field."""
     if not isinstance(body, dict):
-        raise ValueError("request body must be a JSON object")
+        raise BadRequest("request body must be a JSON object")
     source = body.get("source")
     if not isinstance(source, str) or not _URL.fullmatch(source.rstrip("/")):
-        raise ValueError(f"field 'source' must be a sidecar base URL like http://host:port, got {source!r}")
+        raise BadRequest(
+            f"field 'source' must be a sidecar base URL like http://host:port, got {source!r}", param="source"
+        )
     hashes = body.get("hashes")
     if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
-        raise ValueError("field 'hashes' must be a list of 16-hex-digit prefix hashes")
+        raise BadRequest("field 'hashes' must be a list of 16-hex-digit prefix hashes", param="hashes")
     if len(hashes) > MAX_WARM_HASHES:
-        raise ValueError(f"field 'hashes' holds {len(hashes)} hashes; at most {MAX_WARM_HASHES} per request")
+        too_many = f"field 'hashes' holds {len(hashes)} hashes; at most {MAX_WARM_HASHES} per request"
+        raise BadRequest(too_many, param="hashes")
     for h in hashes:
-        parse_subtree_id(h)
+        try:
+            parse_subtree_id(h)
+        except ValueError as exc:
+            raise BadRequest(f"field 'hashes': {exc}", param="hashes") from None
     hold = body.get("hold_traffic", True)
     if not isinstance(hold, bool):
-        raise ValueError(f"field 'hold_traffic' must be true or false, got {hold!r}")
+        raise BadRequest(f"field 'hold_traffic' must be true or false, got {hold!r}", param="hold_traffic")
     return WarmRequest(source.rstrip("/"), tuple(dict.fromkeys(hashes)), hold)
 
 
@@ -121,13 +128,9 @@ async def handle_prefix(request: web.Request) -> web.Response:
 async def handle_warm(request: web.Request) -> web.Response:
     sidecar = request.app[SIDECAR_KEY]
     try:
-        body = await request.json()
-    except ValueError:
-        return json_error(400, "request body is not valid JSON")
-    try:
-        warm = parse_warm_request(body)
-    except ValueError as exc:
-        return json_error(400, str(exc))
+        warm = parse_warm_request(await read_json_object(request))
+    except BadRequest as exc:
+        return bad_request(exc)
     if not warm.hold_traffic:  # an existing replica: it keeps serving, its warm-up queues with traffic
         results = await warm_prefixes(sidecar, warm.source, warm.hashes)
     else:

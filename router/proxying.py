@@ -14,6 +14,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from .front import ClientStalled, HotRequest, HotStream, StallWatch
+from .requests import BadRequest, load_json_object
 
 AnyRequest = web.Request | HotRequest
 Answer = web.StreamResponse | HotStream
@@ -125,6 +126,24 @@ def json_error(
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     headers = {RETRYABLE_HEADER: "1"} if retryable else None
     return web.json_response(body, status=status, headers=headers)
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """An admin endpoint's body as a JSON object; :class:`BadRequest` (400, or 413 above the app's
+    body limit) otherwise. Read as bytes: JSON is UTF-8 whatever charset the Content-Type names
+    (``request.json()`` decodes by it: an unknown charset raised LookupError, a 500)."""
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BadRequest(
+            f"request body exceeds {request.client_max_size} bytes", status=413, param="body"
+        ) from None
+    return load_json_object(body)
+
+
+def bad_request(exc: BadRequest) -> web.Response:
+    """The OpenAI error answer for ``exc``."""
+    return json_error(exc.status, str(exc), param=exc.param)
 
 
 def sse_error_event(message: str, kind: str = "upstream_disconnected") -> bytes:

@@ -106,6 +106,14 @@ def load_json_body(body: bytes) -> Any:
         raise BadRequest("request body is not valid JSON: nested too deeply") from None
 
 
+def load_json_object(body: bytes) -> dict[str, Any]:
+    """The JSON object of a request body; raise :class:`BadRequest` when it is not JSON or not an object."""
+    obj = load_json_body(body)
+    if not isinstance(obj, dict):
+        raise BadRequest("request body must be a JSON object")
+    return obj
+
+
 def parse_inference_request(
     path: str,
     body: bytes,

@@ -41,6 +41,7 @@ from .proxying import (
     StreamedText,
     answer_headers,
     answer_now,
+    bad_request,
     find_cached_tokens,
     find_uncached_tokens,
     forward_header_pairs,
@@ -48,6 +49,7 @@ from .proxying import (
     json_error,
     open_stream,
     output_text,
+    read_json_object,
     refuse_too_large,
     request_target,
     sse_error_event,
@@ -614,13 +616,9 @@ class Sidecar:
 
     async def handle_set_state(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
-        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested too deeply
-            return json_error(400, "request body is not valid JSON")
-        if not isinstance(body, dict):
-            return json_error(400, "request body must be a JSON object")
-        try:
-            state = validate_state(body.get("state"))
+            state = validate_state((await read_json_object(request)).get("state"))
+        except BadRequest as exc:
+            return bad_request(exc)
         except ValueError as exc:
             return json_error(400, str(exc), param="state")
         previous, self.s.state = self.s.state, state
