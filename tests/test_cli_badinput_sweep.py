@@ -61,6 +61,11 @@ SETTING_CASES = [
 ]
 
 NUMBER_CASES = [
+    (["load", "--target", "http://", "--workload", "chat"], "--target 'http://' has no host"),
+    (["load", "--target", "http://[::1", "--workload", "chat"], "opens a [ it does not close"),
+    (["load", "--target", "http://127.0.0.1:99999", "--workload", "chat"], "not a number in 1..65535"),
+    ([*LOAD, "--model", ""], "--model is empty"),
+    (["compare", "--json", "c.json", "--trace", "adir"], "--trace adir: the trace was not found"),
     (["emulator", "--port", "0", "--host", ""], "--host is empty"),
     (["emulator", "--port", "0", "--decode-tokens-per-s", "inf"], "--decode-tokens-per-s must be a positive"),
     ([*SIM, "--engine", "prefill_s_per_token=nan"], "--engine prefill_s_per_token must be a finite number"),

@@ -397,12 +397,28 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_load_command)
 
 
+def _check_target(url: str) -> None:
+    """An http(s) URL whose host and port can be read (else every request failed, with exit 0)."""
+    from urllib.parse import urlsplit
+
+    from prefixfleet.router.addresses import authority_error
+
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--target must be an http:// or https:// URL, got {url!r}")
+    problem = authority_error(url)
+    if problem is not None:
+        raise UsageError(f"--target {url!r}: {problem}")
+    if not urlsplit(url).hostname:
+        raise UsageError(f"--target {url!r} has no host")
+
+
 def run_load_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.load import format_table, requests_from_workload, run_load
 
     for url in args.target:
-        if not url.startswith(("http://", "https://")):
-            raise UsageError(f"--target must be an http:// or https:// URL, got {url!r}")
+        _check_target(url)
+    if args.model is not None and not args.model.strip():
+        raise UsageError("--model is empty; leave it out to use the target's first /v1/models id")
     _positive("--speedup", args.speedup)
     _positive("--concurrency", args.concurrency)
     _positive("--timeout", args.timeout)
@@ -500,6 +516,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = settings_pairs(args.set)
     spec = args.workload
     if spec is None:
+        if args.trace and not Path(args.trace).is_file():
+            raise UsageError(f"--trace {args.trace}: the trace was not found (no such file)")
         trace = Path(args.trace) if args.trace else default_trace_path()
         if trace is None or not trace.is_file():
             raise UsageError(
