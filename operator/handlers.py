@@ -24,6 +24,7 @@ from typing import Any
 import kopf
 import redis
 import redis.asyncio as aioredis
+from kubernetes.client.rest import ApiException
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
@@ -34,7 +35,7 @@ from prefixfleet.router.summary import SummaryError
 
 from .kube import ChildRefused, Kube, load_api_client
 from .membership import desired_members, plan_membership
-from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
+from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, redis_url_error, validate_spec
 from .planner import (
     ANNOTATION_DRAINING_SINCE,
     ANNOTATION_FIRST_READY,
@@ -297,25 +298,76 @@ async def reconcile_later(
 
 def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
     """The URL the operator itself uses for a fleet's Redis, with ``passwordSecretRef`` and ``tls``
-    applied (the pods get the same settings through their env, see the planner). In memory only:
-    never put it in a manifest."""
+    applied (the pods get the same settings through their env, see the planner); "" when there is
+    none or it cannot be used (``fleet_redis``). In memory only: never put it in a manifest."""
     redis = spec.get("redis") or {}
-    return _with_auth(ctx, namespace, redis, _base_redis_url(ctx, namespace, redis))
+    chosen = fleet_redis(ctx, namespace, redis)
+    return "" if chosen.problem else _with_auth(ctx, namespace, redis, chosen.url)
 
 
 def _with_auth(ctx: OperatorContext, namespace: str, redis: dict[str, Any], url: str) -> str:
+    if not url:
+        return url
     ref = redis.get("passwordSecretRef") or {}
     password = ctx.kube.read_secret_key(namespace, ref.get("name", ""), ref.get("key", "")) if ref else None
-    return with_credentials(url, password, tls=bool(redis.get("tls"))) if url else url
+    return with_credentials(url, password, tls=bool(redis.get("tls")))
 
 
-def _base_redis_url(ctx: OperatorContext, namespace: str, redis: dict[str, Any]) -> str:
+@dataclass(frozen=True, slots=True)
+class FleetRedis:
+    """A fleet's Redis URL without its password (what its pods may see; "" if none) and, when the
+    Secrets the spec names cannot give a usable one, why, naming the field (never the URL: it may
+    hold a password)."""
+
+    url: str
+    problem: str = ""
+
+
+def fleet_redis(ctx: OperatorContext, namespace: str, redis: dict[str, Any]) -> FleetRedis:
+    """The Redis of a fleet's ``spec.redis``: its url, the URL in its secretRef's Secret (checked
+    with the sidecar's rule: the CRD cannot see it), or the operator's default."""
     if redis.get("url"):
-        return str(redis["url"])
-    ref = redis.get("secretRef")
-    if ref:
-        return ctx.kube.read_secret_key(namespace, ref.get("name", ""), ref.get("key", "")) or ""
-    return ctx.default_redis_url
+        chosen = FleetRedis(str(redis["url"]))
+    elif ref := redis.get("secretRef"):
+        value, problem = _secret_value(ctx, namespace, "spec.redis.secretRef", ref)
+        if value is not None and (error := redis_url_error(value)) is not None:
+            # the hint after ': write ' repeats the URL, password and all
+            problem = (
+                f"spec.redis.secretRef: the URL in Secret {ref.get('name')!r} key {ref.get('key')!r} cannot"
+                f" be used (the sidecar would exit at start): {error.partition(': write ')[0]}"
+            )
+        chosen = FleetRedis("" if problem else str(value), problem)
+    else:
+        chosen = FleetRedis(ctx.default_redis_url)
+    password_ref = redis.get("passwordSecretRef")
+    if password_ref and not chosen.problem:
+        _, problem = _secret_value(ctx, namespace, "spec.redis.passwordSecretRef", password_ref)
+        chosen = FleetRedis(chosen.url, problem)
+    return chosen
+
+
+def _secret_value(
+    ctx: OperatorContext, namespace: str, field_name: str, ref: dict[str, Any]
+) -> tuple[str | None, str]:
+    """(the value, "") or (None, why not, naming ``field_name`` and the Secret)."""
+    name, key = str(ref.get("name", "")), str(ref.get("key", ""))
+    try:
+        value = ctx.kube.read_secret_key(namespace, name, key)
+    except UnicodeDecodeError:
+        return None, f"{field_name}: key {key!r} of Secret {name!r} is not UTF-8 text"
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        return None, (
+            f"{field_name}: the operator may not read Secret {name!r} in namespace {namespace!r}"
+            " (chart value rbac.readSecrets)"
+        )
+    if value is None:
+        return (
+            None,
+            f"{field_name}: Secret {name!r} in namespace {namespace!r} is missing or has no key {key!r}",
+        )
+    return value, ""
 
 
 def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> ReconcileOutcome | None:
@@ -357,8 +409,10 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
             if kind == "Deployment":
                 router_ready = int((child.get("status") or {}).get("readyReplicas") or 0)
     redis_spec = (fleet.get("spec") or {}).get("redis") or {}
-    base_redis_url = _base_redis_url(ctx, namespace, redis_spec)  # what pods may see: no password
-    redis_url = _with_auth(ctx, namespace, redis_spec, base_redis_url)
+    chosen_redis = fleet_redis(ctx, namespace, redis_spec)
+    base_redis_url = chosen_redis.url  # what pods may see: no password
+    # an unusable Redis is not dialled: the fleet says why (Degraded=RedisUnusable) instead
+    redis_url = "" if chosen_redis.problem else _with_auth(ctx, namespace, redis_spec, base_redis_url)
     if redis_url and any(p.draining for p in pods):
         pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
@@ -369,6 +423,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         conditions=conditions,
         victims=victims,
         redis_url=base_redis_url,
+        redis_problem=chosen_redis.problem,
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,
     )

@@ -211,6 +211,17 @@ def url_authority_error(url: str) -> str | None:
     return problem
 
 
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def redis_url_error(url: str) -> str | None:
+    """Why the sidecar's ``--redis`` check (scheme, then host and port) would refuse ``url`` at
+    start, or None: for a URL the CRD cannot see (one in a Secret)."""
+    if not url.startswith(REDIS_URL_SCHEMES):
+        return "not a redis://, rediss:// or unix:// URL"
+    return url_authority_error(url)
+
+
 def readable_url(url: str | None) -> str | None:
     """A url field's validator: url_authority_error's problem, refused."""
     problem = None if url is None else url_authority_error(url)

@@ -73,6 +73,8 @@ ENGINE_CONTAINER = "engine"
 MIN_DRAIN_S = 2.0
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MANAGER = "prefixfleet-operator"
+# Degraded reason (and Event reason) of a fleet whose Redis cannot be used (ObservedState.redis_problem).
+REDIS_UNUSABLE = "RedisUnusable"
 MAX_SURGE = 1
 ROUTER_CONFIG_PATH = "/etc/prefixfleet"
 
@@ -167,6 +169,9 @@ class ObservedState:
     conditions: Sequence[JSON] = ()  # the current status.conditions (to keep transition times)
     victims: Sequence[str] = ()  # the autoscaler's removal preference, most preferred first
     redis_url: str = ""  # the operator's default Redis when the spec names none
+    # Why the fleet's Redis cannot be used (a Secret missing, or holding a URL the sidecar refuses),
+    # naming the field; empty when it can.
+    redis_problem: str = ""
     # The image the operator was deployed with (chart: PREFIXFLEET_IMAGE); it replaces the models'
     # default project image so sidecars, gateways and emulators run the same release as the operator.
     project_image: str = ""
@@ -1093,7 +1098,10 @@ def plan_status(
         progressing = (True, "WaitingForReplicas", f"{len(ready)}/{want} replicas ready")
     else:
         progressing = (False, "ReconcileComplete", f"{want} replicas on template {template_hash}")
-    if failed:
+    if observed.redis_problem:
+        # first: sidecars exit at start without their Redis, so it is the cause of what else fails
+        degraded = (True, REDIS_UNUSABLE, observed.redis_problem)
+    elif failed:
         degraded = (
             True,
             "ReplicaFailed",
@@ -1199,6 +1207,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     for change in children:
         verb = "creating" if change.action == "create" else "updating"
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
+    events += redis_problem_events(observed.redis_problem, observed.conditions)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
         tuple(pods),
@@ -1216,6 +1225,17 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         recheck_after_s=unhealthy.recheck_after_s,
         unavailable=unhealthy.unavailable,
     )
+
+
+def redis_problem_events(problem: str, previous: Sequence[JSON]) -> list[PlannedEvent]:
+    """One Warning Event when the fleet's Redis becomes unusable or the reason changes; none while
+    its Degraded condition already says so (not one per reconcile round)."""
+    if not problem:
+        return []
+    old = next((c for c in previous if c.get("type") == "Degraded"), None)
+    if old is not None and old.get("reason") == REDIS_UNUSABLE and old.get("message") == problem:
+        return []
+    return [PlannedEvent("Warning", REDIS_UNUSABLE, problem)]
 
 
 def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: ObservedState) -> JSON:
