@@ -226,3 +226,48 @@ def test_the_fleet_is_degraded_with_one_event_per_problem() -> None:
         fleet, spec, ObservedState(redis_problem=problem, conditions=plan.status["conditions"])
     )
     assert not [e for e in again.events if e.reason == REDIS_UNUSABLE]
+
+
+# ------------------------------------------------------------------ spec.redis.url itself
+
+
+def fleet_with_url(url: str) -> str:
+    fleet = yaml.safe_load(fleet_manifest())
+    fleet["spec"]["redis"] = {"url": url}
+    return json.dumps(fleet)
+
+
+def test_an_unbracketed_ipv6_redis_url_is_refused_at_apply_and_by_the_operator(tmp_path: Path) -> None:
+    with (
+        running_redis(tmp_path) as redis_url,
+        operator_in_cluster(tmp_path, redis_url, kubelet=False) as (cluster, operator),
+    ):
+        # kubectl apply: the API server (the CRD's CEL rule) refuses it, naming the field
+        refused = cluster.kubectl(
+            "apply",
+            "--validate=false",
+            "-f",
+            "-",
+            stdin=fleet_with_url("redis://fd00::12:6379/0"),
+            check=False,
+        )
+        assert (
+            refused.returncode != 0 and "spec.redis.url: the host and port cannot be read" in refused.stderr
+        )
+
+        # a fleet stored before the CRD had the rule: the operator refuses it itself and acts on nothing
+        cluster.api.server.validate_custom_resources = False
+        cluster.apply(fleet_with_url("redis://fd00::12:6379/0"))
+
+        def degraded() -> dict[str, Any] | None:
+            status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+            return next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
+
+        cond = wait_for(
+            lambda: (c := degraded()) and c["reason"] == "InvalidSpec" and c, 40, what="InvalidSpec"
+        )
+        assert cond["message"] == (
+            "spec.redis.url: an IPv6 address goes in brackets: write redis://[fd00::12]:6379/0"
+        )
+        assert cluster.api.objects("pods", namespace=NAMESPACE) == []
+        assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.log_tail(60)
