@@ -254,11 +254,39 @@ def parse_completion(body: object, limits: Limits) -> Call:
     return Call(tuple(prompts), (max_new,) * n, (None,) * n, stream, batch, usage, model, _cache_salt(body))
 
 
+# SGLang's chat message roles (its OpenAI protocol models); another role is a 400 there too.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def _check_messages(messages: list[object]) -> None:
+    """What SGLang's request models refuse and the shared chat template would skip or stringify:
+    an unknown role, a content part that is no object with a string ``type``, a text part whose
+    ``text`` is no string (``{"type": "text", "text": 5}`` was prefilled as "5")."""
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping):
+            continue  # render_chat names it
+        role = msg.get("role")
+        if isinstance(role, str) and role not in CHAT_ROLES:
+            raise BadRequest(
+                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", "messages"
+            )
+        content = msg.get("content")
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
+                raise BadRequest(f"{where} must be an object with a string type", "messages")
+            if part["type"] == "text" and not isinstance(part.get("text"), str):
+                raise BadRequest(f"{where}.text must be a string", "messages")
+
+
 def parse_chat(body: object, limits: Limits) -> Call:
     body = _obj(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
+    _check_messages(messages)
     try:
         text = render_chat(messages)
     except ValueError as exc:

@@ -1,0 +1,99 @@
+"""Malformed requests to the emulator's SGLang/OpenAI API: a 4xx JSON error naming the field, never a 5xx.
+
+Specification (beyond tests/test_emulator_server.py's BAD_REQUESTS): JSON numbers that are no usable
+count (NaN, 1e400, 2.5, huge), bodies that are not UTF-8 or nest too deep, batched token ids with a
+bad entry, and chat messages SGLang's request models refuse (an unknown role, a content part that is
+no typed object, a text part whose text is no string) each get a 400 whose ``error.message`` names
+the offending field, and the server keeps answering valid requests in the unchanged shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from prefixfleet.emulator.config import EmulatorConfig
+from prefixfleet.emulator.server import EmulatorServer
+
+USER = '{"role": "user", "content": "x"}'
+CASES = [
+    # (path, raw body, text the error message must contain)
+    ("/generate", b"\xff\xfe{", "not valid JSON"),
+    ("/generate", b"[" * 50_000 + b"]" * 50_000, "not valid JSON"),
+    ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": NaN}}', "max_new_tokens"),
+    ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": 1e400}}', "max_new_tokens"),
+    ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": 2.5}}', "max_new_tokens"),
+    (
+        "/generate",
+        b'{"text": "a", "sampling_params": {"max_new_tokens": 1' + b"0" * 40 + b"}}",
+        "max_new_tokens",
+    ),
+    ("/generate", b'{"input_ids": [[1], [2, "x"]]}', "input_ids[1]"),
+    ("/generate", b'{"input_ids": [1, 2.0]}', "input_ids[1]"),
+    ("/generate", b'{"input_ids": [4294967296]}', "input_ids[0]"),
+    ("/generate", b'{"text": ["a", 5]}', "text"),
+    ("/generate", b'{"text": ["a", "b"], "rid": ["x"]}', "rid"),
+    ("/v1/completions", b'{"prompt": ""}', "prompt"),
+    ("/v1/completions", b'{"prompt": [1, 2, "x"]}', "prompt[2]"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 1e400}', "max_tokens"),
+    ("/v1/completions", b'{"prompt": "a", "model": 5}', "model"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages[0].role"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [5]}]}', "messages[0].content[0]"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+        "messages[0].content[0].text",
+    ),
+    ("/v1/chat/completions", b'{"messages": [' + USER.encode() + b'], "max_tokens": -1}', "max_tokens"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [' + USER.encode() + b'], "max_completion_tokens": "a"}',
+        "max_completion_tokens",
+    ),
+]
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[EmulatorServer]:
+    async with EmulatorServer(EmulatorConfig(time_scale=200.0, cache_tokens=4_000)) as s:
+        yield s
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+@pytest.mark.parametrize(("path", "raw", "names"), CASES, ids=lambda v: str(v)[:50])
+async def test_a_malformed_request_is_a_400_naming_the_field(
+    server: EmulatorServer, http: aiohttp.ClientSession, path: str, raw: bytes, names: str
+) -> None:
+    async with http.post(server.url + path, data=raw, headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 400
+        error = (await r.json())["error"]
+    assert names in error["message"] and error["code"] == 400 and error["type"] == "invalid_request_error"
+
+
+async def test_valid_chat_content_parts_still_answer_in_the_same_shape(
+    server: EmulatorServer, http: aiohttp.ClientSession
+) -> None:
+    """Text parts are prefilled, other typed parts (an image) skipped, as before; every SGLang role."""
+    messages = [
+        {"role": role, "content": f"{role} says hi"} for role in ("system", "developer", "assistant", "tool")
+    ]
+    messages.append(
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}],
+        }
+    )
+    body = {"messages": messages, "max_tokens": 2}
+    async with http.post(server.url + "/v1/chat/completions", json=body) as r:
+        assert r.status == 200
+        answer = await r.json()
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    assert answer["usage"]["completion_tokens"] == 2
