@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -45,6 +44,7 @@ from .proxying import (
     forward_header_pairs,
     is_error_event,
     json_error,
+    json_route_errors,
     open_stream,
     request_target,
     sse_error_event,
@@ -108,22 +108,6 @@ class GatewayConfig:
     upstream_timeout_s: float | None = None  # whole-request limit; None = unlimited (long generations)
     tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
     client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
-
-
-@web.middleware
-async def json_route_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """An unknown path (404) or method (405) answered in the same OpenAI error shape as the rest."""
-    try:
-        return await handler(request)
-    except web.HTTPMethodNotAllowed as exc:
-        allowed = ", ".join(sorted(exc.allowed_methods))
-        response = json_error(
-            405, f"method {request.method} is not allowed on {request.path} (allowed: {allowed})"
-        )
-        response.headers["Allow"] = exc.headers["Allow"]
-        return response
-    except web.HTTPNotFound:
-        return json_error(404, f"no endpoint {request.method} {request.path}")
 
 
 def unavailable(message: str) -> web.Response:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from .front import ClientStalled, HotRequest, HotStream, StallWatch
@@ -126,6 +127,23 @@ def json_error(
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     headers = {RETRYABLE_HEADER: "1"} if retryable else None
     return web.json_response(body, status=status, headers=headers)
+
+
+@web.middleware
+async def json_route_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An unknown path (404) or method (405) answered in the same OpenAI error shape as the rest
+    (aiohttp's own answers are plain text)."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        response = json_error(
+            405, f"method {request.method} is not allowed on {request.path} (allowed: {allowed})"
+        )
+        response.headers["Allow"] = exc.headers["Allow"]
+        return response
+    except web.HTTPNotFound:
+        return json_error(404, f"no endpoint {request.method} {request.path}")
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:

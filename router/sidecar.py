@@ -47,6 +47,7 @@ from .proxying import (
     forward_header_pairs,
     is_error_event,
     json_error,
+    json_route_errors,
     open_stream,
     output_text,
     read_json_object,
@@ -265,7 +266,7 @@ class Sidecar:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[body_deadline(self.timeouts, _body_error)],
+            middlewares=[json_route_errors, body_deadline(self.timeouts, _body_error)],
         )
         app[SIDECAR_KEY] = self
         app.router.add_post("/prefixfleet/state", self.handle_set_state)
@@ -275,7 +276,9 @@ class Sidecar:
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)
         app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_route("*", "/{tail:.*}", self.handle_proxy)
+        # Everything else goes to the engine, but not the sidecar's own /prefixfleet/ paths: a wrong
+        # method or an unknown one there is answered here (405 with Allow, 404), not by the engine.
+        app.router.add_route("*", "/{tail:(?!prefixfleet/).*}", self.handle_proxy)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
