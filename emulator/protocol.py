@@ -6,6 +6,7 @@ builders turn :class:`~prefixfleet.emulator.runner.Snapshot` values into the JSO
 
 from __future__ import annotations
 
+import math
 import time
 from array import array
 from collections.abc import Mapping
@@ -107,6 +108,44 @@ def _check_prompt(tokens: array, name: str, limits: Limits) -> array:
     return tokens
 
 
+# Sampling parameters the emulator does not model but SGLang checks (SamplingParams.verify): a
+# client that the emulator answered would get a 400 from SGLang for these. (low, high, low open)
+_SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
+    "temperature": (0.0, math.inf, False),
+    "top_p": (0.0, 1.0, True),
+    "min_p": (0.0, 1.0, False),
+    "frequency_penalty": (-2.0, 2.0, False),
+    "presence_penalty": (-2.0, 2.0, False),
+    "repetition_penalty": (0.0, 2.0, False),
+}
+
+
+def _check_sampling(params: Mapping[str, object], prefix: str) -> None:
+    """Types and ranges of the sampling parameters SGLang refuses; their values change nothing here."""
+    for name, (low, high, open_low) in _SAMPLING_RANGES.items():
+        value = params.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise BadRequest(f"{prefix}{name} must be a number", prefix + name)
+        if value < low or (open_low and value == low) or value > high:
+            bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+            raise BadRequest(f"{prefix}{name} must be in {bounds}, got {value}", prefix + name)
+    top_k = params.get("top_k")
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, int) or top_k == 0 or top_k < -1
+    ):
+        raise BadRequest(f"{prefix}top_k must be -1 (off) or a positive integer", prefix + "top_k")
+    stop = params.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
+        raise BadRequest(f"{prefix}stop must be a string or a list of strings", prefix + "stop")
+    ignore_eos = params.get("ignore_eos")
+    if ignore_eos is not None and not isinstance(ignore_eos, bool):
+        raise BadRequest(f"{prefix}ignore_eos must be a boolean", prefix + "ignore_eos")
+
+
 def _cache_salt(body: Mapping[str, object]) -> str | None:
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
@@ -168,6 +207,7 @@ def parse_generate(body: object, limits: Limits) -> Call:
     for sp in param_list:
         if not isinstance(sp, Mapping):
             raise BadRequest("sampling_params must be an object", "sampling_params")
+        _check_sampling(sp, "sampling_params.")
         value = sp.get("max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS)
         if value is None:
             value = DEFAULT_GENERATE_MAX_NEW_TOKENS
@@ -223,6 +263,7 @@ def _common_openai(body: Mapping[str, object]) -> tuple[bool, bool, str | None]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
+    _check_sampling(body, "")
     stream = _bool(body, "stream")
     return stream, _stream_usage(body), model
 

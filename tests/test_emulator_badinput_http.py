@@ -2,9 +2,10 @@
 
 Specification (beyond tests/test_emulator_server.py's BAD_REQUESTS): JSON numbers that are no usable
 count (NaN, 1e400, 2.5, huge), bodies that are not UTF-8 or nest too deep, batched token ids with a
-bad entry, and chat messages SGLang's request models refuse (an unknown role, a content part that is
-no typed object, a text part whose text is no string) each get a 400 whose ``error.message`` names
-the offending field, and the server keeps answering valid requests in the unchanged shape.
+bad entry, sampling parameters of a type or range SGLang's SamplingParams refuses (temperature "hot"
+or -1, top_p 0, top_k 0, stop 5...), and chat messages SGLang's request models refuse (an unknown
+role, a content part that is no typed object, a text part whose text is no string) each get a 400
+whose ``error.message`` names the offending field; valid requests answer in the unchanged shape.
 """
 
 from __future__ import annotations
@@ -39,6 +40,20 @@ CASES = [
     ("/v1/completions", b'{"prompt": [1, 2, "x"]}', "prompt[2]"),
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 1e400}', "max_tokens"),
     ("/v1/completions", b'{"prompt": "a", "model": 5}', "model"),
+    ("/generate", b'{"text": "a", "sampling_params": {"temperature": "hot"}}', "sampling_params.temperature"),
+    ("/generate", b'{"text": "a", "sampling_params": {"temperature": -1}}', "sampling_params.temperature"),
+    (
+        "/generate",
+        b'{"text": "a", "sampling_params": {"top_p": 0}}',
+        "sampling_params.top_p must be in (0, 1]",
+    ),
+    ("/generate", b'{"text": "a", "sampling_params": {"top_k": 0}}', "sampling_params.top_k"),
+    ("/generate", b'{"text": "a", "sampling_params": {"stop": 5}}', "sampling_params.stop"),
+    ("/generate", b'{"text": "a", "sampling_params": {"ignore_eos": "yes"}}', "sampling_params.ignore_eos"),
+    ("/v1/completions", b'{"prompt": "a", "temperature": NaN}', "temperature must be a number"),
+    ("/v1/completions", b'{"prompt": "a", "presence_penalty": 3}', "presence_penalty must be in [-2, 2]"),
+    ("/v1/completions", b'{"prompt": "a", "stop": [1]}', "stop"),
+    ("/v1/chat/completions", b'{"messages": [' + USER.encode() + b'], "top_p": 1.5}', "top_p"),
     ("/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages[0].role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [5]}]}', "messages[0].content[0]"),
     (
@@ -80,7 +95,8 @@ async def test_a_malformed_request_is_a_400_naming_the_field(
 async def test_valid_chat_content_parts_still_answer_in_the_same_shape(
     server: EmulatorServer, http: aiohttp.ClientSession
 ) -> None:
-    """Text parts are prefilled, other typed parts (an image) skipped, as before; every SGLang role."""
+    """Text parts prefilled, other typed parts (an image) skipped, as before; every SGLang role and
+    in-range sampling parameters are accepted (and, as before, change nothing in the emulator)."""
     messages = [
         {"role": role, "content": f"{role} says hi"} for role in ("system", "developer", "assistant", "tool")
     ]
@@ -90,7 +106,8 @@ async def test_valid_chat_content_parts_still_answer_in_the_same_shape(
             "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}],
         }
     )
-    body = {"messages": messages, "max_tokens": 2}
+    sampling = {"temperature": 0.7, "top_p": 1, "top_k": -1, "stop": ["\n"], "presence_penalty": -2}
+    body = {"messages": messages, "max_tokens": 2, **sampling}
     async with http.post(server.url + "/v1/chat/completions", json=body) as r:
         assert r.status == 200
         answer = await r.json()
