@@ -74,6 +74,9 @@ DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$"
 # namespace never share (and overwrite) a gateway or a replica pod name.
 FLEET_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 FLEET_NAME_MAX_LENGTH = 47
+# The most replicas a fleet may ask for: pod names keep room for the index (above), and a typo such
+# as 100000000 is refused at apply instead of the operator planning that many pods in one round.
+MAX_REPLICAS = 100_000
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 
@@ -650,14 +653,25 @@ class EngineSpec(CamelModel):
     )
 
 
+# The autoscaler divides the projected demand by targetLoad and projects demand leadTimeSeconds
+# ahead: a targetLoad of 1e-310 or a lead time of 1e308 made that infinite and the planner raised
+# OverflowError every round. 1 % busy and an hour's start-up are beyond any real setting.
+MIN_TARGET_LOAD = 0.01
+MAX_LEAD_TIME_S = 3600
+
+
 class AutoscalingSpec(CamelModel):
     """Bounds and targets for the prefix-aware autoscaler (the policy itself lives in the planner)."""
 
     enabled: bool = Field(
         default=False, description="Let the operator change spec.replicas within [minReplicas, maxReplicas]."
     )
-    min_replicas: int = Field(default=1, ge=0, description="Lower bound on replicas when autoscaling.")
-    max_replicas: int = Field(default=4, ge=1, description="Upper bound on replicas when autoscaling.")
+    min_replicas: int = Field(
+        default=1, ge=0, le=MAX_REPLICAS, description="Lower bound on replicas when autoscaling."
+    )
+    max_replicas: int = Field(
+        default=4, ge=1, le=MAX_REPLICAS, description="Upper bound on replicas when autoscaling."
+    )
     target_ttft_seconds: float = Field(
         default=1.0, gt=0, alias="targetTTFTSeconds", description="Time-to-first-token objective per request."
     )
@@ -675,7 +689,7 @@ class AutoscalingSpec(CamelModel):
     )
     target_load: float = Field(
         default=0.7,
-        gt=0,
+        ge=MIN_TARGET_LOAD,
         le=1,
         description="Prefill load per replica (busy fraction) the autoscaler sizes the fleet for.",
     )
@@ -689,7 +703,10 @@ class AutoscalingSpec(CamelModel):
         default=0.5, ge=0, description="Subtrees requested less often than this (req/s) are not hot."
     )
     lead_time_seconds: float = Field(
-        default=30.0, ge=0, description="Start-up time of a replica: demand is projected this far ahead."
+        default=30.0,
+        ge=0,
+        le=MAX_LEAD_TIME_S,
+        description="Start-up time of a replica: demand is projected this far ahead.",
     )
     max_step_up: int = Field(default=2, ge=1, description="At most this many replicas added per decision.")
 
@@ -928,7 +945,10 @@ class FleetSpec(CamelModel):
     model: ModelSpec = Field(description="The served model (cache identity).")
     engine: EngineSpec = Field(description="The inference engine of every replica.")
     replicas: int = Field(
-        default=1, ge=0, description="Desired engine replicas (the scale subresource's spec.replicas)."
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description="Desired engine replicas (the scale subresource's spec.replicas).",
     )
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec, description="Autoscaler bounds and targets."

@@ -235,6 +235,19 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "spec.prometheus.url",
     ),
     ("a port out of range", {"router": {"port": 70000}}, "spec.router.port"),
+    # past the bounds the operator's planners work within (models.MAX_REPLICAS, MIN_TARGET_LOAD, ...)
+    ("a replica count with extra zeros", {"replicas": 100000000}, "spec.replicas"),
+    (
+        "a maxReplicas with extra zeros",
+        {"autoscaling": {"maxReplicas": 10**9}},
+        "spec.autoscaling.maxReplicas",
+    ),
+    (
+        "a vanishing target load",
+        {"autoscaling": {"targetLoad": 1e-310, "scaleDownLoad": 1e-311}},
+        "targetLoad",
+    ),
+    ("a lead time of ages", {"autoscaling": {"leadTimeSeconds": 1e308}}, "spec.autoscaling.leadTimeSeconds"),
     ("the sidecar on the engine kind's default port", {"sidecar": {"port": 30000}}, "spec.sidecar.port"),
     ("the engine on the sidecar's port", {"engine": {"kind": "vllm", "port": 8100}}, "spec.sidecar.port"),
     ("the engine's port in its args", engine_args("sglang", "--port", "31000"), "spec.engine.args"),
