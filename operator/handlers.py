@@ -451,6 +451,10 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
             kube.create(manifest)
         except ChildRefused as exc:
             refused.append(str(exc))
+            # the others share its template and namespace: a quota or an invalid podTemplate refuses
+            # them too. One refused call per round, not one per missing replica; the next round
+            # tries again from the first missing one.
+            break
     for change in plan.children:
         kopf.adopt(change.manifest, owner=fleet)
         try:

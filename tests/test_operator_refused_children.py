@@ -9,6 +9,7 @@ The operator's Kubernetes calls turn such an answer into ``kube.ChildRefused``: 
 child and the API server's reason. Escaping a kopf handler, it is logged as that line without a
 traceback and retried later; fixing the spec lets the replica be created. The fleet shows it too:
 Degraded=ChildRefused naming the pod and the reason, and one Warning Event (``operator/refusals.py``).
+A refused replica pod ends that round's pod creates: the rest share its template.
 """
 
 from __future__ import annotations
@@ -77,13 +78,30 @@ def pod_problems(spec: dict[str, Any]) -> list[dict[str, str]]:
     return causes
 
 
+class CountingApiServer(PodValidatingApiServer):
+    """... that also notes the name of every Pod it refused."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused_pods: set[str] = set()
+
+    def _admit(self, rt: ResourceType, obj: Any) -> Any:
+        try:
+            return super()._admit(rt, obj)
+        except ApiError:
+            if rt.kind == "Pod":
+                self.refused_pods.add((obj.get("metadata") or {}).get("name", ""))
+            raise
+
+
 class RefusingCluster(EmulatedCluster):
     """The emulated cluster with :class:`PodValidatingApiServer` as its API server."""
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.api = ApiServerThread(PodValidatingApiServer())
+        self.server = CountingApiServer()
+        self.api = ApiServerThread(self.server)
         self.api.start()
         self.kubeconfig = self.api.write_kubeconfig(workdir / "kubeconfig")
         self.kubelet = None
@@ -152,7 +170,7 @@ def test_other_errors_stay_as_they_were(cluster: RefusingCluster) -> None:
 # ------------------------------------------------------------------ the operator
 
 
-def fleet_manifest(volume: bool) -> str:
+def fleet_manifest(volume: bool, replicas: int = 1) -> str:
     template: dict[str, Any] = {
         "spec": {
             "containers": [{"name": "engine", "volumeMounts": [{"name": "models", "mountPath": "/models"}]}]
@@ -167,7 +185,7 @@ def fleet_manifest(volume: bool) -> str:
         "spec": {
             "model": {"name": "emulated-model"},
             "engine": {"kind": "emulator", "podTemplate": template},
-            "replicas": 1,
+            "replicas": replicas,
             "router": {"replicas": 0},
         },
     }
@@ -216,6 +234,32 @@ def test_the_operator_reports_a_refused_replica_pod_and_creates_it_once_fixed(
             )
             assert [p["metadata"]["name"] for p in pods] == [f"{FLEET}-replica-0"]
             wait_for(lambda: degraded() is None, 40, what="the fleet to stop showing the refusal")
+        finally:
+            print("--- operator log (tail) ---\n" + operator.log_tail(60))
+            operator.stop()
+
+
+def test_a_refused_replica_stops_the_rounds_creates_instead_of_trying_every_replica(
+    tmp_path: Path, cluster: RefusingCluster
+) -> None:
+    # five replicas of one refused template: the first refusal ends the round's creates (the others
+    # would be refused the same way), so in every round the API server sees the first one only
+    with running_redis(tmp_path) as redis_url:
+        operator = OperatorProcess(cluster, redis_url)
+        try:
+            cluster.install_crd()
+            operator.start()
+            cluster.apply(fleet_manifest(volume=False, replicas=5))
+
+            def refused_condition() -> dict[str, Any] | None:
+                status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+                cond = next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
+                return cond if cond and cond["reason"] == "ChildRefused" else None
+
+            cond = wait_for(refused_condition, 40, what="Degraded=ChildRefused on the fleet")
+            # however many rounds ran by now (before: replica-0 to replica-4 in each)
+            assert cluster.server.refused_pods == {f"{FLEET}-replica-0"}
+            assert f"{FLEET}-replica-0" in cond["message"] and "more refused" not in cond["message"]
         finally:
             print("--- operator log (tail) ---\n" + operator.log_tail(60))
             operator.stop()
