@@ -158,6 +158,7 @@ class Gateway:
             dead_after_s=config.dead_after_s,
             overlay_ttl_s=config.overlay_ttl_s,
             default_prefill_tokens_per_s=config.prefill_tokens_per_s,
+            fleet=config.fleet,
         )
         for url in config.workers:
             self.view.add_static(url)
@@ -238,7 +239,7 @@ class Gateway:
         self._note_send_listeners(listeners)
         members_s, invalid = split_member_fields(members)
         for _, name in invalid:  # e.g. not UTF-8: it failed every refresh, freezing the whole view
-            self._warn(f"ignoring member {name!r}: not a valid worker id")
+            self._warn(f"ignoring member {name!r} of {self.keys.members}: not a valid worker id")
         ids = list(members_s)
         loads = await self.redis.mget([self.keys.load(w) for w in ids]) if ids else []
         result = self.view.apply_snapshot(members_s, dict(zip(ids, loads, strict=True)), time.monotonic())

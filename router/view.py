@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, block_hashes, salted_seed
+from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .policies import ReplicaState
 from .records import LoadReport, MemberRecord, decode_load, decode_member
@@ -94,8 +95,10 @@ class FleetView:
         overlay_ttl_s: float = DEFAULT_OVERLAY_TTL_S,
         default_identity: CacheIdentity | None = None,
         default_prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S,
+        fleet: str = DEFAULT_FLEET,
     ) -> None:
         self.block_tokens = block_tokens
+        self.keys = FleetKeys(fleet)  # only to name the Redis key of a record it ignores
         self.dead_after_s = dead_after_s
         self.overlay_ttl_s = overlay_ttl_s
         self.default_seed = (default_identity or CacheIdentity()).seed()
@@ -139,7 +142,7 @@ class FleetView:
             try:
                 member = decode_member(raw)
             except SummaryError as exc:
-                warnings.append(f"ignoring member {wid!r}: {exc}")
+                warnings.append(f"ignoring member {wid!r} of {self.keys.members}: {exc}")
                 continue
             seen.add(wid)
             w = self.workers.get(wid)
@@ -154,7 +157,7 @@ class FleetView:
             try:
                 load = decode_load(raw_load)
             except SummaryError as exc:
-                warnings.append(f"ignoring load of {wid!r}: {exc}")
+                warnings.append(f"ignoring load of {wid!r} ({self.keys.load(wid)}): {exc}")
                 continue
             self._adopt_load(w, load, now)
             version = w.load.summary_version if w.load else 0
@@ -203,9 +206,10 @@ class FleetView:
         try:
             summary = decode_summary(raw)
         except SummaryError as exc:
-            return f"ignoring summary of {worker_id!r}: {exc}"
+            return f"ignoring summary of {worker_id!r} ({self.keys.summary(worker_id)}): {exc}"
         if summary.worker != worker_id:
-            return f"ignoring summary under {worker_id!r}: it names worker {summary.worker!r}"
+            key = self.keys.summary(worker_id)
+            return f"ignoring summary under {worker_id!r} ({key}): it names worker {summary.worker!r}"
         w.summary = summary
         return None
 

@@ -149,8 +149,8 @@ async def test_gateway_refresh_skips_a_member_whose_name_is_no_worker_id(
             await eventually(lambda: "w0" in gateway.view.workers, 20, "the gateway's refresh to show w0")
         assert set(gateway.view.workers) == {"w0"}
         warnings = [r.getMessage() for r in caplog.records if r.name == "prefixfleet.gateway"]
-        assert "ignoring member '\ufffdw': not a valid worker id" in warnings, warnings
-        assert "ignoring member 'bad id!': not a valid worker id" in warnings, warnings
+        assert f"ignoring member '\ufffdw' of {keys.members}: not a valid worker id" in warnings, warnings
+        assert f"ignoring member 'bad id!' of {keys.members}: not a valid worker id" in warnings, warnings
     finally:
         await runner.cleanup()
 

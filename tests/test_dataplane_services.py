@@ -377,15 +377,21 @@ async def test_malformed_records_in_redis_are_ignored_and_the_gateway_keeps_serv
             "ghost": encode_record(ghost),
             "junk": b"\xff{not json",
             "typed": json.dumps({"v": 1, "url": 5}),
+            "badload": encode_record(ghost),
         },
     )
     client.set(keys.load("ghost"), encode_record(ghost_load))
     client.set(keys.summary("ghost"), b"PFS\x01\xff\xff\xff\x00garbage")
     client.set(keys.load("typed"), b"[]")
+    client.set(keys.load("badload"), b'{"v": 1, "seq": "one"}')
 
-    async def warned() -> bool:
+    async def warned() -> bool:  # each warning names the Redis key holding the bad record
         log = fleet.gateways[0].log()
-        return "ignoring summary of 'ghost'" in log and "ignoring member 'junk'" in log
+        return (
+            f"ignoring summary of 'ghost' ({keys.summary('ghost')})" in log
+            and f"ignoring member 'junk' of {keys.members}" in log
+            and f"ignoring load of 'badload' ({keys.load('badload')})" in log
+        )
 
     await eventually(warned, EVENTUALLY_S, "the gateway to read (and reject) the malformed records")
     for gw in fleet.gateway_urls:
