@@ -17,6 +17,8 @@ from .autoscale_report import format_table, run_details, scaler_metrics, write_p
 from .cli import add_service_arguments, parse_names, parse_pairs, service_config
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
 
+MAX_CONTROL_ROUNDS = 10_000_000
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -107,6 +109,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not workload.requests:
         raise UsageError(f"scenario {args.scenario!r} has no requests with these settings")
+    rounds = workload.requests[-1].arrival_s / args.control_interval_s
+    if rounds > MAX_CONTROL_ROUNDS:  # 1e-300 s never finished: a control round per interval
+        raise UsageError(
+            f"--control-interval-s {args.control_interval_s:g} makes {rounds:.3g} control rounds over "
+            f"the scenario's {workload.requests[-1].arrival_s:g} s; at most {MAX_CONTROL_ROUNDS:,}"
+        )
 
     runs: list[ElasticRun] = []
     metrics: dict[str, dict[str, Any]] = {}

@@ -124,6 +124,11 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
             ) from None
         if isinstance(merged[key], int | float) and merged[key] < 0:  # counts, sizes, rates, durations
             raise ValueError(f"workload {workload!r} setting {key!r} must be >= 0, got {value!r}")
+        if "tokens" in key and isinstance(merged[key], int) and merged[key] > MAX_SETTING_TOKENS:
+            raise ValueError(
+                f"workload {workload!r} setting {key!r} must be at most {MAX_SETTING_TOKENS:,} tokens "
+                f"(longer than any model's context), got {value!r}"
+            )
     for key in merged:
         upper = f"{key[: -len('_min')]}_max"
         if key.endswith("_min") and upper in merged and merged[key] > merged[upper]:
@@ -134,6 +139,8 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
     return merged
 
 
+# Token sizes are generated as real token ids: 1e11 would try to allocate 400 GB before anything runs.
+MAX_SETTING_TOKENS = 10_000_000
 _BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 

@@ -56,6 +56,8 @@ SETTING_CASES = [
     ([*SCALE, "--set", "ramp_s=-5"], "setting 'ramp_s' must be >= 0"),
     ([*SIM, "--set", "turn_tokens_max=3"], "'turn_tokens_min' (50) must be <= 'turn_tokens_max' (3)"),
     ([*SIM, "--set", "zipf_exponent=1e9"], "'zipf_exponent' 1e+09 is too far from 0"),
+    ([*SIM, "--set", "prefix_tokens_max=100000000000"], "'prefix_tokens_max' must be at most 10,000,000"),
+    ([*SCALE, "--control-interval-s", "1e-300"], "--control-interval-s 1e-300 makes 1.99e+301 control"),
     (["sim", "--workload", "trace:binary.jsonl"], "trace binary.jsonl line 2: not UTF-8 text"),
     (["up", "--workload", "trace:binary.jsonl"], "trace binary.jsonl line 2: not UTF-8 text"),
 ]
