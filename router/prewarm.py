@@ -176,7 +176,8 @@ async def warm_prefixes(sidecar: Sidecar, source: str, hashes: Sequence[str]) ->
     for sid in hashes:
         try:
             results[sid] = await _warm_one(sidecar.session, sidecar, source, own, sid)
-        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        # RecursionError: a source answering JSON nested too deeply (json gives up); not a 500 here
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, RecursionError) as exc:
             results[sid] = {"status": "failed", "error": f"{exc.__class__.__name__}: {exc}"[:300]}
     return results
 

@@ -14,6 +14,8 @@ sidecar and a gateway on 127.0.0.1):
 * a wrong method on a sidecar path under ``/prefixfleet/`` is a 405 naming the allowed ones (with
   ``Allow``), an unknown one a 404 naming the path, both answered by the sidecar in the same JSON
   shape (they went to the engine, which answered a bare 404 "Not Found");
+* a warm-up whose source sidecar answers junk for a prefix (JSON nested too deeply: it answered
+  500; not JSON; no token ids; an error status) reports that prefix as failed with the reason;
 * a request whose head ends in a bare-LF blank line is answered 400 at once by the gateway and the
   sidecar, as by aiohttp (their lean front waited for a CRLF one: no answer until the idle limit);
 * afterwards every process is up, still serves a valid request, and no log holds a traceback.
@@ -25,11 +27,21 @@ import json
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
 import pytest
-from fleet_fixtures import LOOPBACK, RedisServer, Spawned, Spawner, free_port, prefixfleet_argv, wait_for_http
+from fleet_fixtures import (
+    LOOPBACK,
+    RedisServer,
+    Spawned,
+    Spawner,
+    free_port,
+    prefixfleet_argv,
+    serve_http,
+    wait_for_http,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -255,6 +267,43 @@ def test_a_wrong_method_or_path_is_answered_by_the_service_in_the_error_shape(
     assert_error(resp, status, None, path)
     if allowed is not None:
         assert resp.headers["Allow"].replace(" ", "") == allowed
+
+
+JUNK_PREFIXES = {  # hash -> (status, body) a faulty source sidecar answers for it
+    "1" * 16: (200, b"[" * 100_000),
+    "2" * 16: (200, b"<html>not json</html>"),
+    "3" * 16: (200, b'{"input_ids": ["a", "b"]}'),
+    "4" * 16: (200, b'{"input_ids": []}'),
+    "5" * 16: (500, b"{}"),
+}
+
+
+class JunkSource(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        status, payload = JUNK_PREFIXES[self.path.rsplit("/", 1)[1]]
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_a_warm_up_from_a_source_answering_junk_reports_each_prefix_failed(
+    services: Services, client: httpx.Client
+) -> None:
+    with serve_http(JunkSource) as source:
+        request = {"source": source, "hashes": list(JUNK_PREFIXES), "hold_traffic": False}
+        resp = client.post(services.sidecar + "/prefixfleet/warm", json=request)
+    assert resp.status_code == 200, resp.text[:300]
+    results = resp.json()["results"]
+    assert {h: r["status"] for h, r in results.items()} == dict.fromkeys(JUNK_PREFIXES, "failed")
+    assert "RecursionError" in results["1" * 16]["error"]
+    assert "JSONDecodeError" in results["2" * 16]["error"]
+    assert "no token ids" in results["3" * 16]["error"] and "no token ids" in results["4" * 16]["error"]
+    assert "HTTP 500" in results["5" * 16]["error"]
 
 
 def raw_answer(url: str, request: bytes) -> bytes:
