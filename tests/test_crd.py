@@ -247,6 +247,8 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"autoscaling": {"targetLoad": 1e-310, "scaleDownLoad": 1e-311}},
         "targetLoad",
     ),
+    ("a TTFT target of 0", {"autoscaling": {"targetTTFTSeconds": 0}}, "spec.autoscaling.targetTTFTSeconds"),
+    ("a queue target of 0", {"autoscaling": {"targetQueueDepth": 0}}, "spec.autoscaling.targetQueueDepth"),
     ("a lead time of ages", {"autoscaling": {"leadTimeSeconds": 1e308}}, "spec.autoscaling.leadTimeSeconds"),
     ("the sidecar on the engine kind's default port", {"sidecar": {"port": 30000}}, "spec.sidecar.port"),
     ("the engine on the sidecar's port", {"engine": {"kind": "vllm", "port": 8100}}, "spec.sidecar.port"),

@@ -271,3 +271,36 @@ def test_an_unbracketed_ipv6_redis_url_is_refused_at_apply_and_by_the_operator(t
         )
         assert cluster.api.objects("pods", namespace=NAMESPACE) == []
         assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.log_tail(60)
+
+
+def test_an_autoscaled_fleet_without_any_redis_says_so_and_the_operator_keeps_running(tmp_path: Path) -> None:
+    # no spec.redis and an operator run without --redis: nothing to publish members to or to read
+    # the replicas' load from; the fleet says which fields would give it one
+    with operator_in_cluster(tmp_path, "", kubelet=False) as (cluster, operator):
+        fleet = yaml.safe_load(fleet_manifest())
+        del fleet["spec"]["redis"]
+        fleet["spec"]["autoscaling"] = {
+            "enabled": True,
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "intervalSeconds": 1,
+        }
+        cluster.apply(json.dumps(fleet))
+
+        def degraded() -> dict[str, Any] | None:
+            status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+            return next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
+
+        cond = wait_for(lambda: (c := degraded()) and c["reason"] == "NoRedis" and c, 40, what="NoRedis")
+        assert "spec.redis.url" in cond["message"] and "--redis" in cond["message"]
+        # a few autoscaler rounds (1 s apart) later: still running, nothing raised
+        wait_for(
+            lambda: (
+                operator.log_path.read_text(errors="replace").count("Timer 'autoscale_timer' succeeded") >= 3
+            ),
+            20,
+            what="three autoscaler rounds",
+        )
+        log = operator.log_path.read_text(errors="replace")
+        assert "Traceback" not in log, operator.log_tail(60)
+        assert operator.process is not None and operator.process.poll() is None
