@@ -484,8 +484,8 @@ PROMETHEUS_URLS = [
     "http://p:99999", "http://[fe80::1%25eth0]:9090",
 ]  # fmt: skip
 MATCH_LABEL_KEYS = ["namespace", "fleet", "_x", "a1", "1a", "a-b", "a.b", "", "fleet\n"]
-# targetLoad is in (0, 1], scaleDownLoad in (0, 1) (schema ranges); integers test the number typing
-LOADS = [0.5, 0.6, 0.7, 1, 1.0]
+# targetLoad is in [0.01, 1], scaleDownLoad in (0, 1) (schema ranges); integers test the number typing
+LOADS = [0.005, 0.01, 0.5, 0.6, 0.7, 1, 1.0]
 autoscalings = st.builds(
     _drop_none,
     enabled=_optional(st.booleans()),
@@ -535,6 +535,11 @@ BOUNDARIES: dict[str, dict[str, Any]] = {
     "replicas above them": {"replicas": 5, "autoscaling": {"enabled": True, "maxReplicas": 4}},
     "replicas above them, autoscaling off": {"replicas": 5, "autoscaling": {"maxReplicas": 4}},
     "min equal to max": {"autoscaling": {"minReplicas": 3, "maxReplicas": 3}},
+    "the most replicas": {
+        "replicas": models.MAX_REPLICAS,
+        "autoscaling": {"maxReplicas": models.MAX_REPLICAS},
+    },
+    "one replica more": {"replicas": models.MAX_REPLICAS + 1},
     "min above max": {"autoscaling": {"minReplicas": 4, "maxReplicas": 3}},
     "scaleDownLoad equal to targetLoad": {"autoscaling": {"targetLoad": 0.6, "scaleDownLoad": 0.6}},
     "targetLoad written as an integer": {"autoscaling": {"targetLoad": 1, "scaleDownLoad": 0.9}},
