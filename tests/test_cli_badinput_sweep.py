@@ -67,6 +67,8 @@ NUMBER_CASES = [
     (["load", "--target", "http://[::1", "--workload", "chat"], "opens a [ it does not close"),
     (["load", "--target", "http://127.0.0.1:99999", "--workload", "chat"], "not a number in 1..65535"),
     ([*LOAD, "--model", ""], "--model is empty"),
+    (["up", "--requests", "5", "--cache-tokens", "2"], "--cache-tokens 2 cannot hold the workload's longest"),
+    ([*COMPARE, "--requests", "5", "--cache-tokens", "100"], "--cache-tokens 100 cannot hold"),
     (["compare", "--json", "c.json", "--trace", "adir"], "--trace adir: the trace was not found"),
     (["emulator", "--port", "0", "--host", ""], "--host is empty"),
     (["emulator", "--port", "0", "--decode-tokens-per-s", "inf"], "--decode-tokens-per-s must be a positive"),

@@ -86,6 +86,20 @@ def _workload(spec: str, requests: int, seed: int, overrides: dict[str, Any]) ->
     return workload
 
 
+def _check_cache_fits(workload: Any, cache_tokens: int | None, max_output_tokens: int | None) -> None:
+    """An explicit ``--cache-tokens`` holds the workload's longest request (prompt and output), or
+    the engines refuse it: a run whose every answer is an error, exit 0, with --cache-tokens 2."""
+    if cache_tokens is None:
+        return
+    cap = max_output_tokens if max_output_tokens is not None else math.inf
+    need = max(r.num_tokens + max(1, min(r.output_tokens, cap)) for r in workload.requests)
+    if cache_tokens < need:
+        raise UsageError(
+            f"--cache-tokens {cache_tokens} cannot hold the workload's longest request ({need} tokens with "
+            f"its output); give at least {need} or leave it out"
+        )
+
+
 def _progress_default(value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
@@ -192,6 +206,7 @@ def run_up_command(args: argparse.Namespace) -> int:
     plot_path = output_file(args.plot, "--plot", suffix=".png")
     run_dir = output_dir(args.run_dir, "--run-dir")
     workload = _workload(args.workload, args.requests, args.seed, settings_pairs(args.set))
+    _check_cache_fits(workload, args.cache_tokens, args.max_output_tokens)
     engine = engine_for_workload(
         workload,
         max(args.replicas, 1),
@@ -530,6 +545,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     if spec.startswith("trace:"):
         overrides.setdefault("block_tokens", args.block_tokens)
     workload = _workload(spec, args.requests, args.seed, overrides)
+    _check_cache_fits(workload, args.cache_tokens, args.max_output_tokens)
     options = CompareOptions(
         requests=args.requests,
         replicas=args.replicas,
