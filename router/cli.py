@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
+from urllib.parse import urlsplit
 
 from .addresses import authority_error, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS
@@ -177,8 +178,8 @@ def _check_common(args: argparse.Namespace) -> None:
         raise _usage_error(f"--block-tokens must be positive, got {args.block_tokens}")
     if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
         raise _usage_error("--max-body-bytes and --max-prompt-tokens must be positive")
-    if args.prefill_tokens_per_s is not None and args.prefill_tokens_per_s <= 0:
-        raise _usage_error("--prefill-tokens-per-s must be positive")
+    if args.prefill_tokens_per_s is not None:
+        _check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s)
     timeout = args.client_write_timeout
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise _usage_error(f"--client-write-timeout must be a positive number of seconds, got {timeout:g}")
@@ -190,13 +191,27 @@ def _check_common(args: argparse.Namespace) -> None:
         validate_fleet_name(args.fleet)
     except ValueError as exc:
         raise _usage_error(f"--fleet: {exc}") from None
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    level = args.log_level.upper()
+    if level not in logging.getLevelNamesMapping():
+        raise _usage_error(
+            f"--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {args.log_level!r}"
+        )
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _check_positive(flag: str, value: float) -> None:
+    """A positive finite number: ``value <= 0`` alone lets NaN and infinity through (a NaN
+    interval or rate poisons every comparison made with it)."""
+    if not (math.isfinite(value) and value > 0):
+        raise _usage_error(f"{flag} must be positive, got {value:g}")
 
 
 def _check_url(flag: str, url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise _usage_error(f"{flag} must be an http:// or https:// URL, got {url!r}")
     _check_authority(flag, url)
+    if not urlsplit(url).hostname:
+        raise _usage_error(f"{flag} {url!r} names no host")
     return url.rstrip("/")
 
 
@@ -224,8 +239,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
             validate_worker_id(args.worker_id)
         except ValueError as exc:
             raise _usage_error(f"--worker-id: {exc}") from None
-    if args.publish_interval <= 0:
-        raise _usage_error("--publish-interval must be positive")
+    _check_positive("--publish-interval", args.publish_interval)
     if args.cache_tokens is not None and args.cache_tokens < 1:
         raise _usage_error("--cache-tokens must be positive")
     if args.max_summary_blocks < 1:
@@ -303,8 +317,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         ("--dead-after", args.dead_after),
         ("--overlay-ttl", args.overlay_ttl),
     ):
-        if value <= 0:
-            raise _usage_error(f"{flag} must be positive")
+        _check_positive(flag, value)
     if args.max_retries < 0:
         raise _usage_error("--max-retries must not be negative")
     _check_tenant_header(args.tenant_header)
@@ -338,12 +351,15 @@ def _check_tenant_header(header: str | None) -> None:
 
 
 def run_bench_overhead(args: argparse.Namespace) -> int:
-    import json
+    from prefixfleet.outputs import output_file, write_json
 
     from .overhead_bench import format_table, measure
 
-    if args.requests < 1 or args.rate <= 0 or args.time_scale <= 0:
-        raise _usage_error("--requests, --rate and --time-scale must be positive")
+    if args.requests < 1:
+        raise _usage_error("--requests must be positive")
+    _check_positive("--rate", args.rate)
+    _check_positive("--time-scale", args.time_scale)
+    json_path = output_file(args.json, "--json")  # before the run: a bad path must not cost it
     _check_tenant_header(args.tenant_header)
     run = measure(args.requests, args.rate, args.time_scale, args.progress, tenant_header=args.tenant_header)
     try:
@@ -351,10 +367,8 @@ def run_bench_overhead(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         raise _usage_error(str(exc)) from None
     print(format_table(report))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=2)
-            f.write("\n")
+    if json_path is not None:
+        write_json(json_path, report)
     return 0
 
 
@@ -364,12 +378,15 @@ def run_inspect(args: argparse.Namespace) -> int:
 
     import redis.asyncio as aioredis
 
+    from prefixfleet.outputs import output_file, writing
+
     from .inspect import fleet_report, format_report, report_json
     from .keys import FleetKeys
     from .records import split_member_fields
     from .redis_conn import connect_redis, redacted
 
     _check_redis_url(args.redis)
+    json_path = output_file(args.json, "--json") if args.json != "-" else None
     try:
         keys = FleetKeys(args.fleet)
     except ValueError as exc:
@@ -405,9 +422,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         print(f"fleet {args.fleet}: {len(report['workers'])} member(s)")
         print(format_report(report))
-        if args.json:
-            with open(args.json, "w") as f:
-                f.write(report_json(report) + "\n")
+        if json_path is not None:
+            with writing(json_path, "--json"):
+                json_path.write_text(report_json(report) + "\n", encoding="utf-8")
     return 0 if report["healthy"] else 1
 
 
