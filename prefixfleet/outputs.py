@@ -9,6 +9,7 @@ parent directories are created, as ``mkdir -p`` would.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,9 +62,24 @@ def writing(path: Path, flag: str) -> Iterator[Path]:
 
 
 def write_json(path: Path, data: Any, flag: str = "--json") -> None:
-    """``data`` as indented JSON in ``path`` (checked earlier with :func:`output_file`)."""
+    """``data`` as indented JSON in ``path`` (checked earlier with :func:`output_file`).
+
+    A float that is not finite (the mean TTFT of a run where nothing succeeded is nan) is written as
+    null: ``NaN`` is no JSON, and jq, browsers and strict parsers refuse the whole file."""
+    text = json.dumps(finite_json(data), indent=2, allow_nan=False)
     with writing(path, flag):
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        path.write_text(text + "\n", encoding="utf-8")
+
+
+def finite_json(value: Any) -> Any:
+    """``value`` with every nan/inf float, at any depth of dicts, lists and tuples, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def _non_empty(value: str | Path, flag: str) -> Path:

@@ -10,6 +10,8 @@ so none of them starts a fleet or a simulation.
 
 from __future__ import annotations
 
+import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -116,3 +118,18 @@ def test_a_json_in_a_missing_directory_is_written_there(workdir: Path) -> None:
     """Missing parent directories are made, as `mkdir -p` would; the run's results are not lost."""
     assert main([*SIM, "--no-progress", "--json", "new/deeper/r.json"]) == 0
     assert (workdir / "new" / "deeper" / "r.json").read_text().startswith("{")
+
+
+def test_a_run_where_nothing_succeeded_writes_strict_json(workdir: Path) -> None:
+    """Means over no successful request are null in --json, not NaN (which no strict parser reads)."""
+    with socket.socket() as s:  # a port nothing listens on: every request is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["load", "--target", f"http://127.0.0.1:{port}", "--workload", "prefixroute"]
+    assert main([*argv, "--set", "num_requests=3", "--no-progress", "--json", "l.json"]) == 0
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} in the JSON")
+
+    summary = json.loads((workdir / "l.json").read_text(), parse_constant=refuse)
+    assert summary["errors"] == 3 and summary["mean_ttft_ms"] is None

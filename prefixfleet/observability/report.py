@@ -10,7 +10,6 @@ Each panel becomes ``OUT/<slug>.png``; ``OUT/overview.png`` has them all on one 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import time
@@ -311,7 +310,9 @@ def write_report(
         "panels": {p.slug: _panel_summary(p, series) for p, series in data},
     }
     report_json = out / "report.json"
-    report_json.write_text(json.dumps(summary, indent=2) + "\n")
+    from prefixfleet.outputs import write_json
+
+    write_json(report_json, summary, "--out")  # Prometheus answers NaN for 0/0 rates: null in JSON
     written.append(report_json)
     return written
 
