@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
@@ -69,6 +70,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return _json_error(str(exc), "input", 400)
     except EngineStopped as exc:
         return _json_error(str(exc), None, 503)
+    except RequestPayloadError:  # the body read (here or by the slow-client guard) failed to decode:
+        # e.g. Content-Encoding: gzip over bytes that are no gzip stream; the client's fault, not ours
+        encoding = request.headers.get("Content-Encoding", "")
+        return _json_error(f"request body cannot be decoded (Content-Encoding: {encoding!r})", "body", 400)
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
             return _json_error(exc.reason, None, exc.status)

@@ -10,6 +10,7 @@ whose ``error.message`` names the offending field; valid requests answer in the 
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -114,3 +115,22 @@ async def test_valid_chat_content_parts_still_answer_in_the_same_shape(
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"]["role"] == "assistant"
     assert answer["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_does_not_decode_as_its_content_encoding_is_a_400(
+    server: EmulatorServer, http: aiohttp.ClientSession, encoding: str
+) -> None:
+    headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
+    async with http.post(server.url + "/generate", data=b"not compressed", headers=headers) as r:
+        assert r.status == 400  # was a 500 'internal error'
+        error = (await r.json())["error"]
+    assert error["param"] == "body" and f"Content-Encoding: '{encoding}'" in error["message"]
+    valid = gzip.compress(b'{"text": "hello", "sampling_params": {"max_new_tokens": 1}}')
+    headers["Content-Encoding"] = "gzip"
+    # a new connection: the server closed the one whose body broke
+    async with (
+        aiohttp.ClientSession() as fresh,
+        fresh.post(server.url + "/generate", data=valid, headers=headers) as r,
+    ):
+        assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 1
