@@ -80,6 +80,8 @@ NUMBER_CASES = [
     (["chaos", "engine-kill", "--time-scale", "nan"], "--time-scale must be positive, got nan"),
     (["chaos", "engine-kill", "--time-scale", "inf"], "--time-scale must be positive, got inf"),
     (["chaos", "redis-outage", "--outage", "nan"], "--outage must be positive, got nan"),
+    (["chaos", "engine-kill", "--rate", "1e300"], "--rate × --duration is 2e+301 requests; at most"),
+    (["chaos", "soak", "--policy", ""], "unknown --policy ''"),
     (["emulator-bench", "--concurrency", "0"], "--concurrency must be at least 1, got 0"),
     (["emulator-bench", "--max-new-tokens", "-1"], "--max-new-tokens must be at least 0, got -1"),
 ]

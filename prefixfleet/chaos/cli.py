@@ -22,6 +22,8 @@ def _usage_error(message: str) -> Exception:
     return UsageError(message)
 
 
+MAX_REQUESTS = 1_000_000  # a local fleet on a few cores serves hundreds per second
+
 SCENARIOS = {
     # name: (help, default rate, default duration, default stream fraction)
     "engine-kill": ("kill 1 of N engines and its sidecar mid-run", 40.0, 20.0, 0.5),
@@ -85,6 +87,12 @@ def _plan(args: argparse.Namespace) -> Any:
         client_retries=1 if args.chaos_scenario == "gateway-kill" else 0,
     )
     problems = plan.problems()
+    if not problems and plan.rate_per_s * plan.duration_s > MAX_REQUESTS:
+        # the sender schedules rate × duration requests, however long they take to send
+        problems.append(
+            f"--rate × --duration is {plan.rate_per_s * plan.duration_s:.3g} requests; "
+            f"at most {MAX_REQUESTS:,}"
+        )
     if args.replicas < (2 if args.chaos_scenario == "engine-kill" else 1):
         problems.append(f"--replicas must be at least 2 for engine-kill, got {args.replicas}")
     if args.gateways < (2 if args.chaos_scenario == "gateway-kill" else 1):
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     plan = _plan(args)
     json_path = output_file(args.json, "--json")
     output_dir(args.run_dir, "--run-dir")
-    policy = args.policy or DEFAULT_POLICY
+    policy = DEFAULT_POLICY if args.policy is None else args.policy  # '' is no policy name
     if policy not in POLICIES:
         raise _usage_error(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
     fleet = scenarios.ChaosFleet(
