@@ -149,10 +149,29 @@ def run_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workload_flags(args: argparse.Namespace) -> dict[str, bool]:
+    """Which flags that shape a --workload run were given (``--reproduce`` takes none of them)."""
+    return {
+        "--policies": args.policies != "all",
+        "--replicas": args.replicas is not None,
+        "--cache-tokens": args.cache_tokens is not None,
+        "--seed": args.seed != 0,
+        "--service": args.service is not None,
+        "--engine": bool(args.engine),
+        "--set": bool(args.workload_settings),
+        "--plot": args.plot is not None,
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     if args.reproduce:
         if args.workload:
             raise UsageError("use either --workload or --reproduce, not both")
+        ignored = [flag for flag, given in _workload_flags(args).items() if given]
+        if ignored:  # the published settings are fixed: a flag that changes nothing is refused
+            raise UsageError(
+                f"--reproduce {args.reproduce} runs the published settings; drop {', '.join(ignored)}"
+            )
         return run_reproduce(args)
     if not args.workload:
         raise UsageError(f"--workload is required (one of: {', '.join(WORKLOADS)}) unless --reproduce lab")

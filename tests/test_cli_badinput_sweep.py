@@ -65,6 +65,8 @@ SETTING_CASES = [
 ]
 
 NUMBER_CASES = [
+    (["sim", "--reproduce", "lab", "--plot", "lab.png"], "runs the published settings; drop --plot"),
+    (["sim", "--reproduce", "lab", "--set", "x=1", "--seed", "3"], "drop --seed, --set"),
     (["load", "--target", "http://", "--workload", "chat"], "--target 'http://' has no host"),
     (["load", "--target", "http://[::1", "--workload", "chat"], "opens a [ it does not close"),
     (["load", "--target", "http://127.0.0.1:99999", "--workload", "chat"], "not a number in 1..65535"),
