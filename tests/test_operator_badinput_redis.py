@@ -40,6 +40,7 @@ SECRET_REF = {"name": "fleet-redis", "key": "url"}
     [
         ("redis://fd00::12:6379/0", "an IPv6 address goes in brackets"),
         ("redis://r:0/0", "the port '0' is not a number in 1..65535"),
+        ("redis://r:6379\n", "the port '6379\\n' is not a number"),  # a Secret written with echo
         ("http://r:6379", "not a redis://, rediss:// or unix:// URL"),
         ("", "not a redis://, rediss:// or unix:// URL"),
     ],
@@ -201,6 +202,18 @@ def test_the_operator_says_which_secret_is_unusable_and_recovers_once_fixed(tmp_
         assert "Traceback" not in log, operator.log_tail(60)
         assert "hunter2" not in log
         assert operator.process is not None and operator.process.poll() is None
+
+        # broken again, then deleted: the finalizer's clean-up skips the unusable Redis, the fleet goes
+        # (redis-py raised ValueError on it, which the deletion handler did not catch)
+        cluster.apply(secret_manifest("redis://fd00::12:6379/0"))
+        wait_for(lambda: degraded("RedisUnusable"), 40, what="Degraded=RedisUnusable again")
+        cluster.kubectl("delete", "pcf", FLEET, "--wait=false")
+        wait_for(
+            lambda: cluster.kubectl("get", "pcf", FLEET, check=False).returncode != 0,
+            40,
+            what="the fleet gone",
+        )
+        assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.log_tail(60)
 
 
 # ------------------------------------------------------------------ what the fleet shows (pure)
