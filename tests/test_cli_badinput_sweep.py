@@ -65,6 +65,7 @@ SETTING_CASES = [
 ]
 
 NUMBER_CASES = [
+    (["up", "--max-replicas", "8"], "--max-replicas need --autoscale"),
     (["sim", "--reproduce", "lab", "--plot", "lab.png"], "runs the published settings; drop --plot"),
     (["sim", "--reproduce", "lab", "--set", "x=1", "--seed", "3"], "drop --seed, --set"),
     (["load", "--target", "http://", "--workload", "chat"], "--target 'http://' has no host"),

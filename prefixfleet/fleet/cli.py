@@ -254,6 +254,14 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
     if not args.autoscale:
         if args.prometheus is not None:
             raise UsageError("--prometheus needs --autoscale (it is where the autoscaler reads engine rates)")
+        given = {
+            "--min-replicas": args.min_replicas != 1,
+            "--max-replicas": args.max_replicas is not None,
+            "--autoscale-interval": args.autoscale_interval != 2.0,
+        }
+        ignored = [flag for flag, was_given in given.items() if was_given]
+        if ignored:  # they would change nothing: say so rather than run without them
+            raise UsageError(f"{', '.join(ignored)} need --autoscale")
         return None
     from prefixfleet.operator.autoscale import ScalePolicy
 
