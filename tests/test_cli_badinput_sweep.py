@@ -65,6 +65,7 @@ SETTING_CASES = [
 ]
 
 NUMBER_CASES = [
+    ([*COMPARE, "--block-tokens", "32"], "--block-tokens applies to traces only"),
     (["up", "--max-replicas", "8"], "--max-replicas need --autoscale"),
     (["sim", "--reproduce", "lab", "--plot", "lab.png"], "runs the published settings; drop --plot"),
     (["sim", "--reproduce", "lab", "--set", "x=1", "--seed", "3"], "drop --seed, --set"),

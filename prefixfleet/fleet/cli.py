@@ -552,6 +552,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
         raise UsageError("use --trace only with the default workload (or --workload trace:PATH)")
     if spec.startswith("trace:"):
         overrides.setdefault("block_tokens", args.block_tokens)
+    elif args.block_tokens != COMPARE_DEFAULTS["block_tokens"]:
+        raise UsageError(f"--block-tokens applies to traces only, not to --workload {spec}")
     workload = _workload(spec, args.requests, args.seed, overrides)
     _check_cache_fits(workload, args.cache_tokens, args.max_output_tokens)
     options = CompareOptions(
