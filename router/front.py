@@ -323,6 +323,9 @@ class _FrontConnection(asyncio.Protocol):
         self._body_wait = False  # the timer is the body deadline (else the idle/head limit)
         # the request at the front of the buffer, once its head is parsed
         self._head: _RequestParse | None = None
+        # llhttp fed a head's bytes while its CRLF blank line has not come (see _refused_so_far)
+        self._probe: _RequestParse | None = None
+        self._probed = 0  # bytes of the buffer fed to the probe
         self._running: tuple[HotRequest, asyncio.Task[None]] | None = None  # the request being handled
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -343,6 +346,7 @@ class _FrontConnection(asyncio.Protocol):
             running[1].cancel()
         if self._head is not None:
             self._head.release()
+        self._drop_probe()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ConnectionResetError("the client closed the connection"))
 
@@ -422,11 +426,13 @@ class _FrontConnection(asyncio.Protocol):
             # line ends any head it accepts, and the bytes stay whole for a hand-over.
             end = buffer.find(b"\r\n\r\n", 0, _MAX_HEAD_BYTES + 4)
             if end < 0:
-                # A blank line ended by a bare LF ends a head llhttp refuses: aiohttp answers it (400)
-                # now; waiting for a CRLF one left such a request unanswered until the idle limit.
-                if len(buffer) > _MAX_HEAD_BYTES or b"\n\n" in buffer:
+                # An incomplete head goes to aiohttp once too long, or once llhttp refuses what came
+                # so far (a bare-LF line end: the CRLF blank line waited for may never come, which
+                # left such a request unanswered until the idle limit); aiohttp answers it (400).
+                if len(buffer) > _MAX_HEAD_BYTES or self._refused_so_far(buffer):
                     self._hand_over()
                 return
+            self._drop_probe()
             head = self._parse_head(buffer[: end + 4])
             if head is None:
                 self._hand_over()
@@ -457,6 +463,28 @@ class _FrontConnection(asyncio.Protocol):
         body = head.body[0] if len(head.body) == 1 else b"".join(head.body)
         request = HotRequest(self, "POST", head.target, head.headers, body)
         self._running = (request, self.loop.create_task(self._run(request)))
+
+    def _refused_so_far(self, buffer: bytes) -> bool:
+        """Whether llhttp already refuses the start of a head (or it carries a header this front
+        hands over). Fed only the bytes new since the last call, while no CRLF blank line has come;
+        a head that arrives whole is parsed once, in :meth:`_parse_head`, as before."""
+        probe = self._probe
+        if probe is None:
+            probe = self._probe = _RequestParse()
+            self._probed = 0
+        assert probe.parser is not None
+        try:
+            probe.parser.feed_data(buffer[self._probed :])
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self._drop_probe()
+            return True
+        self._probed = len(buffer)
+        return False
+
+    def _drop_probe(self) -> None:
+        if self._probe is not None:
+            self._probe.release()
+            self._probe = None
 
     def _parse_head(self, data: bytes) -> _RequestParse | None:
         """The head of a request this front serves, or None (then aiohttp serves the connection)."""
@@ -538,6 +566,7 @@ class _FrontConnection(asyncio.Protocol):
     def _hand_over(self) -> None:
         """Give this connection (and what it sent so far) to aiohttp's protocol for good."""
         self._cancel_timer()
+        self._drop_probe()
         if self._head is not None:
             self._head.release()
             self._head = None

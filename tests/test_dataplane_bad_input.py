@@ -16,8 +16,9 @@ sidecar and a gateway on 127.0.0.1):
   shape (they went to the engine, which answered a bare 404 "Not Found");
 * a warm-up whose source sidecar answers junk for a prefix (JSON nested too deeply: it answered
   500; not JSON; no token ids; an error status) reports that prefix as failed with the reason;
-* a request whose head ends in a bare-LF blank line is answered 400 at once by the gateway and the
-  sidecar, as by aiohttp (their lean front waited for a CRLF one: no answer until the idle limit);
+* a request whose head has bare-LF line ends (or a CR CR LF blank line) is answered 400 at once by
+  the gateway and the sidecar, as by aiohttp (their lean front waited for a CRLF blank line: no
+  answer until the idle limit), while a valid head arriving byte by byte is still served;
 * afterwards every process is up, still serves a valid request, and no log holds a traceback.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -321,12 +323,36 @@ def raw_answer(url: str, request: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("service", ["gateway", "sidecar"])
-def test_a_head_ending_in_a_bare_lf_is_refused_at_once(services: Services, service: str) -> None:
+@pytest.mark.parametrize(
+    "line_ends",
+    [(b"\n", b"\n"), (b"\r\n", b"\n"), (b"\n", b"\r\n"), (b"\r\n", b"\r\r\n")],
+    ids=["lf", "lf-blank", "lf-then-crlf-blank", "cr-cr-lf-blank"],
+)
+def test_a_head_with_bare_lf_line_ends_is_refused_at_once(
+    services: Services, service: str, line_ends: tuple[bytes, bytes]
+) -> None:
+    eol, blank = line_ends
     payload = b'{"prompt": "x", "max_tokens": 1}'
-    request = b"POST /v1/completions HTTP/1.1\nHost: x\nContent-Length: %d\n\n%s" % (len(payload), payload)
-    answer = raw_answer(services.url(service), request)
+    head = b"POST /v1/completions HTTP/1.1%sHost: x%sContent-Length: %d%s" % (eol, eol, len(payload), eol)
+    answer = raw_answer(services.url(service), head + blank + payload)
     assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:200]
     assert b'"invalid_request_error"' in answer
+
+
+@pytest.mark.parametrize("service", ["gateway", "sidecar"])
+def test_a_valid_head_arriving_byte_by_byte_is_still_served(services: Services, service: str) -> None:
+    # the incomplete head is checked as it arrives (above): a valid one must not be refused
+    payload = b'{"prompt": "drip", "max_tokens": 1}'
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(payload)
+    host, port = services.url(service).removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(len(request)):
+            conn.sendall(request[i : i + 1])
+            time.sleep(0.002)  # separate reads on the server side
+        conn.sendall(payload)
+        answer = conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
 def test_every_service_survived_and_logged_no_traceback(services: Services, client: httpx.Client) -> None:
