@@ -369,7 +369,8 @@ def assert_same_verdict(spec: dict[str, Any]) -> None:
         r"( \(argparse reads it as --\w+\))?( would move|: a config file)",
         refused_by_model or "",
     )
-    if first:
+    # (only where the rules ran: the API server runs none on an object its schema refuses)
+    if first and not any(isinstance(refusal, str) for refusal in refusals):
         assert int(first.group(1)) in named_by_rules, (refused_by_model, named_by_rules)
 
 
