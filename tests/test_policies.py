@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from prefixfleet.router.policies import (
@@ -217,3 +219,164 @@ def test_queue_aware_evicts_stale_content_nearly_for_free():
 def test_bad_policy_parameters_are_refused(name, params):
     with pytest.raises(ValueError):
         make_policy(name, COST, **params)
+
+
+# -- rules the examples above left open (each found by breaking the rule and seeing no test fail) --
+
+# 2**-10 s a token: sums of whole multiples are exact in binary floating point, so a score tie is
+# a real tie and the tie-break rule decides.
+EXACT = CostModel(prefill_s_per_token=2**-10)
+
+
+def test_affinity_sends_a_prefix_nobody_holds_by_its_first_16_tokens():
+    p = make_policy("affinity", COST)
+    fleet = [rep(0), rep(1), rep(2), rep(3)]
+    head = list(range(16))
+    # same 16-token head, different tails: one replica, and nothing is expected to be cached there
+    decisions = [p.choose(RouteRequest(as_token_bytes(head + [1000 + i] * 30), 46), fleet) for i in range(20)]
+    assert {(d.replica_id, d.reason, d.expected_matched_tokens) for d in decisions} == {
+        (decisions[0].replica_id, "no_match", 0)
+    }
+    # different heads spread: new prefixes are not all piled onto one replica
+    assert len({p.choose(req(100, start=1000 * i), fleet).replica_id for i in range(20)}) > 1
+
+
+def test_affinity_balanced_falls_back_to_the_shortest_wait_not_the_fewest_requests():
+    p = make_policy("affinity_balanced", COST)
+    d = p.choose(req(), [rep(0, wait=0.2, in_flight=1), rep(1, wait=0.1, in_flight=5)])
+    assert (d.replica_id, d.reason) == (1, "no_match")
+
+
+def test_affinity_balanced_measures_the_slack_against_the_least_loaded_replica():
+    p = make_policy("affinity_balanced", COST, load_slack_s=0.05)
+    # the holder waits 0.3 s, but the idlest replica waits 0.28 s: only 0.02 s more, keep the hit
+    d = p.choose(req(), [rep(0, matched=90, wait=0.3), rep(1, wait=0.28)])
+    assert (d.replica_id, d.reason) == (0, "cache_hit")
+
+
+def test_affinity_balanced_breaks_a_match_tie_by_the_shorter_wait():
+    p = make_policy("affinity_balanced", COST)
+    d = p.choose(req(), [rep(0, matched=90, wait=0.03), rep(1, matched=90, wait=0.01)])
+    assert (d.replica_id, d.reason) == (1, "cache_hit")
+
+
+def test_least_loaded_breaks_a_wait_tie_by_fewer_requests_in_flight():
+    p = make_policy("least_loaded", COST)
+    assert p.choose(req(), [rep(0, wait=0.1, in_flight=3), rep(1, wait=0.1, in_flight=1)]).replica_id == 1
+
+
+def _sglang_with_owner(**params):
+    """A cache_aware policy that has routed ``req(100)`` to replica 0 (the text's owner)."""
+    p = make_policy("sglang_cache_aware", COST, **params)
+    p.on_routed(req(100), Decision(0, "cache_hit", 0))
+    return p
+
+
+def test_sglang_imbalance_needs_the_relative_threshold_too():
+    p = _sglang_with_owner()
+    # gap 70 > 64, but 300 is not above 1.5 × 230: balanced, so the owner of the text wins
+    d = p.choose(req(), [rep(0, in_flight=300), rep(1, in_flight=230)])
+    assert (d.replica_id, d.reason) == (0, "cache_hit")
+
+
+def test_sglang_a_match_rate_at_or_under_the_threshold_goes_to_the_least_loaded():
+    p = _sglang_with_owner()
+    fleet = [rep(0, in_flight=2), rep(1, in_flight=1)]
+    # 100 of 400 tokens known: rate 0.25 <= 0.3
+    assert (p.choose(req(400), fleet).replica_id, p.choose(req(400), fleet).reason) == (1, "low_match")
+    # 100 of 300: rate 0.33 > 0.3
+    assert (p.choose(req(300), fleet).replica_id, p.choose(req(300), fleet).reason) == (0, "cache_hit")
+
+
+def test_sglang_trims_its_tree_every_eviction_interval():
+    p = make_policy("sglang_cache_aware", COST, eviction_interval_s=120.0, max_tree_size=0)
+    fleet = [rep(0), rep(1, in_flight=1)]
+    p.choose(req(now=0.0), fleet)  # the first call schedules the first trim at t=120
+    p.on_routed(req(now=0.0), Decision(0, "cache_hit", 0))
+    assert p.choose(req(now=119.0), fleet).reason == "cache_hit"
+    d = p.choose(req(now=121.0), fleet)  # trimmed to 0 tokens per worker: nothing is known any more
+    assert (d.replica_id, d.reason) == (0, "low_match")
+
+
+def test_sglang_forgets_a_removed_replica():
+    p = _sglang_with_owner()
+    p.on_replica_removed(0)
+    # a replica that comes back under the same id has an empty cache
+    d = p.choose(req(), [rep(0, in_flight=1), rep(1)])
+    assert (d.replica_id, d.reason) == (1, "low_match")
+
+
+def test_preble_explores_when_cached_and_uncached_parts_are_equal():
+    p = make_policy("preble_e2", COST)
+    # 50 cached, 50 not: exploit needs the uncached part *shorter*
+    d = p.choose(req(100), [rep(0, matched=50, wait=0.01), rep(1)])
+    assert d.reason == "explore"
+
+
+def test_preble_exploits_the_least_loaded_holder():
+    p = make_policy("preble_e2", COST)
+    d = p.choose(req(100), [rep(0, matched=80, wait=0.05), rep(1, matched=80, wait=0.01), rep(2)])
+    assert (d.replica_id, d.reason) == (1, "exploit")
+
+
+def test_preble_explore_charges_recomputing_what_a_full_cache_evicts():
+    p = make_policy("preble_e2", COST)
+    # cold everywhere; replica 0 is idle but full: 100 evicted tokens cost 0.1 s -> 0.2 s vs 0.15 s
+    full = rep(0, cached_tokens=1000, capacity_tokens=1000)
+    roomy = rep(1, wait=0.05, cached_tokens=0, capacity_tokens=1000)
+    d = p.choose(req(100), [full, roomy])
+    assert (d.replica_id, d.reason) == (1, "explore")
+
+
+def _quiet_queue_aware(cost: CostModel = COST, **params):
+    kw = {"delay_weight": 0.0, "eviction_weight": 0.0, "congestion_weight": 0.0} | params
+    return make_policy("queue_aware", cost, **kw)
+
+
+def test_queue_aware_breaks_a_score_tie_towards_the_longer_match():
+    p = _quiet_queue_aware(EXACT)
+    # replica 0: 64/1024 s wait + 36 uncached tokens; replica 1: no wait + 100 uncached: both 100/1024 s
+    cold, holder = rep(1), rep(0, matched=64, wait=64 * 2**-10)
+    assert p.score(req(100), cold) == p.score(req(100), holder)
+    d = p.choose(req(100), [cold, holder])
+    assert (d.replica_id, d.reason, d.expected_matched_tokens) == (0, "cache_hit", 64)
+
+
+def test_queue_aware_says_no_match_when_nobody_holds_any_of_the_prompt():
+    d = _quiet_queue_aware().choose(req(100), [rep(0, wait=0.1), rep(1)])
+    assert (d.replica_id, d.reason, d.expected_matched_tokens) == (1, "no_match", 0)
+
+
+def test_queue_aware_head_of_line_charge_is_the_rate_times_prefill_times_mean_hold():
+    p = _quiet_queue_aware(delay_weight=1.0)
+    p.on_routed(req(10, now=0.0), Decision(0, "cache_hit", 10))  # one arrival: 1/10 s over the 10 s window
+    assert p.arrival_rate(0, 0.0) == pytest.approx(0.1)
+    # wait 0.5 + prefill 0.1 + 1 × 0.1/s × 0.1 s × (0.5 s + 0.1 s / 2) held
+    assert p.score(req(100, now=0.0), rep(0, wait=0.5)) == pytest.approx(0.5 + 0.1 + 0.1 * 0.1 * 0.55)
+    # the rate decays over the window: e^-1 of it is left 10 s later
+    assert p.arrival_rate(0, 10.0) == pytest.approx(0.1 / math.e)
+
+
+def test_queue_aware_congestion_is_the_idlest_wait_in_cold_prefills_capped():
+    p = make_policy("queue_aware", COST, max_congestion=10.0)
+    assert p.congestion(req(100), [rep(0, wait=0.5), rep(1, wait=0.9)]) == pytest.approx(5.0)
+    assert p.congestion(req(100), [rep(0, wait=100.0)]) == 10.0
+
+
+def test_queue_aware_churn_counts_only_the_tokens_a_replica_had_to_prefill():
+    p = _quiet_queue_aware(eviction_weight=5.0)
+    p.on_routed(req(100, now=0.0), Decision(0, "cache_hit", 100))  # a full hit writes nothing new
+    assert p.eviction_cost_per_token(rep(0, capacity_tokens=1000), 0.0) == 0.0
+    p.on_routed(req(100, now=0.0), Decision(1, "no_match", 0))
+    # 100 new tokens over the 10 s window: 10 tokens/s turn a 1000-token cache over in 100 s, so an
+    # evicted token was last used ~100 s ago: 5 × 10/(10 + 100) of a token's prefill
+    assert p.turnover_s(rep(1, capacity_tokens=1000), 0.0) == pytest.approx(100.0)
+    assert p.eviction_cost_per_token(rep(1, capacity_tokens=1000), 0.0) == pytest.approx(5 * 10 / 110 * 0.001)
+
+
+def test_queue_aware_forgets_a_removed_replica():
+    p = _quiet_queue_aware()
+    p.on_routed(req(100, now=0.0), Decision(0, "no_match", 0))
+    p.on_replica_removed(0)
+    assert p.arrival_rate(0, 0.0) == 0.0
+    assert p.turnover_s(rep(0, capacity_tokens=1000), 0.0) == math.inf
