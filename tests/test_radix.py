@@ -482,3 +482,15 @@ def test_memory_estimate_grows_with_the_tree() -> None:
     for i in range(100):
         tree.insert([i] * 100)
     assert tree.memory_bytes() > empty + 100 * 100 * 4
+
+
+def test_diverging_inside_an_edge_cannot_make_room_by_evicting_the_matched_part() -> None:
+    tree = RadixTree(9)
+    tree.insert([7, 7], pin=True)
+    tree.insert([1, 2, 3, 4, 5, 6])
+    # matches [1, 2, 3, 4] inside the edge and needs 3 more tokens of room: [7, 7] is pinned and the
+    # matched part is the path being extended, so only the tail [5, 6] could go: refused, unchanged
+    with pytest.raises(CacheFullError):
+        tree.insert([1, 2, 3, 4, 9, 9, 9, 9])
+    assert sorted(tree.cached_sequences()) == [[1, 2, 3, 4, 5, 6], [7, 7]]
+    assert (tree.cached_tokens, tree.node_count, tree.evictions_total) == (8, 2, 0)

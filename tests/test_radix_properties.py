@@ -102,6 +102,8 @@ class ReferenceCache:
         self.stamps: dict[Key, int] = {}  # one entry per cached token, i.e. the cached prefix set
         self.pins: Counter[Key] = Counter()
         self.clock = 0
+        # requests that went through each cached token since it was (last) cached
+        self.hits: dict[Key, int] = {}
 
     def pinned_prefixes(self) -> set[Key]:
         return {(ns, seq[:i]) for (ns, seq) in self.pins for i in range(1, len(seq) + 1)}
@@ -115,6 +117,8 @@ class ReferenceCache:
     def touch(self, keys: list[Key]) -> None:
         self.clock += 1
         for key in keys:
+            # a token evicted (or flushed) and cached again starts counting afresh
+            self.hits[key] = (self.hits[key] if key in self.stamps else 0) + 1
             self.stamps[key] = self.clock
 
     def insert_is_refused(self, seq: Seq, ns: object) -> bool:
@@ -380,6 +384,13 @@ class RadixTreeMachine(RuleBasedStateMachine):
             assert node.pin_count == held
         for ns, seq in self.model.pins:
             assert self.tree.matched_tokens(seq, namespace=ns) == len(seq)
+
+    @invariant()
+    def hit_counts_are_the_requests_through_each_node(self) -> None:
+        # every token of a node is touched together, so a node's count is that of each of its tokens
+        for ns, start, full, node in walk(self.tree):
+            counts = {self.model.hits[(ns, full[:i])] for i in range(start + 1, len(full) + 1)}
+            assert counts == {node.hits}
 
     @invariant()
     def recent_inserts_are_matchable(self) -> None:
