@@ -159,3 +159,50 @@ def test_find_prefix_returns_the_tokens_a_published_hot_hash_names():
         as_token_bytes(system[:48])
     )
     assert find_prefix(tree, 12345, block_tokens=16, namespace_seed=lambda ns: seed) is None
+
+
+def test_a_hash_listed_twice_keeps_its_larger_counter_and_longest_prefix():
+    def twice(hits_1, hits_2, tokens_1=800, tokens_2=800):
+        nodes = [HotNode(1, tokens_1, hits_1, 0.0), HotNode(1, tokens_2, hits_2, 0.0)]
+        return make_summary(
+            worker="a",
+            version=1,
+            generated_at=0.0,
+            block_tokens=16,
+            identity_seed=0,
+            cached_tokens=0,
+            capacity_tokens=1000,
+            blocks={1},
+            hot=nodes,
+        )
+
+    _, state = hot_subtrees({"a": twice(80, 50)}, None, now=0.0, half_life_s=HL)
+    assert state.hits[("a", 1)] == 80
+    # 20 more requests on the larger counter in 10 s: 2/s, half of it after one half-life
+    subs, _ = hot_subtrees({"a": twice(100, 90, 900, 800)}, state, now=10.0, half_life_s=HL)
+    assert subs[0].rate_rps == pytest.approx((1 - KEEP_10S) * 2.0)
+    assert subs[0].tokens == 900
+
+
+def test_workers_reporting_different_lengths_for_one_hash_keep_the_longest():
+    _, state = hot_subtrees({"a": summary("a", {1: (900, 0)})}, None, now=0.0, half_life_s=HL)
+    fleet = {"a": summary("a", {1: (900, 10)}), "b": summary("b", {1: (800, 10)})}
+    subs, _ = hot_subtrees(fleet, state, now=10.0, half_life_s=HL)
+    assert subs[0].tokens == 900
+
+
+def test_a_subtree_out_of_every_top_k_keeps_decaying_with_its_last_known_length():
+    _, state = hot_subtrees({"a": summary("a", {1: (800, 0)})}, None, now=0.0, half_life_s=HL)
+    subs, state = hot_subtrees({"a": summary("a", {1: (800, 100)})}, state, now=10.0, half_life_s=HL)
+    rate = subs[0].rate_rps
+    # still cached by "a" but no longer ranked: its rate fades instead of vanishing at once
+    subs, _ = hot_subtrees({"a": summary("a", {}, blocks={1})}, state, now=20.0, half_life_s=HL)
+    assert [(s.subtree_id, s.tokens, s.holders) for s in subs] == [(subtree_id(1), 800, {"a"})]
+    assert subs[0].rate_rps == pytest.approx(rate * KEEP_10S)
+
+
+def test_a_second_observation_at_the_same_instant_keeps_the_rates():
+    _, state = hot_subtrees({"a": summary("a", {1: (800, 0)})}, None, now=0.0, half_life_s=HL)
+    first, state = hot_subtrees({"a": summary("a", {1: (800, 100)})}, state, now=10.0, half_life_s=HL)
+    again, _ = hot_subtrees({"a": summary("a", {1: (800, 100)})}, state, now=10.0, half_life_s=HL)
+    assert again == first and first
