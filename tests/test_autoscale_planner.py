@@ -132,6 +132,12 @@ def test_scale_up_respects_cooldown_and_pending_replicas():
 def test_subtree_with_a_warming_holder_is_not_starved():
     reps = [rep("a", wait=2.0), rep("w", phase="warming")]
     assert plan_scale(obs(reps, [sub("hot", {"a", "w"})]), policy()).add == 0
+    # with an idle replica beside them (so the fleet is not busy), a starved subtree would be
+    # pre-warmed onto it; help already on its way (even one busy with its own warm-up) means nothing
+    # is done
+    reps = [rep("a", wait=2.0), rep("w", wait=2.0, phase="warming"), rep("c", wait=0.0)]
+    plan = plan_scale(obs(reps, [sub("hot", {"a", "w"})]), policy())
+    assert plan.is_noop and plan.reason == "steady"
 
 
 def test_a_hot_subtree_no_replica_holds_is_not_starved():
@@ -452,3 +458,19 @@ def test_a_cold_start_is_no_load_to_scale_for():
     # a memory restored from the fleet's status (demand, no start) is history enough
     restored = PlannerMemory(demand=1.8, demand_s=0.0)
     assert plan_scale(obs([loaded("a", 0.9), loaded("b", 0.9)], now=5), policy(), restored).add == 1
+
+
+def test_above_max_victims_are_chosen_one_at_a_time_as_shared_prefixes_become_unique():
+    reps = [rep("a", created=3), rep("b", created=1), rep("c", created=2)]
+    subs = [sub("shared", {"a", "b"}, rate=100.0), sub("small", {"c"}, rate=1.0)]
+    # a and b are worth nothing alone (tie: the newest, a, goes); once a leaves, "shared" lives only
+    # on b, so the next least valuable is c
+    plan = plan_scale(obs(reps, subs), policy(max_replicas=1))
+    assert plan.drain == ("a", "c") and plan.desired_replicas == 1
+
+
+def test_uniform_rounds_the_replicas_a_queue_needs_up():
+    # 5 queued at 2 per replica need 3 replicas, not 2
+    reps = [rep("a", queued=3), rep("b", queued=2)]
+    plan = plan_scale(obs(reps), policy(mode="uniform", target_queue_per_replica=2))
+    assert (plan.add, plan.desired_replicas) == (1, 3)
