@@ -11,7 +11,10 @@ so none of them starts a fleet or a simulation.
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -139,3 +142,32 @@ def test_a_run_where_nothing_succeeded_writes_strict_json(workdir: Path) -> None
 
     summary = json.loads((workdir / "l.json").read_text(), parse_constant=refuse)
     assert summary["errors"] == 3 and summary["mean_ttft_ms"] is None
+
+
+def test_keep_running_writes_its_results_before_holding_the_fleet(tmp_path: Path) -> None:
+    """`up --keep-running` ends only by Ctrl-C: --json and --plot are written before the hold, not
+    after it (they were lost: the interrupt never returned the report to the command)."""
+    out, png = tmp_path / "up.json", tmp_path / "up.png"
+    argv = [
+        sys.executable, "-m", "prefixfleet.cli", "up", "--requests", "6", "--replicas", "1",
+        "--gateways", "1", "--time-scale", "8", "--policies", "round_robin", "--no-sim-check",
+        "--no-progress", "--keep-running", "--run-dir", str(tmp_path / "run"),
+        "--json", str(out), "--plot", str(png),
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for _ in range(200):  # bounded: the banner comes after the benchmark
+            line = proc.stdout.readline()
+            if not line or "fleet running" in line:
+                break
+        assert "fleet running" in line, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert json.loads(out.read_text())["policies"]["round_robin"]["requests"] == 6
+    assert png.read_bytes().startswith(b"\x89PNG")

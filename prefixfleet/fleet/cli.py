@@ -229,23 +229,26 @@ def run_up_command(args: argparse.Namespace) -> int:
         restart_dead_replicas=not args.autoscale,  # with it, the planner replaces a dead replica
     )
     scaling = _autoscale_policy(args)
-    report, runs = _run_async(
-        lambda: _up_main(workload, spec, options, args.keep_running or scaling is not None, scaling)
-    )
-    print(format_up(report))
-    if json_path:
-        write_json(json_path, report)
-    if plot_path:
-        from prefixfleet.fleet.load import ttfts_ms
-        from prefixfleet.fleet.plots import write_live_plot
 
-        with writing(plot_path, "--plot"):
-            write_live_plot(
-                plot_path,
-                f"prefixfleet up: {workload.name}, {spec.replicas} engines, {spec.gateways} gateways",
-                {r.policy: ttfts_ms(r.run.outcomes) for r in runs},
-                {r.policy: r.run.summary.hit_rate for r in runs},
-            )
+    def write_results(report: dict[str, Any], runs: list[Any]) -> None:
+        # called before --keep-running/--autoscale hold the fleet, which only Ctrl-C ends
+        if json_path:
+            write_json(json_path, report)
+        if plot_path:
+            from prefixfleet.fleet.load import ttfts_ms
+            from prefixfleet.fleet.plots import write_live_plot
+
+            with writing(plot_path, "--plot"):
+                write_live_plot(
+                    plot_path,
+                    f"prefixfleet up: {workload.name}, {spec.replicas} engines, {spec.gateways} gateways",
+                    {r.policy: ttfts_ms(r.run.outcomes) for r in runs},
+                    {r.policy: r.run.summary.hit_rate for r in runs},
+                )
+
+    keep_running = args.keep_running or scaling is not None
+    report, _ = _run_async(lambda: _up_main(workload, spec, options, keep_running, scaling, write_results))
+    print(format_up(report))
     return 0
 
 
@@ -299,6 +302,7 @@ async def _up_main(
     options: Any,
     keep_running: bool,
     scaling: tuple[Any, float, str | None] | None = None,
+    on_results: Any = None,
 ) -> Any:
     from prefixfleet.fleet.local import LocalFleet, run_up
 
@@ -318,7 +322,7 @@ async def _up_main(
             await asyncio.sleep(1.0)
             fleet.sup.check_alive()
 
-    return await run_up(workload, spec, options, hold if keep_running else None)
+    return await run_up(workload, spec, options, hold if keep_running else None, on_results)
 
 
 async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheus: str | None = None) -> None:

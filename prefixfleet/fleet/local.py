@@ -664,9 +664,13 @@ async def run_up(
     spec: FleetSpec,
     options: UpOptions,
     hold: Callable[[LocalFleet, dict[str, Any]], Awaitable[None]] | None = None,
+    on_results: Callable[[dict[str, Any], list[PolicyRun]], None] | None = None,
 ) -> tuple[dict[str, Any], list[PolicyRun]]:
     """Start the fleet, run every policy, simulate the same requests; ``hold`` runs before teardown,
-    with replicas that die meanwhile reaped (:class:`~prefixfleet.fleet.reaper.ReplicaReaper`)."""
+    with replicas that die meanwhile reaped (:class:`~prefixfleet.fleet.reaper.ReplicaReaper`).
+
+    ``on_results`` gets the report and runs as soon as they exist, before ``hold``: a hold ends only
+    by Ctrl-C or SIGTERM, which never return them to the caller."""
     chosen = workload_slice(workload, options.requests, options.max_output_tokens)
     requests = requests_from_workload(replace(workload, requests=chosen))
     sim = simulate_policies(chosen, options.policies, spec) if options.sim_check else None
@@ -678,6 +682,8 @@ async def run_up(
         await fleet.stop_gateways()
         report = up_report(workload, spec, options, runs, sim)
         report["settings"]["machine"] = {"before": before, "after": machine_load()}
+        if on_results is not None:
+            on_results(report, runs)
         if hold is not None:
             reaper = ReplicaReaper(fleet, restart=options.restart_dead_replicas)
             async with reaper.running():
