@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,15 +19,21 @@ from typing import Any
 from prefixfleet.cli import UsageError
 
 
-def output_file(value: str | Path | None, flag: str, *, suffix: str | None = None) -> Path | None:
+def output_file(
+    value: str | Path | None, flag: str, *, suffix: str | None = None, inputs: Iterable[str | Path] = ()
+) -> Path | None:
     """``value`` as a file this process can create or overwrite (``suffix``: its required extension).
 
     None (the flag was not given) stays None; anything else that cannot be written is a
-    :class:`UsageError` naming ``flag``.
+    :class:`UsageError` naming ``flag``, and so is one of ``inputs`` (files the command reads, e.g.
+    its trace: ``--json trace.jsonl`` would replace the trace with the results).
     """
     if value is None:
         return None
     path = _non_empty(value, flag)
+    for source in inputs:
+        if path.exists() and Path(source).exists() and os.path.samefile(path, source):
+            raise UsageError(f"{flag} {path} is the input {source}; writing there would replace it")
     if suffix is not None and path.suffix.lower() != suffix:
         # matplotlib picks the format from the extension: '.txt' fails after the run, no extension
         # silently writes FILE.png instead of FILE

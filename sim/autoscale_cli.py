@@ -16,6 +16,7 @@ from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
 from .cli import add_service_arguments, parse_names, parse_pairs, service_config
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
+from .workloads import input_files
 
 MAX_CONTROL_ROUNDS = 10_000_000
 
@@ -76,8 +77,8 @@ def _positive(value: float | int, flag: str, *, allow_zero: bool = False) -> Non
 
 def run(args: argparse.Namespace) -> int:
     scalers = parse_names(args.scalers, SCALER_MODES, "--scalers", "scaler")
-    json_path = output_file(args.json, "--json")
-    plot_path = output_file(args.plot, "--plot", suffix=".png")
+    json_path = output_file(args.json, "--json", inputs=input_files(args.scenario))
+    plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.scenario))
     if args.policy not in POLICIES:
         raise UsageError(f"unknown routing policy {args.policy!r}; choose from {', '.join(POLICIES)}")
     if args.scenario not in SCENARIOS[:-1] and not args.scenario.startswith("trace:"):

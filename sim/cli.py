@@ -17,7 +17,7 @@ from .engine import SERVICE_MODELS, ServiceConfig
 from .lab import reproduce_lab
 from .report import format_table, summarize, write_plot
 from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
-from .workloads import WORKLOADS, Workload, build_workload
+from .workloads import WORKLOADS, Workload, build_workload, input_files
 
 SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
 
@@ -176,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.workload:
         raise UsageError(f"--workload is required (one of: {', '.join(WORKLOADS)}) unless --reproduce lab")
     names = parse_names(args.policies, list(POLICIES), "--policies", "policy")
-    json_path = output_file(args.json, "--json")
-    plot_path = output_file(args.plot, "--plot", suffix=".png")
+    json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
+    plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     settings = parse_pairs(args.workload_settings, "--set")
     try:
         workload = build_workload(args.workload, seed=args.seed, **settings)

@@ -532,6 +532,11 @@ GENERATORS: dict[str, Callable[..., Workload]] = {
 WORKLOADS: list[str] = [*GENERATORS, "trace:PATH"]
 
 
+def input_files(spec: str) -> list[str]:
+    """The files a workload or scenario spec reads (a trace's path), which no output may replace."""
+    return [spec[len("trace:") :]] if spec.startswith("trace:") else []
+
+
 def build_workload(spec: str, *, seed: int = 0, **overrides: Any) -> Workload:
     """Build a workload by name: ``prefixroute``, ``lab-burst``, ``gsp``, ``chat``, ``viral``, ``trace:PATH``.
 

@@ -68,6 +68,9 @@ SETTING_CASES = [
 ]
 
 NUMBER_CASES = [
+    (["sim", "--workload", "trace:t.jsonl", "--json", "t.jsonl"], "--json t.jsonl is the input t.jsonl"),
+    (["load", "--target", "http://h:9", "--workload", "trace:t.jsonl", "--json", "./t.jsonl"], "the input"),
+    (["compare", "--trace", "t.jsonl", "--json", "t.jsonl"], "--json t.jsonl is the input t.jsonl"),
     ([*COMPARE, "--block-tokens", "32"], "--block-tokens applies to traces only"),
     (["up", "--max-replicas", "8"], "--max-replicas need --autoscale"),
     (["sim", "--reproduce", "lab", "--plot", "lab.png"], "runs the published settings; drop --plot"),
@@ -108,6 +111,8 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "adir").mkdir()
     (tmp_path / "binary.jsonl").write_bytes(b"\n\xff\xfe\n")  # line 1 blank, line 2 not UTF-8
+    trace = '{"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1]}\n'
+    (tmp_path / "t.jsonl").write_text(trace)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -120,7 +125,8 @@ def test_a_bad_value_is_one_line_naming_it_before_any_work(
     argv: list[str], message: str, workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in _refused(argv, capsys)
-    assert sorted(p.name for p in workdir.iterdir()) == ["adir", "binary.jsonl"]  # nothing written
+    assert sorted(p.name for p in workdir.iterdir()) == ["adir", "binary.jsonl", "t.jsonl"]  # no output
+    assert (workdir / "t.jsonl").read_text().startswith('{"timestamp": 0')
 
 
 def test_a_json_in_a_missing_directory_is_written_there(workdir: Path) -> None:

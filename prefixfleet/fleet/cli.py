@@ -74,6 +74,13 @@ def _positive(name: str, value: float | int | None, *, allow_none: bool = False)
         raise UsageError(f"{name} must be positive, got {value}")
 
 
+def input_files(spec: str) -> list[str]:
+    """The files ``spec`` reads (imported here: registering the CLI imports nothing heavy)."""
+    from prefixfleet.sim.workloads import input_files as read_by
+
+    return read_by(spec)
+
+
 def _workload(spec: str, requests: int, seed: int, overrides: dict[str, Any]) -> Any:
     from prefixfleet.fleet.sampling import build_scaled_workload
 
@@ -202,8 +209,8 @@ def run_up_command(args: argparse.Namespace) -> int:
     _positive("--cache-tokens", args.cache_tokens, allow_none=True)
     _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
     _positive("--max-output-tokens", args.max_output_tokens)
-    json_path = output_file(args.json, "--json")
-    plot_path = output_file(args.plot, "--plot", suffix=".png")
+    json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
+    plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     run_dir = output_dir(args.run_dir, "--run-dir")
     workload = _workload(args.workload, args.requests, args.seed, settings_pairs(args.set))
     _check_cache_fits(workload, args.cache_tokens, args.max_output_tokens)
@@ -452,7 +459,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     _positive("--max-output-tokens", args.max_output_tokens, allow_none=True)
     if args.limit < 0:
         raise UsageError(f"--limit must be >= 0, got {args.limit}")
-    json_path = output_file(args.json, "--json")
+    json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     workload = _workload(args.workload, args.limit, args.seed, settings_pairs(args.set))
     requests = requests_from_workload(
         workload, limit=args.limit or None, max_output_tokens=args.max_output_tokens
@@ -537,8 +544,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     _positive("--cache-tokens", args.cache_tokens, allow_none=True)
     _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
-    json_path = output_file(args.json, "--json")
-    plot_path = output_file(args.plot, "--plot", suffix=".png")
+    sources = [*input_files(args.workload or ""), *([args.trace] if args.trace else [])]
+    json_path = output_file(args.json, "--json", inputs=sources)
+    plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=sources)
     run_dir = output_dir(args.run_dir, "--run-dir")
     overrides: dict[str, Any] = settings_pairs(args.set)
     spec = args.workload
