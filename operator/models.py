@@ -204,16 +204,6 @@ URL_AUTHORITY_PATTERN = (
 URL_MAX_LENGTH = 2048  # bounds the CEL cost the API server estimates for the pattern
 
 
-def url_authority_error(url: str) -> str | None:
-    """authority_error, with a port's digits ASCII as in the CEL rule (Python's isdigit() also takes
-    '٣' and '²', and int() then raises on '²'): such a digit reads as '_', a port that is no number."""
-    folded = "".join("_" if c.isdigit() and not c.isascii() else c for c in url)
-    problem = authority_error(folded)
-    if problem is not None and folded != url:
-        problem += " (a digit other than 0-9 reads as '_')"
-    return problem
-
-
 REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
@@ -222,19 +212,19 @@ def redis_url_error(url: str) -> str | None:
     start, or None: for a URL the CRD cannot see (one in a Secret)."""
     if not url.startswith(REDIS_URL_SCHEMES):
         return "not a redis://, rediss:// or unix:// URL"
-    return url_authority_error(url)
+    return authority_error(url)
 
 
 def readable_url(url: str | None) -> str | None:
-    """A url field's validator: url_authority_error's problem, refused."""
-    problem = None if url is None else url_authority_error(url)
+    """A url field's validator: authority_error's problem, refused."""
+    problem = None if url is None else authority_error(url)
     if problem:
         raise ValueError(problem)
     return url
 
 
 def _cel_url_authority(field: str, example: str) -> dict[str, str]:
-    """The CEL rule of url_authority_error for the url field of this object."""
+    """The CEL rule of authority_error for the url field of this object."""
     pattern = URL_AUTHORITY_PATTERN.replace("\\", "\\\\")
     return cel(
         f"!has(self.url) || self.url.matches('{pattern}')",

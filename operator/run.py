@@ -14,8 +14,9 @@ import re
 from typing import Any
 
 from prefixfleet.cli import UsageError
+from prefixfleet.router.addresses import authority_error
 
-from .models import PROMETHEUS_URL_PATTERN, url_authority_error
+from .models import PROMETHEUS_URL_PATTERN
 
 # Modules whose import registers kopf handlers; later parts (e.g. the autoscaler's timer) add theirs
 # here and are skipped while they do not exist.
@@ -87,7 +88,7 @@ def run_operator(args: argparse.Namespace) -> int:
     urls = {"--liveness": args.liveness, "--redis": args.redis, "--prometheus": args.prometheus}
     for flag, url in urls.items():
         # the models' form of the router's rule: a superscript port digit ('²') is refused, not a traceback
-        if url and (problem := url_authority_error(url)) is not None:
+        if url and (problem := authority_error(url)) is not None:
             raise UsageError(f"{flag} {url!r}: {problem}")
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")

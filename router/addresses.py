@@ -42,6 +42,12 @@ def local_url(listen_host: str, port: int) -> str:
     return base_url(connect_host(listen_host), port)
 
 
+def _is_port_digits(port: str) -> bool:
+    # ASCII only: str.isdigit() also takes '²' (int() then raises) and '٣' (read as 3), which no
+    # client, RE2 rule (the CRD's) or Redis URL parser reads as a port
+    return port.isascii() and port.isdigit()
+
+
 def bracket_ipv6_url(url: str) -> str:
     """``http://fd00::12:8100/x`` -> ``http://[fd00::12]:8100/x``; any other URL unchanged.
 
@@ -52,7 +58,7 @@ def bracket_ipv6_url(url: str) -> str:
         return url
     authority, slash, path = rest.partition("/")
     host, colon, port = authority.rpartition(":")
-    if not colon or not port.isdigit() or "@" in authority:
+    if not colon or not _is_port_digits(port) or "@" in authority:
         return url
     bracketed = host_for_url(host)
     if bracketed == host:
@@ -89,6 +95,6 @@ def authority_error(url: str) -> str | None:
         return f"an IPv6 address goes in brackets{hint}"
     else:
         port = authority.partition(":")[2]
-    if port and not (port.isdigit() and 0 < int(port) < 65536):
+    if port and not (_is_port_digits(port) and 0 < int(port) < 65536):
         return f"the port {port!r} is not a number in 1..65535"
     return None

@@ -62,6 +62,9 @@ def test_readable_authorities(url: str) -> None:
         ("http://[::1]8100", "expected :PORT"),
         ("http://sidecar:http", "the port 'http' is not a number"),
         ("http://sidecar:70000", "not a number in 1..65535"),
+        # str.isdigit() takes these (int('²') raised; '٣' read as 3): no client reads them as a port
+        ("redis://h:²/0", "the port '²' is not a number"),
+        ("redis://h:٣/0", "the port '٣' is not a number"),
     ],
 )
 def test_unreadable_authorities_are_named(url: str, says: str) -> None:

@@ -97,8 +97,8 @@ def test_the_operator_accepts_a_bracketed_liveness_host() -> None:
         (["--liveness", "http://[nothing]:8080/healthz"], "[nothing] is not an IPv6 address"),
         (["--liveness", "http://::1:8080/healthz"], "--liveness must look like http://HOST:PORT/PATH"),
         # isdigit() takes '²', int() does not: refused by name, not a traceback
-        (["--redis", "redis://h:²/0"], "--redis 'redis://h:²/0': the port '_' is not a number in 1..65535"),
-        (["--redis", "redis://h:٣/0"], "--redis 'redis://h:٣/0': the port '_' is not a number"),
+        (["--redis", "redis://h:²/0"], "--redis 'redis://h:²/0': the port '²' is not a number in 1..65535"),
+        (["--redis", "redis://h:٣/0"], "--redis 'redis://h:٣/0': the port '٣' is not a number"),
     ],
 )  # fmt: skip
 def test_the_operator_refuses_unreadable_addresses_in_one_line(args: list[str], says: str) -> None:

@@ -23,7 +23,8 @@ import helm_python
 import pytest
 import yaml
 
-from prefixfleet.operator.models import PROMETHEUS_URL_PATTERN, URL_AUTHORITY_PATTERN, url_authority_error
+from prefixfleet.operator.models import PROMETHEUS_URL_PATTERN, URL_AUTHORITY_PATTERN
+from prefixfleet.router.addresses import authority_error
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "prefixfleet"
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
@@ -98,7 +99,7 @@ def operator_refuses(flag: str, url: str) -> bool:
         return True
     if flag == "prometheus" and not re.fullmatch(PROMETHEUS_URL_PATTERN, url):
         return True
-    return url_authority_error(url) is not None
+    return authority_error(url) is not None
 
 
 URLS = [
