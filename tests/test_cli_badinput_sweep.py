@@ -22,6 +22,7 @@ import pytest
 from prefixfleet.cli import main
 
 UNDER_A_FILE = f"{__file__}/x"  # a path whose parent is a regular file: never writable, even as root
+TRACE = Path(__file__).resolve().parents[1] / "traces" / "mooncake_synthetic_trace.jsonl"  # bench policies
 SIM = ["sim", "--workload", "prefixroute", "--set", "num_requests=20", "--policies", "round_robin"]
 SCALE = ["sim-autoscale", "--scenario", "viral", "--set", "duration_s=20", "--scalers", "uniform"]
 LOAD = ["load", "--target", "http://127.0.0.1:9", "--workload", "prefixroute", "--set", "num_requests=2"]
@@ -68,6 +69,7 @@ SETTING_CASES = [
 ]
 
 NUMBER_CASES = [
+    (["bench", "policies", "--json", str(TRACE)], "is the input"),
     (["sim", "--workload", "trace:t.jsonl", "--json", "t.jsonl"], "--json t.jsonl is the input t.jsonl"),
     (["load", "--target", "http://h:9", "--workload", "trace:t.jsonl", "--json", "./t.jsonl"], "the input"),
     (["compare", "--trace", "t.jsonl", "--json", "t.jsonl"], "--json t.jsonl is the input t.jsonl"),

@@ -207,8 +207,9 @@ def _run(args: argparse.Namespace) -> int:
     from prefixfleet.cli import UsageError
     from prefixfleet.outputs import output_file, write_json
 
-    json_path = output_file(args.json, "--json")
     root = Path(__file__).resolve().parents[2]
+    traces = {resolve_trace(case.workload, root) for case in CASES if case.workload.startswith("trace:")}
+    json_path = output_file(args.json, "--json", inputs=[t[len("trace:") :] for t in sorted(traces)])
     try:
         report = run_benchmark(root, progress=not args.quiet)
     except (ValueError, OSError) as exc:
