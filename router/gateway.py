@@ -49,6 +49,7 @@ from .proxying import (
     request_target,
     sse_error_event,
     stream_writer,
+    whole_events,
 )
 from .records import (
     SENDS_MAGIC,
@@ -687,7 +688,7 @@ class Gateway:
         started: float,
         prefilled: list[bool],
     ) -> Answer:
-        chunks = upstream.iter_chunks()
+        chunks = whole_events(upstream.iter_chunks())  # an error event lands between events
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:

@@ -7,7 +7,7 @@ import contextlib
 import functools
 import json
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -168,6 +168,64 @@ def sse_error_event(message: str, kind: str = "upstream_disconnected") -> bytes:
     """An SSE event that ends a stream cut short: OpenAI-style error object on a data line."""
     payload = {"error": {"message": message, "type": kind, "code": 502}}
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+# The end of the last event in a buffer: a line end then a blank line's end (SSE line ends are CRLF,
+# LF or CR). The leading ``.*`` is greedy, so the scan starts from the buffer's end and stops at the
+# nearest event end; ``\r(?!\n)`` keeps a CRLF from being read as two line ends.
+_LAST_EVENT_END = re.compile(rb"(?s:.*)(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+MAX_HELD_EVENT_BYTES = 8 * 1024 * 1024
+
+
+def complete_events_end(tail: bytes, chunk: bytes) -> int:
+    """How many leading bytes of ``chunk`` end at the stream's last event end, ``-1`` if none does.
+    ``tail``: up to the last 3 bytes received before ``chunk`` since the previous event end (a blank
+    line may straddle the two)."""
+    if chunk.endswith(_EVENT_ENDS):
+        return len(chunk)
+    found = _LAST_EVENT_END.match(tail + chunk if tail else chunk)
+    if found is None or found.end() <= len(tail):
+        return -1
+    return found.end() - len(tail)
+
+
+async def whole_events(
+    chunks: AsyncIterator[bytes], max_held: int = MAX_HELD_EVENT_BYTES
+) -> AsyncIterator[bytes]:
+    """An SSE body's bytes in pieces that each end at an event end; an incomplete trailing event is
+    held back until its blank line arrives (the whole body still comes out byte for byte).
+
+    Why: when the upstream breaks off, the hop appends its own error event. After a partial event
+    no bytes can withdraw it (an SSE client joins every data line until a blank line), so the client
+    saw one merged, unparseable event. Holding the partial back and dropping it on a cut leaves the
+    client whole events only, the error event last: what the OpenAI SDK or sglang-router parse.
+    Engines send whole events per write, so the hot path is one ``endswith`` per chunk; otherwise
+    only the new bytes (and 3 before them) are scanned. An "event" above ``max_held`` bytes is
+    passed on unframed (bounded memory; a cut inside it then leaves the client a broken event)."""
+    held = bytearray()
+    async for chunk in chunks:
+        if not held:
+            if chunk.endswith(_EVENT_ENDS):
+                yield chunk
+                continue
+            end = complete_events_end(b"", chunk)
+        else:
+            end = complete_events_end(bytes(held[-3:]), chunk)
+        if end < 0:
+            held += chunk
+            if len(held) > max_held:
+                yield bytes(held)
+                held.clear()
+            continue
+        if held:
+            yield bytes(held) + chunk[:end]
+            held.clear()
+        else:
+            yield chunk[:end]
+        held += chunk[end:]
+    if held:  # the body ended cleanly inside an event: pass it on as sent
+        yield bytes(held)
 
 
 def is_error_event(chunk: bytes) -> bool:

@@ -55,6 +55,7 @@ from .proxying import (
     request_target,
     sse_error_event,
     stream_writer,
+    whole_events,
 )
 from .radix import CacheFullError, as_token_bytes
 from .records import (
@@ -819,7 +820,7 @@ class Sidecar:
         complete = False
         first = True
         try:
-            async for chunk in upstream.iter_chunks():
+            async for chunk in whole_events(upstream.iter_chunks()):
                 if handle is not None:
                     if first:
                         first = False
