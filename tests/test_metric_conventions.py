@@ -1,6 +1,6 @@
 """Every metric the services expose follows the conventions and is in docs/metrics.md.
 
-Reads the real registries (gateway, sidecar, emulated engine), so a metric added without
+Reads the real registries (gateway, sidecar, emulated engine, operator), so a metric added without
 documentation, with an unbounded label or with the wrong unit fails here.
 """
 
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefixfleet.emulator.metrics import EngineMetrics
+from prefixfleet.operator.autoscale_handlers import OperatorMetrics
 from prefixfleet.router.gateway_metrics import GatewayMetrics
 from prefixfleet.router.hotspots import HotSubtree
 from prefixfleet.router.sidecar import Sidecar, SidecarConfig
@@ -23,6 +24,9 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 # Labels whose values come from fixed vocabularies or from the fleet's own replica names.
 BOUNDED_LABELS = {"endpoint", "code", "kind", "policy", "reason", "worker", "status", "state", "rank"}
 BOUNDED_LABELS |= {"model_name", "outcome", "le"}
+# The operator's: a custom resource's namespace and name (one series per fleet, removed with it),
+# and fixed vocabularies.
+BOUNDED_LABELS |= {"namespace", "fleet", "source", "action"}
 FORBIDDEN = re.compile(r"prompt|text|hash|request|token_id|user|tenant|salt", re.IGNORECASE)
 
 
@@ -39,11 +43,23 @@ def exposed() -> dict[str, tuple[str, set[str], list[float]]]:
     gateway.workers.labels("routable").set(1)
     gateway.workers_in_state.labels("ready").set(1)
     gateway.duration.labels("/generate").observe(0.1)
+    operator = OperatorMetrics()
+    for gauge in (
+        operator.replicas,
+        operator.max_replicas,
+        operator.target_ttft,
+        operator.unavailable_replicas,
+    ):
+        gauge.labels("default", "f").set(1)
+    operator.engine_metrics_source.labels("default", "f", "scrape").set(1)
+    operator.scale_events.labels("default", "f", "scale_up").inc()
+    operator.unhealthy_replacements.labels("default", "f", "unready").inc()
     sidecar = Sidecar(SidecarConfig(engine_url="http://127.0.0.1:9", redis_url=None, port=1, worker_id="w0"))
     texts = [
         exposition(None, gateway.registry),
         exposition(None, sidecar_registry(lambda: sidecar.s)),
         EngineMetrics("m").render(),
+        exposition(None, operator.registry),
     ]
     out: dict[str, tuple[str, set[str], list[float]]] = {}
     for text in texts:
@@ -70,10 +86,18 @@ def test_every_exposed_metric_is_documented() -> None:
     assert not missing, f"add to docs/metrics.md: {missing}"
 
 
+def test_every_documented_operator_series_is_checked_here() -> None:
+    documented = set(re.findall(r"^\| `(prefixfleet_operator_[a-z0-9_]+)` \|", DOC.read_text(), re.MULTILINE))
+    assert len(documented) == 7, documented
+    assert documented <= set(EXPOSED), sorted(documented - set(EXPOSED))
+
+
 @pytest.mark.parametrize("name", sorted(EXPOSED))
 def test_names_units_and_labels_follow_the_conventions(name: str) -> None:
     kind, labels, bounds = EXPOSED[name]
-    assert name.startswith(("prefixfleet_gateway_", "prefixfleet_sidecar_", "sglang:")), name
+    assert name.startswith(
+        ("prefixfleet_gateway_", "prefixfleet_sidecar_", "prefixfleet_operator_", "sglang:")
+    ), name
     if kind == "counter":
         assert name.endswith("_total")
     else:
