@@ -69,6 +69,7 @@ SETTING_CASES = [
 ]
 
 NUMBER_CASES = [
+    ([*COMPARE, "--latency-rate", "1e300"], "--latency-rate × --latency-seconds is 5e+300 requests"),
     (["bench", "policies", "--json", str(TRACE)], "is the input"),
     (["sim", "--workload", "trace:t.jsonl", "--json", "t.jsonl"], "--json t.jsonl is the input t.jsonl"),
     (["load", "--target", "http://h:9", "--workload", "trace:t.jsonl", "--json", "./t.jsonl"], "the input"),

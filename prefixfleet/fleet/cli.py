@@ -15,6 +15,7 @@ from prefixfleet.outputs import output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 DEFAULT_UP_WORKLOAD = "prefixroute"
+MAX_LATENCY_PROBES = 1_000_000  # compare's added-latency probe: a local fleet serves hundreds per second
 DEFAULT_UP_POLICIES = "default,round_robin"
 # Defaults of `compare`, kept here so that registering the CLI imports nothing heavy.
 COMPARE_DEFAULTS: dict[str, Any] = {
@@ -544,6 +545,12 @@ def run_compare_command(args: argparse.Namespace) -> int:
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     _positive("--cache-tokens", args.cache_tokens, allow_none=True)
     _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
+    probes = args.latency_rate * args.latency_seconds
+    if probes > MAX_LATENCY_PROBES:  # the probe sends rate × seconds requests down each path, all of them
+        raise UsageError(
+            f"--latency-rate × --latency-seconds is {probes:.3g} requests per path; "
+            f"at most {MAX_LATENCY_PROBES:,}"
+        )
     sources = [*input_files(args.workload or ""), *([args.trace] if args.trace else [])]
     json_path = output_file(args.json, "--json", inputs=sources)
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=sources)
