@@ -24,6 +24,8 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
+from prefixfleet.cli import DefaultsHelpFormatter
+
 from .config import EmulatorConfig
 from .engine import EngineModel, make_request, run_until_idle
 
@@ -143,7 +145,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "emulator-bench",
         help="measure the emulator's timing model and its HTTP overhead on this machine",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--requests", type=int, default=400)
     p.add_argument("--concurrency", type=int, default=16)

@@ -9,6 +9,8 @@ import math
 import signal
 import sys
 
+from prefixfleet.cli import DefaultsHelpFormatter
+
 from .config import DEFAULT_MODEL, EmulatorConfig
 
 _DEFAULTS = EmulatorConfig()
@@ -23,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "serial chunked prefill queue whose time grows with uncached tokens, batched decode, "
             "sglang:* Prometheus metrics. See docs/emulator.md."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--port", type=int, required=True, help="TCP port to listen on (0 picks a free one)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")

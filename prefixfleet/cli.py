@@ -48,6 +48,18 @@ class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default unless there is none to show (None, an empty list, a required flag)
+    or its help already says what the default is: no "(default: None)" after "default: the
+    workload's"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help_text = action.help or ""
+        if action.default in (None, []) or action.required or "default" in help_text:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (``only``: a command name) one holding just the module that owns it."""
     parser = argparse.ArgumentParser(

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prefixfleet.cli import UsageError
+from prefixfleet.cli import DefaultsHelpFormatter, UsageError
 from prefixfleet.outputs import output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
@@ -139,7 +139,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
             "(caches flushed between policies), prints TTFT/hit-rate per policy, runs the simulator on "
             "the same requests and reports whether both rank the policies alike, and stops everything."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--replicas", type=int, default=4, help="engines (each with a sidecar)")
     p.add_argument("--gateways", type=int, default=2, help="gateway replicas (requests alternate)")
@@ -162,7 +162,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
         "--prefill-tokens-per-s", type=float, default=None, help="per engine (default: the workload's)"
     )
     p.add_argument("--max-output-tokens", type=int, default=4, help="cap on generated tokens per request")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")
     p.add_argument("--run-dir", default="out/fleet-run", help="process logs go here")
@@ -409,7 +409,7 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "load",
         help="replay a workload open-loop against any OpenAI/SGLang-compatible endpoint",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
         "--target", action="append", required=True, metavar="URL", help="repeatable: requests alternate"
@@ -426,7 +426,7 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--concurrency", type=int, default=512, help="client-side cap on requests in flight")
     p.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
     p.add_argument("--model", default=None, help="model field (default: the target's first /v1/models id)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--json", metavar="FILE", help="write the summary as JSON")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     p.set_defaults(func=run_load_command)
@@ -506,7 +506,7 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
             "pointed straight at the engines; flushes caches between runs; then measures the gateway's "
             "added latency against direct engine requests at the same rate."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument("--workload", default=None, help="default: the Mooncake synthetic trace (see --trace)")
     p.add_argument(
@@ -514,7 +514,7 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload setting")
     p.add_argument("--requests", type=int, default=d.requests, help="requests (traces: whole prefix groups)")
-    p.add_argument("--replicas", type=int, default=d.replicas)
+    p.add_argument("--replicas", type=int, default=d.replicas, help="engines (each with a sidecar)")
     p.add_argument("--gateways", type=int, default=1, help="our gateway processes (sglang-router is one)")
     p.add_argument(
         "--repeats", type=int, default=1, help="rounds of the three routers, pooled (for noisy machines)"
@@ -525,12 +525,22 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--prefill-tokens-per-s", type=float, default=None, help="per engine (default: the workload's)"
     )
-    p.add_argument("--max-output-tokens", type=int, default=d.max_output_tokens)
+    p.add_argument(
+        "--max-output-tokens",
+        type=int,
+        default=d.max_output_tokens,
+        help="cap on generated tokens per request",
+    )
     p.add_argument("--latency-rate", type=float, default=d.latency_rate_rps, help="req/s per path")
-    p.add_argument("--latency-seconds", type=float, default=d.latency_seconds)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", required=True, metavar="FILE", help="write the results as JSON")
-    p.add_argument("--plot", metavar="FILE.png")
+    p.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=d.latency_seconds,
+        help="length of the added-latency measurement",
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument("--json", required=True, metavar="FILE", help="write the results as JSON (required)")
+    p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")
     p.add_argument("--run-dir", default="out/compare-run", help="process logs go here")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bars")
     p.set_defaults(func=run_compare_command)
