@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefixfleet.cli import UsageError
@@ -104,17 +104,27 @@ def parse_pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
-def parse_names(spec: str, known: Sequence[str], flag: str, what: str) -> list[str]:
-    """``all`` or a comma-separated list of names from ``known`` (duplicates dropped, order kept)."""
+def parse_names(
+    spec: str, known: Sequence[str], flag: str, what: str, aliases: Mapping[str, str] | None = None
+) -> list[str]:
+    """``all`` or a comma-separated list of names from ``known`` or ``aliases`` (an alias stands for
+    the name it maps to; duplicates dropped, order kept)."""
+    aliases = aliases or {}
     if spec.strip() == "all":
         return list(known)
-    names = [n.strip() for n in spec.split(",") if n.strip()]
+    names = [aliases.get(n.strip(), n.strip()) for n in spec.split(",") if n.strip()]
+    choices = ", ".join([*aliases, *known])
     if not names:
-        raise UsageError(f"{flag} is empty; use 'all' or a comma-separated list")
+        raise UsageError(f"{flag} is empty; use 'all' or a comma-separated list of {choices}")
     for name in names:
         if name not in known:
-            raise UsageError(f"unknown {what} {name!r}; choose from {', '.join(known)} or 'all'")
+            raise UsageError(f"unknown {what} {name!r}; choose from {choices} or 'all'")
     return list(dict.fromkeys(names))
+
+
+def policy_names(spec: str, flag: str = "--policies") -> tuple[str, ...]:
+    """Routing policies for ``flag``: ``default`` (the project default), ``all`` or a comma list."""
+    return tuple(parse_names(spec, list(POLICIES), flag, "policy", aliases={"default": DEFAULT_POLICY}))
 
 
 def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
@@ -175,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         return run_reproduce(args)
     if not args.workload:
         raise UsageError(f"--workload is required (one of: {', '.join(WORKLOADS)}) unless --reproduce lab")
-    names = parse_names(args.policies, list(POLICIES), "--policies", "policy")
+    names = policy_names(args.policies)
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     settings = parse_pairs(args.workload_settings, "--set")

@@ -8,7 +8,6 @@ import random
 import pytest
 
 from prefixfleet.cli import main
-from prefixfleet.fleet.cli import policy_names
 from prefixfleet.fleet.ranking import (
     compare_rankings,
     compare_resolved,
@@ -18,6 +17,7 @@ from prefixfleet.fleet.ranking import (
 )
 from prefixfleet.fleet.sampling import sample_groups
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
+from prefixfleet.sim.cli import policy_names
 from prefixfleet.sim.workloads import Workload, WorkloadRequest
 
 

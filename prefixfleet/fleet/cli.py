@@ -12,7 +12,7 @@ from typing import Any
 
 from prefixfleet.cli import DefaultsHelpFormatter, UsageError
 from prefixfleet.outputs import output_dir, output_file, write_json, writing
-from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
+from prefixfleet.router.policies import DEFAULT_POLICY
 
 DEFAULT_UP_WORKLOAD = "prefixroute"
 MAX_LATENCY_PROBES = 1_000_000  # compare's added-latency probe: a local fleet serves hundreds per second
@@ -36,26 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- argument helpers --------------------------------------------------------------------------------
-
-
-def policy_names(spec: str) -> tuple[str, ...]:
-    """``default`` / ``all`` / a comma list (``default`` inside it means the project default)."""
-    text = spec.strip()
-    if text == "all":
-        return tuple(POLICIES)
-    names: list[str] = []
-    for raw in text.split(","):
-        name = raw.strip()
-        if not name:
-            continue
-        name = DEFAULT_POLICY if name == "default" else name
-        if name not in POLICIES:
-            raise UsageError(f"unknown policy {name!r}; choose from default, all, {', '.join(POLICIES)}")
-        if name not in names:
-            names.append(name)
-    if not names:
-        raise UsageError("--policies is empty; use 'default', 'all' or a comma-separated list")
-    return tuple(names)
 
 
 def settings_pairs(items: list[str]) -> dict[str, str]:
@@ -202,6 +182,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
 
 def run_up_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload
+    from prefixfleet.sim.cli import policy_names
 
     policies = policy_names(args.policies)
     if args.requests < 0:
