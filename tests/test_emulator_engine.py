@@ -15,7 +15,9 @@ from prefixfleet.emulator.engine import (
     RequestState,
     make_request,
     run_until_idle,
+    shares_uncached_prefix,
 )
+from prefixfleet.router.radix import as_token_bytes
 
 
 def config(**overrides: object) -> EmulatorConfig:
@@ -322,3 +324,54 @@ def test_pool_never_overflows_fifo_holds_and_everything_is_released(
     starts = [r.prefill_started_at for r in finished]
     if not cache_on_compute:  # there a request sharing a prefix being computed may wait one pass
         assert starts == sorted(starts)  # first come, first served
+
+
+# -- rules found unpinned by breaking them on purpose ----------------------------------------------
+
+
+def test_a_prefill_pass_costs_overhead_plus_uncached_tokens_plus_a_lookup_per_cached_token():
+    model = EngineModel(
+        config(prefill_overhead_s=0.5, prefill_tokens_per_s=1_000.0, cached_token_cost_s=0.001)
+    )
+    prompt = list(range(1, 101))
+    submit(model, "a", prompt, 1)
+    now, _ = run_until_idle(model, 0.0)
+    submit(model, "b", [*prompt, *range(500, 510)], 1, now)
+    it = model.plan(now)
+    # 100 cached tokens looked up, 10 computed; no decode in the pass
+    assert it.duration == pytest.approx(0.5 + 10 / 1_000 + 100 * 0.001)
+
+
+def test_admission_reserves_room_for_the_tokens_a_request_will_generate():
+    model = EngineModel(config(cache_tokens=1_000))
+    first = submit(model, "first", list(range(1, 501)), 400)  # 500 prompt + 400 to generate
+    # 50 + 100 more would not fit beside 900 reserved: it waits although the tree holds only 500
+    second = submit(model, "second", list(range(5_000, 5_050)), 100)
+    it = model.plan(0.0)
+    assert [p.request.rid for p in it.prefill] == ["first"]
+    model.commit(it, it.duration)
+    assert second.state is RequestState.WAITING
+    run_until_idle(model, it.duration)
+    assert second.prefill_started_at >= first.finished_at
+
+
+def test_a_request_deferred_for_a_shared_prefix_keeps_its_place_in_the_queue():
+    model = EngineModel(config(cache_tokens=10_000, chunk_tokens=8_192, cache_on_compute=True))
+    shared = list(range(1, 101))
+    submit(model, "a", [*shared, 1_001], 10)
+    submit(model, "b", [*shared, 1_002], 10)  # shares 100 uncached tokens with a: waits one pass
+    submit(model, "c", [*shared, 1_003], 10)
+    submit(model, "big", list(range(20_000, 29_890)), 10)  # no room beside a's reservation: blocks
+    submit(model, "late", [7], 1)
+    it = model.plan(0.0)
+    assert [p.request.rid for p in it.prefill] == ["a"]
+    assert [r.rid for r in model.waiting] == ["b", "c", "big", "late"]
+
+
+def test_a_prefix_shared_with_the_pass_defers_only_from_32_uncached_tokens():
+    other = as_token_bytes(range(100))
+    assert shares_uncached_prefix(as_token_bytes([*range(32), 999]), 0, [other])
+    assert not shares_uncached_prefix(as_token_bytes([*range(31), 999]), 0, [other])
+    # counted beyond what is cached already: 10 cached + 31 shared is not enough
+    assert not shares_uncached_prefix(as_token_bytes([*range(41), 999]), 10, [other])
+    assert shares_uncached_prefix(as_token_bytes([*range(42), 999]), 10, [other])
