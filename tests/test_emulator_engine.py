@@ -375,3 +375,23 @@ def test_a_prefix_shared_with_the_pass_defers_only_from_32_uncached_tokens():
     # counted beyond what is cached already: 10 cached + 31 shared is not enough
     assert not shares_uncached_prefix(as_token_bytes([*range(41), 999]), 10, [other])
     assert shares_uncached_prefix(as_token_bytes([*range(42), 999]), 10, [other])
+
+
+def test_a_request_waiting_for_memory_leaves_the_cache_untouched():
+    """Its cached prefix cannot be evicted to make room for itself, so it waits: and meanwhile none
+    of its uncomputed tokens may appear in the tree (another request would match them)."""
+    model = EngineModel(config(cache_tokens=1_000))
+    shared = list(range(1, 601))
+    submit(model, "x", shared, 1)
+    now, _ = run_until_idle(model, 0.0)  # 601 tokens cached, nothing pinned
+    submit(model, "r", list(range(5_000, 5_200)), 100, now)  # runs: pins 200, reserves 100
+    it = model.plan(now)
+    now += it.duration
+    model.commit(it, now)
+    b = submit(model, "b", [*shared, *range(9_000, 9_150)], 10, now)
+    before = (model.tree.cached_tokens, model.tree.pinned_tokens)
+    it = model.plan(now)
+    # 801 cached + 150 new + 110 reserved > 1000, and only 1 token is neither pinned nor b's prefix
+    assert b.state is RequestState.WAITING and all(p.request is not b for p in it.prefill)
+    assert (model.tree.cached_tokens, model.tree.pinned_tokens) == before
+    assert model.tree.matched_tokens(b.prompt) == 600
