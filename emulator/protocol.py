@@ -120,6 +120,9 @@ _SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
 }
 
 
+_GREEDY_TEMPERATURE = 1e-6  # SGLang's _SAMPLING_EPS: a temperature below it samples greedily
+
+
 def _check_sampling(params: Mapping[str, object], prefix: str) -> None:
     """Types and ranges of the sampling parameters SGLang refuses; their values change nothing here."""
     for name, (low, high, open_low) in _SAMPLING_RANGES.items():
@@ -132,8 +135,11 @@ def _check_sampling(params: Mapping[str, object], prefix: str) -> None:
             bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
             raise BadRequest(f"{prefix}{name} must be in {bounds}, got {value}", prefix + name)
     top_k = params.get("top_k")
+    # temperature 0 is greedy: SGLang sets top_k to 1 before its check, so any integer top_k passes
+    temperature = params.get("temperature")
+    greedy = isinstance(temperature, int | float) and temperature < _GREEDY_TEMPERATURE
     if top_k is not None and (
-        isinstance(top_k, bool) or not isinstance(top_k, int) or top_k == 0 or top_k < -1
+        isinstance(top_k, bool) or not isinstance(top_k, int) or (not greedy and (top_k == 0 or top_k < -1))
     ):
         raise BadRequest(f"{prefix}top_k must be -1 (off) or a positive integer", prefix + "top_k")
     stop = params.get("stop")

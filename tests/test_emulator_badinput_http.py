@@ -49,6 +49,11 @@ CASES = [
         "sampling_params.top_p must be in (0, 1]",
     ),
     ("/generate", b'{"text": "a", "sampling_params": {"top_k": 0}}', "sampling_params.top_k"),
+    (
+        "/generate",
+        b'{"text": "a", "sampling_params": {"top_k": 0, "temperature": 0.5}}',
+        "sampling_params.top_k",
+    ),
     ("/generate", b'{"text": "a", "sampling_params": {"stop": 5}}', "sampling_params.stop"),
     ("/generate", b'{"text": "a", "sampling_params": {"ignore_eos": "yes"}}', "sampling_params.ignore_eos"),
     ("/v1/completions", b'{"prompt": "a", "temperature": NaN}', "temperature must be a number"),
@@ -115,6 +120,67 @@ async def test_valid_chat_content_parts_still_answer_in_the_same_shape(
     assert answer["object"] == "chat.completion"
     assert answer["choices"][0]["message"]["role"] == "assistant"
     assert answer["usage"]["completion_tokens"] == 2
+
+
+# What the OpenAI python SDK sends in ordinary use (tool calling, multimodal parts, nulls it leaves
+# in), and SGLang's greedy rule: temperature 0 sets top_k to 1 before SGLang's check, so top_k 0 passes.
+SDK_CHAT = {
+    "model": "m",
+    "messages": [
+        {"role": "developer", "content": "be brief"},
+        {
+            "role": "user",
+            "name": "u1",
+            "content": [
+                {"type": "text", "text": "hi"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
+                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+        {"role": "function", "name": "f", "content": "ok"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+        {"role": "user", "content": "go on"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    "tool_choice": "auto",
+    "max_completion_tokens": 2,
+    "temperature": 0,
+    "top_k": 0,
+    "top_p": None,
+    "stop": "\n",
+    "seed": 1,
+    "logit_bias": {},
+    "response_format": {"type": "text"},
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", SDK_CHAT),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 1, "temperature": 0.0, "stop": ["a", "b"]}),
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "temperature": 0, "top_k": 0}}),
+    ],
+    ids=["sdk-chat", "completions", "generate-greedy"],
+)
+async def test_ordinary_client_requests_still_answer(
+    server: EmulatorServer, http: aiohttp.ClientSession, path: str, body: dict[str, object]
+) -> None:
+    async with http.post(server.url + path, json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    tokens = (
+        answer["meta_info"]["completion_tokens"]
+        if path == "/generate"
+        else answer["usage"]["completion_tokens"]
+    )
+    assert tokens == (2 if path == "/v1/chat/completions" else 1)
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
