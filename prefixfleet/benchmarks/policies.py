@@ -26,7 +26,7 @@ from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
 from prefixfleet.sim.engine import ServiceConfig
 from prefixfleet.sim.report import summarize
 from prefixfleet.sim.simulator import FleetConfig, simulate, simulate_ideal
-from prefixfleet.sim.workloads import build_workload
+from prefixfleet.sim.workloads import build_workload, input_files
 
 PEERS = ("affinity_balanced", "sglang_cache_aware", "preble_e2")
 MOONCAKE = "trace:traces/mooncake_synthetic_trace.jsonl"
@@ -208,8 +208,8 @@ def _run(args: argparse.Namespace) -> int:
     from prefixfleet.outputs import output_file, write_json
 
     root = Path(__file__).resolve().parents[2]
-    traces = {resolve_trace(case.workload, root) for case in CASES if case.workload.startswith("trace:")}
-    json_path = output_file(args.json, "--json", inputs=[t[len("trace:") :] for t in sorted(traces)])
+    traces = {path for case in CASES for path in input_files(resolve_trace(case.workload, root))}
+    json_path = output_file(args.json, "--json", inputs=sorted(traces))
     try:
         report = run_benchmark(root, progress=not args.quiet)
     except (ValueError, OSError) as exc:
