@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prefixfleet.operator.hot_subtrees import (
     HotState,
@@ -13,8 +15,8 @@ from prefixfleet.operator.hot_subtrees import (
     parse_subtree_id,
     subtree_id,
 )
-from prefixfleet.router.blockhash import CacheIdentity, block_hashes
-from prefixfleet.router.radix import RadixTree, as_token_bytes
+from prefixfleet.router.blockhash import CacheIdentity, block_hashes, salted_seed
+from prefixfleet.router.radix import RadixTree, as_token_bytes, decode_tokens
 from prefixfleet.router.summary import HotNode, build_summary, make_summary
 
 HL = 10.0  # half-life used by these examples
@@ -206,3 +208,39 @@ def test_a_second_observation_at_the_same_instant_keeps_the_rates():
     first, state = hot_subtrees({"a": summary("a", {1: (800, 100)})}, state, now=10.0, half_life_s=HL)
     again, _ = hot_subtrees({"a": summary("a", {1: (800, 100)})}, state, now=10.0, half_life_s=HL)
     assert again == first and first
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=12), st.sampled_from([None, "t"])),
+        max_size=15,
+    ),
+    capacity=st.integers(12, 60),
+)
+def test_find_prefix_finds_every_published_block_as_the_cached_prefix_it_names(ops, capacity):
+    base = CacheIdentity("m").seed()
+
+    def ns_seed(ns):
+        return salted_seed(base, ns)
+
+    tree = RadixTree(capacity)
+    for tokens, ns in ops:
+        tree.insert(tokens, namespace=ns)  # evicts LRU leaves when full
+    published, _ = build_summary(
+        tree,
+        worker="w",
+        version=1,
+        now=0.0,
+        identity_seed=base,
+        block_tokens=2,
+        namespace_seed=ns_seed,
+        wall_time_of=float,
+    )
+    for h in published.blocks:
+        found = find_prefix(tree, h, block_tokens=2, namespace_seed=ns_seed)
+        assert found is not None
+        tokens = decode_tokens(found.token_bytes)
+        assert len(tokens) % 2 == 0
+        assert block_hashes(tokens, ns_seed(found.namespace), 2)[-1] == h
+        assert tree.matched_tokens(tokens, namespace=found.namespace) == len(tokens)
