@@ -55,7 +55,8 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
-        if action.default in (None, []) or action.required or "default" in help_text:
+        says_default = "default:" in help_text or "(default" in help_text  # not 'default' as a value
+        if action.default in (None, []) or action.required or says_default:
             return action.help
         return super()._get_help_string(action)
 
