@@ -331,10 +331,9 @@ def fleet_redis(ctx: OperatorContext, namespace: str, redis: dict[str, Any]) -> 
     elif ref := redis.get("secretRef"):
         value, problem = _secret_value(ctx, namespace, "spec.redis.secretRef", ref)
         if value is not None and (error := redis_url_error(value)) is not None:
-            # the hint after ': write ' repeats the URL, password and all
             problem = (
                 f"spec.redis.secretRef: the URL in Secret {ref.get('name')!r} key {ref.get('key')!r} cannot"
-                f" be used (the sidecar would exit at start): {error.partition(': write ')[0]}"
+                f" be used (the sidecar would exit at start): {error}"
             )
         chosen = FleetRedis("" if problem else str(value), problem)
     else:

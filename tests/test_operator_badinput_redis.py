@@ -104,6 +104,27 @@ def test_an_unusable_url_in_the_secret_is_named_without_the_url() -> None:
     assert dialled(secret, {"secretRef": SECRET_REF}) == ""
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Zm9v/YmFy+Q==@r:6379/0",  # a base64 password: its '/' ends the host part
+        "redis://alice:hun#ter2@r:6379/0",
+        "redis://alice:hun?ter2@r:6379/0",
+        "redis://:[hun/ter2@r:6379/0",
+    ],
+)
+def test_a_password_that_cuts_the_host_short_is_not_quoted(url: str) -> None:
+    # the sidecar (and redis-py) read the host and port up to the first '/', '?' or '#', so they
+    # refuse these; the reason says what to encode and repeats no piece of the password
+    secret = {"fleet-redis": {"url": url}}
+    got, problem = resolved(secret, {"secretRef": SECRET_REF})
+    assert got == "" and problem.startswith("spec.redis.secretRef: the URL in Secret 'fleet-redis' key 'url'")
+    assert "%2F" in problem
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    pieces = [p for p in userinfo.replace("?", "/").replace("#", "/").replace(":", "/").split("/") if p]
+    assert pieces and not any(piece in problem for piece in pieces), problem
+
+
 def test_a_missing_password_secret_is_named() -> None:
     redis = {"passwordSecretRef": {"name": "pw", "key": "password"}}
     url, problem = resolved({}, redis)
