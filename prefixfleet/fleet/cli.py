@@ -74,13 +74,13 @@ def _workload(spec: str, requests: int, seed: int, overrides: dict[str, Any]) ->
     return workload
 
 
-def _check_cache_fits(workload: Any, cache_tokens: int | None, max_output_tokens: int | None) -> None:
-    """An explicit ``--cache-tokens`` holds the workload's longest request (prompt and output), or
-    the engines refuse it: a run whose every answer is an error, exit 0, with --cache-tokens 2."""
+def _check_cache_fits(requests: list[Any], cache_tokens: int | None) -> None:
+    """An explicit ``--cache-tokens`` holds the longest of the ``requests`` replayed (prompt and its
+    capped output: ``workload_slice``), or the engines refuse it: a run whose every answer is an
+    error, exit 0, with --cache-tokens 2."""
     if cache_tokens is None:
         return
-    cap = max_output_tokens if max_output_tokens is not None else math.inf
-    need = max(r.num_tokens + max(1, min(r.output_tokens, cap)) for r in workload.requests)
+    need = max(r.num_tokens + r.output_tokens for r in requests)
     if cache_tokens < need:
         raise UsageError(
             f"--cache-tokens {cache_tokens} cannot hold the workload's longest request ({need} tokens with "
@@ -181,7 +181,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_up_command(args: argparse.Namespace) -> int:
-    from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload
+    from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload, workload_slice
     from prefixfleet.sim.cli import policy_names
 
     policies = policy_names(args.policies)
@@ -195,7 +195,8 @@ def run_up_command(args: argparse.Namespace) -> int:
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     run_dir = output_dir(args.run_dir, "--run-dir")
     workload = _workload(args.workload, args.requests, args.seed, settings_pairs(args.set))
-    _check_cache_fits(workload, args.cache_tokens, args.max_output_tokens)
+    # the requests run_up replays: a small --requests may need less room than the whole workload
+    _check_cache_fits(workload_slice(workload, args.requests, args.max_output_tokens), args.cache_tokens)
     engine = engine_for_workload(
         workload,
         max(args.replicas, 1),
@@ -529,6 +530,7 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
 
 def run_compare_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.compare import CompareOptions, default_trace_path, format_compare, run_compare
+    from prefixfleet.fleet.local import workload_slice
 
     for flag in ("requests", "replicas", "gateways", "repeats", "block_tokens", "max_output_tokens"):
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
@@ -565,7 +567,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     elif args.block_tokens != COMPARE_DEFAULTS["block_tokens"]:
         raise UsageError(f"--block-tokens applies to traces only, not to --workload {spec}")
     workload = _workload(spec, args.requests, args.seed, overrides)
-    _check_cache_fits(workload, args.cache_tokens, args.max_output_tokens)
+    _check_cache_fits(workload_slice(workload, 0, args.max_output_tokens), args.cache_tokens)  # all of it
     options = CompareOptions(
         requests=args.requests,
         replicas=args.replicas,
