@@ -38,16 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- argument helpers --------------------------------------------------------------------------------
 
 
-def settings_pairs(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set {item!r} must look like KEY=VALUE")
-        out[key.strip().replace("-", "_")] = value.strip()
-    return out
-
-
 def _positive(name: str, value: float | int | None, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
@@ -182,7 +172,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
 
 def run_up_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload, workload_slice
-    from prefixfleet.sim.cli import policy_names
+    from prefixfleet.sim.cli import parse_pairs, policy_names
 
     policies = policy_names(args.policies)
     if args.requests < 0:
@@ -194,7 +184,7 @@ def run_up_command(args: argparse.Namespace) -> int:
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     run_dir = output_dir(args.run_dir, "--run-dir")
-    workload = _workload(args.workload, args.requests, args.seed, settings_pairs(args.set))
+    workload = _workload(args.workload, args.requests, args.seed, parse_pairs(args.set, "--set"))
     # the requests run_up replays: a small --requests may need less room than the whole workload
     _check_cache_fits(workload_slice(workload, args.requests, args.max_output_tokens), args.cache_tokens)
     engine = engine_for_workload(
@@ -431,6 +421,7 @@ def _check_target(url: str) -> None:
 
 def run_load_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.load import format_table, requests_from_workload, run_load
+    from prefixfleet.sim.cli import parse_pairs
 
     for url in args.target:
         _check_target(url)
@@ -443,7 +434,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise UsageError(f"--limit must be >= 0, got {args.limit}")
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
-    workload = _workload(args.workload, args.limit, args.seed, settings_pairs(args.set))
+    workload = _workload(args.workload, args.limit, args.seed, parse_pairs(args.set, "--set"))
     requests = requests_from_workload(
         workload, limit=args.limit or None, max_output_tokens=args.max_output_tokens
     )
@@ -531,6 +522,7 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
 def run_compare_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.compare import CompareOptions, default_trace_path, format_compare, run_compare
     from prefixfleet.fleet.local import workload_slice
+    from prefixfleet.sim.cli import parse_pairs
 
     for flag in ("requests", "replicas", "gateways", "repeats", "block_tokens", "max_output_tokens"):
         _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
@@ -548,7 +540,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     json_path = output_file(args.json, "--json", inputs=sources)
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=sources)
     run_dir = output_dir(args.run_dir, "--run-dir")
-    overrides: dict[str, Any] = settings_pairs(args.set)
+    overrides: dict[str, Any] = parse_pairs(args.set, "--set")
     spec = args.workload
     if spec is None:
         if args.trace and not Path(args.trace).is_file():
