@@ -41,6 +41,8 @@ from .proxying import (
     Answer,
     AnyRequest,
     answer_headers,
+    error_message,
+    failure_text,
     forward_header_pairs,
     is_error_event,
     json_error,
@@ -663,7 +665,7 @@ class Gateway:
             try:
                 upstream = await exchange.response()
             except _RETRY_ERRORS as exc:
-                raise _Retryable(exc.__class__.__name__) from exc
+                raise _Retryable(failure_text(exc)) from exc
             headers = answer_headers(upstream.headers)
             headers[WORKER_HEADER] = worker.worker_id
             is_stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
@@ -673,7 +675,10 @@ class Gateway:
                 except _RETRY_ERRORS as exc:
                     raise _Retryable(exc.__class__.__name__) from exc
                 if upstream.status in (502, 503) and upstream.headers.get(RETRYABLE_HEADER):
-                    raise _Retryable(f"HTTP {upstream.status} from its sidecar")
+                    why = error_message(data)
+                    raise _Retryable(
+                        f"HTTP {upstream.status} from its sidecar" + (f" ({why})" if why else "")
+                    )
                 prefilled[0] = upstream.status == 200
                 if upstream.status >= 500:
                     self.metrics.errors.labels("upstream").inc()

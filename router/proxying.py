@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 
 from .front import ClientStalled, HotRequest, HotStream, StallWatch
 from .requests import BadRequest, load_json_object
+from .upstream import UpstreamClosed
 
 AnyRequest = web.Request | HotRequest
 Answer = web.StreamResponse | HotStream
@@ -162,6 +163,24 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
 def bad_request(exc: BadRequest) -> web.Response:
     """The OpenAI error answer for ``exc``."""
     return json_error(exc.status, str(exc), param=exc.param)
+
+
+def failure_text(exc: BaseException) -> str:
+    """An upstream failure as named to the client: its class, and for an upstream that broke the
+    protocol (:class:`~.upstream.UpstreamClosed`) what was wrong, as the upstream client put it."""
+    if isinstance(exc, UpstreamClosed) and str(exc):
+        return f"{exc.__class__.__name__}: {exc}"
+    return exc.__class__.__name__
+
+
+def error_message(body: bytes) -> str | None:
+    """``error.message`` of an OpenAI-shaped error answer (a sidecar's 502 says why), else None."""
+    try:
+        obj: Any = json.loads(body)
+        message = obj["error"]["message"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return message[:500] if isinstance(message, str) else None
 
 
 def sse_error_event(message: str, kind: str = "upstream_disconnected") -> bytes:

@@ -42,6 +42,7 @@ from .proxying import (
     answer_headers,
     answer_now,
     bad_request,
+    failure_text,
     find_cached_tokens,
     find_uncached_tokens,
     forward_header_pairs,
@@ -757,7 +758,7 @@ class Sidecar:
                 self._engine_failed(exc)
                 return json_error(
                     502,
-                    f"engine unavailable: {exc.__class__.__name__}",
+                    f"engine unavailable: {failure_text(exc)}",
                     kind="engine_unavailable",
                     retryable=True,
                 )

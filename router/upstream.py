@@ -263,6 +263,9 @@ class _Connection(asyncio.Protocol):
             self._error = f"not an HTTP/1.x response (HTTP/{parser.get_http_version()})"
             raise UpstreamClosed(self._error)
         status = parser.get_status_code()
+        if not 100 <= status <= 599:  # llhttp takes any 3 digits; RFC 9110 §15 defines 1xx..5xx only
+            self._error = f"invalid status {status} (HTTP status codes are 100..599)"
+            raise UpstreamClosed(self._error)
         if status < 200:
             return  # an interim answer (100 Continue): llhttp goes on to the real head
         headless = self._method == b"HEAD"
