@@ -380,3 +380,36 @@ def test_queue_aware_forgets_a_removed_replica():
     p.on_replica_removed(0)
     assert p.arrival_rate(0, 0.0) == 0.0
     assert p.turnover_s(rep(0, capacity_tokens=1000), 0.0) == math.inf
+
+
+def _params(name: str) -> list[str]:
+    import inspect
+
+    init = POLICIES[name].__init__
+    return [p for p in inspect.signature(init).parameters if p not in ("self", "cost")]
+
+
+@pytest.mark.parametrize(
+    ("name", "param"), [(n, p) for n in sorted(POLICIES) for p in _params(n)], ids=lambda v: str(v)
+)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_a_parameter_that_is_not_a_finite_number_is_refused_naming_it(name, param, value):
+    # --policy-param and spec.router.policyParams accept any float and rely on this check: a NaN
+    # window or weight made every score NaN, and the choice arbitrary
+    with pytest.raises(ValueError, match=param):
+        make_policy(name, COST, **{param: value})
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [
+        ("balance_abs_threshold", -1),
+        ("balance_rel_threshold", -0.5),
+        ("eviction_interval_s", 0),
+        ("eviction_interval_s", -1),
+        ("max_tree_size", -1),
+    ],
+)
+def test_sglang_refuses_thresholds_and_intervals_that_mean_nothing(param, value):
+    with pytest.raises(ValueError, match=param):
+        make_policy("sglang_cache_aware", COST, **{param: value})

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import CostModel, Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise
+from .base import (
+    CostModel,
+    Decision,
+    ReplicaState,
+    RouteRequest,
+    RoutingPolicy,
+    check_param,
+    healthy_or_raise,
+)
 
 
 class AffinityBalanced(RoutingPolicy):
@@ -17,8 +25,7 @@ class AffinityBalanced(RoutingPolicy):
 
     def __init__(self, cost: CostModel | None = None, load_slack_s: float = 0.05) -> None:
         super().__init__(cost)
-        if load_slack_s < 0:
-            raise ValueError("load_slack_s must be >= 0")
+        check_param("load_slack_s", load_slack_s)
         self.load_slack_s = load_slack_s
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:

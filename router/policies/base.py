@@ -7,6 +7,7 @@ build these views from their own sources and call the same ``choose``.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -92,6 +93,18 @@ class RoutingPolicy(ABC):
     def estimated_ttft_s(self, request: RouteRequest, replica: ReplicaState) -> float:
         """Wait before prefill starts plus prefill of the part this replica has not cached."""
         return replica.wait_s + self.cost.prefill_s(request.num_tokens, replica.matched_tokens)
+
+
+def check_param(name: str, value: float, *, low: float = 0.0, strict: bool = False) -> None:
+    """Refuse a policy parameter that is not a finite number at or above ``low`` (above, ``strict``).
+
+    Callers pass user input straight through (``--policy-param``, ``spec.router.policyParams``): a
+    NaN passes every ``<`` check and makes each score NaN, so finiteness is checked explicitly.
+    """
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if value < low or (strict and value == low):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {low:g}, got {value!r}")
 
 
 def healthy_or_raise(replicas: Sequence[ReplicaState]) -> Sequence[ReplicaState]:

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import CostModel, Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise
+from .base import (
+    CostModel,
+    Decision,
+    ReplicaState,
+    RouteRequest,
+    RoutingPolicy,
+    check_param,
+    healthy_or_raise,
+)
 
 
 class PrebleE2(RoutingPolicy):
@@ -20,8 +28,7 @@ class PrebleE2(RoutingPolicy):
 
     def __init__(self, cost: CostModel | None = None, replicate_factor: float = 2.0) -> None:
         super().__init__(cost)
-        if replicate_factor < 1.0:
-            raise ValueError("replicate_factor must be >= 1")
+        check_param("replicate_factor", replicate_factor, low=1.0)
         self.replicate_factor = replicate_factor
 
     def _explore_cost(self, request: RouteRequest, r: ReplicaState) -> float:

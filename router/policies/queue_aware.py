@@ -41,6 +41,7 @@ from .base import (
     ReplicaState,
     RouteRequest,
     RoutingPolicy,
+    check_param,
     healthy_or_raise,
 )
 
@@ -84,10 +85,8 @@ class QueueAware(RoutingPolicy):
             ("congestion_weight", congestion_weight),
             ("max_congestion", max_congestion),
         ):
-            if value < 0:
-                raise ValueError(f"{pname} must be >= 0")
-        if window_s <= 0:
-            raise ValueError("window_s must be > 0")
+            check_param(pname, value)
+        check_param("window_s", window_s, strict=True)
         self.externality = externality
         self.delay_weight = delay_weight
         self.eviction_weight = eviction_weight

@@ -21,6 +21,7 @@ from .base import (
     ReplicaState,
     RouteRequest,
     RoutingPolicy,
+    check_param,
     healthy_or_raise,
 )
 
@@ -39,8 +40,12 @@ class SGLangCacheAware(RoutingPolicy):
         max_tree_size: int = 2**26,
     ) -> None:
         super().__init__(cost)
-        if not 0.0 <= cache_threshold <= 1.0:
-            raise ValueError("cache_threshold must be within [0, 1]")
+        if not 0.0 <= cache_threshold <= 1.0:  # NaN fails this too
+            raise ValueError(f"cache_threshold must be within [0, 1], got {cache_threshold!r}")
+        check_param("balance_abs_threshold", balance_abs_threshold)
+        check_param("balance_rel_threshold", balance_rel_threshold)
+        check_param("eviction_interval_s", eviction_interval_s, strict=True)
+        check_param("max_tree_size", max_tree_size)
         self.cache_threshold = cache_threshold
         self.balance_abs_threshold = balance_abs_threshold
         self.balance_rel_threshold = balance_rel_threshold
