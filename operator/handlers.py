@@ -297,20 +297,8 @@ async def reconcile_later(
 
 
 def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
-    """The URL the operator itself uses for a fleet's Redis, with ``passwordSecretRef`` and ``tls``
-    applied (the pods get the same settings through their env, see the planner); "" when there is
-    none or it cannot be used (``fleet_redis``). In memory only: never put it in a manifest."""
-    redis = spec.get("redis") or {}
-    chosen = fleet_redis(ctx, namespace, redis)
-    return "" if chosen.problem else _with_auth(ctx, namespace, redis, chosen.url)
-
-
-def _with_auth(ctx: OperatorContext, namespace: str, redis: dict[str, Any], url: str) -> str:
-    if not url:
-        return url
-    ref = redis.get("passwordSecretRef") or {}
-    password = ctx.kube.read_secret_key(namespace, ref.get("name", ""), ref.get("key", "")) if ref else None
-    return with_credentials(url, password, tls=bool(redis.get("tls")))
+    """The URL the operator itself uses for a fleet's Redis (``FleetRedis.dial_url``)."""
+    return fleet_redis(ctx, namespace, spec.get("redis") or {}).dial_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,13 +309,18 @@ class FleetRedis:
 
     url: str
     problem: str = ""
+    # What the operator itself dials: ``url`` with ``passwordSecretRef`` and ``tls`` applied (the
+    # pods get the same settings through their env, see the planner); "" when there is none or it
+    # cannot be used. In memory only: never in a manifest, a message or a repr.
+    dial_url: str = field(default="", repr=False)
 
 
 def fleet_redis(ctx: OperatorContext, namespace: str, redis: dict[str, Any]) -> FleetRedis:
     """The Redis of a fleet's ``spec.redis``: its url, the URL in its secretRef's Secret (checked
     with the sidecar's rule: the CRD cannot see it), or the operator's default."""
+    problem = ""
     if redis.get("url"):
-        chosen = FleetRedis(str(redis["url"]))
+        url = str(redis["url"])
     elif ref := redis.get("secretRef"):
         value, problem = _secret_value(ctx, namespace, "spec.redis.secretRef", ref)
         if value is not None and (error := redis_url_error(value)) is not None:
@@ -335,14 +328,15 @@ def fleet_redis(ctx: OperatorContext, namespace: str, redis: dict[str, Any]) -> 
                 f"spec.redis.secretRef: the URL in Secret {ref.get('name')!r} key {ref.get('key')!r} cannot"
                 f" be used (the sidecar would exit at start): {error}"
             )
-        chosen = FleetRedis("" if problem else str(value), problem)
+        url = "" if problem else str(value)
     else:
-        chosen = FleetRedis(ctx.default_redis_url)
-    password_ref = redis.get("passwordSecretRef")
-    if password_ref and not chosen.problem:
-        _, problem = _secret_value(ctx, namespace, "spec.redis.passwordSecretRef", password_ref)
-        chosen = FleetRedis(chosen.url, problem)
-    return chosen
+        url = ctx.default_redis_url
+    password = None
+    if (password_ref := redis.get("passwordSecretRef")) and not problem:
+        password, problem = _secret_value(ctx, namespace, "spec.redis.passwordSecretRef", password_ref)
+    if problem or not url:
+        return FleetRedis(url, problem)
+    return FleetRedis(url, dial_url=with_credentials(url, password, tls=bool(redis.get("tls"))))
 
 
 def _secret_value(
@@ -409,9 +403,8 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
                 router_ready = int((child.get("status") or {}).get("readyReplicas") or 0)
     redis_spec = (fleet.get("spec") or {}).get("redis") or {}
     chosen_redis = fleet_redis(ctx, namespace, redis_spec)
-    base_redis_url = chosen_redis.url  # what pods may see: no password
-    # an unusable Redis is not dialled: the fleet says why (Degraded=RedisUnusable) instead
-    redis_url = "" if chosen_redis.problem else _with_auth(ctx, namespace, redis_spec, base_redis_url)
+    # an unusable Redis is not dialled (dial_url ""): the fleet says why (Degraded=RedisUnusable)
+    redis_url = chosen_redis.dial_url
     if redis_url and any(p.draining for p in pods):
         pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
@@ -421,7 +414,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         router_ready_replicas=router_ready,
         conditions=conditions,
         victims=victims,
-        redis_url=base_redis_url,
+        redis_url=chosen_redis.url,  # what pods may see: no password
         redis_problem=chosen_redis.problem,
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,

@@ -62,8 +62,10 @@ class Secrets:
 
     def __init__(self, secrets: dict[str, Any]) -> None:
         self.secrets = secrets
+        self.reads: list[str] = []
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        self.reads.append(name)
         found = self.secrets.get(name)
         if isinstance(found, Exception):
             raise found
@@ -132,6 +134,16 @@ def test_a_missing_password_secret_is_named() -> None:
     # the pods' URL (and so their template) stays; the operator does not dial it without the password
     assert url == "redis://default:6379/0" and dialled({}, redis) == ""
     assert dialled({"pw": {"password": "s3cret"}}, redis) == "redis://:s3cret@default:6379/0"
+
+
+def test_each_secret_is_read_once_per_resolution() -> None:
+    # one reconcile round checks the Secrets and builds the URL it dials from the same reads
+    ctx = Ctx({"fleet-redis": {"url": "redis://r:6379/0"}, "pw": {"password": "s3cret"}})
+    redis = {"secretRef": SECRET_REF, "passwordSecretRef": {"name": "pw", "key": "password"}, "tls": True}
+    got = fleet_redis(ctx, NAMESPACE, redis)  # type: ignore[arg-type]
+    assert (got.url, got.problem, got.dial_url) == ("redis://r:6379/0", "", "rediss://:s3cret@r:6379/0")
+    assert sorted(ctx.kube.reads) == ["fleet-redis", "pw"]
+    assert "s3cret" not in repr(got)
 
 
 def test_a_secret_the_operator_may_not_read_is_named() -> None:
