@@ -87,7 +87,7 @@ def run_operator(args: argparse.Namespace) -> int:
         raise UsageError(f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}")
     urls = {"--liveness": args.liveness, "--redis": args.redis, "--prometheus": args.prometheus}
     for flag, url in urls.items():
-        # the models' form of the router's rule: a superscript port digit ('²') is refused, not a traceback
+        # the sidecar's and the CRD's host-and-port rule: refused by name here, not at a fleet's first dial
         if url and (problem := authority_error(url)) is not None:
             raise UsageError(f"{flag} {url!r}: {problem}")
     if not 0 <= args.metrics_port <= 65535:
