@@ -216,3 +216,14 @@ def test_no_request_beats_its_own_ideal_bound(requests, service, policy, replica
     ):
         assert hit <= best
         assert got >= bound - 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=30),
+    q=st.floats(0, 100),
+)
+def test_percentile_agrees_with_numpy(values, q) -> None:
+    import numpy
+
+    assert percentile(values, q) == pytest.approx(float(numpy.percentile(values, q)), rel=1e-9, abs=1e-6)
