@@ -192,6 +192,13 @@ def fleet_manifest(volume: bool, replicas: int = 1) -> str:
     return yaml.safe_dump(fleet)
 
 
+def child_refused(cluster: RefusingCluster) -> dict[str, Any] | None:
+    """The fleet's Degraded condition when its reason is ChildRefused, else None."""
+    status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+    cond = next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
+    return cond if cond and cond["reason"] == "ChildRefused" else None
+
+
 def test_the_operator_reports_a_refused_replica_pod_and_creates_it_once_fixed(
     tmp_path: Path, cluster: RefusingCluster
 ) -> None:
@@ -206,12 +213,7 @@ def test_the_operator_reports_a_refused_replica_pod_and_creates_it_once_fixed(
                 f'refused Pod {NAMESPACE}/{FLEET}-replica-0 (422 Invalid): Pod "{FLEET}-replica-0" is invalid'
             )
 
-            def degraded() -> dict[str, Any] | None:
-                status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
-                cond = next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
-                return cond if cond and cond["reason"] == "ChildRefused" else None
-
-            cond = wait_for(degraded, 40, what="Degraded=ChildRefused on the fleet")
+            cond = wait_for(lambda: child_refused(cluster), 40, what="Degraded=ChildRefused on the fleet")
             log = operator.log_path.read_text(errors="replace")
             assert "Traceback" not in log, operator.log_tail(60)
             assert cond["status"] == "True" and refusal in cond["message"], cond
@@ -233,7 +235,7 @@ def test_the_operator_reports_a_refused_replica_pod_and_creates_it_once_fixed(
                 lambda: cluster.api.objects("pods", namespace=NAMESPACE), 40, what="the replica pod"
             )
             assert [p["metadata"]["name"] for p in pods] == [f"{FLEET}-replica-0"]
-            wait_for(lambda: degraded() is None, 40, what="the fleet to stop showing the refusal")
+            wait_for(lambda: child_refused(cluster) is None, 40, what="the fleet to stop showing the refusal")
         finally:
             print("--- operator log (tail) ---\n" + operator.log_tail(60))
             operator.stop()
@@ -251,12 +253,7 @@ def test_a_refused_replica_stops_the_rounds_creates_instead_of_trying_every_repl
             operator.start()
             cluster.apply(fleet_manifest(volume=False, replicas=5))
 
-            def refused_condition() -> dict[str, Any] | None:
-                status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
-                cond = next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
-                return cond if cond and cond["reason"] == "ChildRefused" else None
-
-            cond = wait_for(refused_condition, 40, what="Degraded=ChildRefused on the fleet")
+            cond = wait_for(lambda: child_refused(cluster), 40, what="Degraded=ChildRefused on the fleet")
             # however many rounds ran by now (before: replica-0 to replica-4 in each)
             assert cluster.server.refused_pods == {f"{FLEET}-replica-0"}
             assert f"{FLEET}-replica-0" in cond["message"] and "more refused" not in cond["message"]
