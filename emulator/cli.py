@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import signal
 import sys
 
-from prefixfleet.cli import DefaultsHelpFormatter
+from prefixfleet.cli import DefaultsHelpFormatter, check_positive
 
 from .config import DEFAULT_MODEL, EmulatorConfig
 
@@ -87,9 +86,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     if not args.host.strip():  # aiohttp would bind every interface: say which one
         raise UsageError("--host is empty; give an address to bind, e.g. 127.0.0.1")
-    if not (math.isfinite(args.decode_tokens_per_s) and args.decode_tokens_per_s > 0):
-        # inf would make a decode step take no time at all
-        raise UsageError(f"--decode-tokens-per-s must be a positive number, got {args.decode_tokens_per_s}")
+    check_positive("--decode-tokens-per-s", args.decode_tokens_per_s)  # inf: decode steps of no time
     try:
         return EmulatorConfig(
             model=args.model,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 from collections.abc import Sequence
 
@@ -46,6 +47,18 @@ COMMAND_OWNERS: dict[str, str] = {
 
 class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
+
+
+def check_positive(
+    flag: str, value: float | None, *, allow_zero: bool = False, allow_none: bool = False
+) -> None:
+    """A flag's number must be finite and > 0 (>= 0 with ``allow_zero``): ``value <= 0`` alone lets
+    NaN and infinity through, and a NaN interval or rate poisons every comparison made with it."""
+    if value is None and allow_none:
+        return
+    if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        shown = "nothing" if value is None else f"{value:g}"
+        raise UsageError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {shown}")
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
 
-from prefixfleet.cli import UsageError
+from prefixfleet.cli import UsageError, check_positive
 from prefixfleet.operator.autoscale import SCALER_MODES, ScalePolicy
 from prefixfleet.outputs import output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
@@ -68,13 +67,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _positive(value: float | int, flag: str, *, allow_zero: bool = False) -> None:
-    if not math.isfinite(value):
-        raise UsageError(f"{flag} must be a finite number, got {value:g}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise UsageError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {value:g}")
-
-
 def run(args: argparse.Namespace) -> int:
     scalers = parse_names(args.scalers, SCALER_MODES, "--scalers", "scaler")
     json_path = output_file(args.json, "--json", inputs=input_files(args.scenario))
@@ -94,12 +86,12 @@ def run(args: argparse.Namespace) -> int:
     if max_r < min_r:
         raise UsageError(f"--max ({max_r}) must be >= --min ({min_r})")
     if args.target_ttft_ms is not None:  # checked in the flag's unit: the message echoes what was typed
-        _positive(args.target_ttft_ms, "--target-ttft-ms")
-    _positive(cache, "--cache-tokens")
-    _positive(args.startup_delay_s, "--startup-delay-s", allow_zero=True)
-    _positive(args.control_interval_s, "--control-interval-s")
-    _positive(cooldown, "--scale-up-cooldown-s", allow_zero=True)
-    _positive(stabilization, "--scale-down-stabilization-s", allow_zero=True)
+        check_positive("--target-ttft-ms", args.target_ttft_ms)
+    check_positive("--cache-tokens", cache)
+    check_positive("--startup-delay-s", args.startup_delay_s, allow_zero=True)
+    check_positive("--control-interval-s", args.control_interval_s)
+    check_positive("--scale-up-cooldown-s", cooldown, allow_zero=True)
+    check_positive("--scale-down-stabilization-s", stabilization, allow_zero=True)
     if args.initial is not None and not min_r <= args.initial <= max_r:
         raise UsageError(f"--initial ({args.initial}) must be between --min ({min_r}) and --max ({max_r})")
     service = service_config(rec, args)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from prefixfleet.cli import DefaultsHelpFormatter, UsageError
+from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive
 from prefixfleet.outputs import output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY
 
@@ -36,13 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 # -- argument helpers --------------------------------------------------------------------------------
-
-
-def _positive(name: str, value: float | int | None, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if value is None or not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{name} must be positive, got {value}")
 
 
 def input_files(spec: str) -> list[str]:
@@ -177,10 +169,10 @@ def run_up_command(args: argparse.Namespace) -> int:
     policies = policy_names(args.policies)
     if args.requests < 0:
         raise UsageError(f"--requests must be >= 0, got {args.requests}")
-    _positive("--time-scale", args.time_scale)
-    _positive("--cache-tokens", args.cache_tokens, allow_none=True)
-    _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
-    _positive("--max-output-tokens", args.max_output_tokens)
+    check_positive("--time-scale", args.time_scale)
+    check_positive("--cache-tokens", args.cache_tokens, allow_none=True)
+    check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
+    check_positive("--max-output-tokens", args.max_output_tokens)
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     run_dir = output_dir(args.run_dir, "--run-dir")
@@ -248,7 +240,7 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
         return None
     from prefixfleet.operator.autoscale import ScalePolicy
 
-    _positive("--autoscale-interval", args.autoscale_interval)
+    check_positive("--autoscale-interval", args.autoscale_interval)
     maximum = args.max_replicas if args.max_replicas is not None else max(2 * args.replicas, 2)
     if not 1 <= args.min_replicas <= args.replicas <= maximum:
         raise UsageError(
@@ -427,10 +419,10 @@ def run_load_command(args: argparse.Namespace) -> int:
         _check_target(url)
     if args.model is not None and not args.model.strip():
         raise UsageError("--model is empty; leave it out to use the target's first /v1/models id")
-    _positive("--speedup", args.speedup)
-    _positive("--concurrency", args.concurrency)
-    _positive("--timeout", args.timeout)
-    _positive("--max-output-tokens", args.max_output_tokens, allow_none=True)
+    check_positive("--speedup", args.speedup)
+    check_positive("--concurrency", args.concurrency)
+    check_positive("--timeout", args.timeout)
+    check_positive("--max-output-tokens", args.max_output_tokens, allow_none=True)
     if args.limit < 0:
         raise UsageError(f"--limit must be >= 0, got {args.limit}")
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
@@ -525,11 +517,11 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from prefixfleet.sim.cli import parse_pairs
 
     for flag in ("requests", "replicas", "gateways", "repeats", "block_tokens", "max_output_tokens"):
-        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+        check_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     for flag in ("time_scale", "latency_rate", "latency_seconds"):
-        _positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
-    _positive("--cache-tokens", args.cache_tokens, allow_none=True)
-    _positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
+        check_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    check_positive("--cache-tokens", args.cache_tokens, allow_none=True)
+    check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
     probes = args.latency_rate * args.latency_seconds
     if probes > MAX_LATENCY_PROBES:  # the probe sends rate × seconds requests down each path, all of them
         raise UsageError(
