@@ -413,3 +413,33 @@ def test_a_parameter_that_is_not_a_finite_number_is_refused_naming_it(name, para
 def test_sglang_refuses_thresholds_and_intervals_that_mean_nothing(param, value):
     with pytest.raises(ValueError, match=param):
         make_policy("sglang_cache_aware", COST, **{param: value})
+
+
+def test_prefill_cost_is_overhead_plus_uncached_plus_cached_lookups():
+    cost = CostModel(prefill_s_per_token=0.001, cached_s_per_token=0.0001, request_overhead_s=0.5)
+    assert cost.prefill_s(100, 30) == pytest.approx(0.5 + 70 * 0.001 + 30 * 0.0001)
+    assert cost.prefill_s(100, 100) == pytest.approx(0.5 + 100 * 0.0001)
+
+
+def test_queue_aware_gives_no_credit_for_free_cache_room():
+    p = _quiet_queue_aware(eviction_weight=5.0)
+    _churn(p, 0, tokens_per_s=1000)
+    roomy = rep(0, wait=0.2, cached_tokens=0, capacity_tokens=1000)
+    # nothing is evicted, so only wait + prefill: free room is not a bonus
+    assert p.score(req(100, now=60.0), roomy) == pytest.approx(0.2 + 0.1)
+
+
+def test_queue_aware_congestion_is_read_from_healthy_replicas_only():
+    p = make_policy("queue_aware", COST, delay_weight=0.0, eviction_weight=0.0, congestion_weight=3.0)
+    # as in the long-queues example; an idle replica that is down gives the fleet no slack
+    sick = ReplicaState(2, wait_s=0.0, healthy=False)
+    d = p.choose(req(100), [rep(0, matched=90, wait=0.64), rep(1, wait=0.5), sick])
+    assert (d.replica_id, d.reason) == (0, "cache_hit")
+
+
+def test_preble_replicates_only_beyond_its_factor():
+    # the holder's TTFT 0.28 + 0.02 = 0.3 s vs 0.1 s cold: 3x, over a factor of 2 but not of 5
+    fleet = [rep(0, matched=80, wait=0.28), rep(1)]
+    assert make_policy("preble_e2", COST, replicate_factor=2.0).choose(req(100), fleet).reason == "replicate"
+    d = make_policy("preble_e2", COST, replicate_factor=5.0).choose(req(100), fleet)
+    assert (d.replica_id, d.reason) == (0, "exploit")
