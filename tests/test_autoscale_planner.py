@@ -566,3 +566,24 @@ def test_above_max_never_drains_the_last_ready_replica():
     reps = [rep("a"), rep("b"), *(rep(f"s{i}", phase="starting") for i in range(4))]
     plan = plan_scale(obs(reps), policy(min_replicas=0, max_replicas=3))
     assert {"a", "b"} - set(plan.drain)
+
+
+def test_a_replica_added_for_load_is_prewarmed_with_the_hottest_subtrees():
+    # nothing is starved (the holder is idle), but the load needs a third replica: it starts warm
+    subs = [sub("warm", {"a"}, rate=2.0), sub("hot", {"a"}, rate=5.0)]
+    plan = plan_scale(obs([loaded("a", 0.9), loaded("b", 0.9)], subs), policy(prewarm_subtrees=1))
+    assert plan.add == 1
+    assert [(p.target, p.subtree_ids) for p in plan.prewarm] == [("new-0", ("hot",))]
+
+
+def test_the_idlest_replica_takes_a_starved_subtree():
+    reps = [rep("a", wait=2.0), rep("b", wait=0.1), rep("c", wait=0.0)]
+    plan = plan_scale(obs(reps, [sub("hot", {"a"})]), policy())
+    assert [(p.target, p.subtree_ids) for p in plan.prewarm] == [("c", ("hot",))]
+
+
+def test_a_replica_created_ahead_of_the_planners_clock_is_not_taken_for_a_young_one():
+    # clock skew: creation stamps in the planner's future are no evidence of a fleet just started
+    skewed = [replace(loaded(r, 0.9), created_s=50.0) for r in ("a", "b")]
+    plan = plan_scale(obs(skewed, now=5), policy(lead_time_s=30))
+    assert plan.add == 1 and "cold start" not in plan.reason
