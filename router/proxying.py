@@ -194,6 +194,8 @@ def sse_error_event(message: str, kind: str = "upstream_disconnected") -> bytes:
 # nearest event end; ``\r(?!\n)`` keeps a CRLF from being read as two line ends.
 _LAST_EVENT_END = re.compile(rb"(?s:.*)(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+# Whole comment lines at the start of an event (a CR at the buffer's end may be half a CRLF: wait).
+_LEADING_COMMENTS = re.compile(rb"(?::[^\r\n]*(?:\r\n|\n|\r(?=[^\n])))+")
 MAX_HELD_EVENT_BYTES = 8 * 1024 * 1024
 
 
@@ -212,13 +214,15 @@ def complete_events_end(tail: bytes, chunk: bytes) -> int:
 async def whole_events(
     chunks: AsyncIterator[bytes], max_held: int = MAX_HELD_EVENT_BYTES
 ) -> AsyncIterator[bytes]:
-    """An SSE body's bytes in pieces that each end at an event end; an incomplete trailing event is
-    held back until its blank line arrives (the whole body still comes out byte for byte).
+    """An SSE body's bytes in pieces that each end where no event is half sent: at an event end, or
+    after comment lines (``: ping``) that begin the next event. An incomplete trailing event is held
+    back until its blank line arrives; the whole body still comes out byte for byte.
 
     Why: when the upstream breaks off, the hop appends its own error event. After a partial event
     no bytes can withdraw it (an SSE client joins every data line until a blank line), so the client
     saw one merged, unparseable event. Holding the partial back and dropping it on a cut leaves the
     client whole events only, the error event last: what the OpenAI SDK or sglang-router parse.
+    Comment lines change no event, so a heartbeat sent without a blank line still goes on at once.
     Engines send whole events per write, so the hot path is one ``endswith`` per chunk; otherwise
     only the new bytes (and 3 before them) are scanned. An "event" above ``max_held`` bytes is
     passed on unframed (bounded memory; a cut inside it then leaves the client a broken event)."""
@@ -232,17 +236,21 @@ async def whole_events(
         else:
             end = complete_events_end(bytes(held[-3:]), chunk)
         if end < 0:
+            out = b""
             held += chunk
-            if len(held) > max_held:
-                yield bytes(held)
-                held.clear()
-            continue
-        if held:
-            yield bytes(held) + chunk[:end]
-            held.clear()
         else:
-            yield chunk[:end]
-        held += chunk[end:]
+            out = bytes(held) + chunk[:end] if held else chunk[:end]
+            held[:] = chunk[end:]
+        if held[:1] == b":":
+            comments = _LEADING_COMMENTS.match(held)
+            if comments is not None:
+                out += bytes(held[: comments.end()])
+                del held[: comments.end()]
+        if len(held) > max_held:
+            out += bytes(held)
+            held.clear()
+        if out:
+            yield out
     if held:  # the body ended cleanly inside an event: pass it on as sent
         yield bytes(held)
 

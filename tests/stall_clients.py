@@ -133,7 +133,7 @@ async def stalled_stream(
                 break
             size = min(16384, room - error_event_bytes // 2)
             before = forwarded()
-            await engine.feed.put(b":" + b"x" * (size - 3) + b"\n\n")  # an SSE comment, a whole event
+            await engine.feed.put(b":" + b"x" * (size - 2) + b"\n")  # an SSE comment line
 
             async def passed_on(before: int = before, size: int = size) -> bool:
                 return forwarded() >= before + size

@@ -54,6 +54,21 @@ def sse_events(body: bytes) -> list[str]:
     return events
 
 
+def half_sent_event(stream: bytes) -> bool:
+    """Whether a client that received ``stream`` holds part of an event it cannot complete: an
+    unfinished line, or a field line since the last blank line (comment lines change nothing)."""
+    lines = stream.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+    if lines.pop():
+        return True  # the last line has no line end yet
+    pending = False
+    for line in lines:
+        if not line:
+            pending = False
+        elif not line.startswith(b":"):
+            pending = True
+    return pending
+
+
 @asynccontextmanager
 async def relayed(hops: str, engine_url: str) -> AsyncIterator[str]:
     """The base URL a client uses to reach ``engine_url`` through ``hops``."""
@@ -105,6 +120,38 @@ async def test_a_stream_cut_inside_an_event_ends_with_whole_events_and_the_error
     assert "ended early" in parsed[-1]["error"]["message"]
 
 
+@pytest.mark.parametrize("hops", HOPS)
+async def test_a_comment_line_without_a_blank_line_is_passed_on_at_once(hops: str) -> None:
+    """A heartbeat (``: ping``) changes no event, so it is not held back; a cut after it still ends
+    the stream with whole events."""
+    engine = CuttingEngine()
+    async with (
+        engine.serving() as engine_url,
+        relayed(hops, engine_url) as url,
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/completions", json={"prompt": "hello", "stream": True}) as resp,
+    ):
+        await engine.feed.put(b": ping\n")
+        received = b""
+        async with asyncio.timeout(10):  # a liveness bound, not a timing claim
+            while not received.endswith(b": ping\n"):
+                received += await resp.content.readany()
+        assert received == FIRST_EVENT + b": ping\n"
+        await engine.feed.put(PARTIAL_EVENT)
+        await engine.feed.put(None)
+        received += await resp.content.read()
+    assert received.startswith(FIRST_EVENT + b': ping\ndata: {"error"')
+    assert [json.loads(data)["error"]["type"] for data in sse_events(received)[1:]] == [
+        "upstream_disconnected"
+    ]
+
+
+def test_half_sent_event_reads_a_stream_as_an_sse_client_does() -> None:
+    assert not half_sent_event(FIRST_EVENT + b": ping\r\n")
+    assert half_sent_event(FIRST_EVENT + b"data: {}\n")
+    assert half_sent_event(b": pi")
+
+
 class SplittingEngine:
     """Streams ``pieces`` as separate writes, then ends the stream normally."""
 
@@ -141,6 +188,7 @@ def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
 NORMAL_STREAM = (
     b'data: {"choices": [{"text": "a"}]}\n\n'
     b": keep-alive comment\n\n"
+    b": a comment before an event's fields\r\n"
     b'data: {"choices": [{"text": "b"}]}\r\n\r\n'
     b'data: {"choices": [{"text": "c"}]}\r\r'
     b'data: {"choices": [{"text": "d"}],\ndata: "usage": {"cached_tokens": 3}}\n\n'
@@ -173,9 +221,11 @@ def framed(pieces: list[bytes]) -> list[bytes]:
 def test_whole_events_passes_any_split_on_unchanged_and_each_piece_ends_an_event(cuts: list[int]) -> None:
     out = framed(split_at(NORMAL_STREAM, cuts))
     assert b"".join(out) == NORMAL_STREAM
+    passed_on = b""
     for piece in out:
-        # every piece ends after a blank line: the next byte a client reads starts a new event
-        assert piece.endswith((b"\n\n", b"\r\n\r\n", b"\r\r", b"\r\n\r", b"\n\r")), piece
+        passed_on += piece
+        # where each piece ends, an error event appended by the hop would be parsed on its own
+        assert not half_sent_event(passed_on), out
 
 
 def test_whole_events_passes_an_unterminated_tail_on_when_the_stream_ends_cleanly() -> None:
