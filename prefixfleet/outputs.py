@@ -63,8 +63,8 @@ def writing(path: Path, flag: str) -> Iterator[Path]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield path
-    except OSError as exc:
-        raise UsageError(f"cannot write {flag} {path}: {exc.strerror or exc}") from None
+    except OSError as exc:  # name the file that failed: a body may write more than ``path``
+        raise UsageError(f"cannot write {flag} {exc.filename or path}: {exc.strerror or exc}") from None
 
 
 def write_json(path: Path, data: Any, flag: str = "--json") -> None:

@@ -38,6 +38,5 @@ def write_live_plot(
     ax_hit.set_title("hit rate")
     fig.suptitle(title)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110)  # the caller's outputs.writing made the directory
     plt.close(fig)

@@ -360,7 +360,7 @@ def run_report(args: argparse.Namespace) -> int:
     source = PrometheusSource(args.prometheus)
     try:
         source.check()
-        with writing(out / "report.json", "--out"):
+        with writing(out / "report.json", "--out"):  # and the PNGs beside it
             written = write_report(source, out, window, fleet=args.fleet, namespace=args.namespace)
     except (PrometheusUnreachable, QueryFailed) as exc:
         raise UsageError(str(exc)) from None
