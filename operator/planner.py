@@ -1207,7 +1207,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     for change in children:
         verb = "creating" if change.action == "create" else "updating"
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
-    events += redis_problem_events(observed.redis_problem, observed.conditions)
+    events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
         tuple(pods),
@@ -1227,15 +1227,15 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     )
 
 
-def redis_problem_events(problem: str, previous: Sequence[JSON]) -> list[PlannedEvent]:
-    """One Warning Event when the fleet's Redis becomes unusable or the reason changes; none while
-    its Degraded condition already says so (not one per reconcile round)."""
-    if not problem:
+def degraded_event(reason: str, message: str, previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
+    """One Warning Event when the fleet turns Degraded for ``reason`` or its message changes; none
+    while the Degraded condition already says so (not one per reconcile round, nor one per pod)."""
+    if not message:
         return []
     old = next((c for c in previous if c.get("type") == "Degraded"), None)
-    if old is not None and old.get("reason") == REDIS_UNUSABLE and old.get("message") == problem:
+    if old is not None and old.get("reason") == reason and old.get("message") == message:
         return []
-    return [PlannedEvent("Warning", REDIS_UNUSABLE, problem)]
+    return [PlannedEvent("Warning", reason, message)]
 
 
 def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: ObservedState) -> JSON:

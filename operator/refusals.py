@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .planner import PlannedEvent, condition
+from .planner import PlannedEvent, condition, degraded_event
 
 JSON = dict[str, Any]
 REASON = "ChildRefused"
@@ -67,12 +67,5 @@ def with_refusals(
 
 
 def refusal_events(refusals: Sequence[str], previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
-    """One Warning Event when the refusal the fleet shows starts or changes; none while the fleet's
-    Degraded condition already says the same (not one per reconcile round, nor one per pod)."""
-    if not refusals:
-        return []
-    message = refusal_message(refusals)
-    old = next((c for c in previous if c.get("type") == "Degraded"), None)
-    if old is not None and old.get("reason") == REASON and old.get("message") == message:
-        return []
-    return [PlannedEvent("Warning", REASON, message)]
+    """One Warning Event when the refusal the fleet shows starts or changes (planner.degraded_event)."""
+    return degraded_event(REASON, refusal_message(refusals), previous) if refusals else []
