@@ -28,6 +28,7 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
+from prefixfleet.router.addresses import redis_url_error
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import decode_load, split_member_fields
 from prefixfleet.router.redis_conn import redacted, with_credentials
@@ -35,7 +36,7 @@ from prefixfleet.router.summary import SummaryError
 
 from .kube import ChildRefused, Kube, load_api_client
 from .membership import desired_members, plan_membership
-from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, redis_url_error, validate_spec
+from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
 from .planner import (
     ANNOTATION_DRAINING_SINCE,
     ANNOTATION_FIRST_READY,

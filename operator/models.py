@@ -204,28 +204,6 @@ URL_AUTHORITY_PATTERN = (
 URL_MAX_LENGTH = 2048  # bounds the CEL cost the API server estimates for the pattern
 
 
-REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def redis_url_error(url: str) -> str | None:
-    """Why the sidecar's ``--redis`` check (scheme, then host and port) would refuse ``url`` at
-    start, or None: for a URL the CRD cannot see (one in a Secret). The reason quotes no part of
-    the URL that may be a password."""
-    if not url.startswith(REDIS_URL_SCHEMES):
-        return "not a redis://, rediss:// or unix:// URL"
-    problem = authority_error(url)
-    if problem is None:
-        return None
-    if any(c in url.partition("://")[2].rpartition("@")[0] for c in "/?#"):
-        # the host is read up to the first '/', '?' or '#': before the '@' that is inside the
-        # password, and authority_error would quote the piece of it it took for the host and port
-        return (
-            "the host and port cannot be read: a '/', '?' or '#' before the '@' ends them"
-            " (in a password write %2F, %3F, %23)"
-        )
-    return problem.partition(": write ")[0]  # the hint writes the URL out again, password and all
-
-
 def readable_url(url: str | None) -> str | None:
     """A url field's validator: authority_error's problem, refused."""
     problem = None if url is None else authority_error(url)

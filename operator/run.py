@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from prefixfleet.cli import UsageError
-from prefixfleet.router.addresses import authority_error
+from prefixfleet.router.addresses import authority_error, redis_url_error, without_userinfo
 
 from .models import PROMETHEUS_URL_PATTERN
 
@@ -81,11 +81,11 @@ def register(subparsers: Any) -> None:
 def run_operator(args: argparse.Namespace) -> int:
     if args.liveness is not None and not re.fullmatch(LIVENESS_URL_PATTERN, args.liveness):
         raise UsageError(f"--liveness must look like http://HOST:PORT/PATH, got {args.liveness!r}")
-    if args.redis and not re.match(r"^(redis|rediss|unix)://", args.redis):
-        raise UsageError(f"--redis must be a redis://, rediss:// or unix:// URL, got {args.redis!r}")
+    if args.redis and (problem := redis_url_error(args.redis)) is not None:  # printed without its password
+        raise UsageError(f"--redis {without_userinfo(args.redis)!r}: {problem}")
     if args.prometheus and not re.fullmatch(PROMETHEUS_URL_PATTERN, args.prometheus):
         raise UsageError(f"--prometheus must be an http(s)://HOST[:PORT][/PATH] URL, got {args.prometheus!r}")
-    urls = {"--liveness": args.liveness, "--redis": args.redis, "--prometheus": args.prometheus}
+    urls = {"--liveness": args.liveness, "--prometheus": args.prometheus}
     for flag, url in urls.items():
         # the sidecar's and the CRD's host-and-port rule: refused by name here, not at a fleet's first dial
         if url and (problem := authority_error(url)) is not None:

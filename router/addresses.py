@@ -98,3 +98,37 @@ def authority_error(url: str) -> str | None:
     if port and not (_is_port_digits(port) and 0 < int(port) < 65536):
         return f"the port {port!r} is not a number in 1..65535"
     return None
+
+
+REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with everything between its scheme and its last ``@`` (user and password) as
+    ``***``: safe to print however broken the URL is (a parser may not find the password in it)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest:
+        return url
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+
+
+def redis_url_error(url: str) -> str | None:
+    """Why a ``--redis`` URL (the sidecar's, the gateway's, the operator's, or one in a Secret) is
+    refused: its scheme, then its host and port; or None. The reason quotes no part of the URL
+    that may be a password."""
+    if not url.startswith(REDIS_URL_SCHEMES):
+        return "not a redis://, rediss:// or unix:// URL"
+    problem = authority_error(url)
+    if problem is None:
+        return None
+    userinfo = url.partition("://")[2].rpartition("@")[0]
+    if not userinfo:
+        return problem  # nothing secret in it: the hint may write the URL out again
+    if any(c in userinfo for c in "/?#"):
+        # the host is read up to the first '/', '?' or '#': before the '@' that is inside the
+        # password, and authority_error would quote the piece of it it took for the host and port
+        return (
+            "the host and port cannot be read: a '/', '?' or '#' before the '@' ends them"
+            " (in a password write %2F, %3F, %23)"
+        )
+    return problem.partition(": write ")[0]  # the hint writes the URL out again, password and all

@@ -13,7 +13,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
-from .addresses import authority_error, bracket_ipv6_url
+from prefixfleet.cli import check_positive
+
+from .addresses import authority_error, bracket_ipv6_url, redis_url_error, without_userinfo
 from .blockhash import DEFAULT_BLOCK_TOKENS
 from .keys import DEFAULT_FLEET, validate_fleet_name
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
@@ -179,7 +181,7 @@ def _check_common(args: argparse.Namespace) -> None:
     if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
         raise _usage_error("--max-body-bytes and --max-prompt-tokens must be positive")
     if args.prefill_tokens_per_s is not None:
-        _check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s)
+        check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s)
     timeout = args.client_write_timeout
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
         raise _usage_error(f"--client-write-timeout must be a positive number of seconds, got {timeout:g}")
@@ -199,13 +201,6 @@ def _check_common(args: argparse.Namespace) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def _check_positive(flag: str, value: float) -> None:
-    """A positive finite number: ``value <= 0`` alone lets NaN and infinity through (a NaN
-    interval or rate poisons every comparison made with it)."""
-    if not (math.isfinite(value) and value > 0):
-        raise _usage_error(f"{flag} must be positive, got {value:g}")
-
-
 def _check_url(flag: str, url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise _usage_error(f"{flag} must be an http:// or https:// URL, got {url!r}")
@@ -216,9 +211,8 @@ def _check_url(flag: str, url: str) -> str:
 
 
 def _check_redis_url(url: str) -> None:
-    if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise _usage_error(f"--redis must be a redis://, rediss:// or unix:// URL, got {url!r}")
-    _check_authority("--redis", url)
+    if (problem := redis_url_error(url)) is not None:  # printed without its password
+        raise _usage_error(f"--redis {without_userinfo(url)!r}: {problem}")
 
 
 def _check_authority(flag: str, url: str) -> None:
@@ -239,7 +233,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
             validate_worker_id(args.worker_id)
         except ValueError as exc:
             raise _usage_error(f"--worker-id: {exc}") from None
-    _check_positive("--publish-interval", args.publish_interval)
+    check_positive("--publish-interval", args.publish_interval)
     if args.cache_tokens is not None and args.cache_tokens < 1:
         raise _usage_error("--cache-tokens must be positive")
     if args.max_summary_blocks < 1:
@@ -317,7 +311,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         ("--dead-after", args.dead_after),
         ("--overlay-ttl", args.overlay_ttl),
     ):
-        _check_positive(flag, value)
+        check_positive(flag, value)
     if args.max_retries < 0:
         raise _usage_error("--max-retries must not be negative")
     _check_tenant_header(args.tenant_header)
@@ -357,8 +351,8 @@ def run_bench_overhead(args: argparse.Namespace) -> int:
 
     if args.requests < 1:
         raise _usage_error("--requests must be positive")
-    _check_positive("--rate", args.rate)
-    _check_positive("--time-scale", args.time_scale)
+    check_positive("--rate", args.rate)
+    check_positive("--time-scale", args.time_scale)
     json_path = output_file(args.json, "--json")  # before the run: a bad path must not cost it
     _check_tenant_header(args.tenant_header)
     run = measure(args.requests, args.rate, args.time_scale, args.progress, tenant_header=args.tenant_header)

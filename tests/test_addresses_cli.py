@@ -92,3 +92,28 @@ def test_the_cli_refuses_an_unbracketed_ipv6_url_in_one_line(argv: list[str], sa
     assert out.returncode == 2, out.stderr
     assert says in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["router", "sidecar", "--engine", "http://127.0.0.1:30000", "--port", "8100", "--redis"],
+        ["router", "gateway", "--port", "8080", "--redis"],
+        ["operator", "run", "--redis"],
+    ],
+)
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        # a base64 password with '/': the host is read up to it, and the old message quoted that piece
+        ("redis://:s3cr/etpw@h:6379/0", "--redis 'redis://***@h:6379/0': the host and port cannot be read"),
+        ("redis://:s3cretpw@fd00::12:6379/0", "'redis://***@fd00::12:6379/0': an IPv6 address goes in"),
+        ("http://:s3cretpw@h:6379/0", "'http://***@h:6379/0': not a redis://, rediss:// or unix:// URL"),
+    ],
+)  # fmt: skip
+def test_a_refused_redis_url_is_named_without_its_password(argv: list[str], url: str, says: str) -> None:
+    argv = prefixfleet_argv(*argv, url)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert out.returncode == 2, out.stderr
+    assert says in out.stderr
+    assert "s3cr" not in out.stderr and "Traceback" not in out.stderr

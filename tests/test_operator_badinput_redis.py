@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from prefixfleet.operator.handlers import fleet_redis, resolve_redis_url
-from prefixfleet.operator.models import redis_url_error
+from prefixfleet.router.addresses import redis_url_error
 from tests.k8s.cluster import operator_in_cluster, running_redis, wait_for
 
 FLEET = "secretive"
