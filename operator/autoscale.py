@@ -226,7 +226,14 @@ def plan_scale(
         )
     if n > policy.max_replicas:
         excess = n - policy.max_replicas
-        victims = _victims(active, observed.subtrees, policy, excess)
+        # Replicas not serving yet go first (starting before warming, newest first): their caches
+        # hold nothing the fleet routes to, and taking the surplus from ready replicas alone could
+        # leave none serving (maxReplicas lowered while a scale-up is still starting).
+        unready = sorted(
+            (r for r in active if r.phase != "ready"), key=lambda r: (r.phase != "starting", -r.created_s)
+        )
+        victims = tuple(r.replica_id for r in unready[:excess])
+        victims += _victims(active, observed.subtrees, policy, excess - len(victims))
         return replace(
             base,
             desired_replicas=policy.max_replicas,

@@ -532,13 +532,21 @@ def test_every_plan_stays_in_bounds_and_acts_only_on_replicas_it_may(
     active = [r for r in replicas if r.phase != "draining"]
     ready = {r.replica_id for r in active if r.phase == "ready"}
     n = len(active)
-    # drained idle replicas go; only ready ones are drained, each once, never while adding
+    # drained idle replicas go; only ready ones are drained (above maxReplicas: the replicas not
+    # serving yet first), each once, never while adding
     assert set(plan.remove) == {r.replica_id for r in replicas if r.phase == "draining" and r.in_flight == 0}
-    assert set(plan.drain) <= ready and len(set(plan.drain)) == len(plan.drain)
-    assert plan.add >= 0 and not (plan.add and plan.drain)
+    assert len(set(plan.drain)) == len(plan.drain) and not (plan.add and plan.drain)
+    assert plan.add >= 0
     if n > hi:
         assert plan.desired_replicas == hi
+        unready = {r.replica_id for r in active} - ready
+        assert set(plan.drain) <= ready | unready and len(plan.drain) == n - hi
+        if set(plan.drain) & ready:  # a serving replica goes only after every one not serving yet
+            assert unready <= set(plan.drain)
+        assert len(ready - set(plan.drain)) == min(len(ready), hi)
     else:
+        assert set(plan.drain) <= ready
+    if n <= hi:
         assert plan.desired_replicas == n + plan.add - len(plan.drain)
         if n >= lo:
             assert lo <= plan.desired_replicas <= hi
@@ -556,16 +564,17 @@ def test_every_plan_stays_in_bounds_and_acts_only_on_replicas_it_may(
             assert p.target in ready
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner finding (H5): above maxReplicas the excess is drained from ready replicas only, "
-    "so a fleet whose surplus is still starting loses every serving replica",
-)
-def test_above_max_never_drains_the_last_ready_replica():
-    # maxReplicas lowered to 3 while a scale-up is in flight: 2 serve, 4 are starting
-    reps = [rep("a"), rep("b"), *(rep(f"s{i}", phase="starting") for i in range(4))]
+def test_above_max_takes_the_surplus_from_replicas_not_serving_yet():
+    # maxReplicas lowered to 3 while a scale-up is in flight: 2 serve, 4 are starting (found by a
+    # mutation audit: the surplus was drained from the ready replicas only, leaving none serving)
+    reps = [rep("a"), rep("b"), *(rep(f"s{i}", phase="starting", created=float(i)) for i in range(4))]
     plan = plan_scale(obs(reps), policy(min_replicas=0, max_replicas=3))
-    assert {"a", "b"} - set(plan.drain)
+    assert plan.drain == ("s3", "s2", "s1")  # newest first; both serving replicas kept
+    assert plan.desired_replicas == 3
+    # a warming replica goes after the starting ones, and a ready one only when nothing else is left
+    reps = [rep("a"), rep("b"), rep("w", phase="warming"), rep("s", phase="starting")]
+    assert plan_scale(obs(reps), policy(min_replicas=0, max_replicas=2)).drain == ("s", "w")
+    assert len(plan_scale(obs(reps), policy(min_replicas=0, max_replicas=1)).drain) == 3
 
 
 def test_a_replica_added_for_load_is_prewarmed_with_the_hottest_subtrees():
