@@ -241,7 +241,10 @@ async def whole_events(
         else:
             out = bytes(held) + chunk[:end] if held else chunk[:end]
             held[:] = chunk[end:]
-        if held[:1] == b":":
+        # Only once a line end came (or the byte after a CR): a long comment line arriving in
+        # pieces is not rescanned from its start for every piece.
+        new = max(0, len(held) - len(chunk) - 1)
+        if held[:1] == b":" and (held.find(b"\n", new) >= 0 or held.find(b"\r", new) >= 0):
             comments = _LEADING_COMMENTS.match(held)
             if comments is not None:
                 out += bytes(held[: comments.end()])
