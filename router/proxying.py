@@ -194,8 +194,10 @@ def sse_error_event(message: str, kind: str = "upstream_disconnected") -> bytes:
 # nearest event end; ``\r(?!\n)`` keeps a CRLF from being read as two line ends.
 _LAST_EVENT_END = re.compile(rb"(?s:.*)(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
-# Whole comment lines at the start of an event (a CR at the buffer's end may be half a CRLF: wait).
-_LEADING_COMMENTS = re.compile(rb"(?::[^\r\n]*(?:\r\n|\n|\r(?=[^\n])))+")
+# Whole comment or blank lines at the start of an event (a CR at the buffer's end may be half a
+# CRLF: wait). A blank line there ends an event with no field: a client dispatches nothing.
+_LEADING_NO_FIELD_LINES = re.compile(rb"(?:(?::[^\r\n]*)?(?:\r\n|\n|\r(?=[^\n])))+")
+_NO_FIELD_LINE_STARTS = (b":", b"\n", b"\r")
 MAX_HELD_EVENT_BYTES = 8 * 1024 * 1024
 
 
@@ -215,7 +217,7 @@ async def whole_events(
     chunks: AsyncIterator[bytes], max_held: int = MAX_HELD_EVENT_BYTES
 ) -> AsyncIterator[bytes]:
     """An SSE body's bytes in pieces that each end where no event is half sent: at an event end, or
-    after comment lines (``: ping``) that begin the next event. An incomplete trailing event is held
+    after comment or blank lines (``: ping``) that begin the next event. An incomplete trailing event is held
     back until its blank line arrives; the whole body still comes out byte for byte.
 
     Why: when the upstream breaks off, the hop appends its own error event. After a partial event
@@ -244,8 +246,8 @@ async def whole_events(
         # Only once a line end came (or the byte after a CR): a long comment line arriving in
         # pieces is not rescanned from its start for every piece.
         new = max(0, len(held) - len(chunk) - 1)
-        if held[:1] == b":" and (held.find(b"\n", new) >= 0 or held.find(b"\r", new) >= 0):
-            comments = _LEADING_COMMENTS.match(held)
+        if held[:1] in _NO_FIELD_LINE_STARTS and (held.find(b"\n", new) >= 0 or held.find(b"\r", new) >= 0):
+            comments = _LEADING_NO_FIELD_LINES.match(held)
             if comments is not None:
                 out += bytes(held[: comments.end()])
                 del held[: comments.end()]

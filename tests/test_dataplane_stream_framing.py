@@ -228,6 +228,29 @@ def test_whole_events_passes_any_split_on_unchanged_and_each_piece_ends_an_event
         assert not half_sent_event(passed_on), out
 
 
+@pytest.mark.parametrize("line_end", [b"\n", b"\r\n", b"\r"])
+def test_whole_events_passes_heartbeats_on_at_once_even_after_a_blank_line_read_alone(
+    line_end: bytes,
+) -> None:
+    """A blank line at an event's start ends an event with no field, so it does not hold the next
+    heartbeat back: every heartbeat read before a cut reached the client."""
+    pieces = [b": ping" + line_end, line_end, b": ping" + line_end, b"data"]
+
+    async def source() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+        raise ConnectionResetError("cut")
+
+    async def collect() -> bytes:
+        out = b""
+        with pytest.raises(ConnectionResetError):
+            async for piece in whole_events(source()):
+                out += piece
+        return out
+
+    assert asyncio.run(collect()) == b"".join(pieces[:3])
+
+
 def test_whole_events_passes_an_unterminated_tail_on_when_the_stream_ends_cleanly() -> None:
     assert framed([FIRST_EVENT, b"data: {}"]) == [FIRST_EVENT, b"data: {}"]
 
