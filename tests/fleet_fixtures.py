@@ -13,6 +13,8 @@ can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``r
 * ``spawn`` — ``spawn(argv, name=..., ready_url=..., ready_port=...)`` starts a process in its own
   process group, logs to ``tmp_path/<name>.log``, waits until it is ready and kills the whole group
   on teardown (also the ones the test already stopped are reaped).
+* ``serve_http`` / ``serve_aiohttp`` — stand-in engines on a free port; ``relayed(hops, engine_url)``
+  — the real sidecar and/or gateway in front of one, in the test's event loop.
 * ``prefixfleet_argv(*args)`` — argv running this checkout's ``prefixfleet`` CLI.
 * ``live_processes()`` — every non-zombie process (pid, parent, group) from ``/proc``: for
   "nothing is left running" checks; ``live_children()`` — those whose parent is this process.
@@ -38,10 +40,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from aiohttp import web
+
+from prefixfleet.router import gateway, sidecar
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 30.0
@@ -83,6 +87,26 @@ async def serve_aiohttp(app: web.Application, **runner_options: object) -> Async
         yield f"http://{LOOPBACK}:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def relayed(hops: str, engine_url: str, **gateway_options: Any) -> AsyncIterator[str]:
+    """The base URL a client uses to reach ``engine_url`` through ``hops`` (``sidecar``, ``gateway``
+    or ``gateway+sidecar``): the real sidecar and gateway served in this event loop for the
+    ``async with`` block. ``gateway_options`` go to ``GatewayConfig``."""
+    async with contextlib.AsyncExitStack() as stack:
+        url = engine_url
+        if "sidecar" in hops:
+            config = sidecar.SidecarConfig(
+                engine_url=url, redis_url=None, port=0, worker_id="w0", model="m", revision="r"
+            )
+            served = await stack.enter_async_context(sidecar.listening(config))
+            url = f"http://{LOOPBACK}:{served.port}"
+        if "gateway" in hops:
+            gateway_config = gateway.GatewayConfig(port=0, workers=(url,), **gateway_options)
+            served_gateway = await stack.enter_async_context(gateway.listening(gateway_config))
+            url = f"http://{LOOPBACK}:{served_gateway.port}"
+        yield url
 
 
 def port_open(port: int, host: str = LOOPBACK) -> bool:

@@ -18,17 +18,16 @@ import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
 from aiohttp import web
-from fleet_fixtures import serve_aiohttp
+from fleet_fixtures import relayed, serve_aiohttp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from stall_clients import FIRST_EVENT, CuttingEngine
 
-from prefixfleet.router import gateway, sidecar
 from prefixfleet.router.proxying import whole_events
 
 pytestmark = pytest.mark.timeout(60)
@@ -67,25 +66,6 @@ def half_sent_event(stream: bytes) -> bool:
         elif not line.startswith(b":"):
             pending = True
     return pending
-
-
-@asynccontextmanager
-async def relayed(hops: str, engine_url: str) -> AsyncIterator[str]:
-    """The base URL a client uses to reach ``engine_url`` through ``hops``."""
-    async with AsyncExitStack() as stack:
-        url = engine_url
-        if "sidecar" in hops:
-            config = sidecar.SidecarConfig(
-                engine_url=url, redis_url=None, port=0, worker_id="w0", model="m", revision="r"
-            )
-            served = await stack.enter_async_context(sidecar.listening(config))
-            url = f"http://127.0.0.1:{served.port}"
-        if "gateway" in hops:
-            served_gateway = await stack.enter_async_context(
-                gateway.listening(gateway.GatewayConfig(port=0, workers=(url,)))
-            )
-            url = f"http://127.0.0.1:{served_gateway.port}"
-        yield url
 
 
 async def stream_body(url: str) -> bytes:

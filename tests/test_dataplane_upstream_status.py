@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 
 import aiohttp
 import pytest
+from fleet_fixtures import relayed
 
-from prefixfleet.router import gateway, sidecar
 from prefixfleet.router.upstream import Origin, UpstreamClosed, UpstreamPool
 
 pytestmark = pytest.mark.timeout(60)
@@ -61,23 +61,6 @@ async def engine_answering(status: str) -> AsyncIterator[str]:
         await server.wait_closed()
 
 
-@asynccontextmanager
-async def relayed(hops: str, engine_url: str) -> AsyncIterator[str]:
-    async with AsyncExitStack() as stack:
-        url = engine_url
-        if "sidecar" in hops:
-            config = sidecar.SidecarConfig(
-                engine_url=url, redis_url=None, port=0, worker_id="w0", model="m", revision="r"
-            )
-            served = await stack.enter_async_context(sidecar.listening(config))
-            url = f"http://127.0.0.1:{served.port}"
-        if "gateway" in hops:
-            config_g = gateway.GatewayConfig(port=0, workers=(url,), max_retries=1)
-            served_gateway = await stack.enter_async_context(gateway.listening(config_g))
-            url = f"http://127.0.0.1:{served_gateway.port}"
-        yield url
-
-
 @pytest.mark.parametrize("status", BAD_STATUSES)
 async def test_the_upstream_client_refuses_a_status_outside_100_to_599(status: str) -> None:
     pool = UpstreamPool()
@@ -97,7 +80,7 @@ async def test_a_bad_engine_status_is_answered_as_an_upstream_failure_naming_it(
 ) -> None:
     async with (
         engine_answering(status) as engine_url,
-        relayed(hops, engine_url) as url,
+        relayed(hops, engine_url, max_retries=1) as url,
         aiohttp.ClientSession() as session,
         session.post(f"{url}/v1/completions", json={"prompt": "hello", "max_tokens": 2}) as resp,
     ):
