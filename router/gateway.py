@@ -643,7 +643,7 @@ class Gateway:
                 return await self._exchange(request, body, worker, started, prefilled)
         except TimeoutError as exc:
             if isinstance(exc, ConnectionError):
-                raise _Retryable(exc.__class__.__name__) from exc
+                raise _Retryable(failure_text(exc)) from exc
             self.metrics.errors.labels("timeout").inc()
             return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
 
@@ -660,7 +660,7 @@ class Gateway:
                 origin, "POST", prefix + request_target(request), forward_header_pairs(request.headers), body
             )
         except _RETRY_ERRORS as exc:
-            raise _Retryable(exc.__class__.__name__) from exc
+            raise _Retryable(failure_text(exc)) from exc
         async with exchange:
             try:
                 upstream = await exchange.response()
@@ -673,7 +673,7 @@ class Gateway:
                 try:
                     data = await upstream.read()
                 except _RETRY_ERRORS as exc:
-                    raise _Retryable(exc.__class__.__name__) from exc
+                    raise _Retryable(failure_text(exc)) from exc
                 if upstream.status in (502, 503) and upstream.headers.get(RETRYABLE_HEADER):
                     why = error_message(data)
                     raise _Retryable(
@@ -699,7 +699,7 @@ class Gateway:
         except StopAsyncIteration:
             raise _Retryable("stream closed before its first byte") from None
         except _RETRY_ERRORS as exc:
-            raise _Retryable(exc.__class__.__name__) from exc
+            raise _Retryable(failure_text(exc)) from exc
         error_first = is_error_event(first)  # an error event before any token
         if error_first and b"upstream_disconnected" in first:
             raise _Retryable("engine died before its first byte")  # the sidecar's error event
