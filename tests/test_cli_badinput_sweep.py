@@ -86,7 +86,10 @@ NUMBER_CASES = [
     ([*COMPARE, "--requests", "5", "--cache-tokens", "100"], "--cache-tokens 100 cannot hold"),
     (["compare", "--json", "c.json", "--trace", "adir"], "--trace adir: the trace was not found"),
     (["emulator", "--port", "0", "--host", ""], "--host is empty"),
-    (["emulator", "--port", "0", "--decode-tokens-per-s", "inf"], "--decode-tokens-per-s must be positive, got inf"),
+    (
+        ["emulator", "--port", "0", "--decode-tokens-per-s", "inf"],
+        "--decode-tokens-per-s must be positive, got inf",
+    ),
     ([*SIM, "--engine", "prefill_s_per_token=nan"], "--engine prefill_s_per_token must be a finite number"),
     ([*SCALE, "--engine", "decode_base_s=inf"], "--engine decode_base_s must be a finite number"),
     ([*SIM, "--engine", "max_running=1e400"], "--engine max_running must be a number, got '1e400'"),
