@@ -24,6 +24,7 @@ Pure functions over plain data; the state between rounds is returned and passed 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -44,13 +45,13 @@ def subtree_id(block_hash: int) -> str:
 
 
 def parse_subtree_id(sid: str) -> int:
-    try:
-        value = int(sid, 16)
-    except ValueError:
-        raise ValueError(f"subtree id must be 16 hex digits, got {sid!r}") from None
-    if len(sid) != 16:
+    # fullmatch, not int(sid, 16) alone: that also reads '0x...', '+...', ' ...' and '_' separators
+    if not _SUBTREE_ID.fullmatch(sid):
         raise ValueError(f"subtree id must be 16 hex digits, got {sid!r}")
-    return value
+    return int(sid, 16)
+
+
+_SUBTREE_ID = re.compile(r"[0-9a-fA-F]{16}")
 
 
 @dataclass(frozen=True, slots=True)

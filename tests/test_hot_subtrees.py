@@ -128,8 +128,10 @@ def test_departed_worker_is_forgotten():
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="half_life_s"):
         hot_subtrees({}, None, 0.0, half_life_s=0)
-    with pytest.raises(ValueError, match="16 hex"):
-        parse_subtree_id("xyz")
+    # int(x, 16) alone reads all of these; none is 16 hex digits
+    for bad in ("xyz", "0x00000000000001", "+000000000000001", " 000000000000001", "0000_0000_000001"):
+        with pytest.raises(ValueError, match="16 hex"):
+            parse_subtree_id(bad)
     assert parse_subtree_id(subtree_id(2**64 - 1)) == 2**64 - 1
     assert isinstance(HotState(observed_s=math.pi).rates, dict)
 
