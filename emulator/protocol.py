@@ -301,22 +301,34 @@ def parse_completion(body: object, limits: Limits) -> Call:
     return Call(tuple(prompts), (max_new,) * n, (None,) * n, stream, batch, usage, model, _cache_salt(body))
 
 
-# SGLang's chat message roles (its OpenAI protocol models); another role is a 400 there too.
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+# SGLang's chat message roles (its OpenAI protocol models): a message is either its generic param,
+# whose role validator lower-cases the role before checking it ("System" is "system"), or its user
+# param, typed Literal["user"] and so exact ("User" is refused). Another role is a 400 there too.
+GENERIC_CHAT_ROLES = ("system", "developer", "assistant", "tool", "function", "latest_reminder")
+CHAT_ROLES = (*GENERIC_CHAT_ROLES, "user")
 
 
-def _check_messages(messages: list[object]) -> None:
-    """What SGLang's request models refuse and the shared chat template would skip or stringify:
-    an unknown role, a content part that is no object with a string ``type``, a text part whose
-    ``text`` is no string (``{"type": "text", "text": 5}`` was prefilled as "5")."""
+def _checked_messages(messages: list[object]) -> list[object]:
+    """The messages with each role as SGLang normalizes it, refusing what its request models refuse
+    and the shared chat template would skip or stringify: an unknown role, a content part that is
+    no object with a string ``type``, a text part whose ``text`` is no string (``{"type": "text",
+    "text": 5}`` was prefilled as "5")."""
+    checked: list[object] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
+            checked.append(msg)
             continue  # render_chat names it
         role = msg.get("role")
-        if isinstance(role, str) and role not in CHAT_ROLES:
-            raise BadRequest(
-                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", "messages"
-            )
+        if isinstance(role, str) and role != "user":
+            if role.lower() not in GENERIC_CHAT_ROLES:
+                raise BadRequest(
+                    f"messages[{i}].role must be 'user' or one of {', '.join(GENERIC_CHAT_ROLES)} "
+                    f"(case-insensitive), got {role!r}",
+                    "messages",
+                )
+            if role != role.lower():  # rendered as SGLang renders it: the same prompt, the same cache
+                msg = {**msg, "role": role.lower()}
+        checked.append(msg)
         content = msg.get("content")
         if not isinstance(content, list):
             continue
@@ -326,6 +338,7 @@ def _check_messages(messages: list[object]) -> None:
                 raise BadRequest(f"{where} must be an object with a string type", "messages")
             if part["type"] == "text" and not isinstance(part.get("text"), str):
                 raise BadRequest(f"{where}.text must be a string", "messages")
+    return checked
 
 
 def parse_chat(body: object, limits: Limits) -> Call:
@@ -333,9 +346,9 @@ def parse_chat(body: object, limits: Limits) -> Call:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
-    _check_messages(messages)
+    checked = _checked_messages(messages)
     try:
-        text = render_chat(messages)
+        text = render_chat(checked)
     except ValueError as exc:
         raise BadRequest(str(exc), "messages") from None
     prompt = _check_prompt(tokenize(text), "messages", limits)

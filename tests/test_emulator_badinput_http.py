@@ -4,7 +4,7 @@ Specification (beyond tests/test_emulator_server.py's BAD_REQUESTS): JSON number
 count (NaN, 1e400, 2.5, huge), bodies that are not UTF-8 or nest too deep, batched token ids with a
 bad entry, sampling parameters of a type or range SGLang's SamplingParams refuses (temperature "hot"
 or -1, top_p 0, top_k 0, stop 5...), and chat messages SGLang's request models refuse (an unknown
-role, a content part that is no typed object, a text part whose text is no string) each get a 400
+role or "User", a content part that is no typed object, a text part whose text is no string) each get a 400
 whose ``error.message`` names the offending field; valid requests answer in the unchanged shape.
 """
 
@@ -61,6 +61,8 @@ CASES = [
     ("/v1/completions", b'{"prompt": "a", "stop": [1]}', "stop"),
     ("/v1/chat/completions", b'{"messages": [' + USER.encode() + b'], "top_p": 1.5}', "top_p"),
     ("/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages[0].role"),
+    # SGLang lower-cases every role but user, which its model types Literal["user"]
+    ("/v1/chat/completions", b'{"messages": [{"role": "User", "content": "x"}]}', "messages[0].role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [5]}]}', "messages[0].content[0]"),
     (
         "/v1/chat/completions",
@@ -181,6 +183,22 @@ async def test_ordinary_client_requests_still_answer(
         else answer["usage"]["completion_tokens"]
     )
     assert tokens == (2 if path == "/v1/chat/completions" else 1)
+
+
+async def test_a_role_in_another_case_is_the_same_prompt_as_sglang_lower_cases_it(
+    server: EmulatorServer, http: aiohttp.ClientSession
+) -> None:
+    """ "System" renders as "system": the second request finds the first one's whole prompt cached."""
+    answers = []
+    for role in ("system", "SYSTEM"):
+        messages = [{"role": role, "content": "shared rules " * 20}, {"role": "user", "content": "hi"}]
+        async with http.post(
+            server.url + "/v1/chat/completions", json={"messages": messages, "max_tokens": 1}
+        ) as r:
+            assert r.status == 200, await r.text()
+            answers.append((await r.json())["usage"])
+    assert answers[1]["prompt_tokens"] == answers[0]["prompt_tokens"]
+    assert answers[1]["prompt_tokens_details"]["cached_tokens"] >= answers[0]["prompt_tokens"] - 1
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
