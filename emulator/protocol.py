@@ -11,6 +11,9 @@ import time
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+from pydantic import TypeAdapter, ValidationError
 
 from prefixfleet.tokenizer import render_chat, tokenize
 
@@ -60,6 +63,34 @@ def error_body(message: str, param: str | None, status: int) -> dict[str, object
 # -- field validation ------------------------------------------------------------------------------
 
 
+# SGLang validates its request bodies with pydantic in lax mode: the OpenAI bodies are pydantic models
+# (entrypoints/openai/protocol.py), and FastAPI validates /generate's GenerateReqInput dataclass the
+# same way (its `stream: bool`, `input_ids: List[int] | List[List[int]]`). So a field typed float
+# takes "0.7", one typed int takes 50.0 or "50" but not 50.5, a bool takes "yes"/"false"/0/1 but not
+# "maybe". These adapters coerce, and refuse, exactly as those models do.
+_AS_FLOAT: TypeAdapter[float] = TypeAdapter(float)
+_AS_INT: TypeAdapter[int] = TypeAdapter(int)
+_AS_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+_AS_STOP: TypeAdapter[str | list[str]] = TypeAdapter(str | list[str])
+_AS_TOKEN_IDS: TypeAdapter[list[int]] = TypeAdapter(list[int])
+
+_T = TypeVar("_T")
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _lax(adapter: TypeAdapter[_T], value: object, name: str, kind: str) -> _T:
+    """``value`` coerced as SGLang's pydantic models coerce it, or a 400 naming ``name``."""
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"]
+        raise BadRequest(f"{name} must be {kind}, got {_shown(value)} ({reason})", name) from None
+
+
 def _obj(body: object) -> Mapping[str, object]:
     if not isinstance(body, Mapping):
         raise BadRequest("the request body must be a JSON object", "body")
@@ -70,9 +101,7 @@ def _bool(body: Mapping[str, object], name: str, default: bool = False) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise BadRequest(f"{name} must be a boolean", name)
-    return value
+    return _lax(_AS_BOOL, value, name, "a boolean")
 
 
 def _int(value: object, name: str, limit: int) -> int:
@@ -91,10 +120,18 @@ def _int(value: object, name: str, limit: int) -> int:
 def _token_ids(value: object, name: str) -> array:
     if not isinstance(value, list):
         raise BadRequest(f"{name} must be a list of token ids", name)
-    for i, t in enumerate(value):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < 2**32:
+    try:  # List[int] in SGLang's models: 2.0 and "2" are token 2, 2.5 and "x" are refused
+        ids = _AS_TOKEN_IDS.validate_python(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        i = error["loc"][0]
+        raise BadRequest(
+            f"{name}[{i}] must be an integer token id, got {_shown(value[i])} ({error['msg']})", name
+        ) from None
+    for i, t in enumerate(ids):
+        if not 0 <= t < 2**32:
             raise BadRequest(f"{name}[{i}] must be an integer token id in [0, 2**32)", name)
-    return array("I", value)
+    return array("I", ids)
 
 
 def _check_prompt(tokens: array, name: str, limits: Limits) -> array:
@@ -116,40 +153,59 @@ _SAMPLING_RANGES: dict[str, tuple[float, float, bool]] = {
     "min_p": (0.0, 1.0, False),
     "frequency_penalty": (-2.0, 2.0, False),
     "presence_penalty": (-2.0, 2.0, False),
-    "repetition_penalty": (0.0, 2.0, False),
+    "repetition_penalty": (0.0, 2.0, True),
 }
 
 
-_GREEDY_TEMPERATURE = 1e-6  # SGLang's _SAMPLING_EPS: a temperature below it samples greedily
+_GREEDY_TEMPERATURE = 1e-6  # SGLang's _SAMPLING_EPS: a temperature in [0, it) samples greedily
 
 
-def _check_sampling(params: Mapping[str, object], prefix: str) -> None:
-    """Types and ranges of the sampling parameters SGLang refuses; their values change nothing here."""
+def _is_number(value: object) -> bool:
+    # /generate's sampling_params reach SamplingParams unvalidated: any Python number compares
+    # (a bool too, as SGLang's comparisons take it); anything else fails there with a TypeError.
+    return isinstance(value, int | float)
+
+
+def _check_sampling(params: Mapping[str, object], prefix: str, lax: bool) -> None:
+    """Types and ranges of the sampling parameters SGLang refuses; their values change nothing here.
+
+    ``lax``: the OpenAI bodies, whose fields SGLang's pydantic models coerce ("0.7" is 0.7, 50.0 is
+    top_k 50, "yes" is true). Otherwise /generate's ``sampling_params``, a plain dict SGLang never
+    type-checks: numbers are compared as they are, ``ignore_eos`` is only tested for truth.
+    """
+    values: dict[str, float] = {}
     for name, (low, high, open_low) in _SAMPLING_RANGES.items():
         value = params.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise BadRequest(f"{prefix}{name} must be a number", prefix + name)
+        if lax:
+            value = _lax(_AS_FLOAT, value, prefix + name, "a number")
+        elif not _is_number(value):
+            raise BadRequest(f"{prefix}{name} must be a number, got {_shown(value)}", prefix + name)
+        if not math.isfinite(value):
+            raise BadRequest(f"{prefix}{name} must be a finite number, got {value}", prefix + name)
         if value < low or (open_low and value == low) or value > high:
             bounds = f"{'(' if open_low else '['}{low:g}, {high:g}]"
             raise BadRequest(f"{prefix}{name} must be in {bounds}, got {value}", prefix + name)
+        values[name] = value
     top_k = params.get("top_k")
-    # temperature 0 is greedy: SGLang sets top_k to 1 before its check, so any integer top_k passes
-    temperature = params.get("temperature")
-    greedy = isinstance(temperature, int | float) and temperature < _GREEDY_TEMPERATURE
-    if top_k is not None and (
-        isinstance(top_k, bool) or not isinstance(top_k, int) or (not greedy and (top_k == 0 or top_k < -1))
-    ):
+    if top_k is not None and lax:
+        top_k = _lax(_AS_INT, top_k, prefix + "top_k", "an integer")
+    # temperature 0 is greedy: SGLang sets top_k to 1 before its check, so any top_k passes then
+    greedy = 0 <= values.get("temperature", 1.0) < _GREEDY_TEMPERATURE
+    if top_k is not None and not greedy and (not _is_number(top_k) or (top_k < 1 and top_k != -1)):
         raise BadRequest(f"{prefix}top_k must be -1 (off) or a positive integer", prefix + "top_k")
     stop = params.get("stop")
-    if stop is not None and not (
-        isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
-    ):
-        raise BadRequest(f"{prefix}stop must be a string or a list of strings", prefix + "stop")
+    if stop is not None:
+        if lax:
+            _lax(_AS_STOP, stop, prefix + "stop", "a string or a list of strings")
+        elif not (
+            isinstance(stop, str) or (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+        ):
+            raise BadRequest(f"{prefix}stop must be a string or a list of strings", prefix + "stop")
     ignore_eos = params.get("ignore_eos")
-    if ignore_eos is not None and not isinstance(ignore_eos, bool):
-        raise BadRequest(f"{prefix}ignore_eos must be a boolean", prefix + "ignore_eos")
+    if ignore_eos is not None and lax:
+        _lax(_AS_BOOL, ignore_eos, prefix + "ignore_eos", "a boolean")
 
 
 def _cache_salt(body: Mapping[str, object]) -> str | None:
@@ -165,10 +221,10 @@ def _stream_usage(body: Mapping[str, object]) -> bool:
         return False
     if not isinstance(options, Mapping):
         raise BadRequest("stream_options must be an object", "stream_options")
-    value = options.get("include_usage", False)
-    if not isinstance(value, bool):
-        raise BadRequest("stream_options.include_usage must be a boolean", "stream_options.include_usage")
-    return value
+    value = options.get("include_usage")
+    if value is None:
+        return False
+    return _lax(_AS_BOOL, value, "stream_options.include_usage", "a boolean")
 
 
 # -- SGLang native /generate -------------------------------------------------------------------
@@ -213,7 +269,7 @@ def parse_generate(body: object, limits: Limits) -> Call:
     for sp in param_list:
         if not isinstance(sp, Mapping):
             raise BadRequest("sampling_params must be an object", "sampling_params")
-        _check_sampling(sp, "sampling_params.")
+        _check_sampling(sp, "sampling_params.", lax=False)
         value = sp.get("max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS)
         if value is None:
             value = DEFAULT_GENERATE_MAX_NEW_TOKENS
@@ -258,18 +314,18 @@ def _max_tokens(body: Mapping[str, object], default: int, limits: Limits) -> int
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
         if value is not None:
-            return _int(value, name, limits.max_new_tokens)
+            return _int(_lax(_AS_INT, value, name, "an integer"), name, limits.max_new_tokens)
     return default
 
 
 def _common_openai(body: Mapping[str, object]) -> tuple[bool, bool, str | None]:
-    n = body.get("n", 1)
-    if n is not None and n != 1:
+    n = body.get("n")
+    if n is not None and _lax(_AS_INT, n, "n", "an integer") != 1:
         raise BadRequest("only n=1 is supported", "n")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("model must be a string", "model")
-    _check_sampling(body, "")
+    _check_sampling(body, "", lax=True)
     stream = _bool(body, "stream")
     return stream, _stream_usage(body), model
 
@@ -293,7 +349,7 @@ def parse_completion(body: object, limits: Limits) -> Call:
         raise BadRequest(f"prompt holds {len(prompts)} prompts; at most {MAX_BATCH} per request", "prompt")
     for p in prompts:
         _check_prompt(p, "prompt", limits)
-    if body.get("echo"):
+    if _bool(body, "echo"):
         raise BadRequest("echo is not supported by the emulator", "echo")
     stream, usage, model = _common_openai(body)
     max_new = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, limits)

@@ -2,10 +2,12 @@
 
 Specification (beyond tests/test_emulator_server.py's BAD_REQUESTS): JSON numbers that are no usable
 count (NaN, 1e400, 2.5, huge), bodies that are not UTF-8 or nest too deep, batched token ids with a
-bad entry, sampling parameters of a type or range SGLang's SamplingParams refuses (temperature "hot"
-or -1, top_p 0, top_k 0, stop 5...), and chat messages SGLang's request models refuse (an unknown
-role or "User", a content part that is no typed object, a text part whose text is no string) each get a 400
-whose ``error.message`` names the offending field; valid requests answer in the unchanged shape.
+bad entry, sampling parameters of a type or range SGLang refuses (temperature "hot", "0.7abc" or -1,
+top_p 0, top_k 0 or 50.5, stop 5, ignore_eos "maybe"...), and chat messages SGLang's request models
+refuse (an unknown role, "User", a content part that is no typed object, a text part whose text is
+no string) each get a 400 whose ``error.message`` names the offending field. What SGLang's pydantic
+models coerce in lax mode ("0.7", 50.0, "true", a role "System") is accepted as they coerce it; valid
+requests answer in the unchanged shape.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ CASES = [
         "max_new_tokens",
     ),
     ("/generate", b'{"input_ids": [[1], [2, "x"]]}', "input_ids[1]"),
-    ("/generate", b'{"input_ids": [1, 2.0]}', "input_ids[1]"),
+    ("/generate", b'{"input_ids": [1, 2.5]}', "input_ids[1]"),
     ("/generate", b'{"input_ids": [4294967296]}', "input_ids[0]"),
     ("/generate", b'{"text": ["a", 5]}', "text"),
     ("/generate", b'{"text": ["a", "b"], "rid": ["x"]}', "rid"),
@@ -55,8 +57,18 @@ CASES = [
         "sampling_params.top_k",
     ),
     ("/generate", b'{"text": "a", "sampling_params": {"stop": 5}}', "sampling_params.stop"),
-    ("/generate", b'{"text": "a", "sampling_params": {"ignore_eos": "yes"}}', "sampling_params.ignore_eos"),
-    ("/v1/completions", b'{"prompt": "a", "temperature": NaN}', "temperature must be a number"),
+    ("/v1/completions", b'{"prompt": "a", "temperature": NaN}', "temperature must be a finite number"),
+    # what SGLang's pydantic request models (lax mode) refuse: no number, a fractional int, no boolean
+    (
+        "/v1/chat/completions",
+        b'{"messages": [' + USER.encode() + b'], "temperature": "0.7abc"}',
+        "temperature",
+    ),
+    ("/v1/completions", b'{"prompt": "a", "top_k": 50.5}', "top_k must be an integer"),
+    ("/v1/completions", b'{"prompt": "a", "ignore_eos": "maybe"}', "ignore_eos must be a boolean"),
+    ("/v1/completions", b'{"prompt": "a", "stream": "maybe"}', "stream must be a boolean"),
+    ("/v1/completions", b'{"prompt": "a", "n": "two"}', "n must be an integer"),
+    ("/v1/completions", b'{"prompt": "a", "repetition_penalty": 0}', "repetition_penalty must be in (0, 2]"),
     ("/v1/completions", b'{"prompt": "a", "presence_penalty": 3}', "presence_penalty must be in [-2, 2]"),
     ("/v1/completions", b'{"prompt": "a", "stop": [1]}', "stop"),
     ("/v1/chat/completions", b'{"messages": [' + USER.encode() + b'], "top_p": 1.5}', "top_p"),
@@ -183,6 +195,53 @@ async def test_ordinary_client_requests_still_answer(
         else answer["usage"]["completion_tokens"]
     )
     assert tokens == (2 if path == "/v1/chat/completions" else 1)
+
+
+# What SGLang accepts although its type is loose: its OpenAI request models are pydantic models in lax
+# mode (a float field takes "0.7", an int field 50.0 or "2", a bool field "true"/"false"/"yes"/0/1),
+# FastAPI validates /generate's GenerateReqInput the same way (input_ids List[int], stream bool), and
+# /generate's sampling_params dict reaches SamplingParams untyped (ignore_eos is only tested for truth).
+COERCED = [
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "System", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            "max_tokens": "2",
+            "temperature": "0.7",
+            "top_p": "1",
+            "top_k": 50.0,
+            "presence_penalty": " -2 ",
+            "ignore_eos": "true",
+            "stream": "false",
+            "n": "1",
+        },
+    ),
+    (
+        "/v1/completions",
+        {"prompt": [1, 2.0, "3"], "max_tokens": 2.0, "top_k": "-1", "echo": "no", "stream": 0},
+    ),
+    (
+        "/generate",
+        {
+            "input_ids": [1, 2.0, "3"],
+            "stream": "off",
+            "sampling_params": {"max_new_tokens": 2, "ignore_eos": "yes"},
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), COERCED, ids=["chat", "completions", "generate"])
+async def test_loosely_typed_values_sglang_coerces_are_accepted(
+    server: EmulatorServer, http: aiohttp.ClientSession, path: str, body: dict[str, object]
+) -> None:
+    async with http.post(server.url + path, json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    usage = answer["meta_info"] if path == "/generate" else answer["usage"]
+    assert usage["completion_tokens"] == 2
+    if path != "/v1/chat/completions":
+        assert usage["prompt_tokens"] == 3  # [1, 2.0, "3"] is the token ids 1, 2, 3
 
 
 async def test_a_role_in_another_case_is_the_same_prompt_as_sglang_lower_cases_it(

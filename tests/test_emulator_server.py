@@ -327,7 +327,7 @@ BAD_REQUESTS = [
         "sampling_params.max_new_tokens",
     ),
     ("/generate", b'{"text": "a", "sampling_params": 3}', "sampling_params"),
-    ("/generate", b'{"text": "a", "stream": "yes"}', "stream"),
+    ("/generate", b'{"text": "a", "stream": "maybe"}', "stream"),  # "yes" is true to SGLang's pydantic
     ("/generate", b'{"text": "a", "rid": 7}', "rid"),
     ("/v1/completions", b'{"max_tokens": 3}', "prompt"),
     ("/v1/completions", b'{"prompt": {"a": 1}}', "prompt"),
