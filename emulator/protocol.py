@@ -352,6 +352,10 @@ def parse_completion(body: object, limits: Limits) -> Call:
     if _bool(body, "echo"):
         raise BadRequest("echo is not supported by the emulator", "echo")
     stream, usage, model = _common_openai(body)
+    # SGLang's CompletionRequest validates max_tokens positive (its chat request has no such rule)
+    given = body.get("max_tokens")
+    if given is not None and _lax(_AS_INT, given, "max_tokens", "an integer") <= 0:
+        raise BadRequest(f"max_tokens must be positive, got {given}", "max_tokens")
     max_new = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, limits)
     n = len(prompts)
     return Call(tuple(prompts), (max_new,) * n, (None,) * n, stream, batch, usage, model, _cache_salt(body))

@@ -43,6 +43,7 @@ CASES = [
     ("/v1/completions", b'{"prompt": [1, 2, "x"]}', "prompt[2]"),
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 1e400}', "max_tokens"),
     ("/v1/completions", b'{"prompt": "a", "model": 5}', "model"),
+    ("/v1/completions", b'{"prompt": "a", "max_tokens": 0}', "max_tokens must be positive"),
     ("/generate", b'{"text": "a", "sampling_params": {"temperature": "hot"}}', "sampling_params.temperature"),
     ("/generate", b'{"text": "a", "sampling_params": {"temperature": -1}}', "sampling_params.temperature"),
     (
