@@ -18,15 +18,23 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 import redis
 import redis.asyncio as aioredis
 from kubernetes.client.rest import ApiException
 from prometheus_client import Counter, Gauge
-from redis.exceptions import RedisError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    NoPermissionError,
+    RedisError,
+    ResponseError,
+)
 
 from prefixfleet.router.addresses import redis_url_error
 from prefixfleet.router.keys import FleetKeys
@@ -364,6 +372,68 @@ def _secret_value(
     return value, ""
 
 
+def redis_auth_problem(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRedis) -> str:
+    """Why the fleet's Redis refuses the credentials the operator (and so every sidecar and gateway
+    of the fleet) dials it with, naming what to fix; "" when it accepts them, or when it does not
+    answer at all (refused, reset, timed out: an outage, which stays a logged warning and a retry
+    on the next round). One PING per reconcile: redis-py does not retry an authentication error."""
+    try:
+        ctx.sync_redis(chosen.dial_url).ping()
+    except (RedisError, OSError) as exc:
+        problem = auth_refusal(redis, chosen, exc)
+        if problem:
+            # its pool holds nothing usable: a fixed password is another URL, so another client
+            with contextlib.suppress(Exception):
+                ctx.sync_redis_clients.pop(chosen.dial_url).close()
+        return problem
+    return ""
+
+
+AUTH_REFUSALS = ("WRONGPASS", "NOAUTH")  # ResponseError prefixes redis-py may not have mapped
+
+
+def auth_refusal(redis: Mapping[str, Any], chosen: FleetRedis, exc: BaseException) -> str:
+    """What ``exc`` says about the fleet's Redis credentials (``redis`` is the spec's ``redis``), or
+    "" when it is not about them. Never the server's text, the URL or the password: only which field
+    and Secret hold the credentials Redis refused."""
+    auth_error = isinstance(exc, AuthenticationError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(AUTH_REFUSALS)
+    )
+    if not isinstance(exc, (AuthenticationWrongNumberOfArgsError, NoPermissionError)) and not auth_error:
+        return ""
+    url_ref, password_ref = redis.get("secretRef") or {}, redis.get("passwordSecretRef") or {}
+    if redis.get("url"):
+        url_where = "spec.redis.url: the URL"
+    elif url_ref:
+        url_where = (
+            f"spec.redis.secretRef: the URL in Secret {url_ref.get('name')!r} key {url_ref.get('key')!r}"
+        )
+    else:
+        url_where = "the operator's default Redis (--redis, PREFIXFLEET_REDIS_URL): its URL"
+    if isinstance(exc, AuthenticationWrongNumberOfArgsError):
+        return (
+            f"{url_where} names a user, but the fleet's Redis takes none (older than Redis 6):"
+            " drop the user from the URL"
+        )
+    if urlsplit(chosen.url).password:  # it wins over passwordSecretRef (with_credentials)
+        where, what = url_where, "its user and password"
+    elif password_ref:
+        where = (
+            f"spec.redis.passwordSecretRef: the password in Secret {password_ref.get('name')!r}"
+            f" key {password_ref.get('key')!r}"
+        )
+        what = "it"
+    else:
+        return (
+            "spec.redis.passwordSecretRef: the fleet's Redis requires a password and the fleet sets none"
+            " (name the Secret holding it here)"
+        )
+    if isinstance(exc, NoPermissionError):
+        return f"{where}: the fleet's Redis accepted {what}, but the ACL user may not run PING"
+    # not the user name either: a URL like redis://secret@host puts the password there
+    return f"{where}: the fleet's Redis refused {what} (a wrong password, or an unknown or disabled user)"
+
+
 def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> ReconcileOutcome | None:
     """Observe, plan, execute (runs in a worker thread; every call is idempotent)."""
     kube = ctx.kube
@@ -406,6 +476,11 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     chosen_redis = fleet_redis(ctx, namespace, redis_spec)
     # an unusable Redis is not dialled (dial_url ""): the fleet says why (Degraded=RedisUnusable)
     redis_url = chosen_redis.dial_url
+    # one that refuses the credentials is said on the fleet (Degraded=RedisAuthFailed), not dialled
+    # again this round (membership, drains): no warning per call
+    auth_problem = redis_auth_problem(ctx, redis_spec, chosen_redis) if redis_url else ""
+    if auth_problem:
+        redis_url = ""
     if redis_url and any(p.draining for p in pods):
         pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
@@ -417,6 +492,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         victims=victims,
         redis_url=chosen_redis.url,  # what pods may see: no password
         redis_problem=chosen_redis.problem,
+        redis_auth_problem=auth_problem,
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,
     )

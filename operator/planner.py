@@ -75,6 +75,10 @@ DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 MANAGER = "prefixfleet-operator"
 # Degraded reason (and Event reason) of a fleet whose Redis cannot be used (ObservedState.redis_problem).
 REDIS_UNUSABLE = "RedisUnusable"
+# Degraded reason (and Event reason) of a fleet whose Redis refuses the credentials the operator
+# dials it with (ObservedState.redis_auth_problem): a different fix than RedisUnusable (the password or
+# user, not the Secret's presence or URL), found by Redis itself rather than by reading Secrets.
+REDIS_AUTH_FAILED = "RedisAuthFailed"
 MAX_SURGE = 1
 ROUTER_CONFIG_PATH = "/etc/prefixfleet"
 
@@ -172,6 +176,10 @@ class ObservedState:
     # Why the fleet's Redis cannot be used (a Secret missing, or holding a URL the sidecar refuses),
     # naming the field; empty when it can.
     redis_problem: str = ""
+    # Why the fleet's Redis refuses the credentials the spec gives (wrong password, unknown or
+    # disabled user, none sent), naming the field and Secret to fix; empty when it accepts them or
+    # could not be asked (an outage is not an auth problem).
+    redis_auth_problem: str = ""
     # The image the operator was deployed with (chart: PREFIXFLEET_IMAGE); it replaces the models'
     # default project image so sidecars, gateways and emulators run the same release as the operator.
     project_image: str = ""
@@ -1101,6 +1109,9 @@ def plan_status(
     if observed.redis_problem:
         # first: sidecars exit at start without their Redis, so it is the cause of what else fails
         degraded = (True, REDIS_UNUSABLE, observed.redis_problem)
+    elif observed.redis_auth_problem:
+        # replicas may look ready, but no sidecar can register: the gateways route blind
+        degraded = (True, REDIS_AUTH_FAILED, observed.redis_auth_problem)
     elif failed:
         degraded = (
             True,
@@ -1208,6 +1219,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         verb = "creating" if change.action == "create" else "updating"
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
     events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
+    events += degraded_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
         tuple(pods),
