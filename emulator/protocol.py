@@ -368,10 +368,25 @@ GENERIC_CHAT_ROLES = ("system", "developer", "assistant", "tool", "function", "l
 CHAT_ROLES = (*GENERIC_CHAT_ROLES, "user")
 
 
+# The content part models of SGLang's ChatCompletionMessageContentPart union; a part of another type
+# (OpenAI's "input_audio", "refusal", "file") matches none of them, so SGLang answers 400. Thinking
+# parts are valid in assistant messages only (its model validators say so).
+CONTENT_PART_TYPES = (
+    "text",
+    "image_url",
+    "video_url",
+    "audio_url",
+    "tool_reference",
+    "thinking",
+    "reasoning",
+)
+_ASSISTANT_ONLY_PARTS = ("thinking", "reasoning")
+
+
 def _checked_messages(messages: list[object]) -> list[object]:
     """The messages with each role as SGLang normalizes it, refusing what its request models refuse
     and the shared chat template would skip or stringify: an unknown role, a content part that is
-    no object with a string ``type``, a text part whose ``text`` is no string (``{"type": "text",
+    no object with one of SGLang's part types, a text part whose ``text`` is no string (``{"type": "text",
     "text": 5}`` was prefilled as "5")."""
     checked: list[object] = []
     for i, msg in enumerate(messages):
@@ -396,6 +411,16 @@ def _checked_messages(messages: list[object]) -> list[object]:
             where = f"messages[{i}].content[{j}]"
             if not isinstance(part, Mapping) or not isinstance(part.get("type"), str):
                 raise BadRequest(f"{where} must be an object with a string type", "messages")
+            if part["type"] not in CONTENT_PART_TYPES:
+                raise BadRequest(
+                    f"{where}.type must be one of {', '.join(CONTENT_PART_TYPES)}, "
+                    f"got {_shown(part['type'])}",
+                    "messages",
+                )
+            if part["type"] in _ASSISTANT_ONLY_PARTS and msg.get("role") != "assistant":
+                raise BadRequest(
+                    f"{where}: {part['type']} parts are only valid in assistant messages", "messages"
+                )
             if part["type"] == "text" and not isinstance(part.get("text"), str):
                 raise BadRequest(f"{where}.text must be a string", "messages")
     return checked

@@ -77,6 +77,22 @@ CASES = [
     # SGLang lower-cases every role but user, which its model types Literal["user"]
     ("/v1/chat/completions", b'{"messages": [{"role": "User", "content": "x"}]}', "messages[0].role"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": [5]}]}', "messages[0].content[0]"),
+    # part types outside SGLang's content part union, and thinking outside an assistant message
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}',
+        "messages[0].content[0].type",
+    ),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}]}',
+        "messages[0].content[0].type",
+    ),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}]}',
+        "only valid in assistant messages",
+    ),
     (
         "/v1/chat/completions",
         b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
@@ -149,7 +165,6 @@ SDK_CHAT = {
             "content": [
                 {"type": "text", "text": "hi"},
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA", "detail": "low"}},
-                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
             ],
         },
         {
@@ -159,7 +174,10 @@ SDK_CHAT = {
         },
         {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
         {"role": "function", "name": "f", "content": "ok"},
-        {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "ok"}],
+        },
         {"role": "user", "content": "go on"},
     ],
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
