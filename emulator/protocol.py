@@ -403,6 +403,8 @@ def _checked_messages(messages: list[object]) -> list[object]:
                 )
             if role != role.lower():  # rendered as SGLang renders it: the same prompt, the same cache
                 msg = {**msg, "role": role.lower()}
+            if msg.get("content") is None:  # Optional in SGLang's generic message: no text to prefill
+                msg = {**msg, "content": ""}
         checked.append(msg)
         content = msg.get("content")
         if not isinstance(content, list):

@@ -174,6 +174,8 @@ SDK_CHAT = {
         },
         {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
         {"role": "function", "name": "f", "content": "ok"},
+        {"role": "tool", "tool_call_id": "c2", "content": None},
+        {"role": "system"},
         {
             "role": "assistant",
             "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "ok"}],
