@@ -208,6 +208,23 @@ def _check_sampling(params: Mapping[str, object], prefix: str, lax: bool) -> Non
         _lax(_AS_BOOL, ignore_eos, prefix + "ignore_eos", "a boolean")
 
 
+# Fields SGLang's request models type without Optional (CompletionRequest, ChatCompletionRequest,
+# GenerateReqInput): an explicit null fails their validation, so it is a 400 here too. Only the
+# fields the emulator reads or checks; a null elsewhere (an Optional field) means "absent".
+_NOT_NULL_COMPLETION = (
+    "model", "echo", "max_tokens", "n", "stream", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos",
+)  # fmt: skip
+_NOT_NULL_CHAT = ("model", "n", "stream", "frequency_penalty", "presence_penalty", "ignore_eos")
+_NOT_NULL_GENERATE = ("stream",)
+
+
+def _refuse_nulls(body: Mapping[str, object], names: tuple[str, ...]) -> None:
+    for name in names:
+        if name in body and body[name] is None:
+            raise BadRequest(f"{name} must not be null", name)
+
+
 def _cache_salt(body: Mapping[str, object]) -> str | None:
     salt = body.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
@@ -232,6 +249,7 @@ def _stream_usage(body: Mapping[str, object]) -> bool:
 
 def parse_generate(body: object, limits: Limits) -> Call:
     body = _obj(body)
+    _refuse_nulls(body, _NOT_NULL_GENERATE)
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
         raise BadRequest("exactly one of text or input_ids must be given", "text")
@@ -332,6 +350,7 @@ def _common_openai(body: Mapping[str, object]) -> tuple[bool, bool, str | None]:
 
 def parse_completion(body: object, limits: Limits) -> Call:
     body = _obj(body)
+    _refuse_nulls(body, _NOT_NULL_COMPLETION)
     prompt = body.get("prompt")
     if prompt is None:
         raise BadRequest("prompt is required", "prompt")
@@ -430,6 +449,7 @@ def _checked_messages(messages: list[object]) -> list[object]:
 
 def parse_chat(body: object, limits: Limits) -> Call:
     body = _obj(body)
+    _refuse_nulls(body, _NOT_NULL_CHAT)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")

@@ -44,6 +44,14 @@ CASES = [
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 1e400}', "max_tokens"),
     ("/v1/completions", b'{"prompt": "a", "model": 5}', "model"),
     ("/v1/completions", b'{"prompt": "a", "max_tokens": 0}', "max_tokens must be positive"),
+    # null where SGLang's models type the field without Optional (chat's temperature is Optional)
+    ("/v1/completions", b'{"prompt": "a", "temperature": null}', "temperature must not be null"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [' + USER.encode() + b'], "stream": null}',
+        "stream must not be null",
+    ),
+    ("/generate", b'{"text": "a", "stream": null}', "stream must not be null"),
     ("/generate", b'{"text": "a", "sampling_params": {"temperature": "hot"}}', "sampling_params.temperature"),
     ("/generate", b'{"text": "a", "sampling_params": {"temperature": -1}}', "sampling_params.temperature"),
     (
