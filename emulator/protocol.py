@@ -402,29 +402,21 @@ CONTENT_PART_TYPES = (
 _ASSISTANT_ONLY_PARTS = ("thinking", "reasoning")
 
 
-def _checked_messages(messages: list[object]) -> list[object]:
-    """The messages with each role as SGLang normalizes it, refusing what its request models refuse
-    and the shared chat template would skip or stringify: an unknown role, a content part that is
-    no object with one of SGLang's part types, a text part whose ``text`` is no string (``{"type": "text",
-    "text": 5}`` was prefilled as "5")."""
-    checked: list[object] = []
+def _check_messages(messages: list[object]) -> None:
+    """Refuse what SGLang's request models refuse and the shared chat template (render_chat, which
+    also lower-cases roles as SGLang does) would skip or stringify: an unknown role, a content part
+    that is no object with one of SGLang's part types, a text part whose ``text`` is no string
+    (``{"type": "text", "text": 5}`` was prefilled as "5")."""
     for i, msg in enumerate(messages):
         if not isinstance(msg, Mapping):
-            checked.append(msg)
             continue  # render_chat names it
         role = msg.get("role")
-        if isinstance(role, str) and role != "user":
-            if role.lower() not in GENERIC_CHAT_ROLES:
-                raise BadRequest(
-                    f"messages[{i}].role must be 'user' or one of {', '.join(GENERIC_CHAT_ROLES)} "
-                    f"(case-insensitive), got {role!r}",
-                    "messages",
-                )
-            if role != role.lower():  # rendered as SGLang renders it: the same prompt, the same cache
-                msg = {**msg, "role": role.lower()}
-            if msg.get("content") is None:  # Optional in SGLang's generic message: no text to prefill
-                msg = {**msg, "content": ""}
-        checked.append(msg)
+        if isinstance(role, str) and role != "user" and role.lower() not in GENERIC_CHAT_ROLES:
+            raise BadRequest(
+                f"messages[{i}].role must be 'user' or one of {', '.join(GENERIC_CHAT_ROLES)} "
+                f"(case-insensitive), got {role!r}",
+                "messages",
+            )
         content = msg.get("content")
         if not isinstance(content, list):
             continue
@@ -444,7 +436,6 @@ def _checked_messages(messages: list[object]) -> list[object]:
                 )
             if part["type"] == "text" and not isinstance(part.get("text"), str):
                 raise BadRequest(f"{where}.text must be a string", "messages")
-    return checked
 
 
 def parse_chat(body: object, limits: Limits) -> Call:
@@ -453,9 +444,9 @@ def parse_chat(body: object, limits: Limits) -> Call:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list", "messages")
-    checked = _checked_messages(messages)
+    _check_messages(messages)
     try:
-        text = render_chat(checked)
+        text = render_chat(messages)
     except ValueError as exc:
         raise BadRequest(str(exc), "messages") from None
     prompt = _check_prompt(tokenize(text), "messages", limits)

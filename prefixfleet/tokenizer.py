@@ -32,8 +32,10 @@ def text_for_tokens(tokens: Iterable[int]) -> str:
 def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
     """Flatten OpenAI chat messages to the prompt text the engine prefills (a fixed template).
 
-    Raises ``ValueError`` naming the bad message when a message lacks a string role/content. An
-    assistant message may have no content (null or absent), as OpenAI allows beside ``tool_calls``.
+    Raises ``ValueError`` naming the bad message when a message lacks a string role/content. A
+    message other than the user's may have no content (null or absent), as OpenAI allows beside
+    ``tool_calls``; its role is rendered lower-cased. The gateway, the sidecar and the emulator all
+    render through here, so they agree on the prompt's tokens.
     """
     parts: list[str] = []
     for i, msg in enumerate(messages):
@@ -42,8 +44,12 @@ def render_chat(messages: Sequence[Mapping[str, object]]) -> str:
         role, content = msg.get("role"), msg.get("content")
         if not isinstance(role, str):
             raise ValueError(f"messages[{i}].role must be a string")
-        if content is None and role == "assistant":  # a tool-calling turn: its text is empty
-            content = ""
+        if role != "user":
+            # as SGLang's request models do: every role but user is lower-cased ("System" is the
+            # same prompt, so the same cache), and its content is optional (a tool-calling turn)
+            role = role.lower()
+            if content is None:
+                content = ""
         if isinstance(content, list):  # OpenAI content parts: keep the text parts
             content = " ".join(
                 str(p.get("text", "")) for p in content if isinstance(p, Mapping) and p.get("type") == "text"
