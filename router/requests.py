@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from prefixfleet.tokenizer import render_chat, tokenize
 
 from .radix import as_token_bytes
@@ -56,22 +58,43 @@ def is_utf8(text: str) -> bool:
     return True
 
 
-def _int_field(obj: Mapping[str, Any], name: str, where: str = "") -> int | None:
+# SGLang's request models are pydantic in lax mode: "5" and 5.0 are the integer 5, "true" and "yes"
+# are True, 5.5 and "five" are refused. A gateway or sidecar stricter than the engine would refuse
+# requests the engine serves, so the top-level fields and token ids are read the same way.
+# (sampling_params on /generate is a plain dict SGLang does not coerce: read strictly there.)
+_LAX_INT: TypeAdapter[int] = TypeAdapter(int)
+_LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
+def _lax_int(value: Any) -> int | None:
+    """``value`` as SGLang's int fields read it (pydantic, lax), or None when they would refuse it."""
+    if type(value) is int:
+        return value
+    try:
+        return _LAX_INT.validate_python(value)
+    except ValidationError:
+        return None
+
+
+def _int_field(obj: Mapping[str, Any], name: str, where: str = "", *, lax: bool = True) -> int | None:
     value = obj.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"field '{where}{name}' must be an integer", param=f"{where}{name}")
-    if value < 0:
-        raise BadRequest(f"field '{where}{name}' must not be negative", param=f"{where}{name}")
-    return value
+    param = f"{where}{name}"
+    number = _lax_int(value) if lax else value if type(value) is int else None
+    if number is None:
+        raise BadRequest(f"field '{param}' must be an integer", param=param)
+    if number < 0:
+        raise BadRequest(f"field '{param}' must not be negative", param=param)
+    return number
 
 
 def _token_ids(value: list[Any], param: str) -> bytes:
-    for i, t in enumerate(value):
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t <= _MAX_TOKEN_ID:
+    ids = value if all(type(t) is int for t in value) else [_lax_int(t) for t in value]
+    for i, t in enumerate(ids):
+        if t is None or not 0 <= t <= _MAX_TOKEN_ID:
             raise BadRequest(f"{param}[{i}] must be a token id (integer in [0, 2**32))", param=param)
-    return as_token_bytes(value)
+    return as_token_bytes(ids)
 
 
 def _prompt_tokens(value: Any, param: str) -> bytes:
@@ -139,7 +162,10 @@ def inference_request(
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise BadRequest("field 'stream' must be a boolean", param="stream")
+        try:
+            stream = _LAX_BOOL.validate_python(stream)
+        except ValidationError:
+            raise BadRequest("field 'stream' must be a boolean", param="stream") from None
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("field 'model' must be a string", param="model")
@@ -160,7 +186,7 @@ def inference_request(
         sampling = obj.get("sampling_params") or {}
         if not isinstance(sampling, dict):
             raise BadRequest("field 'sampling_params' must be an object", param="sampling_params")
-        max_new = _int_field(sampling, "max_new_tokens", "sampling_params.")
+        max_new = _int_field(sampling, "max_new_tokens", "sampling_params.", lax=False)
     elif path == "/v1/completions":
         if "prompt" not in obj:
             raise BadRequest("field 'prompt' is required", param="prompt")

@@ -137,10 +137,10 @@ GATEWAY_CASES = [
     (CHAT, body({"messages": [1]}), 400, "messages", "messages[0]"),
     (CHAT, body({"messages": [{"role": "user", "content": 5}]}), 400, "messages", "messages[0].content"),
     (CHAT, body({"messages": [{"role": 5, "content": "x"}]}), 400, "messages", "messages[0].role"),
-    (CHAT, body({"messages": USER, "max_tokens": "5"}), 400, "max_tokens", "integer"),
+    (CHAT, body({"messages": USER, "max_tokens": "five"}), 400, "max_tokens", "integer"),
     (CHAT, body({"messages": USER, "max_tokens": -1}), 400, "max_tokens", "negative"),
     (CHAT, body({"messages": USER, "max_tokens": 10**20}), 400, "max_tokens", "max_tokens"),  # the engine's
-    (CHAT, body({"messages": USER, "stream": "yes"}), 400, "stream", "boolean"),
+    (CHAT, body({"messages": USER, "stream": "maybe"}), 400, "stream", "boolean"),
     (CHAT, body({"messages": USER, "model": 5}), 400, "model", "string"),
     (CHAT, body({"messages": USER, "cache_salt": 5}), 400, "cache_salt", "string"),
     (COMPLETIONS, body({"max_tokens": 2}), 400, "prompt", "required"),

@@ -334,7 +334,7 @@ BAD_REQUESTS = [
     ("/generate", b'"just a string"', 400, "JSON object"),
     ("/generate", b'{"sampling_params": {}}', 400, "'text'"),
     ("/generate", b'{"text": 42}', 400, "'text'"),
-    ("/generate", b'{"text": "hi", "stream": "yes"}', 400, "'stream'"),
+    ("/generate", b'{"text": "hi", "stream": "maybe"}', 400, "'stream'"),
     ("/generate", b'{"text": "hi", "sampling_params": {"max_new_tokens": "many"}}', 400, "max_new_tokens"),
     ("/v1/completions", b'{"model": "x"}', 400, "'prompt' is required"),
     ("/v1/completions", b'{"prompt": "hi", "max_tokens": -3}', 400, "'max_tokens'"),

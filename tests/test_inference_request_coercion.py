@@ -1,0 +1,82 @@
+"""The gateway and the sidecar read a request's fields as the engine (SGLang's pydantic request
+models, lax mode) does: what the engine serves they never refuse, what it refuses they refuse first.
+And every hop renders a chat the same way, so the tokens the router matches are the engine's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from prefixfleet.emulator.protocol import Limits, parse_chat
+from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.router.requests import BadRequest, inference_request
+from prefixfleet.tokenizer import render_chat, tokenize
+
+CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/generate"
+USER = [{"role": "user", "content": "hello"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "stream", "max_new"),
+    [
+        (CHAT, {"messages": USER, "max_tokens": "5"}, False, 5),
+        (CHAT, {"messages": USER, "max_tokens": 5.0, "stream": "true"}, True, 5),
+        (CHAT, {"messages": USER, "max_completion_tokens": "7", "stream": "yes"}, True, 7),
+        (COMPLETIONS, {"prompt": "x", "max_tokens": " 4 ", "stream": 0}, False, 4),
+        (GENERATE, {"text": "x", "stream": "on", "sampling_params": {"max_new_tokens": 3}}, True, 3),
+    ],
+)
+def test_fields_the_engine_coerces_are_read_as_it_reads_them(
+    path: str, body: dict[str, object], stream: bool, max_new: int
+) -> None:
+    request = inference_request(path, body)
+    assert (request.stream, request.max_new_tokens) == (stream, max_new)
+
+
+def test_token_ids_the_engine_coerces_route_as_the_ids_it_computes() -> None:
+    loose = inference_request(GENERATE, {"input_ids": [1, 2.0, "3", True]})
+    assert loose.token_bytes == as_token_bytes([1, 2, 3, 1])
+    batch = inference_request(COMPLETIONS, {"prompt": [[7.0, 8]]})
+    assert batch.token_bytes == as_token_bytes([7, 8])
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        (CHAT, {"messages": USER, "max_tokens": 5.5}, "max_tokens"),
+        (CHAT, {"messages": USER, "max_tokens": "five"}, "max_tokens"),
+        (CHAT, {"messages": USER, "max_tokens": "-1"}, "max_tokens"),
+        (CHAT, {"messages": USER, "stream": "maybe"}, "stream"),
+        (CHAT, {"messages": USER, "stream": 2}, "stream"),
+        (GENERATE, {"input_ids": [1, 2.5]}, "input_ids"),
+        (GENERATE, {"input_ids": [1, "x"]}, "input_ids"),
+        (GENERATE, {"input_ids": [2**32]}, "input_ids"),
+        # sampling_params is a plain dict in SGLang, compared as given: a string there is its 500
+        (
+            GENERATE,
+            {"text": "x", "sampling_params": {"max_new_tokens": "3"}},
+            "sampling_params.max_new_tokens",
+        ),
+    ],
+)
+def test_what_the_engine_refuses_is_refused_naming_the_field(
+    path: str, body: dict[str, object], param: str
+) -> None:
+    with pytest.raises(BadRequest) as refused:
+        inference_request(path, body)
+    assert refused.value.status == 400 and refused.value.param == param
+
+
+def test_a_role_in_another_case_renders_the_same_prompt_on_every_hop() -> None:
+    mixed = [{"role": "System", "content": "be brief"}, {"role": "user", "content": "hi"},
+             {"role": "Assistant", "content": None}, {"role": "tool", "content": None}]  # fmt: skip
+    lower = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+             {"role": "assistant", "content": ""}, {"role": "tool", "content": ""}]  # fmt: skip
+    assert render_chat(mixed) == render_chat(lower)
+    gateway = inference_request(CHAT, {"messages": mixed})
+    engine = parse_chat(
+        json.loads(json.dumps({"messages": mixed})), Limits(max_prompt_tokens=100_000, max_new_tokens=1000)
+    )
+    assert gateway.token_bytes == as_token_bytes(tokenize(render_chat(lower)))
+    assert list(engine.prompts[0]) == list(tokenize(render_chat(lower)))
