@@ -90,7 +90,9 @@ def _int_field(obj: Mapping[str, Any], name: str, where: str = "", *, lax: bool 
 
 
 def _token_ids(value: list[Any], param: str) -> bytes:
-    ids = value if all(type(t) is int for t in value) else [_lax_int(t) for t in value]
+    if all(type(t) is int and 0 <= t <= _MAX_TOKEN_ID for t in value):  # the usual case: one pass
+        return as_token_bytes(value)
+    ids = [_lax_int(t) for t in value]
     for i, t in enumerate(ids):
         if t is None or not 0 <= t <= _MAX_TOKEN_ID:
             raise BadRequest(f"{param}[{i}] must be a token id (integer in [0, 2**32))", param=param)
