@@ -409,6 +409,8 @@ class Gateway:
             except Exception:  # a bug must not end sharing: peers would then route blind to our sends
                 log.exception("sharing sends failed unexpectedly; %d dropped", len(batch))
                 self.metrics.send_withdrawals.labels("failed").inc(withdrawals)
+                self._withdrawals_lost += withdrawals  # told when a round works again
+                self._sharing_ok = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
