@@ -406,11 +406,9 @@ class Gateway:
                 self._sharing_failed(batch, withdrawals, exc)
                 await asyncio.sleep(0.2)  # best effort: summaries still carry the prefixes
                 continue
-            except Exception:  # a bug must not end sharing: peers would then route blind to our sends
+            except Exception as exc:  # a bug must not end sharing: peers would then route blind to our sends
                 log.exception("sharing sends failed unexpectedly; %d dropped", len(batch))
-                self.metrics.send_withdrawals.labels("failed").inc(withdrawals)
-                self._withdrawals_lost += withdrawals  # told when a round works again
-                self._sharing_ok = False
+                self._sharing_failed(batch, withdrawals, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
