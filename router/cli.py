@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixfleet.cli import check_positive
+from prefixfleet.cli import UsageError, check_positive
 
 from .addresses import authority_error, bracket_ipv6_url, redis_url_error, without_userinfo
 from .blockhash import DEFAULT_BLOCK_TOKENS
@@ -25,12 +25,6 @@ from .slow_clients import ClientTimeouts
 from .summary import DEFAULT_MAX_BLOCKS
 
 BIND_HELP = "address to listen on (default 127.0.0.1); '' listens on every interface, IPv4 and IPv6"
-
-
-def _usage_error(message: str) -> Exception:
-    from prefixfleet.cli import UsageError
-
-    return UsageError(message)
 
 
 def register(subparsers: Any) -> None:
@@ -173,29 +167,29 @@ WRITE_TIMEOUT_HELP = (
 
 def _check_common(args: argparse.Namespace) -> None:
     if not 0 < args.port < 65536:
-        raise _usage_error(f"--port must be in 1..65535, got {args.port}")
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.redis is not None:
         _check_redis_url(args.redis)
     if args.block_tokens < 1:
-        raise _usage_error(f"--block-tokens must be positive, got {args.block_tokens}")
+        raise UsageError(f"--block-tokens must be positive, got {args.block_tokens}")
     if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
-        raise _usage_error("--max-body-bytes and --max-prompt-tokens must be positive")
+        raise UsageError("--max-body-bytes and --max-prompt-tokens must be positive")
     if args.prefill_tokens_per_s is not None:
         check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s)
     timeout = args.client_write_timeout
     if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise _usage_error(f"--client-write-timeout must be a positive number of seconds, got {timeout:g}")
+        raise UsageError(f"--client-write-timeout must be a positive number of seconds, got {timeout:g}")
     try:  # read again when the service starts: a bad value is a traceback there
         ClientTimeouts.from_env(write_s=timeout)
     except ValueError as exc:
-        raise _usage_error(str(exc)) from None
+        raise UsageError(str(exc)) from None
     try:
         validate_fleet_name(args.fleet)
     except ValueError as exc:
-        raise _usage_error(f"--fleet: {exc}") from None
+        raise UsageError(f"--fleet: {exc}") from None
     level = args.log_level.upper()
     if level not in logging.getLevelNamesMapping():
-        raise _usage_error(
+        raise UsageError(
             f"--log-level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got {args.log_level!r}"
         )
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -203,21 +197,21 @@ def _check_common(args: argparse.Namespace) -> None:
 
 def _check_url(flag: str, url: str) -> str:
     if not url.startswith(("http://", "https://")):
-        raise _usage_error(f"{flag} must be an http:// or https:// URL, got {url!r}")
+        raise UsageError(f"{flag} must be an http:// or https:// URL, got {url!r}")
     _check_authority(flag, url)
     if not urlsplit(url).hostname:
-        raise _usage_error(f"{flag} {url!r} names no host")
+        raise UsageError(f"{flag} {url!r} names no host")
     return url.rstrip("/")
 
 
 def _check_redis_url(url: str) -> None:
     if (problem := redis_url_error(url)) is not None:  # printed without its password
-        raise _usage_error(f"--redis {without_userinfo(url)!r}: {problem}")
+        raise UsageError(f"--redis {without_userinfo(url)!r}: {problem}")
 
 
 def _check_authority(flag: str, url: str) -> None:
     if (problem := authority_error(url)) is not None:
-        raise _usage_error(f"{flag} {url!r}: {problem}")
+        raise UsageError(f"{flag} {url!r}: {problem}")
 
 
 def run_sidecar(args: argparse.Namespace) -> int:
@@ -232,12 +226,12 @@ def run_sidecar(args: argparse.Namespace) -> int:
         try:
             validate_worker_id(args.worker_id)
         except ValueError as exc:
-            raise _usage_error(f"--worker-id: {exc}") from None
+            raise UsageError(f"--worker-id: {exc}") from None
     check_positive("--publish-interval", args.publish_interval)
     if args.cache_tokens is not None and args.cache_tokens < 1:
-        raise _usage_error("--cache-tokens must be positive")
+        raise UsageError("--cache-tokens must be positive")
     if args.max_summary_blocks < 1:
-        raise _usage_error("--max-summary-blocks must be positive")
+        raise UsageError("--max-summary-blocks must be positive")
     config = SidecarConfig(
         engine_url=engine,
         redis_url=args.redis,
@@ -262,7 +256,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
     try:
         config.resolved_worker_id()
     except ValueError as exc:
-        raise _usage_error(f"--worker-id: {exc}") from None
+        raise UsageError(f"--worker-id: {exc}") from None
     return _run(serve(config))
 
 
@@ -282,15 +276,15 @@ def _policy_params(policy: str, pairs: list[str]) -> dict[str, float]:
                 raise ValueError
             params[key.strip()] = float(value)
         except ValueError:
-            raise _usage_error(f"--policy-param {pair!r}: expected KEY=NUMBER") from None
+            raise UsageError(f"--policy-param {pair!r}: expected KEY=NUMBER") from None
         if key.strip() not in known:
-            raise _usage_error(
+            raise UsageError(
                 f"--policy-param {key.strip()!r}: {policy} takes {', '.join(known) or 'no parameters'}"
             )
     try:
         make_policy(policy, None, **params)
     except ValueError as exc:
-        raise _usage_error(f"--policy-param: {exc}") from None
+        raise UsageError(f"--policy-param: {exc}") from None
     return params
 
 
@@ -301,11 +295,11 @@ def run_gateway(args: argparse.Namespace) -> int:
     _check_common(args)
     policy = args.policy or DEFAULT_POLICY
     if policy not in POLICIES:
-        raise _usage_error(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
+        raise UsageError(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
     params = _policy_params(policy, args.policy_param)
     workers = tuple(_check_url("--worker", w) for w in args.worker)
     if not args.redis and not workers:
-        raise _usage_error("give --redis URL, or at least one --worker URL")
+        raise UsageError("give --redis URL, or at least one --worker URL")
     for flag, value in (
         ("--refresh-interval", args.refresh_interval),
         ("--dead-after", args.dead_after),
@@ -313,7 +307,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     ):
         check_positive(flag, value)
     if args.max_retries < 0:
-        raise _usage_error("--max-retries must not be negative")
+        raise UsageError("--max-retries must not be negative")
     _check_tenant_header(args.tenant_header)
     config = GatewayConfig(
         port=args.port,
@@ -339,7 +333,7 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 def _check_tenant_header(header: str | None) -> None:
     if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
-        raise _usage_error(
+        raise UsageError(
             f"--tenant-header must be an HTTP header name (letters, digits, '-'), got {header!r}"
         )
 
@@ -350,7 +344,7 @@ def run_bench_overhead(args: argparse.Namespace) -> int:
     from .overhead_bench import format_table, measure
 
     if args.requests < 1:
-        raise _usage_error("--requests must be positive")
+        raise UsageError("--requests must be positive")
     check_positive("--rate", args.rate)
     check_positive("--time-scale", args.time_scale)
     json_path = output_file(args.json, "--json")  # before the run: a bad path must not cost it
@@ -359,7 +353,7 @@ def run_bench_overhead(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(run)
     except RuntimeError as exc:
-        raise _usage_error(str(exc)) from None
+        raise UsageError(str(exc)) from None
     print(format_table(report))
     if json_path is not None:
         write_json(json_path, report)
@@ -384,7 +378,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     try:
         keys = FleetKeys(args.fleet)
     except ValueError as exc:
-        raise _usage_error(f"--fleet: {exc}") from None
+        raise UsageError(f"--fleet: {exc}") from None
 
     invalid: list[str] = []  # member names that are no worker id (e.g. junk written into the hash)
 
@@ -406,7 +400,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(read())
     except (aioredis.RedisError, OSError) as exc:
-        raise _usage_error(f"cannot read {redacted(args.redis)}: {exc}") from None
+        raise UsageError(f"cannot read {redacted(args.redis)}: {exc}") from None
     for wid in invalid:
         print(f"prefixfleet router inspect: ignoring member {wid!r}: not a valid worker id", file=sys.stderr)
     if invalid:  # malformed like a bad record: the fleet is not healthy
@@ -446,5 +440,5 @@ def _run(main: Coroutine[Any, Any, None]) -> int:
         with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
             loop_runner.run(runner())
     except OSError as exc:  # e.g. the port is taken
-        raise _usage_error(str(exc)) from None
+        raise UsageError(str(exc)) from None
     return 0
