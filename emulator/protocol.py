@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
+from prefixfleet.sglang_fields import AS_BOOL, AS_FLOAT, AS_INT
 from prefixfleet.tokenizer import render_chat, tokenize
 
 from .runner import Snapshot
@@ -63,14 +64,7 @@ def error_body(message: str, param: str | None, status: int) -> dict[str, object
 # -- field validation ------------------------------------------------------------------------------
 
 
-# SGLang validates its request bodies with pydantic in lax mode: the OpenAI bodies are pydantic models
-# (entrypoints/openai/protocol.py), and FastAPI validates /generate's GenerateReqInput dataclass the
-# same way (its `stream: bool`, `input_ids: List[int] | List[List[int]]`). So a field typed float
-# takes "0.7", one typed int takes 50.0 or "50" but not 50.5, a bool takes "yes"/"false"/0/1 but not
-# "maybe". These adapters coerce, and refuse, exactly as those models do.
-_AS_FLOAT: TypeAdapter[float] = TypeAdapter(float)
-_AS_INT: TypeAdapter[int] = TypeAdapter(int)
-_AS_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+# Fields are coerced, and refused, as SGLang's lax pydantic request models do (prefixfleet.sglang_fields).
 _AS_STOP: TypeAdapter[str | list[str]] = TypeAdapter(str | list[str])
 _AS_TOKEN_IDS: TypeAdapter[list[int]] = TypeAdapter(list[int])
 
@@ -101,7 +95,7 @@ def _bool(body: Mapping[str, object], name: str, default: bool = False) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
-    return _lax(_AS_BOOL, value, name, "a boolean")
+    return _lax(AS_BOOL, value, name, "a boolean")
 
 
 def _int(value: object, name: str, limit: int) -> int:
@@ -179,7 +173,7 @@ def _check_sampling(params: Mapping[str, object], prefix: str, lax: bool) -> Non
         if value is None:
             continue
         if lax:
-            value = _lax(_AS_FLOAT, value, prefix + name, "a number")
+            value = _lax(AS_FLOAT, value, prefix + name, "a number")
         elif not _is_number(value):
             raise BadRequest(f"{prefix}{name} must be a number, got {_shown(value)}", prefix + name)
         if not math.isfinite(value):
@@ -190,7 +184,7 @@ def _check_sampling(params: Mapping[str, object], prefix: str, lax: bool) -> Non
         values[name] = value
     top_k = params.get("top_k")
     if top_k is not None and lax:
-        top_k = _lax(_AS_INT, top_k, prefix + "top_k", "an integer")
+        top_k = _lax(AS_INT, top_k, prefix + "top_k", "an integer")
     # temperature 0 is greedy: SGLang sets top_k to 1 before its check, so any top_k passes then
     greedy = 0 <= values.get("temperature", 1.0) < _GREEDY_TEMPERATURE
     if top_k is not None and not greedy and (not _is_number(top_k) or (top_k < 1 and top_k != -1)):
@@ -205,7 +199,7 @@ def _check_sampling(params: Mapping[str, object], prefix: str, lax: bool) -> Non
             raise BadRequest(f"{prefix}stop must be a string or a list of strings", prefix + "stop")
     ignore_eos = params.get("ignore_eos")
     if ignore_eos is not None and lax:
-        _lax(_AS_BOOL, ignore_eos, prefix + "ignore_eos", "a boolean")
+        _lax(AS_BOOL, ignore_eos, prefix + "ignore_eos", "a boolean")
 
 
 # Fields SGLang's request models type without Optional (CompletionRequest, ChatCompletionRequest,
@@ -241,7 +235,7 @@ def _stream_usage(body: Mapping[str, object]) -> bool:
     value = options.get("include_usage")
     if value is None:
         return False
-    return _lax(_AS_BOOL, value, "stream_options.include_usage", "a boolean")
+    return _lax(AS_BOOL, value, "stream_options.include_usage", "a boolean")
 
 
 # -- SGLang native /generate -------------------------------------------------------------------
@@ -332,13 +326,13 @@ def _max_tokens(body: Mapping[str, object], default: int, limits: Limits) -> int
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
         if value is not None:
-            return _int(_lax(_AS_INT, value, name, "an integer"), name, limits.max_new_tokens)
+            return _int(_lax(AS_INT, value, name, "an integer"), name, limits.max_new_tokens)
     return default
 
 
 def _common_openai(body: Mapping[str, object]) -> tuple[bool, bool, str | None]:
     n = body.get("n")
-    if n is not None and _lax(_AS_INT, n, "n", "an integer") != 1:
+    if n is not None and _lax(AS_INT, n, "n", "an integer") != 1:
         raise BadRequest("only n=1 is supported", "n")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -373,7 +367,7 @@ def parse_completion(body: object, limits: Limits) -> Call:
     stream, usage, model = _common_openai(body)
     # SGLang's CompletionRequest validates max_tokens positive (its chat request has no such rule)
     given = body.get("max_tokens")
-    if given is not None and _lax(_AS_INT, given, "max_tokens", "an integer") <= 0:
+    if given is not None and _lax(AS_INT, given, "max_tokens", "an integer") <= 0:
         raise BadRequest(f"max_tokens must be positive, got {given}", "max_tokens")
     max_new = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, limits)
     n = len(prompts)

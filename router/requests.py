@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
+from prefixfleet.sglang_fields import lax_bool, lax_int
 from prefixfleet.tokenizer import render_chat, tokenize
 
 from .radix import as_token_bytes
@@ -58,22 +57,9 @@ def is_utf8(text: str) -> bool:
     return True
 
 
-# SGLang's request models are pydantic in lax mode: "5" and 5.0 are the integer 5, "true" and "yes"
-# are True, 5.5 and "five" are refused. A gateway or sidecar stricter than the engine would refuse
-# requests the engine serves, so the top-level fields and token ids are read the same way.
-# (sampling_params on /generate is a plain dict SGLang does not coerce: read strictly there.)
-_LAX_INT: TypeAdapter[int] = TypeAdapter(int)
-_LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
-
-
-def _lax_int(value: Any) -> int | None:
-    """``value`` as SGLang's int fields read it (pydantic, lax), or None when they would refuse it."""
-    if type(value) is int:
-        return value
-    try:
-        return _LAX_INT.validate_python(value)
-    except ValidationError:
-        return None
+# Fields are read as SGLang reads them (prefixfleet.sglang_fields): a gateway or sidecar stricter
+# than the engine would refuse requests the engine serves. (sampling_params on /generate is a plain
+# dict SGLang does not coerce: read strictly there.)
 
 
 def _int_field(obj: Mapping[str, Any], name: str, where: str = "", *, lax: bool = True) -> int | None:
@@ -81,7 +67,7 @@ def _int_field(obj: Mapping[str, Any], name: str, where: str = "", *, lax: bool 
     if value is None:
         return None
     param = f"{where}{name}"
-    number = _lax_int(value) if lax else value if type(value) is int else None
+    number = lax_int(value) if lax else value if type(value) is int else None
     if number is None:
         raise BadRequest(f"field '{param}' must be an integer", param=param)
     if number < 0:
@@ -92,7 +78,7 @@ def _int_field(obj: Mapping[str, Any], name: str, where: str = "", *, lax: bool 
 def _token_ids(value: list[Any], param: str) -> bytes:
     if all(type(t) is int and 0 <= t <= _MAX_TOKEN_ID for t in value):  # the usual case: one pass
         return as_token_bytes(value)
-    ids = [_lax_int(t) for t in value]
+    ids = [lax_int(t) for t in value]
     for i, t in enumerate(ids):
         if t is None or not 0 <= t <= _MAX_TOKEN_ID:
             raise BadRequest(f"{param}[{i}] must be a token id (integer in [0, 2**32))", param=param)
@@ -163,11 +149,9 @@ def inference_request(
     stream = obj.get("stream", False)
     if stream is None:
         stream = False
-    if not isinstance(stream, bool):
-        try:
-            stream = _LAX_BOOL.validate_python(stream)
-        except ValidationError:
-            raise BadRequest("field 'stream' must be a boolean", param="stream") from None
+    stream = lax_bool(stream)
+    if stream is None:
+        raise BadRequest("field 'stream' must be a boolean", param="stream")
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("field 'model' must be a string", param="model")
