@@ -195,7 +195,9 @@ def _check_common(args: argparse.Namespace) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
-def _check_url(flag: str, url: str) -> str:
+def check_http_url(flag: str, url: str) -> str:
+    """``url`` (an engine, worker or target) without a trailing '/': an http(s) URL whose host and
+    port can be read, else a one-line error naming ``flag`` (every request would fail later)."""
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"{flag} must be an http:// or https:// URL, got {url!r}")
     _check_authority(flag, url)
@@ -218,10 +220,10 @@ def run_sidecar(args: argparse.Namespace) -> int:
     from .sidecar import SidecarConfig, serve
 
     _check_common(args)
-    engine = _check_url("--engine", args.engine)
+    engine = check_http_url("--engine", args.engine)
     if args.advertise_url:
         # repaired, not refused: the pod spec's http://$(POD_IP):PORT cannot bracket an IPv6 address
-        _check_url("--advertise-url", bracket_ipv6_url(args.advertise_url))
+        check_http_url("--advertise-url", bracket_ipv6_url(args.advertise_url))
     if args.worker_id:
         try:
             validate_worker_id(args.worker_id)
@@ -297,7 +299,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     if policy not in POLICIES:
         raise UsageError(f"unknown --policy {policy!r}; choose from {', '.join(sorted(POLICIES))}")
     params = _policy_params(policy, args.policy_param)
-    workers = tuple(_check_url("--worker", w) for w in args.worker)
+    workers = tuple(check_http_url("--worker", w) for w in args.worker)
     if not args.redis and not workers:
         raise UsageError("give --redis URL, or at least one --worker URL")
     for flag, value in (

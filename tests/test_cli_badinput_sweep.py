@@ -78,7 +78,7 @@ NUMBER_CASES = [
     (["up", "--max-replicas", "8"], "--max-replicas need --autoscale"),
     (["sim", "--reproduce", "lab", "--plot", "lab.png"], "runs the published settings; drop --plot"),
     (["sim", "--reproduce", "lab", "--set", "x=1", "--seed", "3"], "drop --seed, --set"),
-    (["load", "--target", "http://", "--workload", "chat"], "--target 'http://' has no host"),
+    (["load", "--target", "http://", "--workload", "chat"], "--target 'http://' names no host"),
     (["load", "--target", "http://[::1", "--workload", "chat"], "opens a [ it does not close"),
     (["load", "--target", "http://127.0.0.1:99999", "--workload", "chat"], "not a number in 1..65535"),
     ([*LOAD, "--model", ""], "--model is empty"),

@@ -396,27 +396,13 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_load_command)
 
 
-def _check_target(url: str) -> None:
-    """An http(s) URL whose host and port can be read (else every request failed, with exit 0)."""
-    from urllib.parse import urlsplit
-
-    from prefixfleet.router.addresses import authority_error
-
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--target must be an http:// or https:// URL, got {url!r}")
-    problem = authority_error(url)
-    if problem is not None:
-        raise UsageError(f"--target {url!r}: {problem}")
-    if not urlsplit(url).hostname:
-        raise UsageError(f"--target {url!r} has no host")
-
-
 def run_load_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.load import format_table, requests_from_workload, run_load
+    from prefixfleet.router.cli import check_http_url
     from prefixfleet.sim.cli import parse_pairs
 
     for url in args.target:
-        _check_target(url)
+        check_http_url("--target", url)
     if args.model is not None and not args.model.strip():
         raise UsageError("--model is empty; leave it out to use the target's first /v1/models id")
     check_positive("--speedup", args.speedup)
