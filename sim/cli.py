@@ -20,6 +20,10 @@ from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
 from .workloads import WORKLOADS, Workload, build_workload, input_files
 
 SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
+# --policies and --seed default to None so that `--reproduce` can refuse them whenever they are given
+# (comparing with the default would wave `--seed 0` through); these apply after parsing.
+DEFAULT_POLICIES = "all"
+DEFAULT_SEED = 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,10 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--workload", metavar="W", help=f"one of: {', '.join(WORKLOADS)}")
     p.add_argument("--reproduce", choices=["lab"], help="reproduce a published comparison instead")
-    p.add_argument("--policies", default="all", help="'all' or a comma-separated list (default: all)")
+    p.add_argument("--policies", help=f"'all' or a comma-separated list (default: {DEFAULT_POLICIES})")
     p.add_argument("--replicas", type=int, help="number of replicas (default: the workload's)")
     p.add_argument("--cache-tokens", type=int, help="radix cache capacity per replica in tokens")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--seed", type=int, help=f"workload seed (default: {DEFAULT_SEED})")
     add_service_arguments(p, "the workload's")
     p.add_argument(
         "--set",
@@ -162,10 +166,10 @@ def run_reproduce(args: argparse.Namespace) -> int:
 def _workload_flags(args: argparse.Namespace) -> dict[str, bool]:
     """Which flags that shape a --workload run were given (``--reproduce`` takes none of them)."""
     return {
-        "--policies": args.policies != "all",
+        "--policies": args.policies is not None,
         "--replicas": args.replicas is not None,
         "--cache-tokens": args.cache_tokens is not None,
-        "--seed": args.seed != 0,
+        "--seed": args.seed is not None,
         "--service": args.service is not None,
         "--engine": bool(args.engine),
         "--set": bool(args.workload_settings),
@@ -185,12 +189,13 @@ def run(args: argparse.Namespace) -> int:
         return run_reproduce(args)
     if not args.workload:
         raise UsageError(f"--workload is required (one of: {', '.join(WORKLOADS)}) unless --reproduce lab")
-    names = policy_names(args.policies)
+    names = policy_names(DEFAULT_POLICIES if args.policies is None else args.policies)
+    seed = DEFAULT_SEED if args.seed is None else args.seed
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     settings = parse_pairs(args.workload_settings, "--set")
     try:
-        workload = build_workload(args.workload, seed=args.seed, **settings)
+        workload = build_workload(args.workload, seed=seed, **settings)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if not workload.requests:
@@ -210,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     runs.append(ideal)
     unique_tokens = metrics["ideal"]["prefill_tokens"]
     settings = {
-        "seed": args.seed,
+        "seed": seed,
         "replicas": fleet.replicas,
         "cache_tokens": fleet.cache_tokens,
         **fleet.service.as_dict(),

@@ -78,6 +78,11 @@ NUMBER_CASES = [
     (["up", "--max-replicas", "8"], "--max-replicas need --autoscale"),
     (["sim", "--reproduce", "lab", "--plot", "lab.png"], "runs the published settings; drop --plot"),
     (["sim", "--reproduce", "lab", "--set", "x=1", "--seed", "3"], "drop --seed, --set"),
+    # a flag given with its default's value is still given: refused as any other value would be
+    (["up", "--min-replicas", "1"], "--min-replicas need --autoscale"),
+    (["up", "--autoscale-interval", "2"], "--autoscale-interval need --autoscale"),
+    ([*COMPARE, "--block-tokens", "16"], "--block-tokens applies to traces only"),
+    (["sim", "--reproduce", "lab", "--policies", "all", "--seed", "0"], "drop --policies, --seed"),
     (["load", "--target", "http://", "--workload", "chat"], "--target 'http://' names no host"),
     (["load", "--target", "http://[::1", "--workload", "chat"], "opens a [ it does not close"),
     (["load", "--target", "http://127.0.0.1:99999", "--workload", "chat"], "not a number in 1..65535"),

@@ -16,6 +16,10 @@ from prefixfleet.router.policies import DEFAULT_POLICY
 DEFAULT_UP_WORKLOAD = "prefixroute"
 MAX_LATENCY_PROBES = 1_000_000  # compare's added-latency probe: a local fleet serves hundreds per second
 DEFAULT_UP_POLICIES = "default,round_robin"
+# `up --autoscale`'s flags default to None so that giving one without --autoscale is refused whatever
+# its value (comparing with the default would wave `--min-replicas 1` through); these apply after.
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_AUTOSCALE_INTERVAL_S = 2.0
 # Defaults of `compare`, kept here so that registering the CLI imports nothing heavy.
 COMPARE_DEFAULTS: dict[str, Any] = {
     "requests": 600,
@@ -143,12 +147,20 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
         help="after the runs, keep the fleet up (as --keep-running) with the prefix-aware autoscaler "
         "adding pre-warmed replicas and removing the least valuable one (docs/autoscaling-operator.md)",
     )
-    p.add_argument("--min-replicas", type=int, default=1, help="with --autoscale: lower bound")
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        default=None,
+        help=f"with --autoscale: lower bound (default: {DEFAULT_MIN_REPLICAS})",
+    )
     p.add_argument(
         "--max-replicas", type=int, default=None, help="with --autoscale: upper bound (default 2×)"
     )
     p.add_argument(
-        "--autoscale-interval", type=float, default=2.0, help="with --autoscale: seconds per round"
+        "--autoscale-interval",
+        type=float,
+        default=None,
+        help=f"with --autoscale: seconds per round (default: {DEFAULT_AUTOSCALE_INTERVAL_S:g})",
     )
     p.add_argument(
         "--prometheus",
@@ -230,21 +242,23 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
         if args.prometheus is not None:
             raise UsageError("--prometheus needs --autoscale (it is where the autoscaler reads engine rates)")
         given = {
-            "--min-replicas": args.min_replicas != 1,
-            "--max-replicas": args.max_replicas is not None,
-            "--autoscale-interval": args.autoscale_interval != 2.0,
+            "--min-replicas": args.min_replicas,
+            "--max-replicas": args.max_replicas,
+            "--autoscale-interval": args.autoscale_interval,
         }
-        ignored = [flag for flag, was_given in given.items() if was_given]
+        ignored = [flag for flag, value in given.items() if value is not None]
         if ignored:  # they would change nothing: say so rather than run without them
             raise UsageError(f"{', '.join(ignored)} need --autoscale")
         return None
     from prefixfleet.operator.autoscale import ScalePolicy
 
-    check_positive("--autoscale-interval", args.autoscale_interval)
+    minimum = DEFAULT_MIN_REPLICAS if args.min_replicas is None else args.min_replicas
+    interval_s = DEFAULT_AUTOSCALE_INTERVAL_S if args.autoscale_interval is None else args.autoscale_interval
+    check_positive("--autoscale-interval", interval_s)
     maximum = args.max_replicas if args.max_replicas is not None else max(2 * args.replicas, 2)
-    if not 1 <= args.min_replicas <= args.replicas <= maximum:
+    if not 1 <= minimum <= args.replicas <= maximum:
         raise UsageError(
-            f"--autoscale needs 1 <= --min-replicas ({args.min_replicas}) <= --replicas ({args.replicas})"
+            f"--autoscale needs 1 <= --min-replicas ({minimum}) <= --replicas ({args.replicas})"
             f" <= --max-replicas ({maximum})"
         )
     if args.prometheus is not None:
@@ -260,12 +274,12 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
     # A local fleet runs for minutes, not days: its timers are compressed as the scenarios' are
     # (the operator's defaults, 60 s and 300 s, would hold every replica through a whole session).
     policy = ScalePolicy(
-        min_replicas=args.min_replicas,
+        min_replicas=minimum,
         max_replicas=maximum,
         scale_up_cooldown_s=SCENARIO_FLEET["scale_up_cooldown_s"],
         scale_down_stabilization_s=SCENARIO_FLEET["scale_down_stabilization_s"],
     )
-    return policy, args.autoscale_interval, args.prometheus
+    return policy, interval_s, args.prometheus
 
 
 async def _up_main(
@@ -470,7 +484,12 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--repeats", type=int, default=1, help="rounds of the three routers, pooled (for noisy machines)"
     )
-    p.add_argument("--block-tokens", type=int, default=d.block_tokens, help="trace tokens per hash id")
+    p.add_argument(
+        "--block-tokens",
+        type=int,
+        default=None,  # None: not given, so a non-trace workload can refuse it whatever its value
+        help=f"trace tokens per hash id (default: {d.block_tokens})",
+    )
     p.add_argument("--time-scale", type=float, default=d.time_scale, help="engine speed-up = replay speed-up")
     p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
     p.add_argument(
@@ -502,8 +521,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.local import workload_slice
     from prefixfleet.sim.cli import parse_pairs
 
-    for flag in ("requests", "replicas", "gateways", "repeats", "block_tokens", "max_output_tokens"):
+    for flag in ("requests", "replicas", "gateways", "repeats", "max_output_tokens"):
         check_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    check_positive("--block-tokens", args.block_tokens, allow_none=True)
     for flag in ("time_scale", "latency_rate", "latency_seconds"):
         check_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     check_positive("--cache-tokens", args.cache_tokens, allow_none=True)
@@ -532,9 +552,10 @@ def run_compare_command(args: argparse.Namespace) -> int:
         spec = f"trace:{trace}"
     elif args.trace:
         raise UsageError("use --trace only with the default workload (or --workload trace:PATH)")
+    block_tokens = COMPARE_DEFAULTS["block_tokens"] if args.block_tokens is None else args.block_tokens
     if spec.startswith("trace:"):
-        overrides.setdefault("block_tokens", args.block_tokens)
-    elif args.block_tokens != COMPARE_DEFAULTS["block_tokens"]:
+        overrides.setdefault("block_tokens", block_tokens)
+    elif args.block_tokens is not None:
         raise UsageError(f"--block-tokens applies to traces only, not to --workload {spec}")
     workload = _workload(spec, args.requests, args.seed, overrides)
     _check_cache_fits(workload_slice(workload, 0, args.max_output_tokens), args.cache_tokens)  # all of it
@@ -543,7 +564,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         replicas=args.replicas,
         gateways=args.gateways,
         repeats=args.repeats,
-        block_tokens=args.block_tokens,
+        block_tokens=block_tokens,
         time_scale=args.time_scale,
         cache_tokens=args.cache_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
