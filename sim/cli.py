@@ -12,6 +12,7 @@ from typing import Any
 from prefixfleet.cli import UsageError
 from prefixfleet.outputs import output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
+from prefixfleet.sglang_fields import lax_bool
 
 from .engine import SERVICE_MODELS, ServiceConfig
 from .lab import reproduce_lab
@@ -79,11 +80,11 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
                 f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
             )
         field_type = type(ServiceConfig.__dataclass_fields__[key].default)
-        if field_type is bool:  # bool("false") is True: spell the choices out
-            flags = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
-            if value.lower() not in flags:
+        if field_type is bool:  # bool("false") is True: read it as the engines' JSON fields are
+            flag = lax_bool(value)
+            if flag is None:
                 raise UsageError(f"--engine {key} must be true or false, got {value!r}")
-            values[key] = flags[value.lower()]
+            values[key] = flag
             continue
         try:
             values[key] = field_type(value)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from prefixfleet.router.radix import TOKEN_BYTES, as_token_bytes
+from prefixfleet.sglang_fields import lax_bool
 
 _MASK32 = 0xFFFFFFFF
 _MIX = 0x9E3779B1  # odd, so multiplication is a bijection mod 2**32
@@ -102,7 +103,7 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
     for key, value in overrides.items():
         default = base[key]
         if isinstance(default, bool):
-            flag = value if isinstance(value, bool) else _BOOLEANS.get(str(value).strip().lower())
+            flag = lax_bool(value.strip() if isinstance(value, str) else value)
             if flag is None:
                 raise ValueError(
                     f"workload {workload!r} setting {key!r} must be true or false, got {value!r}"
@@ -141,7 +142,6 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
 
 # Token sizes are generated as real token ids: 1e11 would try to allocate 400 GB before anything runs.
 MAX_SETTING_TOKENS = 10_000_000
-_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
 def _require_positive(settings: dict[str, Any], workload: str, *keys: str) -> None:

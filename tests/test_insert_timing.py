@@ -225,3 +225,14 @@ def test_batched_empty_prompt_leaves_no_pin(cache_on_compute):
     drain(rep, 0.0)
     assert not math.isnan(job.finish_s)  # served (a Job's times start as NaN, never None)
     assert rep.tree.pinned_tokens == 0 and not rep.tree.pinned_sequences() and rep._reserved == 0
+
+
+@pytest.mark.parametrize(
+    ("spelling", "expected"),
+    [("on", True), ("t", True), ("Y", True), ("TRUE", True), ("off", False), ("n", False), ("0", False)],
+)
+def test_engine_flag_reads_a_boolean_as_the_engines_json_fields_do(spelling: str, expected: bool) -> None:
+    """--engine KEY=VALUE reads a boolean with prefixfleet.sglang_fields.lax_bool, as the gateway,
+    sidecar and emulator read a request's bool fields: one set of spellings across the project."""
+    args = argparse.Namespace(service=None, engine=[f"cache_on_compute={spelling}"])
+    assert service_config({"service": "batched"}, args).cache_on_compute is expected

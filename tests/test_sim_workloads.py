@@ -187,3 +187,16 @@ def test_mooncake_trace_replays_every_request_at_full_size() -> None:
     first = json.loads(MOONCAKE.read_text().splitlines()[0])
     assert wl.requests[0].num_tokens == first["input_length"]
     assert as_token_bytes(memoryview(wl.requests[0].tokens).cast("I")) == wl.requests[0].tokens
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(" on ", True), ("YES", True), (True, True), ("f", False), (0, False)]
+)
+def test_a_boolean_setting_is_read_as_the_engines_json_fields_are(value: object, expected: bool) -> None:
+    """No shipped workload has a boolean setting yet; when one does, ``--set KEY=VALUE`` reads it with
+    prefixfleet.sglang_fields.lax_bool (surrounding blanks ignored) and refuses anything else."""
+    from prefixfleet.sim.workloads import _merge
+
+    assert _merge({"flag": False}, {"flag": value}, "w")["flag"] is expected
+    with pytest.raises(ValueError, match="workload 'w' setting 'flag' must be true or false, got 'maybe'"):
+        _merge({"flag": False}, {"flag": "maybe"}, "w")
