@@ -2,7 +2,8 @@
 
 aiohttp's server spends ~230 µs of CPU on a tiny request (request and response objects, routing,
 middleware, timers); for a proxy hop that is most of the cost. This front serves well-formed ``POST``
-requests to the hot paths itself (HTTP/1.1, a Content-Length body, no Expect, no Transfer-Encoding)
+requests to the hot paths itself (HTTP/1.1, a Content-Length body, no Expect, no Transfer-Encoding,
+no Content-Encoding)
 and runs their handler with a :class:`HotRequest`. Parsing is llhttp's (via ``httptools``), which
 refuses what could be misread (Content-Length with Transfer-Encoding, duplicate lengths, obs-fold,
 bare LF, invalid bytes). The front keeps a request's raw bytes until its head is parsed; a request
@@ -31,10 +32,11 @@ from typing import Any
 
 import httptools
 from aiohttp import http_exceptions, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
+from .content_coding import coding_in_parser_error, unsupported_answer, unsupported_message
 from .slow_clients import ClientTimeouts
 
 log = logging.getLogger("prefixfleet.front")
@@ -289,6 +291,8 @@ class _RequestParse:
             self.length = int(text)  # llhttp accepted it: digits only, and only one
         elif lower in _HANDED_OVER_HEADERS or (lower == "connection" and "upgrade" in text.lower()):
             raise _NotHot
+        elif lower == "content-encoding" and text.lower() not in ("", "identity"):
+            raise _NotHot  # aiohttp decodes the body or refuses its coding (.content_coding)
         self.headers.add(key, text)
 
     def on_headers_complete(self) -> None:
@@ -598,6 +602,11 @@ class _JsonParseErrors(RequestHandler):
     ) -> web.StreamResponse:
         if status != 400 or not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
+        if isinstance(exc, ContentEncodingError):  # br or zstd: a coding we cannot decode, not a bad request
+            coding = coding_in_parser_error(exc.message or "")
+            error = {"message": unsupported_message(coding), "type": "invalid_request_error"}
+            body = {"error": {**error, "param": "body", "code": 415}}
+            return unsupported_answer(web.json_response(body, status=415))
         problem = (exc.message or "malformed request").split("\n", 1)[0].rstrip(": ")
         if isinstance(exc, _BAD_URL):
             problem += " (a request URL must be ASCII: percent-encode other bytes)"

@@ -29,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
+from .content_coding import content_coding
 from .front import ClientStalled, FrontServing, serving_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
@@ -190,7 +191,11 @@ class Gateway:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[json_route_errors, body_deadline(self.timeouts, self._body_error)],
+            middlewares=[
+                json_route_errors,
+                content_coding(self._body_error),
+                body_deadline(self.timeouts, self._body_error),
+            ],
         )
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate)

@@ -29,6 +29,7 @@ from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
+from .content_coding import content_coding
 from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
@@ -268,7 +269,11 @@ class Sidecar:
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
-            middlewares=[json_route_errors, body_deadline(self.timeouts, _body_error)],
+            middlewares=[
+                json_route_errors,
+                content_coding(_body_error),
+                body_deadline(self.timeouts, _body_error),
+            ],
         )
         app[SIDECAR_KEY] = self
         app.router.add_post("/prefixfleet/state", self.handle_set_state)

@@ -19,15 +19,20 @@ sidecar and a gateway on 127.0.0.1):
 * a request whose head has bare-LF line ends (or a CR CR LF blank line) is answered 400 at once by
   the gateway and the sidecar, as by aiohttp (their lean front waited for a CRLF blank line: no
   answer until the idle limit), while a valid head arriving byte by byte is still served;
+* a request body in a coding the services do not decode (``br``, ``zstd``, any other, or a list of
+  codings) is a 415 naming it, with ``Accept-Encoding: gzip, deflate``; a ``gzip`` or ``deflate``
+  body is decoded whichever path serves it; one that does not decode as its coding is a 400;
 * afterwards every process is up, still serves a valid request, and no log holds a traceback.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -353,6 +358,58 @@ def test_a_valid_head_arriving_byte_by_byte_is_still_served(services: Services, 
         conn.sendall(payload)
         answer = conn.recv(65536)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+COMPLETION = body({"prompt": "hello", "max_tokens": 1})
+CODED_PATHS = [("gateway", COMPLETIONS), ("sidecar", COMPLETIONS), ("sidecar", "/prefixfleet/warm")]
+
+
+@pytest.mark.parametrize(("service", "path"), CODED_PATHS)
+@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "x-gzip", "gzip, br"])
+def test_a_body_in_a_coding_not_decoded_is_a_415_naming_it(
+    services: Services, client: httpx.Client, service: str, path: str, coding: str
+) -> None:
+    """br and zstd got aiohttp's parser error ('Please install Brotli'), any other coding was read as
+    plain bytes: 415 with the Accept-Encoding a client can fall back to (RFC 9110 §15.5.16)."""
+    headers = {**JSON, "Content-Encoding": coding}
+    resp = client.post(services.url(service) + path, content=COMPLETION, headers=headers)
+    assert_error(resp, 415, "body", f"Content-Encoding {coding!r} is not supported")
+    assert resp.headers["Accept-Encoding"] == "gzip, deflate"
+
+
+@pytest.mark.parametrize("service", ["gateway", "sidecar"])
+@pytest.mark.parametrize(
+    ("coding", "encode"), [("gzip", gzip.compress), ("deflate", zlib.compress), ("identity", bytes)]
+)
+def test_a_gzip_or_deflate_body_is_decoded_on_every_path(
+    services: Services, client: httpx.Client, service: str, coding: str, encode: Callable[[bytes], bytes]
+) -> None:
+    """The lean front read a gzip body as it came (400 'not valid JSON'); aiohttp decoded it when it
+    served the request (chunked): now both paths decode."""
+    headers = {**JSON, "Content-Encoding": coding}
+    resp = client.post(services.url(service) + COMPLETIONS, content=encode(COMPLETION), headers=headers)
+    assert resp.status_code == 200, resp.text[:300]
+    assert resp.json()["usage"]["completion_tokens"] == 1
+
+
+@pytest.mark.parametrize("service", ["gateway", "sidecar"])
+def test_a_small_gzip_body_decoding_beyond_the_body_limit_is_a_413(
+    services: Services, client: httpx.Client, service: str
+) -> None:
+    bomb = gzip.compress(b" " * (MAX_BODY * 10))  # ~1 kB on the wire
+    headers = {**JSON, "Content-Encoding": "gzip"}
+    resp = client.post(services.url(service) + COMPLETIONS, content=bomb, headers=headers)
+    assert_error(resp, 413, "body", str(MAX_BODY))
+
+
+@pytest.mark.parametrize(("service", "path"), CODED_PATHS)
+def test_a_body_that_does_not_decode_as_its_coding_is_a_400(
+    services: Services, client: httpx.Client, service: str, path: str
+) -> None:
+    """The sidecar's admin endpoints answered aiohttp's plain-text 500."""
+    headers = {**JSON, "Content-Encoding": "gzip"}
+    resp = client.post(services.url(service) + path, content=COMPLETION, headers=headers)
+    assert_error(resp, 400, "body", "cannot be decoded as its Content-Encoding 'gzip'")
 
 
 def test_every_service_survived_and_logged_no_traceback(services: Services, client: httpx.Client) -> None:
