@@ -63,10 +63,17 @@ from .planner import (
     observe_pod,
     plan_invalid_spec,
     plan_reconcile,
+    replica_name,
     replica_selector,
     router_name,
     status_changes,
     unavailable_while_invalid,
+)
+from .redis_permissions import (
+    acl_user,
+    denied_commands,
+    fleet_commands,
+    permission_problem,
 )
 from .refusals import refusal_events, with_refusals
 
@@ -389,6 +396,20 @@ def redis_auth_problem(ctx: OperatorContext, redis: Mapping[str, Any], chosen: F
     return ""
 
 
+def redis_permission_problem(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> str:
+    """Which commands the fleet runs (operator, sidecars, gateways) its Redis denies the ACL user it
+    accepted, naming them and the user (never the password); "" when none, or when it does not answer
+    (an outage). One queued-and-discarded transaction per reconcile: nothing is written."""
+    # the keys of its first replica: the same every round (one message, one Event), and matched by
+    # per-fleet or per-replica key patterns alike
+    commands = fleet_commands(FleetKeys(ref.redis_fleet), replica_name(ref, 0))
+    try:
+        denied = denied_commands(ctx.sync_redis(chosen.dial_url), commands)
+    except (RedisError, OSError):
+        return ""
+    return permission_problem(acl_user(chosen.dial_url), denied)
+
+
 AUTH_REFUSALS = ("WRONGPASS", "NOAUTH")  # ResponseError prefixes redis-py may not have mapped
 
 
@@ -481,6 +502,9 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     auth_problem = redis_auth_problem(ctx, redis_spec, chosen_redis) if redis_url else ""
     if auth_problem:
         redis_url = ""
+    # one that takes them but denies the user a command the fleet runs is said too
+    # (Degraded=RedisPermissionDenied); the round still dials it for what it may do
+    permission_problem = redis_permission_problem(ctx, chosen_redis, ref) if redis_url else ""
     if redis_url and any(p.draining for p in pods):
         pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
@@ -493,6 +517,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         redis_url=chosen_redis.url,  # what pods may see: no password
         redis_problem=chosen_redis.problem,
         redis_auth_problem=auth_problem,
+        redis_permission_problem=permission_problem,
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,
     )

@@ -79,6 +79,10 @@ REDIS_UNUSABLE = "RedisUnusable"
 # dials it with (ObservedState.redis_auth_problem): a different fix than RedisUnusable (the password or
 # user, not the Secret's presence or URL), found by Redis itself rather than by reading Secrets.
 REDIS_AUTH_FAILED = "RedisAuthFailed"
+# Degraded reason (and Event reason) of a fleet whose Redis accepts those credentials but denies the
+# ACL user a command, key or channel the fleet runs (ObservedState.redis_permission_problem): the fix is
+# the user's ACL rules, and PING alone does not show it.
+REDIS_PERMISSION_DENIED = "RedisPermissionDenied"
 MAX_SURGE = 1
 ROUTER_CONFIG_PATH = "/etc/prefixfleet"
 
@@ -180,6 +184,9 @@ class ObservedState:
     # disabled user, none sent), naming the field and Secret to fix; empty when it accepts them or
     # could not be asked (an outage is not an auth problem).
     redis_auth_problem: str = ""
+    # Which commands the fleet runs (operator, sidecars, gateways) Redis denies the ACL user it
+    # accepted, naming them and the user; empty when none are, or it could not be asked.
+    redis_permission_problem: str = ""
     # The image the operator was deployed with (chart: PREFIXFLEET_IMAGE); it replaces the models'
     # default project image so sidecars, gateways and emulators run the same release as the operator.
     project_image: str = ""
@@ -1112,6 +1119,9 @@ def plan_status(
     elif observed.redis_auth_problem:
         # replicas may look ready, but no sidecar can register: the gateways route blind
         degraded = (True, REDIS_AUTH_FAILED, observed.redis_auth_problem)
+    elif observed.redis_permission_problem:
+        # likewise: some writes, reads or pushes of the fleet fail on every call
+        degraded = (True, REDIS_PERMISSION_DENIED, observed.redis_permission_problem)
     elif failed:
         degraded = (
             True,
@@ -1220,6 +1230,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
     events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
     events += degraded_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
+    events += degraded_event(REDIS_PERMISSION_DENIED, observed.redis_permission_problem, observed.conditions)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
         tuple(pods),

@@ -1,0 +1,288 @@
+"""A fleet whose Redis takes its credentials but denies the ACL user a command the fleet runs.
+
+An ACL user may PING (so the fleet is not ``RedisAuthFailed``) and still be denied what the
+operator's membership, the sidecars' load records or the gateways' pushes need: each of those calls
+then fails on its own, only logged. Specification:
+
+* the operator asks Redis, with the fleet's own credentials, which of the fleet's commands (on the
+  fleet's keys and channels) the user may not run, without running any: nothing is written or
+  published, even for a user allowed everything;
+* a denial makes the fleet ``Degraded`` with reason ``RedisPermissionDenied``, a message naming each
+  denied command, its key or channel, who needs it and the ACL user (never the password);
+* one Warning Event says it when it starts or changes, not one per round;
+* a user allowed everything, a Redis with no ACL and a Redis that does not answer are no problem;
+* once the user is granted the command the condition goes away.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+
+from prefixfleet.fleet.processes import free_port, redis_server_binary
+from prefixfleet.operator.handlers import FleetRedis, OperatorContext, redis_permission_problem
+from prefixfleet.operator.models import FleetSpec
+from prefixfleet.operator.planner import (
+    REDIS_AUTH_FAILED,
+    REDIS_PERMISSION_DENIED,
+    FleetRef,
+    ObservedState,
+    plan_reconcile,
+)
+from prefixfleet.operator.redis_permissions import fleet_commands
+from prefixfleet.router.keys import FleetKeys
+from tests.k8s.cluster import operator_in_cluster, wait_for
+from tests.test_operator_badinput_redis import Secrets
+from tests.test_operator_redis_auth import PASSWORD_REF, password_secret
+
+PASSWORD = "acl-Pw-51fd"
+FLEET = "guarded"
+NAMESPACE = "default"
+REF = FleetRef(name=FLEET, namespace=NAMESPACE)
+MEMBERS = f"pf:{NAMESPACE}.{FLEET}:members"
+
+
+@dataclass(frozen=True)
+class AclRedis:
+    """A real Valkey/Redis on loopback whose ``default`` user administers the ACL users."""
+
+    port: int
+    admin: redis.Redis
+
+    def user(self, name: str, *rules: str) -> str:
+        """Create (or reset) ACL user ``name`` with PASSWORD and ``rules``; its URL."""
+        self.admin.execute_command("ACL", "SETUSER", name, "reset", "on", f">{PASSWORD}", *rules)
+        return f"redis://{name}:{PASSWORD}@127.0.0.1:{self.port}/0"
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[AclRedis]:
+    port = free_port()
+    argv = [str(redis_server_binary()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path)]  # fmt: skip
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    admin = redis.Redis(host="127.0.0.1", port=port)
+
+    def pings() -> bool:
+        try:
+            return bool(admin.ping())
+        except redis.ConnectionError:
+            return False
+
+    try:
+        wait_for(pings, 15, what="the Redis-compatible server")
+        yield AclRedis(port, admin)
+    finally:
+        admin.close()
+        server.terminate()
+        server.wait(10)
+
+
+def permission_problem(url: str) -> str:
+    """What one reconcile round finds out about the fleet's commands, dialling ``url``."""
+    ctx = OperatorContext(kube=Secrets({}))  # type: ignore[arg-type]
+    try:
+        return redis_permission_problem(ctx, FleetRedis(url, dial_url=url), REF)
+    finally:
+        for client in ctx.sync_redis_clients.values():
+            client.close()
+
+
+ALL_FLEET_KEYS = ("~pf:*", "&pf:*", "+@all")
+
+
+# ------------------------------------------------------------------ what the operator finds out
+
+
+def test_a_user_allowed_everything_is_no_problem_and_nothing_is_written_or_published(
+    acl_redis: AclRedis,
+) -> None:
+    listener = acl_redis.admin.pubsub()
+    listener.psubscribe("*")
+    try:
+        assert listener.get_message(timeout=5)["type"] == "psubscribe"  # type: ignore[index]
+        assert permission_problem(acl_redis.user("fleet", *ALL_FLEET_KEYS)) == ""
+        # the probe queued HSET, SET, DEL, PUBLISH... and discarded them all
+        assert acl_redis.admin.dbsize() == 0
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            message = listener.get_message(timeout=0.1)
+            assert message is None, message
+    finally:
+        listener.close()
+
+
+def test_the_minimal_user_docs_operator_md_gives_is_no_problem(acl_redis: AclRedis) -> None:
+    fleet = f"pf:{NAMESPACE}.{FLEET}:*"
+    commands = (
+        "ping hgetall hset hdel del get mget set pexpire publish subscribe pubsub|numsub multi exec discard"
+    )
+    url = acl_redis.user("minimal", f"~{fleet}", f"&{fleet}", *(f"+{c}" for c in commands.split()))
+    assert permission_problem(url) == ""
+
+
+def test_the_default_user_of_a_redis_without_acl_rules_is_no_problem(acl_redis: AclRedis) -> None:
+    assert permission_problem(f"redis://127.0.0.1:{acl_redis.port}/0") == ""
+
+
+def test_a_denied_command_is_named_with_its_key_who_needs_it_and_the_user(acl_redis: AclRedis) -> None:
+    problem = permission_problem(acl_redis.user("fleet-rw", *ALL_FLEET_KEYS, "-hset"))
+    assert problem.startswith("the fleet's Redis accepted ACL user 'fleet-rw' but denies it"), problem
+    assert f"HSET on key {MEMBERS} (the operator: membership)" in problem
+    assert "HGETALL" not in problem and "PUBLISH" not in problem
+    assert PASSWORD not in problem and "127.0.0.1" not in problem
+
+
+def test_channels_the_user_may_not_use_name_each_command(acl_redis: AclRedis) -> None:
+    problem = permission_problem(acl_redis.user("no-channels", "~pf:*", "resetchannels", "+@all"))
+    prefix = f"pf:{NAMESPACE}.{FLEET}:"
+    for said in (
+        f"PUBLISH on channel {prefix}loads (the sidecars: load pushes)",
+        f"PUBLISH on channel {prefix}events",
+        f"PUBLISH on channel {prefix}sends (the gateways: send notices)",
+        f"SUBSCRIBE on channels {prefix}loads, {prefix}sends",
+    ):
+        assert said in problem, problem
+    assert "HSET" not in problem and "MGET" not in problem
+
+
+def test_keys_of_another_fleet_only_deny_every_keyed_command(acl_redis: AclRedis) -> None:
+    problem = permission_problem(acl_redis.user("other", "~pf:other:*", "&pf:*", "+@all"))
+    named = {c.name for c in fleet_commands(FleetKeys(REF.redis_fleet), "r") if c.on.startswith("key")}
+    assert named == {"HGETALL", "HSET", "HDEL", "DEL", "GET", "MGET", "SET", "PEXPIRE"}
+    for command in named:
+        assert f"; {command} on key" in problem or f": {command} on key" in problem, (command, problem)
+    assert "PUBLISH" not in problem and "SUBSCRIBE" not in problem
+
+
+def test_a_user_denied_transactions_is_told_and_nothing_runs_outside_one(acl_redis: AclRedis) -> None:
+    problem = permission_problem(acl_redis.user("no-multi", *ALL_FLEET_KEYS, "-multi", "-exec"))
+    assert problem.endswith(
+        "denies it commands the fleet runs: MULTI (the operator: membership (a transaction))."
+        " Grant them (ACL SETUSER; docs/operator.md)"
+    ), problem
+    assert acl_redis.admin.dbsize() == 0  # the queued HSET/SET did not run without the MULTI
+
+
+def test_exec_alone_denied_is_found_outside_a_transaction(acl_redis: AclRedis) -> None:
+    problem = permission_problem(acl_redis.user("no-exec", *ALL_FLEET_KEYS, "-exec"))
+    assert "EXEC (the operator: membership (a transaction))" in problem and "MULTI" not in problem
+
+
+def test_redis_not_answering_is_no_permission_problem() -> None:
+    assert permission_problem(f"redis://u:{PASSWORD}@127.0.0.1:{free_port()}/0") == ""
+
+
+# ------------------------------------------------------------------ what the fleet says (planner)
+
+
+def test_the_fleet_is_degraded_with_one_event_per_distinct_denial() -> None:
+    spec = FleetSpec.model_validate({"model": {"name": "m"}, "engine": {"kind": "emulator"}, "replicas": 0})
+    problem = "the fleet's Redis accepted ACL user 'u' but denies it commands the fleet runs: HSET ..."
+    plan = plan_reconcile(REF, spec, ObservedState(redis_url="redis://r/0", redis_permission_problem=problem))
+    degraded = next(c for c in plan.status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"], degraded["message"]) == (
+        "True",
+        REDIS_PERMISSION_DENIED,
+        problem,
+    )
+    assert [(e.reason, e.message) for e in plan.events if e.type == "Warning"] == [
+        (REDIS_PERMISSION_DENIED, problem)
+    ]
+    said = plan.status["conditions"]
+    again = plan_reconcile(
+        REF, spec, ObservedState(redis_url="redis://r/0", redis_permission_problem=problem, conditions=said)
+    )
+    assert not [e for e in again.events if e.type == "Warning"]
+    other = plan_reconcile(
+        REF,
+        spec,
+        ObservedState(redis_url="redis://r/0", redis_permission_problem=problem + " x", conditions=said),
+    )
+    assert [e.reason for e in other.events if e.type == "Warning"] == [REDIS_PERMISSION_DENIED]
+
+
+def test_refused_credentials_come_before_denied_commands() -> None:
+    spec = FleetSpec.model_validate({"model": {"name": "m"}, "engine": {"kind": "emulator"}, "replicas": 0})
+    observed = ObservedState(
+        redis_url="redis://r/0", redis_auth_problem="refused", redis_permission_problem="denied"
+    )
+    degraded = next(
+        c for c in plan_reconcile(REF, spec, observed).status["conditions"] if c["type"] == "Degraded"
+    )
+    assert degraded["reason"] == REDIS_AUTH_FAILED
+
+
+# ------------------------------------------------------------------ the operator, end to end
+
+
+def fleet_manifest(redis_url: str) -> str:
+    fleet = {
+        "apiVersion": "prefixfleet.io/v1alpha1",
+        "kind": "PrefixCacheFleet",
+        "metadata": {"name": FLEET, "namespace": NAMESPACE},
+        "spec": {
+            "model": {"name": "emulated-model"},
+            "engine": {"kind": "emulator"},
+            "replicas": 1,
+            "router": {"replicas": 0},
+            # the user in the URL, its password from a Secret (never in the spec)
+            "redis": {"url": redis_url, "passwordSecretRef": PASSWORD_REF},
+        },
+    }
+    return yaml.safe_dump(fleet)
+
+
+def test_the_operator_says_which_command_redis_denies_and_recovers_once_granted(
+    tmp_path: Path, acl_redis: AclRedis
+) -> None:
+    acl_redis.user("fleet-user", *ALL_FLEET_KEYS, "-hset")
+    with operator_in_cluster(tmp_path, "", kubelet=False) as (cluster, operator):
+        cluster.apply(password_secret(PASSWORD))
+        cluster.apply(fleet_manifest(f"redis://fleet-user@127.0.0.1:{acl_redis.port}/0"))
+
+        def degraded() -> dict[str, Any] | None:
+            status = cluster.kubectl_json("get", "pcf", FLEET).get("status") or {}
+            return next((c for c in status.get("conditions", []) if c["type"] == "Degraded"), None)
+
+        def events() -> list[dict[str, Any]]:
+            selector = f"reason={REDIS_PERMISSION_DENIED}"
+            return cluster.kubectl_json("get", "events", "--field-selector", selector)["items"]
+
+        def timer_rounds() -> int:
+            return operator.log_path.read_text(errors="replace").count("Timer 'fleet_timer' succeeded")
+
+        cond = wait_for(
+            lambda: (c := degraded()) and c["reason"] == REDIS_PERMISSION_DENIED and c,
+            40,
+            what="RedisPermissionDenied",
+        )
+        assert cond["status"] == "True"
+        assert "ACL user 'fleet-user'" in cond["message"] and f"HSET on key {MEMBERS}" in cond["message"]
+        rounds = timer_rounds()
+        wait_for(lambda: timer_rounds() >= rounds + 2, 40, what="two more reconcile rounds")
+        said = wait_for(events, 20, what="the RedisPermissionDenied Event")
+        assert len(said) == 1 and said[0]["type"] == "Warning", [e["message"] for e in said]
+        assert said[0]["involvedObject"]["name"] == FLEET and said[0]["message"] == cond["message"]
+        assert PASSWORD not in json.dumps([cluster.kubectl_json("get", "pcf", FLEET)["status"], said])
+
+        # granted: the next round finds nothing denied and the condition goes away
+        acl_redis.admin.execute_command("ACL", "SETUSER", "fleet-user", "+hset")
+        wait_for(
+            lambda: (c := degraded()) is not None and c["reason"] != REDIS_PERMISSION_DENIED,
+            40,
+            what="the fleet to stop showing RedisPermissionDenied",
+        )
+        assert len(events()) == 1
+        log = operator.log_path.read_text(errors="replace")
+        assert "Traceback" not in log, operator.log_tail(60)
+        assert PASSWORD not in log
