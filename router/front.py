@@ -240,6 +240,17 @@ class HotRequest:
         conn.transport.write(b"".join(head) + data)
 
 
+def head_end(buffer: bytes, start: int, limit: int = _MAX_HEAD_BYTES) -> tuple[int, int]:
+    """Where the head at the start of ``buffer`` ends (the index of its CRLF blank line; -1 if none
+    within ``limit`` bytes yet) and where the next search of the grown buffer starts: only the new
+    bytes and the 3 before them, which a terminator may straddle (a head sent byte by byte was
+    rescanned from its start for every byte). ``start``: the previous search's answer, 0 at first."""
+    end = buffer.find(b"\r\n\r\n", start, limit + 4)
+    if end >= 0:
+        return end, 0
+    return -1, max(start, min(len(buffer), limit + 4) - 3)
+
+
 def _header_lines(headers: Mapping[str, str]) -> list[bytes]:
     return [
         f"{name}: {value}\r\n".encode()
@@ -330,6 +341,7 @@ class _FrontConnection(asyncio.Protocol):
         # llhttp fed a head's bytes while its CRLF blank line has not come (see _refused_so_far)
         self._probe: _RequestParse | None = None
         self._probed = 0  # bytes of the buffer fed to the probe
+        self._scanned = 0  # where the search for the head's end resumes (see head_end)
         self._running: tuple[HotRequest, asyncio.Task[None]] | None = None  # the request being handled
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -428,7 +440,7 @@ class _FrontConnection(asyncio.Protocol):
         if head is None:
             # Only the head's extent is found here: llhttp requires CRLF line ends, so the first blank
             # line ends any head it accepts, and the bytes stay whole for a hand-over.
-            end = buffer.find(b"\r\n\r\n", 0, _MAX_HEAD_BYTES + 4)
+            end, self._scanned = head_end(buffer, self._scanned)
             if end < 0:
                 # An incomplete head goes to aiohttp once too long, or once llhttp refuses what came
                 # so far (a bare-LF line end: the CRLF blank line waited for may never come, which

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from prefixfleet.router.front import HotRequest, serve_front
+from prefixfleet.router.front import HotRequest, head_end, serve_front
 from prefixfleet.router.proxying import AnyRequest, json_error, open_stream
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
@@ -247,3 +250,52 @@ async def test_valid_but_unusual_requests_are_served_by_aiohttp(extra: bytes) ->
         status, headers, body = await asyncio.wait_for(_response(reader), 5)
         assert (status, body, headers["x-served-by"]) == (200, b"echo:odd", "aiohttp")
         writer.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.lists(st.sampled_from([b"\r", b"\n", b"\r\n", b"a"]), max_size=80).map(b"".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=120)),
+    limit=st.integers(min_value=0, max_value=100),
+)
+def test_the_head_end_found_chunk_by_chunk_is_the_one_a_search_of_the_whole_finds(
+    data: bytes, cuts: list[int], limit: int
+) -> None:
+    """head_end searches only a grown buffer's new bytes (and the 3 before them) yet answers, after
+    every chunk, what a search from the start would: the first CRLF CRLF within the head limit."""
+    start = 0
+    for cut in [*sorted(cuts), len(data)]:
+        buffer = data[:cut]
+        end, start = head_end(buffer, start, limit)
+        assert end == buffer.find(b"\r\n\r\n", 0, limit + 4)
+        if end >= 0:
+            return
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12))
+def test_pipelined_requests_in_any_chunking_get_the_same_answers(cuts: list[int]) -> None:
+    """Where the writes split the requests (inside a head's blank line, a body, between requests) does
+    not change what the front answers."""
+    wire = _post(b"one") + _post(b"stream") + _post(b"three", extra=b"X-Pad: " + b"p" * 40 + b"\r\n")
+    pieces = [wire[a:b] for a, b in itertools.pairwise([0, *sorted(cuts), len(wire)])]
+
+    async def exchange() -> list[tuple[int, bytes, str]]:
+        async with front_server(ClientTimeouts()) as port:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0)
+            answers = []
+            for _ in range(3):
+                status, headers, body = await asyncio.wait_for(_response(reader), 5)
+                answers.append((status, body, headers["x-served-by"]))
+            writer.close()
+            return answers
+
+    assert asyncio.run(exchange()) == [
+        (200, b"echo:one", "front"),
+        (200, b"data: 0\n\ndata: 1\n\ndata: 2\n\n", "front"),
+        (200, b"echo:three", "front"),
+    ]
