@@ -53,7 +53,11 @@ class Call:
     batch: bool  # answer with a list (SGLang) / several choices (OpenAI)
     include_usage: bool = False
     model: str | None = None
-    cache_salt: str | None = None  # tenant isolation (vLLM's cache_salt): a separate prefix cache
+    # tenant isolation (cache_salt): a separate prefix cache per salt; one per prompt, () for none
+    cache_salts: tuple[str | None, ...] = ()
+
+    def cache_salt(self, index: int) -> str | None:
+        return self.cache_salts[index] if self.cache_salts else None
 
 
 def error_body(message: str, param: str | None, status: int) -> dict[str, object]:
@@ -219,11 +223,41 @@ def _refuse_nulls(body: Mapping[str, object], names: tuple[str, ...]) -> None:
             raise BadRequest(f"{name} must not be null", name)
 
 
-def _cache_salt(body: Mapping[str, object]) -> str | None:
+def _cache_salts(body: Mapping[str, object], prompts: int, batch: bool) -> tuple[str | None, ...]:
+    """One salt per prompt, as SGLang's GenerateReqInput normalises ``cache_salt`` (its OpenAI
+    requests pass theirs on): a string, for every prompt; in a batch also a list with one string per
+    prompt; "" is no salt."""
     salt = body.get("cache_salt")
-    if salt is not None and not isinstance(salt, str):
-        raise BadRequest("cache_salt must be a string", "cache_salt")
-    return salt or None
+    if salt is None:
+        return ()
+    if isinstance(salt, str):
+        return (salt or None,) * prompts
+    if not batch:
+        raise BadRequest("cache_salt must be a string for a single prompt", "cache_salt")
+    if not isinstance(salt, list):
+        raise BadRequest("cache_salt must be a string or a list of strings", "cache_salt")
+    if len(salt) != prompts:
+        raise BadRequest(
+            f"cache_salt holds {len(salt)} salts for {prompts} prompts: give one per prompt", "cache_salt"
+        )
+    for i, each in enumerate(salt):
+        if not isinstance(each, str):
+            raise BadRequest(f"cache_salt[{i}] must be a string, got {_shown(each)}", "cache_salt")
+    return tuple(each or None for each in salt)
+
+
+def _max_new_tokens(value: object, name: str, limit: int) -> int:
+    """How many tokens a ``sampling_params.max_new_tokens`` generates. SGLang hands the dict to
+    SamplingParams untyped, checks only that it is not negative, and stops a request once its output
+    holds at least that many tokens: a non-integral 2.5 generates 3. Not finite is refused (SGLang
+    would never stop or crash), as is a bool or a string."""
+    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
+        if value < 0:
+            raise BadRequest(f"{name} must not be negative, got {value}", name)
+        if value > limit:
+            raise BadRequest(f"{name} must be at most {limit}, got {value}", name)
+        return math.ceil(value)
+    return _int(value, name, limit)
 
 
 def _stream_usage(body: Mapping[str, object]) -> bool:
@@ -285,7 +319,7 @@ def parse_generate(body: object, limits: Limits) -> Call:
         value = sp.get("max_new_tokens", DEFAULT_GENERATE_MAX_NEW_TOKENS)
         if value is None:
             value = DEFAULT_GENERATE_MAX_NEW_TOKENS
-        max_new.append(_int(value, "sampling_params.max_new_tokens", limits.max_new_tokens))
+        max_new.append(_max_new_tokens(value, "sampling_params.max_new_tokens", limits.max_new_tokens))
 
     rid = body.get("rid")
     if rid is None:
@@ -301,7 +335,8 @@ def parse_generate(body: object, limits: Limits) -> Call:
     if len({r for r in rids if r is not None}) != sum(r is not None for r in rids):
         raise BadRequest("rid values must be unique", "rid")
     stream = _bool(body, "stream")
-    return Call(tuple(prompts), tuple(max_new), tuple(rids), stream, batch, cache_salt=_cache_salt(body))
+    salts = _cache_salts(body, len(prompts), batch)
+    return Call(tuple(prompts), tuple(max_new), tuple(rids), stream, batch, cache_salts=salts)
 
 
 def generate_object(snap: Snapshot, text: str, index: int | None = None) -> dict[str, object]:
@@ -322,8 +357,10 @@ def generate_object(snap: Snapshot, text: str, index: int | None = None) -> dict
 # -- OpenAI-compatible ---------------------------------------------------------------------------
 
 
-def _max_tokens(body: Mapping[str, object], default: int, limits: Limits) -> int:
-    for name in ("max_completion_tokens", "max_tokens"):
+def _max_tokens(
+    body: Mapping[str, object], default: int, limits: Limits, names: tuple[str, ...] = ("max_tokens",)
+) -> int:
+    for name in names:
         value = body.get(name)
         if value is not None:
             return _int(_lax(AS_INT, value, name, "an integer"), name, limits.max_new_tokens)
@@ -369,9 +406,12 @@ def parse_completion(body: object, limits: Limits) -> Call:
     given = body.get("max_tokens")
     if given is not None and _lax(AS_INT, given, "max_tokens", "an integer") <= 0:
         raise BadRequest(f"max_tokens must be positive, got {given}", "max_tokens")
+    # max_tokens only: SGLang's CompletionRequest has no max_completion_tokens (chat's field) and
+    # ignores it, unread and unchecked
     max_new = _max_tokens(body, DEFAULT_COMPLETION_MAX_TOKENS, limits)
     n = len(prompts)
-    return Call(tuple(prompts), (max_new,) * n, (None,) * n, stream, batch, usage, model, _cache_salt(body))
+    salts = _cache_salts(body, n, batch)
+    return Call(tuple(prompts), (max_new,) * n, (None,) * n, stream, batch, usage, model, salts)
 
 
 # SGLang's chat message roles (its OpenAI protocol models): a message is either its generic param,
@@ -445,8 +485,8 @@ def parse_chat(body: object, limits: Limits) -> Call:
         raise BadRequest(str(exc), "messages") from None
     prompt = _check_prompt(tokenize(text), "messages", limits)
     stream, usage, model = _common_openai(body)
-    max_new = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, limits)
-    return Call((prompt,), (max_new,), (None,), stream, False, usage, model, _cache_salt(body))
+    max_new = _max_tokens(body, DEFAULT_CHAT_MAX_TOKENS, limits, ("max_completion_tokens", "max_tokens"))
+    return Call((prompt,), (max_new,), (None,), stream, False, usage, model, _cache_salts(body, 1, False))
 
 
 def usage_object(snaps: list[Snapshot]) -> dict[str, object]:

@@ -113,8 +113,10 @@ def _submit(engine: EngineRunner, call: Call) -> list[RequestHandle]:
         engine.check_fits(len(prompt), max_new)
     handles: list[RequestHandle] = []
     try:
-        for prompt, max_new, rid in zip(call.prompts, call.max_new_tokens, call.rids, strict=True):
-            handles.append(engine.submit(prompt, max_new, rid, namespace=call.cache_salt))
+        for i, (prompt, max_new, rid) in enumerate(
+            zip(call.prompts, call.max_new_tokens, call.rids, strict=True)
+        ):
+            handles.append(engine.submit(prompt, max_new, rid, namespace=call.cache_salt(i)))
     except Exception:
         for h in handles:
             h.abort()

@@ -1,13 +1,15 @@
 """Malformed requests to the emulator's SGLang/OpenAI API: a 4xx JSON error naming the field, never a 5xx.
 
 Specification (beyond tests/test_emulator_server.py's BAD_REQUESTS): JSON numbers that are no usable
-count (NaN, 1e400, 2.5, huge), bodies that are not UTF-8 or nest too deep, batched token ids with a
-bad entry, sampling parameters of a type or range SGLang refuses (temperature "hot", "0.7abc" or -1,
-top_p 0, top_k 0 or 50.5, stop 5, ignore_eos "maybe"...), and chat messages SGLang's request models
-refuse (an unknown role, "User", a content part that is no typed object, a text part whose text is
-no string) each get a 400 whose ``error.message`` names the offending field. What SGLang's pydantic
-models coerce in lax mode ("0.7", 50.0, "true", a role "System") is accepted as they coerce it; valid
-requests answer in the unchanged shape.
+count (NaN, 1e400, negative, huge, a string), bodies that are not UTF-8 or nest too deep, batched
+token ids with a bad entry, sampling parameters of a type or range SGLang refuses (temperature
+"hot", "0.7abc" or -1, top_p 0, top_k 0 or 50.5, stop 5, ignore_eos "maybe"...), chat messages
+SGLang's request models refuse (an unknown role, "User", a content part that is no typed object, a
+text part whose text is no string) and a cache_salt SGLang refuses each get a 400 whose
+``error.message`` names the offending field. What SGLang's pydantic models coerce in lax mode
+("0.7", 50.0, "true", a role "System") is accepted as they coerce it, what SGLang runs (max_new_tokens
+2.5, a list cache_salt in a batch) runs, what it ignores (max_completion_tokens on /v1/completions) is
+ignored; valid requests answer in the unchanged shape.
 """
 
 from __future__ import annotations
@@ -28,7 +30,19 @@ CASES = [
     ("/generate", b"[" * 50_000 + b"]" * 50_000, "not valid JSON"),
     ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": NaN}}', "max_new_tokens"),
     ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": 1e400}}', "max_new_tokens"),
-    ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": 2.5}}', "max_new_tokens"),
+    ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": -2.5}}', "max_new_tokens"),
+    ("/generate", b'{"text": "a", "sampling_params": {"max_new_tokens": "2"}}', "max_new_tokens"),
+    # cache_salt as SGLang normalises it: a list only in a batch, one string per prompt
+    ("/generate", b'{"text": "a", "cache_salt": ["t"]}', "cache_salt must be a string for a single prompt"),
+    ("/generate", b'{"text": ["a", "b"], "cache_salt": ["t"]}', "cache_salt holds 1 salts for 2 prompts"),
+    ("/generate", b'{"text": ["a", "b"], "cache_salt": ["t", 5]}', "cache_salt[1] must be a string"),
+    ("/generate", b'{"text": ["a", "b"], "cache_salt": 5}', "cache_salt must be a string or a list"),
+    ("/v1/completions", b'{"prompt": "a", "cache_salt": ["t"]}', "cache_salt must be a string"),
+    (
+        "/v1/chat/completions",
+        b'{"messages": [' + USER.encode() + b'], "cache_salt": ["t"]}',
+        "cache_salt must be a string",
+    ),
     (
         "/generate",
         b'{"text": "a", "sampling_params": {"max_new_tokens": 1' + b"0" * 40 + b"}}",
@@ -306,3 +320,83 @@ async def test_a_body_that_does_not_decode_as_its_content_encoding_is_a_400(
         fresh.post(server.url + "/generate", data=valid, headers=headers) as r,
     ):
         assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 1
+
+
+# --- where the emulator used to be stricter than SGLang (docs/emulator.md) ------------------------
+
+
+@pytest.mark.parametrize(("max_new_tokens", "generated"), [(2.5, 3), (0.5, 1), (2.0, 2)])
+async def test_a_non_integral_max_new_tokens_runs_as_sglang_runs_it(
+    server: EmulatorServer, http: aiohttp.ClientSession, max_new_tokens: float, generated: int
+) -> None:
+    """SGLang's sampling_params reach SamplingParams untyped and a request stops once its output
+    holds at least max_new_tokens tokens: 2.5 generates 3 (it was a 400 here)."""
+    body = {"text": "hello there", "sampling_params": {"max_new_tokens": max_new_tokens}}
+    async with http.post(server.url + "/generate", json=body) as r:
+        assert r.status == 200, await r.text()
+        assert (await r.json())["meta_info"]["completion_tokens"] == generated
+
+
+@pytest.mark.parametrize("value", [5, 100, "not a number", None])
+async def test_completions_ignore_max_completion_tokens_as_sglang_does(
+    server: EmulatorServer, http: aiohttp.ClientSession, value: object
+) -> None:
+    """SGLang's CompletionRequest has no max_completion_tokens (only chat has): max_tokens, or its
+    default 16, decides; the field is not even type-checked."""
+    for extra, expected in (({}, 16), ({"max_tokens": 3}, 3)):
+        body = {"prompt": "hello there", "max_completion_tokens": value, **extra}
+        async with http.post(server.url + "/v1/completions", json=body) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["usage"]["completion_tokens"] == expected
+
+
+async def test_chat_still_honours_max_completion_tokens(
+    server: EmulatorServer, http: aiohttp.ClientSession
+) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 3, "max_tokens": 9}
+    async with http.post(server.url + "/v1/chat/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        assert (await r.json())["usage"]["completion_tokens"] == 3
+
+
+PROMPT = "a long shared system prompt " * 12
+
+
+async def _cached(http: aiohttp.ClientSession, url: str, body: dict[str, object]) -> list[int]:
+    """Cached tokens of each prompt (/generate), or of all of them (/v1/completions sums usage)."""
+    async with http.post(url, json=body) as r:
+        assert r.status == 200, await r.text()
+        answer = await r.json()
+    if isinstance(answer, list):
+        return [a["meta_info"]["cached_tokens"] for a in sorted(answer, key=lambda a: a["index"])]
+    if "meta_info" in answer:
+        return [answer["meta_info"]["cached_tokens"]]
+    return [answer["usage"]["prompt_tokens_details"]["cached_tokens"]]
+
+
+async def test_a_generate_batch_takes_one_cache_salt_per_prompt(
+    server: EmulatorServer, http: aiohttp.ClientSession
+) -> None:
+    """A list cache_salt in a batch salts each prompt with its own entry ("" is none), as SGLang's
+    GenerateReqInput normalises it: the same prompt is cached only under the salt it was run with."""
+    url, one = server.url + "/generate", {"sampling_params": {"max_new_tokens": 1}}
+    assert await _cached(http, url, {"text": PROMPT, "cache_salt": "tenant-a", **one}) == [0]
+    assert await _cached(http, url, {"text": PROMPT, **one}) == [0]  # unsalted: a cache of its own
+    salts = ["tenant-a", "tenant-b", ""]
+    cached = await _cached(http, url, {"text": [PROMPT] * 3, "cache_salt": salts, **one})
+    assert cached[0] > 0 and cached[1] == 0 and cached[2] > 0, cached
+    # a string salts every prompt of the batch alike
+    assert min(await _cached(http, url, {"text": [PROMPT] * 2, "cache_salt": "tenant-b", **one})) > 0
+
+
+async def test_a_completions_batch_takes_one_cache_salt_per_prompt(
+    server: EmulatorServer, http: aiohttp.ClientSession
+) -> None:
+    url, one = server.url + "/v1/completions", {"max_tokens": 1}
+    assert await _cached(http, url, {"prompt": PROMPT, "cache_salt": "tenant-a", **one}) == [0]
+    [hit] = await _cached(http, url, {"prompt": PROMPT, "cache_salt": "tenant-a", **one})
+    assert hit > 0
+    # usage sums the batch: the tenant-a prompt hits, the tenant-b one finds nothing
+    both = {"prompt": [PROMPT, PROMPT], "cache_salt": ["tenant-a", "tenant-b"], **one}
+    assert await _cached(http, url, both) == [hit]
+    assert await _cached(http, url, {"prompt": PROMPT, "cache_salt": "tenant-b", **one}) == [hit]
