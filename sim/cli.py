@@ -18,7 +18,7 @@ from .engine import SERVICE_MODELS, ServiceConfig
 from .lab import reproduce_lab
 from .report import format_table, summarize, write_plot
 from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
-from .workloads import WORKLOADS, Workload, build_workload, input_files
+from .workloads import SIZE_CAP_HELP, WORKLOADS, Workload, build_workload, input_files
 
 SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
 # --policies and --seed default to None so that `--reproduce` can refuse them whenever they are given
@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         dest="workload_settings",
         metavar="KEY=VALUE",
-        help="workload setting, repeatable (e.g. num_requests=500, limit=1000, speedup=2, block_tokens=32)",
+        help="workload setting, repeatable (e.g. num_requests=500, limit=1000, speedup=2, block_tokens=32;"
+        f" {SIZE_CAP_HELP})",
     )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")

@@ -29,7 +29,9 @@ from .workloads import (
     _merge,
     _require_positive,
     _zipf_weights,
+    check_request_count,
     trace_workload,
+    within_span,
 )
 
 # One fleet for every scenario (so the numbers compare): an 8B-class model on one GPU per replica,
@@ -134,6 +136,9 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
     _require_positive(s, "viral", "duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
     if not 0.0 <= s["viral_share"] <= 1.0:
         raise ValueError(f"scenario 'viral' setting 'viral_share' must be in [0, 1], got {s['viral_share']}")
+    # thinning draws about peak rate × duration candidates, however few it keeps
+    peak = s["rate_rps"] * max(s["surge"], 1.0)
+    check_request_count("viral", peak * s["duration_s"], "'rate_rps' × 'surge' × 'duration_s'", "scenario")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)
@@ -147,7 +152,7 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
         return s["rate_rps"] * (1.0 + (s["surge"] - 1.0) * level(t))
 
     requests = []
-    for t in _arrivals(rng, rate, s["rate_rps"] * max(s["surge"], 1.0), s["duration_s"]):
+    for t in _arrivals(rng, rate, peak, s["duration_s"]):
         unique = space.fresh(rng.randint(s["unique_tokens_min"], s["unique_tokens_max"]))
         if rng.random() < s["viral_share"] * level(t):
             requests.append(WorkloadRequest(t, viral + unique, s["output_tokens"], "viral"))
@@ -162,6 +167,7 @@ def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
     _require_positive(s, "diurnal", "duration_s", "tenants", "trough_rps", "peak_rps")
     if s["peak_rps"] < s["trough_rps"]:
         raise ValueError("scenario 'diurnal': peak_rps must be >= trough_rps")
+    check_request_count("diurnal", s["peak_rps"] * s["duration_s"], "'peak_rps' × 'duration_s'", "scenario")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)
@@ -194,9 +200,10 @@ def build_scenario(spec: str, *, seed: int = 0, **overrides: Any) -> Workload:
         if not path:
             raise ValueError("trace scenario needs a path: trace:PATH")
         workload = trace_workload(path, seed=seed, **{**TRACE_SCENARIO, **overrides})
-        return Workload(workload.name, workload.requests, workload.settings, dict(SCENARIO_FLEET))
+        trace = Workload(workload.name, workload.requests, workload.settings, dict(SCENARIO_FLEET))
+        return within_span(trace, "scenario")
     if spec == "viral":
-        return viral_scenario(seed, **overrides)
+        return within_span(viral_scenario(seed, **overrides), "scenario")
     if spec == "diurnal":
-        return diurnal_scenario(seed, **overrides)
+        return within_span(diurnal_scenario(seed, **overrides), "scenario")
     raise ValueError(f"unknown scenario {spec!r}; choose from {', '.join(SCENARIOS)}")

@@ -142,6 +142,33 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
 
 # Token sizes are generated as real token ids: 1e11 would try to allocate 400 GB before anything runs.
 MAX_SETTING_TOKENS = 10_000_000
+# A workload is generated in memory request by request: more would take hours before anything runs
+# (and a rate so high that arrival gaps fall below a float's resolution never ended at all).
+MAX_WORKLOAD_REQUESTS = 10_000_000
+# Arrival times are float seconds: at 1e8 s (about 3 years) a float still resolves 15 ns; at 1e300
+# the service times vanish beside them (every TTFT read 0) and a live replay never ends.
+MAX_WORKLOAD_SPAN_S = 1e8
+SIZE_CAP_HELP = f"at most {MAX_WORKLOAD_REQUESTS:,} requests, arriving within {MAX_WORKLOAD_SPAN_S:.0e} s"
+
+
+def check_request_count(name: str, expected: float, settings: str, kind: str = "workload") -> None:
+    """Refuse settings that would make more than :data:`MAX_WORKLOAD_REQUESTS` requests."""
+    if not expected <= MAX_WORKLOAD_REQUESTS:
+        raise ValueError(
+            f"{kind} {name!r}: {settings} would make about {expected:.3g} requests; "
+            f"at most {MAX_WORKLOAD_REQUESTS:,}"
+        )
+
+
+def within_span(workload: Workload, kind: str = "workload") -> Workload:
+    """``workload`` if its last arrival is at most :data:`MAX_WORKLOAD_SPAN_S`; ValueError otherwise."""
+    last = workload.requests[-1].arrival_s if workload.requests else 0.0
+    if not last <= MAX_WORKLOAD_SPAN_S:
+        raise ValueError(
+            f"{kind} {workload.name!r} spans {last:.3g} s of arrivals with these settings; at most "
+            f"{MAX_WORKLOAD_SPAN_S:.0e} s (raise a rate or speedup, or shorten a gap)"
+        )
+    return workload
 
 
 def _require_positive(settings: dict[str, Any], workload: str, *keys: str) -> None:
@@ -180,6 +207,7 @@ def prefixroute_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Multi-tenant trace: Zipf tenant popularity, Poisson arrivals, per-tenant prefix + unique turn."""
     s = _merge(PREFIXROUTE_DEFAULTS, overrides, "prefixroute")
     _require_positive(s, "prefixroute", "num_requests", "tenants", "rate_rps", "prefix_tokens_min")
+    check_request_count("prefixroute", s["num_requests"], "'num_requests'")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = [
@@ -242,6 +270,8 @@ def lab_burst_workload(seed: int = 0, **overrides: Any) -> Workload:
     """
     s = _merge(LAB_BURST_DEFAULTS, overrides, "lab-burst")
     _require_positive(s, "lab-burst", "prefix_tokens", "suffix_tokens", "interarrival_s")
+    count = s["interleaved_requests"] + s["burst_requests"]
+    check_request_count("lab-burst", count, "'interleaved_requests' + 'burst_requests'")
     prompts = lab_burst_token_lists(
         s["prefix_tokens"], s["suffix_tokens"], s["interleaved_requests"], s["burst_requests"]
     )
@@ -279,6 +309,7 @@ def gsp_workload(seed: int = 0, **overrides: Any) -> Workload:
     """SGLang bench_serving's generated-shared-prefix: groups share a system prompt, unique questions."""
     s = _merge(GSP_DEFAULTS, overrides, "gsp")
     _require_positive(s, "gsp", "groups", "prompts_per_group", "rate_rps")
+    check_request_count("gsp", s["groups"] * s["prompts_per_group"], "'groups' × 'prompts_per_group'")
     rng = random.Random(seed)
     space = TokenSpace()
     systems = [space.fresh(s["system_prompt_tokens"]) for _ in range(s["groups"])]
@@ -324,6 +355,7 @@ def chat_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Interleaved multi-turn sessions; each turn's prompt = previous prompt + answer + new message."""
     s = _merge(CHAT_DEFAULTS, overrides, "chat")
     _require_positive(s, "chat", "sessions", "system_prompts", "session_rate_rps", "turns_min")
+    check_request_count("chat", s["sessions"] * s["turns_max"], "'sessions' × 'turns_max'")
     rng = random.Random(seed)
     space = TokenSpace()
     systems = [space.fresh(s["system_prompt_tokens"]) for _ in range(s["system_prompts"])]
@@ -377,6 +409,9 @@ def viral_workload(seed: int = 0, **overrides: Any) -> Workload:
     _require_positive(s, "viral", "duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
     if not 0.0 <= s["viral_share"] <= 1.0:
         raise ValueError(f"workload 'viral' setting 'viral_share' must be in [0, 1], got {s['viral_share']}")
+    before = min(s["viral_start_s"], s["duration_s"])
+    expected = s["rate_rps"] * (before + s["surge"] * (s["duration_s"] - before))
+    check_request_count("viral", expected, "'rate_rps', 'surge' and 'duration_s'")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = [
@@ -547,8 +582,8 @@ def build_workload(spec: str, *, seed: int = 0, **overrides: Any) -> Workload:
         path = spec[len("trace:") :]
         if not path:
             raise ValueError("trace workload needs a path: trace:PATH")
-        return trace_workload(path, seed=seed, **overrides)
+        return within_span(trace_workload(path, seed=seed, **overrides))
     generator = GENERATORS.get(spec)
     if generator is None:
         raise ValueError(f"unknown workload {spec!r}; choose from {', '.join(WORKLOADS)}")
-    return generator(seed=seed, **overrides)
+    return within_span(generator(seed=seed, **overrides))

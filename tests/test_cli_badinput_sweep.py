@@ -66,6 +66,17 @@ SETTING_CASES = [
     ([*SCALE, "--control-interval-s", "1e-300"], "--control-interval-s 1e-300 makes 1.99e+301 control"),
     (["sim", "--workload", "trace:binary.jsonl"], "trace binary.jsonl line 2: not UTF-8 text"),
     (["up", "--workload", "trace:binary.jsonl"], "trace binary.jsonl line 2: not UTF-8 text"),
+    # finite values that never finished: a generator looping for ever, arrivals so far apart that every
+    # TTFT read 0, a trace sped up into infinite arrival times (a traceback), a replay lasting aeons
+    ([*SIM, "--set", "rate_rps=1e-300"], "'prefixroute' spans 1.73e+301 s of arrivals"),
+    (["sim", "--workload", "viral", "--set", "duration_s=1e300"], "would make about 7.5e+301 requests"),
+    (["sim", "--workload", "viral", "--set", "surge=1e300"], "at most 10,000,000"),
+    (["sim", "--workload", "trace:far.jsonl", "--set", "speedup=1e-30"], "spans inf s of arrivals"),
+    ([*SCALE, "--set", "surge=1e300"], "scenario 'viral': 'rate_rps' × 'surge' × 'duration_s' would make"),
+    (["load", "--target", "http://h:9", "--workload", "trace:far.jsonl"], "spans 1e+297 s of arrivals"),
+    ([*LOAD, "--speedup", "1e-300"], "s of arrivals at --speedup 1e-300); at most 604,800 s (7 days)"),
+    (["up", "--requests", "50", "--time-scale", "1e-9"], "at --time-scale 1e-09); at most 604,800 s"),
+    ([*COMPARE, "--requests", "50", "--time-scale", "1e-9"], "at --time-scale 1e-09); at most 604,800 s"),
 ]
 
 NUMBER_CASES = [
@@ -124,6 +135,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "binary.jsonl").write_bytes(b"\n\xff\xfe\n")  # line 1 blank, line 2 not UTF-8
     trace = '{"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1]}\n'
     (tmp_path / "t.jsonl").write_text(trace)
+    (tmp_path / "far.jsonl").write_text(trace + trace.replace('"timestamp": 0', '"timestamp": 1e300'))
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -136,7 +148,7 @@ def test_a_bad_value_is_one_line_naming_it_before_any_work(
     argv: list[str], message: str, workdir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert message in _refused(argv, capsys)
-    assert sorted(p.name for p in workdir.iterdir()) == ["adir", "binary.jsonl", "t.jsonl"]  # no output
+    assert sorted(p.name for p in workdir.iterdir()) == ["adir", "binary.jsonl", "far.jsonl", "t.jsonl"]
     assert (workdir / "t.jsonl").read_text().startswith('{"timestamp": 0')
 
 

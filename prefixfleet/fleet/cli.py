@@ -15,6 +15,10 @@ from prefixfleet.router.policies import DEFAULT_POLICY
 
 DEFAULT_UP_WORKLOAD = "prefixroute"
 MAX_LATENCY_PROBES = 1_000_000  # compare's added-latency probe: a local fleet serves hundreds per second
+# A live replay runs on the wall clock: one longer than a week (a trace spanning 1e300 ms, a speedup
+# of 1e-300) is a mistake, not a soak test, and would hold the terminal until Ctrl-C.
+MAX_REPLAY_S = 7 * 24 * 3600
+REPLAY_CAP_HELP = "a replay longer than 7 days of wall clock is refused"
 DEFAULT_UP_POLICIES = "default,round_robin"
 # `up --autoscale`'s flags default to None so that giving one without --autoscale is refused whatever
 # its value (comparing with the default would wave `--min-replicas 1` through); these apply after.
@@ -74,6 +78,19 @@ def _check_cache_fits(requests: list[Any], cache_tokens: int | None) -> None:
         )
 
 
+def _check_replay_length(requests: list[Any], speedup: float, flag: str) -> None:
+    """The wall clock a replay of ``requests`` at ``speedup`` takes must be at most MAX_REPLAY_S."""
+    if not requests:
+        return
+    arrivals = [r.arrival_s for r in requests]
+    span = max(arrivals) - min(arrivals)  # the replay starts at the first arrival
+    if not span / speedup <= MAX_REPLAY_S:
+        raise UsageError(
+            f"the replay would take {span / speedup:.3g} s of wall clock ({span:.3g} s of arrivals at "
+            f"{flag} {speedup:g}); at most {MAX_REPLAY_S:,} s (7 days): raise {flag} or replay fewer requests"
+        )
+
+
 def _progress_default(value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
@@ -121,7 +138,8 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
         "--time-scale",
         type=float,
         default=0.5,
-        help="engine speed-up; the workload is replayed at the same factor (0.5: twice as slow as modelled)",
+        help="engine speed-up; the workload is replayed at the same factor (0.5: twice as slow as modelled;"
+        f" {REPLAY_CAP_HELP})",
     )
     p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
     p.add_argument(
@@ -190,7 +208,9 @@ def run_up_command(args: argparse.Namespace) -> int:
     run_dir = output_dir(args.run_dir, "--run-dir")
     workload = _workload(args.workload, args.requests, args.seed, parse_pairs(args.set, "--set"))
     # the requests run_up replays: a small --requests may need less room than the whole workload
-    _check_cache_fits(workload_slice(workload, args.requests, args.max_output_tokens), args.cache_tokens)
+    replayed = workload_slice(workload, args.requests, args.max_output_tokens)
+    _check_cache_fits(replayed, args.cache_tokens)
+    _check_replay_length(replayed, args.time_scale, "--time-scale")
     engine = engine_for_workload(
         workload,
         max(args.replicas, 1),
@@ -398,7 +418,12 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
         "--api", choices=["openai", "sglang"], default="openai", help="/v1/completions or /generate"
     )
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True, help="SSE streaming")
-    p.add_argument("--speedup", type=float, default=1.0, help="replay the arrival times this much faster")
+    p.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help=f"replay the arrival times this much faster ({REPLAY_CAP_HELP})",
+    )
     p.add_argument("--limit", type=int, default=0, help="first N requests (traces: whole groups); 0 = all")
     p.add_argument("--max-output-tokens", type=int, default=None, help="cap on generated tokens per request")
     p.add_argument("--concurrency", type=int, default=512, help="client-side cap on requests in flight")
@@ -430,6 +455,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     requests = requests_from_workload(
         workload, limit=args.limit or None, max_output_tokens=args.max_output_tokens
     )
+    _check_replay_length(requests, args.speedup, "--speedup")
 
     async def main() -> Any:
         return await run_load(
@@ -490,7 +516,12 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
         default=None,  # None: not given, so a non-trace workload can refuse it whatever its value
         help=f"trace tokens per hash id (default: {d.block_tokens})",
     )
-    p.add_argument("--time-scale", type=float, default=d.time_scale, help="engine speed-up = replay speed-up")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=d.time_scale,
+        help=f"engine speed-up = replay speed-up ({REPLAY_CAP_HELP})",
+    )
     p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
     p.add_argument(
         "--prefill-tokens-per-s", type=float, default=None, help="per engine (default: the workload's)"
@@ -558,7 +589,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
     elif args.block_tokens is not None:
         raise UsageError(f"--block-tokens applies to traces only, not to --workload {spec}")
     workload = _workload(spec, args.requests, args.seed, overrides)
-    _check_cache_fits(workload_slice(workload, 0, args.max_output_tokens), args.cache_tokens)  # all of it
+    replayed = workload_slice(workload, 0, args.max_output_tokens)  # all of it
+    _check_cache_fits(replayed, args.cache_tokens)
+    _check_replay_length(replayed, args.time_scale, "--time-scale")
     options = CompareOptions(
         requests=args.requests,
         replicas=args.replicas,
