@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from prefixfleet.cli import DefaultsHelpFormatter
 
+from .cli import TIME_SCALE_RANGE, check_range
 from .config import EmulatorConfig
 from .engine import EngineModel, make_request, run_until_idle
 
@@ -166,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
+    for time_scale in args.time_scale:
+        check_range("--time-scale", time_scale, TIME_SCALE_RANGE)
     json_path = output_file(args.json, "--json")
     try:
         configs = [EmulatorConfig(time_scale=ts) for ts in args.time_scale]

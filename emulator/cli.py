@@ -14,6 +14,24 @@ from .config import DEFAULT_MODEL, EmulatorConfig
 
 _DEFAULTS = EmulatorConfig()
 
+# Generous bounds on the speed flags: any finite positive value used to be taken, and at
+# --time-scale 1e-300 (or a prefill/decode rate of 1e-300) one decode step lasts 1e298 s, so no
+# request ever finishes; at the other end rates like 1e300 overflow the sidecar's arithmetic.
+# (flag, least, most)
+TIME_SCALE_RANGE = (1e-3, 1e6)  # 1000x slower .. a million times faster than modelled
+PREFILL_RATE_RANGE = (1.0, 1e12)  # tokens/s
+DECODE_RATE_RANGE = (1e-2, 1e9)  # tokens/s of one request: a step of 100 s .. 1 ns
+
+
+def check_range(flag: str, value: float, bounds: tuple[float, float]) -> None:
+    """``value`` must be a finite number within ``bounds`` (inclusive): one line naming the flag."""
+    from prefixfleet.cli import UsageError
+
+    check_positive(flag, value)
+    least, most = bounds
+    if not least <= value <= most:
+        raise UsageError(f"{flag} must be between {least:g} and {most:g}, got {value:g}")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -35,13 +53,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--prefill-tokens-per-s",
         type=float,
         default=_DEFAULTS.prefill_tokens_per_s,
-        help="prefill speed for uncached tokens",
+        help=f"prefill speed for uncached tokens; {PREFILL_RATE_RANGE[0]:g} to {PREFILL_RATE_RANGE[1]:g}",
     )
     p.add_argument(
         "--decode-tokens-per-s",
         type=float,
         default=1.0 / _DEFAULTS.decode_step_s,
-        help="decode speed of one request at batch size 1 (one step = 1/D s; steps grow mildly with batch)",
+        help="decode speed of one request at batch size 1 (one step = 1/D s; steps grow mildly with batch); "
+        f"{DECODE_RATE_RANGE[0]:g} to {DECODE_RATE_RANGE[1]:g}",
     )
     p.add_argument("--max-running", type=int, default=_DEFAULTS.max_running, help="max running requests")
     p.add_argument(
@@ -51,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--time-scale",
         type=float,
         default=_DEFAULTS.time_scale,
-        help="speed-up: every modelled duration is divided by this (reported latencies stay modelled)",
+        help="speed-up: every modelled duration is divided by this (reported latencies stay modelled); "
+        f"{TIME_SCALE_RANGE[0]:g} to {TIME_SCALE_RANGE[1]:g}",
     )
     p.add_argument(
         "--max-prompt-tokens",
@@ -86,7 +106,9 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     if not args.host.strip():  # aiohttp would bind every interface: say which one
         raise UsageError("--host is empty; give an address to bind, e.g. 127.0.0.1")
-    check_positive("--decode-tokens-per-s", args.decode_tokens_per_s)  # inf: decode steps of no time
+    check_range("--time-scale", args.time_scale, TIME_SCALE_RANGE)
+    check_range("--prefill-tokens-per-s", args.prefill_tokens_per_s, PREFILL_RATE_RANGE)
+    check_range("--decode-tokens-per-s", args.decode_tokens_per_s, DECODE_RATE_RANGE)  # inf: steps of no time
     try:
         return EmulatorConfig(
             model=args.model,

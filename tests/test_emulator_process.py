@@ -89,6 +89,19 @@ def test_cli_emulator_serves_and_exits_cleanly_on_signal(tmp_path: Path, sig: si
     [
         (["--port", "1", "--cache-tokens", "0"], "cache_tokens must be a positive integer"),
         (["--port", "70000"], "--port must be in"),
+        # finite but extreme: no request would ever finish (or the sidecar's arithmetic overflows)
+        (
+            ["--port", "0", "--time-scale", "1e-300"],
+            "--time-scale must be between 0.001 and 1e+06, got 1e-300",
+        ),
+        (["--port", "0", "--time-scale", "1e300"], "--time-scale must be between 0.001 and 1e+06"),
+        (["--port", "0", "--prefill-tokens-per-s", "1e-300"], "--prefill-tokens-per-s must be between 1 and"),
+        (
+            ["--port", "0", "--decode-tokens-per-s", "1e-300"],
+            "--decode-tokens-per-s must be between 0.01 and",
+        ),
+        (["--port", "0", "--decode-tokens-per-s", "5e-324"], "--decode-tokens-per-s must be between"),
+        (["--port", "0", "--time-scale", "nan"], "--time-scale must be positive, got nan"),
     ],
 )
 def test_cli_rejects_bad_flags_with_one_line(flags: list[str], message: str):
@@ -100,6 +113,40 @@ def test_cli_rejects_bad_flags_with_one_line(flags: list[str], message: str):
     )
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--time-scale", "0.001"],
+        ["--time-scale", "1e6"],
+        ["--prefill-tokens-per-s", "1", "--decode-tokens-per-s", "0.01"],
+        ["--prefill-tokens-per-s", "1e12", "--decode-tokens-per-s", "1e9"],
+    ],
+)
+def test_the_documented_bounds_themselves_are_accepted(flags: list[str]):
+    from prefixfleet.cli import build_parser
+    from prefixfleet.emulator.cli import config_from_args
+
+    config = config_from_args(build_parser("emulator").parse_args(["emulator", "--port", "0", *flags]))
+    given = {flag: float(value) for flag, value in zip(flags[::2], flags[1::2], strict=True)}
+    assert config.time_scale == given.get("--time-scale", 1.0)
+    assert config.prefill_tokens_per_s == given.get("--prefill-tokens-per-s", 30_000.0)
+    assert config.decode_step_s == 1.0 / given.get("--decode-tokens-per-s", 50.0)
+
+
+def test_emulator_bench_refuses_an_extreme_time_scale_before_running():
+    done = subprocess.run(
+        [*PREFIXFLEET, "emulator-bench", "--time-scale", "50", "1e-300"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == (
+        "prefixfleet emulator-bench: error: --time-scale must be between 0.001 and 1e+06, got 1e-300"
+    )
 
 
 def test_cli_reports_a_busy_port_without_a_traceback(emulator_process):
