@@ -75,7 +75,7 @@ from .redis_permissions import (
     fleet_commands,
     permission_problem,
 )
-from .refusals import refusal_events, with_refusals
+from .refusals import refusal_events, try_next_create, with_refusals
 
 FLEET_RESOURCE = {"group": GROUP, "version": VERSION, "plural": PLURAL}
 RECONCILE_INTERVAL_S = float(os.environ.get("PREFIXFLEET_RECONCILE_INTERVAL", "10"))
@@ -539,16 +539,20 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # A child the API server refuses (an invalid podTemplate, a policy, a quota) does not stop the
     # others, the router or the status: the fleet says which and why (operator/refusals.py).
     refused: list[str] = []
+    refused_creates: list[str] = []
     for manifest in plan.create_pods:
         kopf.adopt(manifest, owner=fleet)
         try:
             kube.create(manifest)
         except ChildRefused as exc:
             refused.append(str(exc))
+            refused_creates.append(exc.api_message)
             # the others share its template and namespace: a quota or an invalid podTemplate refuses
-            # them too. One refused call per round, not one per missing replica; the next round
-            # tries again from the first missing one.
-            break
+            # them too. One refused call per round, not one per missing replica (two when a webhook,
+            # which may judge pods one by one, refused the first); the next round tries again from
+            # the first missing one.
+            if not try_next_create(refused_creates):
+                break
     for change in plan.children:
         kopf.adopt(change.manifest, owner=fleet)
         try:

@@ -10,10 +10,18 @@ fleet (``kubectl describe pcf``) instead of only in the operator's log.
 The reconcile keeps going past a refused child (the others, the router and the status are still
 written) and tries again on its next round; once the API server accepts the child, the planner's
 own ``Degraded`` condition replaces this one.
+
+Replica pods share one template, so a refused pod usually means the next would be refused the same
+way (a quota, a Pod Security level, an invalid podTemplate): the first refused pod ends the round's
+creates (``try_next_create``), rather than N refused calls every round. Except when an admission
+webhook refused it: a webhook may judge each pod on its own (by name, by index), so one refused pod
+must not hold back the others; the round goes on, and ends at a second refusal (a webhook refusing
+every pod then costs two calls a round, not N).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +32,18 @@ JSON = dict[str, Any]
 REASON = "ChildRefused"
 # Kubernetes caps a condition's message at 32768 characters; API server messages can be long.
 MAX_MESSAGE = 4096
+
+
+# kube-apiserver's wording of an admission webhook's denial (whatever status code the webhook chose:
+# 400 unless it set one, 403 and 422 are common), e.g.
+# 'admission webhook "policy.example.com" denied the request: pod name chat-replica-1 is reserved'
+WEBHOOK_DENIAL = re.compile(r'admission webhook "[^"]*" denied the request')
+
+
+def try_next_create(refused: Sequence[str]) -> bool:
+    """After these refused pod creates of a round (the API server's messages, in order), whether to
+    try the round's next one: only after a single refusal, by an admission webhook."""
+    return len(refused) == 1 and WEBHOOK_DENIAL.search(refused[0]) is not None
 
 
 def refusal_message(refusals: Sequence[str]) -> str:

@@ -9,7 +9,10 @@ The operator's Kubernetes calls turn such an answer into ``kube.ChildRefused``: 
 child and the API server's reason. Escaping a kopf handler, it is logged as that line without a
 traceback and retried later; fixing the spec lets the replica be created. The fleet shows it too:
 Degraded=ChildRefused naming the pod and the reason, and one Warning Event (``operator/refusals.py``).
-A refused replica pod ends that round's pod creates: the rest share its template.
+A refused replica pod ends that round's pod creates: the rest share its template. Unless an
+admission webhook refused it: a webhook may judge each pod by itself (by name), so the round tries
+the next missing replica, and ends at a second refusal (a webhook refusing every pod costs two
+calls a round, not one per missing replica).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from kubernetes.client.rest import ApiException
 
 from prefixfleet.operator.kube import ChildRefused, Kube
 from prefixfleet.operator.planner import PlannedEvent
-from prefixfleet.operator.refusals import refusal_events, with_refusals
+from prefixfleet.operator.refusals import refusal_events, try_next_create, with_refusals
 from tests.k8s.apiserver import ApiError, ApiServerThread, EmulatedApiServer, ResourceType
 from tests.k8s.cluster import EmulatedCluster, OperatorProcess, running_redis, wait_for
 
@@ -94,13 +97,33 @@ class CountingApiServer(PodValidatingApiServer):
             raise
 
 
-class RefusingCluster(EmulatedCluster):
-    """The emulated cluster with :class:`PodValidatingApiServer` as its API server."""
+class WebhookApiServer(CountingApiServer):
+    """... behind a validating admission webhook that denies the Pods named in ``reserved`` (every
+    Pod when it is None), answered as kube-apiserver words a webhook's denial."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, reserved: set[str] | None) -> None:
+        super().__init__()
+        self.reserved = reserved
+
+    def _admit(self, rt: ResourceType, obj: Any) -> Any:
+        name = (obj.get("metadata") or {}).get("name", "") if isinstance(obj, dict) else ""
+        if rt.kind == "Pod" and (self.reserved is None or name in self.reserved):
+            self.refused_pods.add(name)
+            raise ApiError(
+                403,
+                "Forbidden",
+                f'admission webhook "names.example.com" denied the request: pod name {name} is reserved',
+            )
+        return super()._admit(rt, obj)
+
+
+class RefusingCluster(EmulatedCluster):
+    """The emulated cluster with :class:`PodValidatingApiServer` (or ``server``) as its API server."""
+
+    def __init__(self, workdir: Path, server: CountingApiServer | None = None) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        self.server = CountingApiServer()
+        self.server = CountingApiServer() if server is None else server
         self.api = ApiServerThread(self.server)
         self.api.start()
         self.kubeconfig = self.api.write_kubeconfig(workdir / "kubeconfig")
@@ -260,6 +283,84 @@ def test_a_refused_replica_stops_the_rounds_creates_instead_of_trying_every_repl
         finally:
             print("--- operator log (tail) ---\n" + operator.log_tail(60))
             operator.stop()
+
+
+def test_a_webhook_refusal_lets_the_round_try_the_next_replica_and_a_second_refusal_ends_it() -> None:
+    # told apart by the API server's wording, not the status code: a webhook picks its own (400
+    # unless it sets one; 403 and 422 are common), and quotas and Pod Security answer 403 too
+    webhook = 'admission webhook "names.example.com" denied the request: pod name x-replica-1 is reserved'
+    quota = (
+        'pods "x-replica-0" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2'
+    )
+    invalid = 'Pod "x-replica-0" is invalid: spec.containers[0].volumeMounts[0].name: Not found: "models"'
+    security = 'pods "x-replica-0" is forbidden: violates PodSecurity "restricted:latest": privileged'
+    assert try_next_create([webhook]) is True
+    assert try_next_create([webhook, webhook]) is False
+    for shared in (quota, invalid, security):
+        assert try_next_create([shared]) is False
+        assert try_next_create([webhook, shared]) is False
+    assert try_next_create([]) is False
+
+
+def test_a_webhook_refusing_one_replica_by_name_does_not_hold_back_the_others(tmp_path: Path) -> None:
+    reserved = f"{FLEET}-replica-1"
+    cluster = RefusingCluster(tmp_path / "cluster", WebhookApiServer({reserved}))
+    try:
+        with running_redis(tmp_path) as redis_url:
+            operator = OperatorProcess(cluster, redis_url)
+            try:
+                cluster.install_crd()
+                operator.start()
+                cluster.apply(fleet_manifest(volume=True, replicas=4))
+                cond = wait_for(lambda: child_refused(cluster), 40, what="Degraded=ChildRefused on the fleet")
+                assert (
+                    f"refused Pod {NAMESPACE}/{reserved} (403 Forbidden): admission webhook"
+                    in cond["message"]
+                )
+                # before: replica-1 refused ended every round's creates, so 2 and 3 never came
+                want = [f"{FLEET}-replica-{k}" for k in (0, 2, 3)]
+                names = wait_for(
+                    lambda: (
+                        (
+                            n := sorted(
+                                p["metadata"]["name"]
+                                for p in cluster.api.objects("pods", namespace=NAMESPACE)
+                            )
+                        )
+                        == want
+                        and n
+                    ),
+                    40,
+                    what="the three replicas the webhook allows",
+                )
+                assert names == want and cluster.server.refused_pods == {reserved}
+                assert "Traceback" not in operator.log_path.read_text(errors="replace")
+            finally:
+                print("--- operator log (tail) ---\n" + operator.log_tail(60))
+                operator.stop()
+    finally:
+        cluster.close()
+
+
+def test_a_webhook_refusing_every_replica_costs_two_calls_a_round_not_one_per_replica(tmp_path: Path) -> None:
+    cluster = RefusingCluster(tmp_path / "cluster", WebhookApiServer(None))
+    try:
+        with running_redis(tmp_path) as redis_url:
+            operator = OperatorProcess(cluster, redis_url)
+            try:
+                cluster.install_crd()
+                operator.start()
+                cluster.apply(fleet_manifest(volume=True, replicas=5))
+                cond = wait_for(lambda: child_refused(cluster), 40, what="Degraded=ChildRefused on the fleet")
+                assert cond["message"].endswith("is reserved (and 1 more refused)"), cond
+                # however many rounds ran by now: replica-0 and replica-1 only, never 2 to 4
+                assert cluster.server.refused_pods == {f"{FLEET}-replica-0", f"{FLEET}-replica-1"}
+                assert cluster.api.objects("pods", namespace=NAMESPACE) == []
+            finally:
+                print("--- operator log (tail) ---\n" + operator.log_tail(60))
+                operator.stop()
+    finally:
+        cluster.close()
 
 
 def test_the_validating_api_server_accepts_the_operators_own_pods() -> None:
