@@ -384,6 +384,12 @@ def redis_auth_problem(ctx: OperatorContext, redis: Mapping[str, Any], chosen: F
     of the fleet) dials it with, naming what to fix; "" when it accepts them, or when it does not
     answer at all (refused, reset, timed out: an outage, which stays a logged warning and a retry
     on the next round). One PING per reconcile: redis-py does not retry an authentication error."""
+    return redis_login(ctx, redis, chosen) or ""
+
+
+def redis_login(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRedis) -> str | None:
+    """``redis_auth_problem``, but None when Redis did not answer (so nothing more is asked of it
+    this round: a host dropping packets costs one timeout, not one per question)."""
     try:
         ctx.sync_redis(chosen.dial_url).ping()
     except (RedisError, OSError) as exc:
@@ -392,7 +398,7 @@ def redis_auth_problem(ctx: OperatorContext, redis: Mapping[str, Any], chosen: F
             # its pool holds nothing usable: a fixed password is another URL, so another client
             with contextlib.suppress(Exception):
                 ctx.sync_redis_clients.pop(chosen.dial_url).close()
-        return problem
+        return problem or None
     return ""
 
 
@@ -499,12 +505,13 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     redis_url = chosen_redis.dial_url
     # one that refuses the credentials is said on the fleet (Degraded=RedisAuthFailed), not dialled
     # again this round (membership, drains): no warning per call
-    auth_problem = redis_auth_problem(ctx, redis_spec, chosen_redis) if redis_url else ""
+    login = redis_login(ctx, redis_spec, chosen_redis) if redis_url else None
+    auth_problem = login or ""
     if auth_problem:
         redis_url = ""
-    # one that takes them but denies the user a command the fleet runs is said too
+    # one that takes them (login "") but denies the user a command the fleet runs is said too
     # (Degraded=RedisPermissionDenied); the round still dials it for what it may do
-    permission_problem = redis_permission_problem(ctx, chosen_redis, ref) if redis_url else ""
+    permission_problem = redis_permission_problem(ctx, chosen_redis, ref) if login == "" else ""
     if redis_url and any(p.draining for p in pods):
         pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]
