@@ -374,12 +374,19 @@ def _plan_prefix_aware(
     # Right after a scale-down demand rises by itself (the victim's prefixes are re-prefilled on the
     # others): that rise is no trend to provision for. Actual load still scales up at once.
     shrunk = memory.last_scale_down_s is not None and now - memory.last_scale_down_s < policy.lead_time_s
-    projected = demand + (0.0 if shrunk else max(slope, 0.0)) * policy.lead_time_s
-    outlook = (
-        f"trend ignored within {policy.lead_time_s:g}s of a scale-down"
-        if shrunk
-        else f"projected {projected:.2f} in {policy.lead_time_s:g}s"
-    )
+    # So does it right after a scale-up lands: the newcomer's cache is cold (or warmed with a few
+    # subtrees), and the router sends it the holders' overflow, so the first request for each
+    # prefix it gets is a miss that was a hit on a holder. Measured on viral 29: a replica arriving
+    # cold at 180 s read 0.73 of load in its first 15 s, the demand 2.12 was projected to 2.85,
+    # and a 5th replica was added for a plateau of 1.5-1.8 (100 replica-seconds, no SLO gained).
+    newcomers = [r for r in ready if _newcomer(r, now, policy)]
+    projected = demand + (0.0 if shrunk or newcomers else max(slope, 0.0)) * policy.lead_time_s
+    if shrunk:
+        outlook = f"trend ignored within {policy.lead_time_s:g}s of a scale-down"
+    elif newcomers:
+        outlook = f"trend ignored while {newcomers[0].replica_id} that just joined fills its cache"
+    else:
+        outlook = f"projected {projected:.2f} in {policy.lead_time_s:g}s"
     load = f"prefill load {demand:.2f} ({outlook})"  # what the load decisions below saw
     by_load = math.ceil(projected / policy.target_load - 1e-9)  # replicas the prefill demand needs
     short = by_load - n  # n counts starting/warming replicas: capacity already on its way
@@ -405,6 +412,15 @@ def _plan_prefix_aware(
             if policy.mode == "prefix_aware_prewarm":
                 prewarm.append(Prewarm(helper.replica_id, (s.subtree_id,)))
         need = math.ceil(len(still_starved) / max(policy.prewarm_subtrees, 1))
+        # A replica that just joined and is still idle is the capacity the last scale-up ordered:
+        # the holders' queues were built before it served, and the router now moves their overflow
+        # to it (it takes all of it, not only the subtree it is pre-warmed with). Its effect shows
+        # within a few rounds; only if they still wait then is another replica needed. Measured on
+        # viral (3, 10, 11, 23...): a 4th replica added at 170-180 s for 6-7 starved subtrees
+        # while the 3rd had just arrived idle, kept ~100 s at a plateau 3 replicas serve.
+        arrived = next((r for r in newcomers if r.est_wait_s < idle_wait), None)
+        if arrived is not None:
+            need = 0
         if fleet_busy:
             need = max(need, 1)
         if pending:
@@ -440,7 +456,12 @@ def _plan_prefix_aware(
                 memory=replace(memory, calm_since_s=None),
                 reason=f"replicate {len(prewarm)} hot subtree(s) onto idle replicas",
             )
-        reason = "saturated, at maxReplicas" if n >= policy.max_replicas else "saturated, waiting"
+        if n >= policy.max_replicas:
+            reason = "saturated, at maxReplicas"
+        elif arrived is not None and still_starved and not pending:
+            reason = f"saturated, waiting for {arrived.replica_id} that just joined to take the overflow"
+        else:
+            reason = "saturated, waiting"
         return replace(base, memory=replace(memory, calm_since_s=None), reason=reason)
 
     # Quiet: waits are low on average (one replica's burst is not load) and the prefill demand would
@@ -451,6 +472,13 @@ def _plan_prefix_aware(
         why = f"mean wait {mean_wait:.2f}s, {load} fits {n - 1} replicas"
         return _maybe_scale_down(observed, policy, memory, base, active, why, prefix_aware=True)
     return replace(base, memory=replace(memory, calm_since_s=None), reason=load if held else "steady")
+
+
+def _newcomer(replica: ReplicaObservation, now: float, policy: ScalePolicy) -> bool:
+    """A replica that has served for about a lead time or less: ready, and created within two lead
+    times (one of them its start-up; the lead time is the start-up delay). A creation stamp in the
+    planner's future (clock skew) is no evidence of youth."""
+    return replica.phase == "ready" and 0.0 <= now - replica.created_s < 2 * policy.lead_time_s
 
 
 def demand_trend(

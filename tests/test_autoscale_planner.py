@@ -596,3 +596,47 @@ def test_a_replica_created_ahead_of_the_planners_clock_is_not_taken_for_a_young_
     skewed = [replace(loaded(r, 0.9), created_s=50.0) for r in ("a", "b")]
     plan = plan_scale(obs(skewed, now=5), policy(lead_time_s=30))
     assert plan.add == 1 and "cold start" not in plan.reason
+
+
+def test_the_rise_right_after_a_replica_joins_is_not_projected():
+    # c arrived 5 s ago (created 35 s ago, start-up 30 s): its cache is cold, so the holders'
+    # overflow it now takes is all misses at first, and the demand rises with no more traffic.
+    # 1.7 fits 3 × 0.7; projecting the rise (1.7 + ~0.6 in 30 s) would add a 4th replica.
+    rising = PlannerMemory(demand=1.6, demand_s=95.0, demand_slope=0.02)
+    old, new = -600.0, 65.0
+    fleet = [replace(loaded("a", 0.55), created_s=old), replace(loaded("b", 0.55), created_s=old)]
+    joined = plan_scale(obs([*fleet, replace(loaded("c", 0.6), created_s=new)]), policy(), rising)
+    assert joined.add == 0 and joined.reason == "steady"
+    # the same rise with c serving for more than a lead time is projected
+    settled = replace(loaded("c", 0.6), created_s=35.0)
+    up = plan_scale(obs([*fleet, settled]), policy(), rising)
+    assert up.add == 1 and "projected" in up.reason and "needs 4 replicas" in up.reason
+    # load that is really there scales up at once, newcomer or not: 2.4 needs 4 replicas, and the
+    # reason says the trend was left out
+    busy = [replace(loaded(r, 0.8), created_s=old) for r in "ab"]
+    now_up = plan_scale(obs([*busy, replace(loaded("c", 0.8), created_s=new)]), policy(), rising)
+    assert now_up.add == 1
+    assert "prefill load 2.40 (trend ignored while c that just joined fills its cache)" in now_up.reason
+
+
+def test_starved_subtrees_wait_for_an_idle_replica_that_just_joined():
+    # a and b hold one hot subtree each and wait 2 s: the queues were built before c, added for
+    # them, arrived 10 s ago. c is idle; the router moves the holders' overflow to it.
+    old = -600.0
+    holders = [replace(rep("a", wait=2.0), created_s=old), replace(rep("b", wait=2.0), created_s=old)]
+    subs = [sub("s1", {"a"}), sub("s2", {"b"})]
+    c = replace(rep("c", wait=0.0), created_s=60.0)
+    plan = plan_scale(obs([*holders, c], subs), policy(lead_time_s=30))
+    assert plan.add == 0 and [(p.target, p.subtree_ids) for p in plan.prewarm] == [("c", ("s1",))]
+    # without pre-warm nothing is done: c takes the overflow cold, and the reason says so
+    cold = plan_scale(obs([*holders, c], subs), policy(mode="prefix_aware", lead_time_s=30))
+    assert cold.is_noop and cold.reason == "saturated, waiting for c that just joined to take the overflow"
+    # an idle replica that has served for longer is no capacity just arrived: the subtree it does
+    # not take asks for a new replica, pre-warmed with it
+    settled = replace(c, created_s=old)
+    plan = plan_scale(obs([*holders, settled], subs), policy(lead_time_s=30))
+    assert plan.add == 1
+    assert [(p.target, p.subtree_ids) for p in plan.prewarm] == [("c", ("s1",)), ("new-0", ("s2",))]
+    # and once the newcomer is busy too (its arrival was not enough), another replica is added
+    busy = replace(c, est_wait_s=0.5)
+    assert plan_scale(obs([*holders, busy], subs), policy(lead_time_s=30)).add == 1
