@@ -416,8 +416,8 @@ def _plan_prefix_aware(
         # the holders' queues were built before it served, and the router now moves their overflow
         # to it (it takes all of it, not only the subtree it is pre-warmed with). Its effect shows
         # within a few rounds; only if they still wait then is another replica needed. Measured on
-        # viral (3, 10, 11, 23...): a 4th replica added at 170-180 s for 6-7 starved subtrees
-        # while the 3rd had just arrived idle, kept ~100 s at a plateau 3 replicas serve.
+        # viral (3, 10, 11, 23...): a 4th replica added at 170-180 s for the 5-7 starved subtrees
+        # the just-arrived idle 3rd was not given, kept 105-280 s at a plateau 3 replicas serve.
         arrived = next((r for r in newcomers if r.est_wait_s < idle_wait), None)
         if arrived is not None:
             need = 0
