@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from prefixfleet.sglang_fields import AS_BOOL, AS_FLOAT, AS_INT
+from prefixfleet.sglang_fields import AS_BOOL, AS_FLOAT, AS_INT, FieldError, cache_salts, generated_tokens
 from prefixfleet.tokenizer import render_chat, tokenize
 
 from .runner import Snapshot
@@ -224,40 +224,24 @@ def _refuse_nulls(body: Mapping[str, object], names: tuple[str, ...]) -> None:
 
 
 def _cache_salts(body: Mapping[str, object], prompts: int, batch: bool) -> tuple[str | None, ...]:
-    """One salt per prompt, as SGLang's GenerateReqInput normalises ``cache_salt`` (its OpenAI
-    requests pass theirs on): a string, for every prompt; in a batch also a list with one string per
-    prompt; "" is no salt."""
-    salt = body.get("cache_salt")
-    if salt is None:
-        return ()
-    if isinstance(salt, str):
-        return (salt or None,) * prompts
-    if not batch:
-        raise BadRequest("cache_salt must be a string for a single prompt", "cache_salt")
-    if not isinstance(salt, list):
-        raise BadRequest("cache_salt must be a string or a list of strings", "cache_salt")
-    if len(salt) != prompts:
-        raise BadRequest(
-            f"cache_salt holds {len(salt)} salts for {prompts} prompts: give one per prompt", "cache_salt"
-        )
-    for i, each in enumerate(salt):
-        if not isinstance(each, str):
-            raise BadRequest(f"cache_salt[{i}] must be a string, got {_shown(each)}", "cache_salt")
-    return tuple(each or None for each in salt)
+    """One salt per prompt, as SGLang reads ``cache_salt`` (see
+    :func:`prefixfleet.sglang_fields.cache_salts`)."""
+    try:
+        return cache_salts(body.get("cache_salt"), prompts, batch)
+    except FieldError as exc:
+        raise BadRequest(str(exc), "cache_salt") from None
 
 
 def _max_new_tokens(value: object, name: str, limit: int) -> int:
-    """How many tokens a ``sampling_params.max_new_tokens`` generates. SGLang hands the dict to
-    SamplingParams untyped, checks only that it is not negative, and stops a request once its output
-    holds at least that many tokens: a non-integral 2.5 generates 3. Not finite is refused (SGLang
-    would never stop or crash), as is a bool or a string."""
-    if isinstance(value, float) and math.isfinite(value) and not value.is_integer():
-        if value < 0:
-            raise BadRequest(f"{name} must not be negative, got {value}", name)
-        if value > limit:
-            raise BadRequest(f"{name} must be at most {limit}, got {value}", name)
-        return math.ceil(value)
-    return _int(value, name, limit)
+    """How many tokens a ``sampling_params.max_new_tokens`` generates, as SGLang reads it
+    (:func:`~prefixfleet.sglang_fields.generated_tokens`: 2.5 generates 3), at most ``limit``."""
+    try:
+        number = generated_tokens(value, name)
+    except FieldError as exc:
+        raise BadRequest(str(exc), name) from None
+    if number > limit:
+        raise BadRequest(f"{name} must be at most {limit}, got {value}", name)
+    return number
 
 
 def _stream_usage(body: Mapping[str, object]) -> bool:

@@ -2,7 +2,9 @@
 
 Both the gateway and the sidecar see the same bytes and must derive the same tokens: prompts are
 tokenized with :mod:`prefixfleet.tokenizer` (chat messages via ``render_chat``), explicit token ids
-are taken as they are. A batch (list of prompts) is routed by its first prompt.
+are taken as they are. A batch (list of prompts) is routed by its first prompt, with that prompt's
+``cache_salt`` and ``max_new_tokens`` (a batch may give one of each per prompt): the engine caches
+each prompt under its own salt, so the first prompt's is the namespace its tokens land in.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prefixfleet.sglang_fields import lax_bool, lax_int
+from prefixfleet.sglang_fields import FieldError, cache_salts, generated_tokens, lax_bool, lax_int
 from prefixfleet.tokenizer import render_chat, tokenize
 
 from .radix import as_token_bytes
@@ -59,15 +61,15 @@ def is_utf8(text: str) -> bool:
 
 # Fields are read as SGLang reads them (prefixfleet.sglang_fields): a gateway or sidecar stricter
 # than the engine would refuse requests the engine serves. (sampling_params on /generate is a plain
-# dict SGLang does not coerce: read strictly there.)
+# dict SGLang does not coerce: read by its own rule there, generated_tokens.)
 
 
-def _int_field(obj: Mapping[str, Any], name: str, where: str = "", *, lax: bool = True) -> int | None:
+def _int_field(obj: Mapping[str, Any], name: str) -> int | None:
     value = obj.get(name)
     if value is None:
         return None
-    param = f"{where}{name}"
-    number = lax_int(value) if lax else value if type(value) is int else None
+    param = name
+    number = lax_int(value)
     if number is None:
         raise BadRequest(f"field '{param}' must be an integer", param=param)
     if number < 0:
@@ -85,10 +87,11 @@ def _token_ids(value: list[Any], param: str) -> bytes:
     return as_token_bytes(ids)
 
 
-def _prompt_tokens(value: Any, param: str) -> bytes:
-    """Tokens of a prompt field: a string, a list of token ids, or a batch (first element routes)."""
+def _prompt_tokens(value: Any, param: str) -> tuple[bytes, int, bool]:
+    """Tokens of a prompt field's first prompt, how many prompts it holds and whether it is a batch:
+    a string, a list of token ids, or a batch (a list of strings or of token-id lists)."""
     if isinstance(value, str):
-        return as_token_bytes(tokenize(value))
+        return as_token_bytes(tokenize(value)), 1, False
     if isinstance(value, list):
         if not value:
             raise BadRequest(f"field '{param}' must not be empty", param=param)
@@ -96,15 +99,54 @@ def _prompt_tokens(value: Any, param: str) -> bytes:
         if isinstance(first, str):
             if not all(isinstance(p, str) for p in value):
                 raise BadRequest(f"field '{param}' must be a list of strings, not a mix", param=param)
-            return as_token_bytes(tokenize(first))
+            return as_token_bytes(tokenize(first)), len(value), True
         if isinstance(first, list):
             if not all(isinstance(p, list) for p in value):
                 raise BadRequest(f"field '{param}' must be a list of token-id lists, not a mix", param=param)
-            return _token_ids(first, f"{param}[0]")
-        return _token_ids(value, param)
+            return _token_ids(first, f"{param}[0]"), len(value), True
+        return _token_ids(value, param), 1, False
     raise BadRequest(
         f"field '{param}' must be a string, a list of strings or a list of token ids", param=param
     )
+
+
+def _first_salt(value: Any, prompts: int, batch: bool) -> str | None:
+    """The first prompt's ``cache_salt`` (None: unsalted), every salt judged as SGLang judges it."""
+    try:
+        salts = cache_salts(value, prompts, batch)
+    except FieldError as exc:
+        raise BadRequest(str(exc), param="cache_salt") from None
+    for salt in salts:
+        if salt is not None and not is_utf8(salt):  # e.g. "\ud800" in the JSON: hashed as UTF-8 bytes
+            raise BadRequest(
+                "field 'cache_salt' must be valid Unicode text (it holds a lone surrogate)",
+                param="cache_salt",
+            )
+    return salts[0] if salts else None
+
+
+def _first_max_new_tokens(sampling: Any, prompts: int, batch: bool) -> int | None:
+    """The first prompt's /generate ``sampling_params.max_new_tokens``: a plain dict in SGLang, or a
+    list of one per prompt in a batch; read by :func:`prefixfleet.sglang_fields.generated_tokens`."""
+    if sampling is None:
+        return None
+    if isinstance(sampling, list):
+        if not batch or len(sampling) != prompts:
+            raise BadRequest("a list of sampling_params needs one entry per prompt", param="sampling_params")
+        entries = sampling
+    else:
+        entries = [sampling]
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise BadRequest("field 'sampling_params' must be an object", param="sampling_params")
+    counts = []
+    for entry in entries:
+        value = entry.get("max_new_tokens")
+        try:
+            counts.append(None if value is None else generated_tokens(value))
+        except FieldError as exc:
+            raise BadRequest(str(exc), param="sampling_params.max_new_tokens") from None
+    return counts[0]
 
 
 def load_json_body(body: bytes) -> Any:
@@ -155,29 +197,19 @@ def inference_request(
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("field 'model' must be a string", param="model")
-    salt = obj.get("cache_salt")
-    if salt is not None and not isinstance(salt, str):
-        raise BadRequest("field 'cache_salt' must be a string", param="cache_salt")
-    if salt and not is_utf8(salt):  # e.g. "\ud800" in the JSON: the salt is hashed as UTF-8 bytes
-        raise BadRequest(
-            "field 'cache_salt' must be valid Unicode text (it holds a lone surrogate)", param="cache_salt"
-        )
 
     if path == "/generate":
         text, ids = obj.get("text"), obj.get("input_ids")
         if (text is None) == (ids is None):
             raise BadRequest("exactly one of the fields 'text' and 'input_ids' is required", param="text")
         prompt_field = "text" if text is not None else "input_ids"
-        tokens = _prompt_tokens(text if text is not None else ids, prompt_field)
-        sampling = obj.get("sampling_params") or {}
-        if not isinstance(sampling, dict):
-            raise BadRequest("field 'sampling_params' must be an object", param="sampling_params")
-        max_new = _int_field(sampling, "max_new_tokens", "sampling_params.", lax=False)
+        tokens, prompts, batch = _prompt_tokens(text if text is not None else ids, prompt_field)
+        max_new = _first_max_new_tokens(obj.get("sampling_params"), prompts, batch)
     elif path == "/v1/completions":
         if "prompt" not in obj:
             raise BadRequest("field 'prompt' is required", param="prompt")
         prompt_field = "prompt"
-        tokens = _prompt_tokens(obj["prompt"], prompt_field)
+        tokens, prompts, batch = _prompt_tokens(obj["prompt"], prompt_field)
         max_new = _int_field(obj, "max_tokens")
     elif path == "/v1/chat/completions":
         messages = obj.get("messages")
@@ -190,13 +222,14 @@ def inference_request(
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from None
         prompt_field = "messages"
-        tokens = as_token_bytes(tokenize(text))
+        tokens, prompts, batch = as_token_bytes(tokenize(text)), 1, False
         max_new = _int_field(obj, "max_completion_tokens")
         if max_new is None:
             max_new = _int_field(obj, "max_tokens")
     else:
         raise BadRequest(f"unknown generation endpoint {path}", status=404)
 
+    salt = _first_salt(obj.get("cache_salt"), prompts, batch)
     num_tokens = len(tokens) // 4
     if num_tokens > max_prompt_tokens:
         raise BadRequest(
@@ -210,6 +243,6 @@ def inference_request(
         num_tokens=num_tokens,
         stream=stream,
         max_new_tokens=max_new if max_new is not None else 16,
-        tenant_salt=salt or None,
+        tenant_salt=salt,
         model=model,
     )

@@ -193,6 +193,41 @@ async def test_two_tenants_with_identical_prefixes_never_share_a_cache_and_nothi
         assert_nothing_secret(page.encode(), f"{url}/metrics", None)
 
 
+async def test_a_batch_with_one_salt_per_prompt_is_routed_and_cached_under_each_prompts_salt(
+    spawn, redis_server
+):
+    """SGLang takes a batch's ``cache_salt`` as a list, one per prompt; the gateway and the sidecar
+    refused it (400) though the engine serves it. The gateway routes a batch by its first prompt,
+    under that prompt's salt; the engine caches each prompt under its own."""
+    fleet = start_fleet(spawn, redis_server.url)
+    system = " ".join(f"{SECRET_WORDS[i % 5]}{i}" for i in range(320))
+    other = " ".join(f"{SECRET_WORDS[(i + 2) % 5]}x{i}" for i in range(320))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        await wait_all_routable(http, fleet.gateway_url, 2)
+        gw = fleet.gateway_url
+        batch = {"prompt": [f"{system} one", f"{other} one"], "max_tokens": 2, "cache_salt": [SALT_A, SALT_B]}
+        async with http.post(f"{gw}/v1/completions", json=batch) as resp:
+            assert resp.status == 200, await resp.text()
+            assert len((await resp.json())["choices"]) == 2
+            holder = resp.headers["X-Prefixfleet-Worker"]
+        await asyncio.sleep(0.5)  # the holder's summary is published
+        # the gateway learned the first prompt under the first salt: it routes A's next turn there
+        again, holder_again = await completion(http, gw, f"{system} two", SALT_A)
+        assert again >= 300 and holder_again == holder
+        # ... and under no other salt
+        matched_before = await metric_total(http, gw, "prefixfleet_gateway_matched_tokens_total")
+        b_first, _ = await completion(http, gw, f"{system} three", SALT_B)
+        assert b_first == 0
+        assert await metric_total(http, gw, "prefixfleet_gateway_matched_tokens_total") == matched_before
+        # the engine cached the second prompt under the second salt, not the first
+        engine_url = fleet.engine_urls[int(holder.removeprefix("w"))]
+        cached_b, _ = await _engine_completion(http, engine_url, f"{other} two", SALT_B)
+        cached_a, _ = await _engine_completion(http, engine_url, f"{other} three", SALT_A)
+        assert (cached_b >= 300, cached_a) == (True, 0)
+    for child in fleet.children():
+        assert child.running()
+
+
 async def _engine_completion(
     http: aiohttp.ClientSession, url: str, prompt: str, salt: str
 ) -> tuple[int, str]:
