@@ -30,6 +30,18 @@ from prefixfleet.sim.workloads import Workload, WorkloadRequest
         (["up", "--policies", ","], "--policies is empty"),
         (["up", "--workload", "nope"], "unknown workload 'nope'"),
         (["up", "--time-scale", "0"], "--time-scale must be positive"),
+        # the emulator's bounds on the flags passed to every engine child: refused before any starts
+        (["up", "--time-scale", "1e-300"], "--time-scale must be between 0.001 and 1e+06, got 1e-300"),
+        (["up", "--time-scale", "2e6"], "--time-scale must be between 0.001 and 1e+06, got 2e+06"),
+        (["up", "--prefill-tokens-per-s", "1e-300"], "--prefill-tokens-per-s must be between 1 and 1e+12"),
+        (["compare", "--json", "x.json", "--time-scale", "1e-300"], "--time-scale must be between 0.001"),
+        (["compare", "--json", "x.json", "--prefill-tokens-per-s", "1e13"], "between 1 and 1e+12, got 1e+13"),
+        # a rate derived from the workload too (its fleet's prefill spread over a million engines)
+        (["up", "--replicas", "1000000", "--requests", "10"], "prefill rate per engine is 0.04 tokens/s"),
+        (
+            ["compare", "--json", "x.json", "--workload", "prefixroute", "--replicas", "1000000"],
+            "outside the emulator's 1 to 1e+12; give --prefill-tokens-per-s",
+        ),
         (["up", "--set", "tenants"], "must look like KEY=VALUE"),
         (["up", "--set", "colour=blue"], "has no setting 'colour'"),
         (["load", "--target", "ftp://x", "--workload", "prefixroute"], "--target must be an http"),

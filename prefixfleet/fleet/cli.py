@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive
+from prefixfleet.emulator.cli import PREFILL_RATE_RANGE, TIME_SCALE_RANGE, check_range
 from prefixfleet.outputs import output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY
 
@@ -19,6 +20,11 @@ MAX_LATENCY_PROBES = 1_000_000  # compare's added-latency probe: a local fleet s
 # of 1e-300) is a mistake, not a soak test, and would hold the terminal until Ctrl-C.
 MAX_REPLAY_S = 7 * 24 * 3600
 REPLAY_CAP_HELP = "a replay longer than 7 days of wall clock is refused"
+# the emulator's own bounds on the engine flags passed through to it (prefixfleet.emulator.cli)
+ENGINE_SPEED_HELP = (
+    f"{TIME_SCALE_RANGE[0]:g} to {TIME_SCALE_RANGE[1]:g}, as the emulator takes; {REPLAY_CAP_HELP}"
+)
+PREFILL_HELP = f"per engine (default: the workload's); {PREFILL_RATE_RANGE[0]:g} to {PREFILL_RATE_RANGE[1]:g}"
 DEFAULT_UP_POLICIES = "default,round_robin"
 # `up --autoscale`'s flags default to None so that giving one without --autoscale is refused whatever
 # its value (comparing with the default would wave `--min-replicas 1` through); these apply after.
@@ -62,6 +68,25 @@ def _workload(spec: str, requests: int, seed: int, overrides: dict[str, Any]) ->
     if not workload.requests:
         raise UsageError(f"workload {spec!r} has no requests")
     return workload
+
+
+def check_engine_speed(time_scale: float, prefill_tokens_per_s: float | None) -> None:
+    """The engine flags ``up`` and ``compare`` pass to every emulator child, within the bounds the
+    emulator itself takes (one definition, prefixfleet.emulator.cli): out of them the child would
+    refuse to start; here the user gets the one line before anything starts."""
+    check_range("--time-scale", time_scale, TIME_SCALE_RANGE)
+    if prefill_tokens_per_s is not None:
+        check_range("--prefill-tokens-per-s", prefill_tokens_per_s, PREFILL_RATE_RANGE)
+
+
+def check_derived_prefill_rate(rate: float | None, given: float | None) -> None:
+    """A prefill rate derived from the workload (``given`` None) must also be one the emulator takes."""
+    least, most = PREFILL_RATE_RANGE
+    if given is None and rate is not None and not least <= rate <= most:
+        raise UsageError(
+            f"the workload's prefill rate per engine is {rate:g} tokens/s, outside the emulator's"
+            f" {least:g} to {most:g}; give --prefill-tokens-per-s"
+        )
 
 
 def _check_cache_fits(requests: list[Any], cache_tokens: int | None) -> None:
@@ -139,12 +164,10 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         default=0.5,
         help="engine speed-up; the workload is replayed at the same factor (0.5: twice as slow as modelled;"
-        f" {REPLAY_CAP_HELP})",
+        f" {ENGINE_SPEED_HELP})",
     )
     p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
-    p.add_argument(
-        "--prefill-tokens-per-s", type=float, default=None, help="per engine (default: the workload's)"
-    )
+    p.add_argument("--prefill-tokens-per-s", type=float, default=None, help=PREFILL_HELP)
     p.add_argument("--max-output-tokens", type=int, default=4, help="cap on generated tokens per request")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
@@ -199,9 +222,8 @@ def run_up_command(args: argparse.Namespace) -> int:
     policies = policy_names(args.policies)
     if args.requests < 0:
         raise UsageError(f"--requests must be >= 0, got {args.requests}")
-    check_positive("--time-scale", args.time_scale)
+    check_engine_speed(args.time_scale, args.prefill_tokens_per_s)
     check_positive("--cache-tokens", args.cache_tokens, allow_none=True)
-    check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
     check_positive("--max-output-tokens", args.max_output_tokens)
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
@@ -219,6 +241,7 @@ def run_up_command(args: argparse.Namespace) -> int:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         output_tokens=args.max_output_tokens,
     )
+    check_derived_prefill_rate(engine.prefill_tokens_per_s, args.prefill_tokens_per_s)
     spec = FleetSpec(replicas=args.replicas, gateways=args.gateways, engine=engine)
     problems = spec.problems()
     if problems:
@@ -520,12 +543,10 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
         "--time-scale",
         type=float,
         default=d.time_scale,
-        help=f"engine speed-up = replay speed-up ({REPLAY_CAP_HELP})",
+        help=f"engine speed-up = replay speed-up ({ENGINE_SPEED_HELP})",
     )
     p.add_argument("--cache-tokens", type=int, default=None, help="per engine (default: the workload's)")
-    p.add_argument(
-        "--prefill-tokens-per-s", type=float, default=None, help="per engine (default: the workload's)"
-    )
+    p.add_argument("--prefill-tokens-per-s", type=float, default=None, help=PREFILL_HELP)
     p.add_argument(
         "--max-output-tokens",
         type=int,
@@ -549,16 +570,16 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
 
 def run_compare_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.compare import CompareOptions, default_trace_path, format_compare, run_compare
-    from prefixfleet.fleet.local import workload_slice
+    from prefixfleet.fleet.local import engine_for_workload, workload_slice
     from prefixfleet.sim.cli import parse_pairs
 
     for flag in ("requests", "replicas", "gateways", "repeats", "max_output_tokens"):
         check_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
     check_positive("--block-tokens", args.block_tokens, allow_none=True)
-    for flag in ("time_scale", "latency_rate", "latency_seconds"):
+    for flag in ("latency_rate", "latency_seconds"):
         check_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
+    check_engine_speed(args.time_scale, args.prefill_tokens_per_s)
     check_positive("--cache-tokens", args.cache_tokens, allow_none=True)
-    check_positive("--prefill-tokens-per-s", args.prefill_tokens_per_s, allow_none=True)
     probes = args.latency_rate * args.latency_seconds
     if probes > MAX_LATENCY_PROBES:  # the probe sends rate × seconds requests down each path, all of them
         raise UsageError(
@@ -592,6 +613,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
     replayed = workload_slice(workload, 0, args.max_output_tokens)  # all of it
     _check_cache_fits(replayed, args.cache_tokens)
     _check_replay_length(replayed, args.time_scale, "--time-scale")
+    if args.prefill_tokens_per_s is None:  # run_compare derives it as up does: refuse it here, not in a child
+        derived = engine_for_workload(workload, args.replicas, time_scale=args.time_scale)
+        check_derived_prefill_rate(derived.prefill_tokens_per_s, None)
     options = CompareOptions(
         requests=args.requests,
         replicas=args.replicas,
