@@ -22,7 +22,8 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
-from prefixfleet.router.front import fallback_runner
+from prefixfleet.router.content_coding import content_coding
+from prefixfleet.router.front import fallback_runner, with_json_parse_errors
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
@@ -418,7 +419,14 @@ def build_app(engine: EngineRunner) -> web.Application:
     deadline = body_deadline(
         ClientTimeouts.from_env(), lambda _r, status, message: _json_error(message, "body", status)
     )
-    app = web.Application(middlewares=[_errors, deadline], client_max_size=engine.config.max_body_bytes)
+    # Content-Encoding is judged as the gateway and the sidecar judge it (router/content_coding.py):
+    # gzip/deflate decoded, another coding a 415, a body that does not decode as its coding a 400
+    # (its rest unread: aiohttp lingered reading it and logged the stored error as a traceback).
+    # SGLang ignores the header and reads the bytes as they came (docs/emulator.md, differences).
+    coding = content_coding(lambda _r, status, message: _json_error(message, "body", status))
+    app = web.Application(
+        middlewares=[_errors, coding, deadline], client_max_size=engine.config.max_body_bytes
+    )
     app[ENGINE_KEY] = engine
     app[SERVER_INFO_KEY] = _server_info_static(engine.config)
     r = app.router
@@ -448,6 +456,7 @@ class EmulatorServer:
         self.port = port
         self.engine = EngineRunner(config, EngineMetrics(config.model))
         self._runner: web.AppRunner | None = None
+        self._listening: asyncio.AbstractServer | None = None
 
     @property
     def url(self) -> str:
@@ -459,23 +468,29 @@ class EmulatorServer:
         runner = await fallback_runner(
             build_app(self.engine), ClientTimeouts.from_env(), shutdown_timeout_s=5.0
         )
-        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        assert runner.server is not None
+        aiohttp_server = runner.server
         try:
-            await site.start()
+            # each connection answers a request aiohttp's parser refuses (a br or zstd body: 415; a
+            # malformed head: 400) in JSON with one log line, as the gateway's and sidecar's do,
+            # not in plain text with an ERROR traceback
+            listening = await asyncio.get_running_loop().create_server(
+                lambda: with_json_parse_errors(aiohttp_server()), self.host, self.port, reuse_address=True
+            )
         except BaseException:
             await runner.cleanup()
             await self.engine.stop()
             raise
-        self._runner = runner
-        for addr in runner.addresses:
-            if isinstance(addr, tuple) and len(addr) >= 2:
-                self.port = int(addr[1])
-                break
+        self._runner, self._listening = runner, listening
+        self.port = int(listening.sockets[0].getsockname()[1])
         log.info("emulator %s serving on %s", self.config.model, self.url)
         return self
 
     async def stop(self) -> None:
         await self.engine.stop()  # fails in-flight requests so streaming handlers end promptly
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            listening.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             with contextlib.suppress(Exception):

@@ -631,7 +631,9 @@ class _JsonParseErrors(RequestHandler):
         return response
 
 
-def _with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
+def with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
+    """``protocol`` (a connection of an aiohttp web.Server) answering parser refusals as
+    :class:`_JsonParseErrors` does; the emulator serves every connection with it."""
     # web.Server builds plain RequestHandlers and takes no class to build instead. The swap leans on
     # aiohttp's internals (aiohttp>=3.9,<4 in pyproject): should a later aiohttp build the class in
     # C or change its layout, the connection keeps aiohttp's plain-text 400 rather than failing
@@ -718,7 +720,7 @@ async def serve_front(
     aiohttp_server = runner.server
     front = HotFront(
         handlers,
-        lambda: _with_json_parse_errors(aiohttp_server()),
+        lambda: with_json_parse_errors(aiohttp_server()),
         respond,
         timeouts=timeouts,
         max_body_bytes=max_body_bytes,

@@ -14,7 +14,9 @@ ignored; valid requests answer in the unchanged shape.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
+import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -303,15 +305,21 @@ async def test_a_role_in_another_case_is_the_same_prompt_as_sglang_lower_cases_i
     assert answers[1]["prompt_tokens_details"]["cached_tokens"] >= answers[0]["prompt_tokens"] - 1
 
 
+def server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 async def test_a_body_that_does_not_decode_as_its_content_encoding_is_a_400(
-    server: EmulatorServer, http: aiohttp.ClientSession, encoding: str
+    server: EmulatorServer, http: aiohttp.ClientSession, encoding: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     headers = {"Content-Type": "application/json", "Content-Encoding": encoding}
     async with http.post(server.url + "/generate", data=b"not compressed", headers=headers) as r:
         assert r.status == 400  # was a 500 'internal error'
         error = (await r.json())["error"]
-    assert error["param"] == "body" and f"Content-Encoding: '{encoding}'" in error["message"]
+    assert error["param"] == "body" and f"Content-Encoding '{encoding}'" in error["message"]
+    await asyncio.sleep(0.2)  # aiohttp read the rest of the broken body after the answer, and logged
+    assert server_errors(caplog) == []  # 'Unhandled exception' with a traceback
     valid = gzip.compress(b'{"text": "hello", "sampling_params": {"max_new_tokens": 1}}')
     headers["Content-Encoding"] = "gzip"
     # a new connection: the server closed the one whose body broke
@@ -320,6 +328,28 @@ async def test_a_body_that_does_not_decode_as_its_content_encoding_is_a_400(
         fresh.post(server.url + "/generate", data=valid, headers=headers) as r,
     ):
         assert r.status == 200 and (await r.json())["meta_info"]["completion_tokens"] == 1
+
+
+@pytest.mark.parametrize("coding", ["br", "zstd", "compress", "x-custom", "gzip, br"])
+async def test_a_body_in_a_coding_the_emulator_cannot_decode_is_a_415_as_at_the_gateway(
+    server: EmulatorServer, http: aiohttp.ClientSession, coding: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As router/content_coding.py answers at the gateway and the sidecar: br and zstd were a
+    plain-text 400 'Please install Brotli' with an ERROR traceback, other codings read as plain."""
+    headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+    body = b'{"text": "hello", "sampling_params": {"max_new_tokens": 1}}'
+    async with (
+        aiohttp.ClientSession() as fresh,
+        fresh.post(server.url + "/generate", data=body, headers=headers) as r,
+    ):
+        assert r.status == 415 and r.headers["Accept-Encoding"] == "gzip, deflate"
+        error = (await r.json())["error"]
+    assert error["param"] == "body" and f"Content-Encoding {coding!r} is not supported" in error["message"]
+    assert server_errors(caplog) == []
+    async with http.post(
+        server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+    ) as r:
+        assert r.status == 200  # still serving
 
 
 # --- where the emulator used to be stricter than SGLang (docs/emulator.md) ------------------------
