@@ -100,19 +100,22 @@ def permission_problem(user: str, denied: Sequence[FleetCommand]) -> str:
 def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> list[FleetCommand]:
     """Those of ``commands`` (and MULTI/EXEC) the server refuses with NOPERM, found without running
     any: they are queued in a transaction that is discarded. Redis errors and timeouts propagate (an
-    outage, said elsewhere); a server that takes no MULTI for another reason (a proxy) denies nothing
-    we can tell."""
+    outage, said elsewhere); a server that takes no MULTI for another reason, or does not queue after
+    it (a proxy), denies nothing we can tell."""
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        # MULTI alone first: were it refused, the commands after it would run for real
-        conn.send_command(*MULTI.argv)
+        # MULTI and a harmless PING first, the fleet's commands only once PING was QUEUED: were MULTI
+        # refused, or taken by a server that does not queue (a proxy answering OK), they would run
+        conn.send_packed_command(conn.pack_commands([MULTI.argv, ("PING",)]))
         try:
             conn.read_response()
         except NoPermissionError:
             return [MULTI]
         except ResponseError:
             return []
+        if conn.read_response() not in (b"QUEUED", "QUEUED"):
+            return []  # not a transaction: nothing we can tell without running the commands
         conn.send_packed_command(conn.pack_commands([c.argv for c in commands] + [("DISCARD",)]))
         denied = []
         for command in commands:
