@@ -47,6 +47,7 @@ class InferenceRequest:
     max_new_tokens: int
     tenant_salt: str | None  # cache-isolation salt (vLLM's ``cache_salt``), None = shared
     model: str | None
+    prompts: int = 1  # a batch's prompts; the fields above describe its first
 
 
 def is_utf8(text: str) -> bool:
@@ -245,4 +246,5 @@ def inference_request(
         max_new_tokens=max_new if max_new is not None else 16,
         tenant_salt=salt,
         model=model,
+        prompts=prompts,
     )

@@ -822,7 +822,11 @@ class Sidecar:
         write = stream_writer(request, response, self.timeouts.write_s)
         cached: int | None = None
         usage = b""  # the event(s) carrying the engine's token counts
-        collected = StreamedText(parsed.path) if parsed is not None and upstream.status == 200 else None
+        # A batch's stream interleaves its prompts' events: the text and cached count seen last may be
+        # another prompt's, so only a single prompt's stream teaches the mirror (a batch's first
+        # prompt was admitted when sent).
+        learn = parsed is not None and parsed.prompts == 1
+        collected = StreamedText(parsed.path) if learn and upstream.status == 200 else None
         complete = False
         first = True
         try:
@@ -834,7 +838,7 @@ class Sidecar:
                         self.load_changed()
                         # an engine's error event before any token (a refused prompt): no prefill
                         prefilled[0] = upstream.status == 200 and not is_error_event(chunk)
-                    if b"cached_tokens" in chunk:
+                    if learn and b"cached_tokens" in chunk:
                         usage = chunk
                         cached = find_cached_tokens(chunk)
                 if collected is not None:

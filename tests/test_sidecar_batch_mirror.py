@@ -1,0 +1,64 @@
+"""A batch of prompts through the sidecar: its mirror records only what the engine caches.
+
+Specification:
+* a batch is mirrored by its first prompt, under that prompt's ``cache_salt`` (the engine caches
+  each prompt under its own); after the answer the mirror holds, under that salt, the first prompt
+  and at most the first prompt's output: never another prompt's output appended to it;
+* this holds for /generate and /v1/completions, answered whole or streamed (a streamed batch
+  interleaves its prompts' events; the last text seen may be another prompt's).
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+
+from prefixfleet.emulator.config import EmulatorConfig
+from prefixfleet.emulator.server import EmulatorServer
+from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.router.sidecar import SidecarConfig, listening
+from prefixfleet.tokenizer import tokenize
+
+pytestmark = pytest.mark.timeout(60)
+
+FIRST = " ".join(f"alpha{i}" for i in range(40))
+SECOND = " ".join(f"bravo{i}" for i in range(40))
+FIRST_OUTPUT = 2  # the first prompt's output is short, the second's long: a mix-up shows
+SECOND_OUTPUT = 30
+
+
+def _batch(path: str, stream: bool) -> dict[str, object]:
+    salted = {"cache_salt": ["A", "B"], "stream": stream}
+    if path == "/generate":
+        sampling = [{"max_new_tokens": FIRST_OUTPUT}, {"max_new_tokens": SECOND_OUTPUT}]
+        return {"text": [FIRST, SECOND], "sampling_params": sampling, **salted}
+    # /v1/completions takes one max_tokens for every prompt
+    return {"prompt": [FIRST, SECOND], "max_tokens": FIRST_OUTPUT, **salted}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+async def test_a_batch_is_mirrored_as_its_first_prompt_and_that_prompts_output_only(
+    path: str, stream: bool
+) -> None:
+    async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
+        config = SidecarConfig(
+            engine_url=engine.url,
+            redis_url=None,
+            port=0,
+            worker_id="w0",
+            model="m",
+            revision="r",
+            cache_tokens=200_000,
+        )
+        async with listening(config) as served, aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{served.port}{path}"
+            async with http.post(url, json=_batch(path, stream)) as resp:
+                assert resp.status == 200, await resp.text()
+                await resp.read()
+            tree = served.sidecar.s.mirror.tree
+            first = as_token_bytes(tokenize(FIRST))
+            first_tokens = len(first) // 4
+            assert tree.matched_tokens(first, "A") == first_tokens
+            assert tree.matched_tokens(first, "B") == 0
+            assert first_tokens <= tree.cached_tokens <= first_tokens + FIRST_OUTPUT
