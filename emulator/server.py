@@ -475,7 +475,11 @@ class EmulatorServer:
             # malformed head: 400) in JSON with one log line, as the gateway's and sidecar's do,
             # not in plain text with an ERROR traceback
             listening = await asyncio.get_running_loop().create_server(
-                lambda: with_json_parse_errors(aiohttp_server()), self.host, self.port, reuse_address=True
+                lambda: with_json_parse_errors(aiohttp_server()),
+                self.host,
+                self.port,
+                reuse_address=True,
+                backlog=128,  # as aiohttp's TCPSite listened before (asyncio's default is 100)
             )
         except BaseException:
             await runner.cleanup()
