@@ -15,14 +15,21 @@ from typing import TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 
-from prefixfleet.sglang_fields import AS_BOOL, AS_FLOAT, AS_INT, FieldError, cache_salts, generated_tokens
+from prefixfleet.sglang_fields import (
+    AS_BOOL,
+    AS_FLOAT,
+    AS_INT,
+    DEFAULT_CHAT_MAX_TOKENS,
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    DEFAULT_GENERATE_MAX_NEW_TOKENS,
+    FieldError,
+    cache_salts,
+    generated_tokens,
+)
 from prefixfleet.tokenizer import render_chat, tokenize
 
 from .runner import Snapshot
 
-DEFAULT_GENERATE_MAX_NEW_TOKENS = 128  # SGLang's sampling-params default
-DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's /v1/completions default
-DEFAULT_CHAT_MAX_TOKENS = 128
 MAX_BATCH = 256
 
 

@@ -16,6 +16,12 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+# How many tokens the engine generates when a request names no limit: SGLang's SamplingParams
+# default (/generate, and chat with no max_tokens), and OpenAI's /v1/completions max_tokens default.
+DEFAULT_GENERATE_MAX_NEW_TOKENS = 128
+DEFAULT_COMPLETION_MAX_TOKENS = 16
+DEFAULT_CHAT_MAX_TOKENS = 128
+
 AS_FLOAT: TypeAdapter[float] = TypeAdapter(float)
 AS_INT: TypeAdapter[int] = TypeAdapter(int)
 AS_BOOL: TypeAdapter[bool] = TypeAdapter(bool)

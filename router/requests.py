@@ -14,7 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prefixfleet.sglang_fields import FieldError, cache_salts, generated_tokens, lax_bool, lax_int
+from prefixfleet.sglang_fields import (
+    DEFAULT_CHAT_MAX_TOKENS,
+    DEFAULT_COMPLETION_MAX_TOKENS,
+    DEFAULT_GENERATE_MAX_NEW_TOKENS,
+    FieldError,
+    cache_salts,
+    generated_tokens,
+    lax_bool,
+    lax_int,
+)
 from prefixfleet.tokenizer import render_chat, tokenize
 
 from .radix import as_token_bytes
@@ -206,12 +215,14 @@ def inference_request(
         prompt_field = "text" if text is not None else "input_ids"
         tokens, prompts, batch = _prompt_tokens(text if text is not None else ids, prompt_field)
         max_new = _first_max_new_tokens(obj.get("sampling_params"), prompts, batch)
+        default_max_new = DEFAULT_GENERATE_MAX_NEW_TOKENS
     elif path == "/v1/completions":
         if "prompt" not in obj:
             raise BadRequest("field 'prompt' is required", param="prompt")
         prompt_field = "prompt"
         tokens, prompts, batch = _prompt_tokens(obj["prompt"], prompt_field)
         max_new = _int_field(obj, "max_tokens")
+        default_max_new = DEFAULT_COMPLETION_MAX_TOKENS
     elif path == "/v1/chat/completions":
         messages = obj.get("messages")
         if messages is None:
@@ -227,6 +238,7 @@ def inference_request(
         max_new = _int_field(obj, "max_completion_tokens")
         if max_new is None:
             max_new = _int_field(obj, "max_tokens")
+        default_max_new = DEFAULT_CHAT_MAX_TOKENS
     else:
         raise BadRequest(f"unknown generation endpoint {path}", status=404)
 
@@ -243,7 +255,7 @@ def inference_request(
         token_bytes=tokens,
         num_tokens=num_tokens,
         stream=stream,
-        max_new_tokens=max_new if max_new is not None else 16,
+        max_new_tokens=max_new if max_new is not None else default_max_new,  # as the engine runs it
         tenant_salt=salt,
         model=model,
         prompts=prompts,

@@ -151,3 +151,25 @@ def test_a_lone_surrogate_in_any_salt_of_a_batch_is_refused_like_a_single_salt()
     with pytest.raises(BadRequest) as refused:
         inference_request(COMPLETIONS, {"prompt": ["a", "b"], "cache_salt": ["ok", "\ud800"]})
     assert refused.value.param == "cache_salt" and "surrogate" in str(refused.value)
+
+
+NO_LIMIT = [
+    (GENERATE, {"text": "a"}),
+    (GENERATE, {"text": "a", "sampling_params": {"max_new_tokens": None}}),
+    (GENERATE, {"text": ["a", "b"], "sampling_params": [{}, {"max_new_tokens": 9}]}),
+    (COMPLETIONS, {"prompt": "a"}),
+    (CHAT, {"messages": USER}),
+    (CHAT, {"messages": USER, "max_tokens": None}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), NO_LIMIT)
+def test_a_request_naming_no_length_is_estimated_at_what_the_engine_generates(
+    path: str, body: dict[str, object]
+) -> None:
+    """The router's decode estimate for a request with no max_new_tokens/max_tokens is the engine's
+    default for that endpoint (128 on /generate and chat, 16 on completions), not one figure for all."""
+    routed = inference_request(path, body)
+    engine = ENGINE_PARSERS[path](json.loads(json.dumps(body)), ENGINE_LIMITS)
+    assert routed.max_new_tokens == engine.max_new_tokens[0]
+    assert routed.max_new_tokens == (16 if path == COMPLETIONS else 128)
