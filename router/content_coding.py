@@ -19,7 +19,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 DECODED_CODINGS = ("gzip", "deflate")  # what aiohttp decodes without optional packages
 ACCEPT_ENCODING = ", ".join(DECODED_CODINGS)
-_NO_CODING = ("", "identity")
+NO_CODING = ("", "identity")  # Content-Encoding values that name no coding
 # aiohttp's parser names a coding it cannot decode as "... brotli (br). Please install ..."
 _NAMED_IN_PARENS = re.compile(r"\(([A-Za-z0-9_.-]+)\)")
 
@@ -32,7 +32,7 @@ def unsupported_coding(values: Sequence[str]) -> str | None:
     not decode; None when it is plain or was decoded. ``identity`` is no coding; a list of codings
     (``gzip, br``) or several header lines is one aiohttp leaves encoded, so it is unsupported."""
     codings = [c.strip().lower() for value in values for c in value.split(",")]
-    if all(c in _NO_CODING for c in codings):
+    if all(c in NO_CODING for c in codings):
         return None
     if len(values) == 1 and values[0].strip().lower() in DECODED_CODINGS:
         return None

@@ -36,7 +36,7 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 
-from .content_coding import coding_in_parser_error, unsupported_answer, unsupported_message
+from .content_coding import NO_CODING, coding_in_parser_error, unsupported_answer, unsupported_message
 from .slow_clients import ClientTimeouts
 
 log = logging.getLogger("prefixfleet.front")
@@ -302,7 +302,7 @@ class _RequestParse:
             self.length = int(text)  # llhttp accepted it: digits only, and only one
         elif lower in _HANDED_OVER_HEADERS or (lower == "connection" and "upgrade" in text.lower()):
             raise _NotHot
-        elif lower == "content-encoding" and text.lower() not in ("", "identity"):
+        elif lower == "content-encoding" and text.lower() not in NO_CODING:
             raise _NotHot  # aiohttp decodes the body or refuses its coding (.content_coding)
         self.headers.add(key, text)
 

@@ -78,12 +78,11 @@ def _int_field(obj: Mapping[str, Any], name: str) -> int | None:
     value = obj.get(name)
     if value is None:
         return None
-    param = name
     number = lax_int(value)
     if number is None:
-        raise BadRequest(f"field '{param}' must be an integer", param=param)
+        raise BadRequest(f"field '{name}' must be an integer", param=name)
     if number < 0:
-        raise BadRequest(f"field '{param}' must not be negative", param=param)
+        raise BadRequest(f"field '{name}' must not be negative", param=name)
     return number
 
 
