@@ -379,17 +379,13 @@ def _secret_value(
     return value, ""
 
 
-def redis_auth_problem(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRedis) -> str:
-    """Why the fleet's Redis refuses the credentials the operator (and so every sidecar and gateway
-    of the fleet) dials it with, naming what to fix; "" when it accepts them, or when it does not
-    answer at all (refused, reset, timed out: an outage, which stays a logged warning and a retry
-    on the next round). One PING per reconcile: redis-py does not retry an authentication error."""
-    return redis_login(ctx, redis, chosen) or ""
-
-
 def redis_login(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRedis) -> str | None:
-    """``redis_auth_problem``, but None when Redis did not answer (so nothing more is asked of it
-    this round: a host dropping packets costs one timeout, not one per question)."""
+    """Why the fleet's Redis refuses the credentials the operator (and so every sidecar and gateway
+    of the fleet) dials it with, naming what to fix; "" when it accepts them; None when it does not
+    answer at all (refused, reset, timed out: an outage, which stays a logged warning and a retry
+    on the next round, and nothing more is asked of it this round: a host dropping packets costs one
+    timeout, not one per question). One PING per reconcile: redis-py does not retry an
+    authentication error."""
     try:
         ctx.sync_redis(chosen.dial_url).ping()
     except (RedisError, OSError) as exc:

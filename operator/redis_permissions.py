@@ -1,6 +1,6 @@
 """Whether the fleet's Redis lets its ACL user run every command the fleet runs.
 
-A user may PING (so ``redis_auth_problem`` finds nothing) and still be denied a command, a key or a
+A user may PING (so the operator's login check finds nothing) and still be denied a command, a key or a
 channel the fleet needs: the operator's membership, the sidecars' load records, the gateways' pushes.
 Those fail one call at a time, each only logged by whichever process ran it. The operator asks Redis
 once per reconcile, with the same credentials as every pod of the fleet, by queueing each command in

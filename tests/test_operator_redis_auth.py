@@ -28,7 +28,7 @@ import yaml
 from redis.exceptions import NoPermissionError, ResponseError
 
 from prefixfleet.fleet.processes import free_port, redis_server_binary
-from prefixfleet.operator.handlers import OperatorContext, auth_refusal, fleet_redis, redis_auth_problem
+from prefixfleet.operator.handlers import OperatorContext, auth_refusal, fleet_redis, redis_login
 from prefixfleet.operator.planner import REDIS_AUTH_FAILED
 from tests.k8s.cluster import operator_in_cluster, wait_for
 from tests.test_operator_badinput_redis import Secrets
@@ -71,7 +71,7 @@ def auth_problem(secrets: dict[str, Any], spec_redis: dict[str, Any]) -> str:
     try:
         chosen = fleet_redis(ctx, NAMESPACE, spec_redis)
         assert chosen.problem == "" and chosen.dial_url
-        return redis_auth_problem(ctx, spec_redis, chosen)
+        return redis_login(ctx, spec_redis, chosen) or ""
     finally:
         for client in ctx.sync_redis_clients.values():
             client.close()
