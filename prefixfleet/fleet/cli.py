@@ -291,7 +291,7 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
         }
         ignored = [flag for flag, value in given.items() if value is not None]
         if ignored:  # they would change nothing: say so rather than run without them
-            raise UsageError(f"{', '.join(ignored)} need --autoscale")
+            raise UsageError(f"{', '.join(ignored)} {'needs' if len(ignored) == 1 else 'need'} --autoscale")
         return None
     from prefixfleet.operator.autoscale import ScalePolicy
 
