@@ -884,7 +884,11 @@ class Sidecar:
         cached = find_cached_tokens(data)
         if cached is not None:
             self.s.load.report_uncached(handle, find_uncached_tokens(data, parsed.num_tokens) or 0)
-            self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
+            # A batch's answer counts cached tokens per prompt (/generate: the last one found is the
+            # last prompt's) or summed (completions' usage): neither is the first prompt's, which
+            # alone was predicted, so only a single prompt's count corrects the mirror (as streamed).
+            if parsed.prompts == 1:
+                self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
         text = output_text(parsed.path, data)
         if text:
             # The engine keeps prompt + generated tokens cached (so does SGLang): mirror that too,

@@ -5,7 +5,9 @@ Specification:
   each prompt under its own); after the answer the mirror holds, under that salt, the first prompt
   and at most the first prompt's output: never another prompt's output appended to it;
 * this holds for /generate and /v1/completions, answered whole or streamed (a streamed batch
-  interleaves its prompts' events; the last text seen may be another prompt's).
+  interleaves its prompts' events; the last text seen may be another prompt's);
+* a batch's cached-token count (per prompt, or summed in completions' usage) is never compared
+  with the first prompt's prediction: the mirror's correction learns from single prompts only.
 """
 
 from __future__ import annotations
@@ -62,3 +64,37 @@ async def test_a_batch_is_mirrored_as_its_first_prompt_and_that_prompts_output_o
             assert tree.matched_tokens(first, "A") == first_tokens
             assert tree.matched_tokens(first, "B") == 0
             assert first_tokens <= tree.cached_tokens <= first_tokens + FIRST_OUTPUT
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+async def test_a_batchs_cached_count_is_not_compared_with_its_first_prompts_prediction(
+    path: str, stream: bool
+) -> None:
+    # The engine reports a batch's cached tokens per prompt (/generate) or summed (completions'
+    # usage); either way not the first prompt's alone. Here the second prompt is the cached one:
+    # read as the first prompt's, it would hide an over-prediction of the first.
+    async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
+        config = SidecarConfig(
+            engine_url=engine.url,
+            redis_url=None,
+            port=0,
+            worker_id="w0",
+            model="m",
+            revision="r",
+            cache_tokens=200_000,
+        )
+        async with listening(config) as served, aiohttp.ClientSession() as http:
+            warm = {"text": SECOND, "cache_salt": "B", "sampling_params": {"max_new_tokens": 1}}
+            async with http.post(f"{engine.url}/generate", json=warm) as resp:
+                assert resp.status == 200, await resp.text()
+            body = _batch(path, stream)
+            if path == "/v1/completions" and stream:
+                body["stream_options"] = {"include_usage": True}
+            url = f"http://127.0.0.1:{served.port}{path}"
+            async with http.post(url, json=body) as resp:
+                assert resp.status == 200, await resp.text()
+                assert b"cached_tokens" in await resp.read()
+            mirror = served.sidecar.s.mirror
+            assert mirror.compared_requests == 0
+            assert mirror.reported_tokens_total == 0
