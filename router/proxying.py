@@ -289,6 +289,9 @@ def output_text(path: str, body: bytes) -> str | None:
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
     try:
+        # A batch's answer lists its prompts in order (SGLang's choices are prompt-major: prompt
+        # index = choice index // n; so are the emulator's): the first item is the first prompt's,
+        # the one a batch is mirrored by.
         if path == "/generate":
             item = obj[0] if isinstance(obj, list) else obj
             text = item.get("text")
