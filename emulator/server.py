@@ -464,13 +464,15 @@ class EmulatorServer:
 
     async def start(self) -> EmulatorServer:
         await self.engine.start()
-        # engine.stop() ends streaming handlers first, so cleanup need not wait aiohttp's 60 s
-        runner = await fallback_runner(
-            build_app(self.engine), ClientTimeouts.from_env(), shutdown_timeout_s=5.0
-        )
-        assert runner.server is not None
-        aiohttp_server = runner.server
+        runner: web.AppRunner | None = None
+        # whatever fails from here (the client limits' environment, the socket) stops the engine
         try:
+            # engine.stop() ends streaming handlers first, so cleanup need not wait aiohttp's 60 s
+            runner = await fallback_runner(
+                build_app(self.engine), ClientTimeouts.from_env(), shutdown_timeout_s=5.0
+            )
+            assert runner.server is not None
+            aiohttp_server = runner.server
             # each connection answers a request aiohttp's parser refuses (a br or zstd body: 415; a
             # malformed head: 400) in JSON with one log line, as the gateway's and sidecar's do,
             # not in plain text with an ERROR traceback
@@ -482,7 +484,8 @@ class EmulatorServer:
                 backlog=128,  # as aiohttp's TCPSite listened before (asyncio's default is 100)
             )
         except BaseException:
-            await runner.cleanup()
+            if runner is not None:
+                await runner.cleanup()
             await self.engine.stop()
             raise
         self._runner, self._listening = runner, listening

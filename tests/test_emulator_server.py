@@ -12,6 +12,7 @@ import pytest
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.server import EmulatorServer, start_emulator
+from prefixfleet.router.slow_clients import BODY_TIMEOUT_ENV
 from prefixfleet.tokenizer import count_tokens, render_chat
 
 FAST = dict(time_scale=200.0, cache_tokens=50_000)
@@ -417,3 +418,17 @@ async def test_stopping_the_server_ends_in_flight_streams(http):
         await s.stop()
         rest = (await stream.read()).decode()
     assert "shutting down" in rest and rest.rstrip().endswith("data: [DONE]")
+
+
+async def test_a_start_that_fails_leaves_no_engine_running(monkeypatch) -> None:
+    # Whatever fails after the engine's scheduler started, start() stops it before raising.
+    async with EmulatorServer(EmulatorConfig(**FAST)) as taken:  # type: ignore[arg-type]
+        port_taken = EmulatorServer(EmulatorConfig(**FAST), port=taken.port)  # type: ignore[arg-type]
+        with pytest.raises(OSError):
+            await port_taken.start()
+        assert not port_taken.engine.running
+    monkeypatch.setenv(BODY_TIMEOUT_ENV, "-1")
+    bad_limits = EmulatorServer(EmulatorConfig(**FAST))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=BODY_TIMEOUT_ENV):
+        await bad_limits.start()
+    assert not bad_limits.engine.running
