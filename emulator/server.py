@@ -23,7 +23,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
 from prefixfleet.router.content_coding import content_coding
-from prefixfleet.router.front import fallback_runner, with_json_parse_errors
+from prefixfleet.router.front import fallback_runner, json_parse_error_connections
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
@@ -471,13 +471,11 @@ class EmulatorServer:
             runner = await fallback_runner(
                 build_app(self.engine), ClientTimeouts.from_env(), shutdown_timeout_s=5.0
             )
-            assert runner.server is not None
-            aiohttp_server = runner.server
             # each connection answers a request aiohttp's parser refuses (a br or zstd body: 415; a
             # malformed head: 400) in JSON with one log line, as the gateway's and sidecar's do,
             # not in plain text with an ERROR traceback
             listening = await asyncio.get_running_loop().create_server(
-                lambda: with_json_parse_errors(aiohttp_server()),
+                json_parse_error_connections(runner),
                 self.host,
                 self.port,
                 reuse_address=True,

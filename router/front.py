@@ -633,7 +633,7 @@ class _JsonParseErrors(RequestHandler):
 
 def with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
     """``protocol`` (a connection of an aiohttp web.Server) answering parser refusals as
-    :class:`_JsonParseErrors` does; the emulator serves every connection with it."""
+    :class:`_JsonParseErrors` does (see :func:`json_parse_error_connections`)."""
     # web.Server builds plain RequestHandlers and takes no class to build instead. The swap leans on
     # aiohttp's internals (aiohttp>=3.9,<4 in pyproject): should a later aiohttp build the class in
     # C or change its layout, the connection keeps aiohttp's plain-text 400 rather than failing
@@ -641,6 +641,14 @@ def with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
     with contextlib.suppress(TypeError):
         protocol.__class__ = _JsonParseErrors
     return protocol
+
+
+def json_parse_error_connections(runner: web.AppRunner) -> Callable[[], RequestHandler]:
+    """A connection factory serving ``runner``'s app (set the runner up first), each connection
+    :func:`with_json_parse_errors`: the front's fallback, and the emulator's every connection."""
+    server = runner.server
+    assert server is not None, "set the runner up first"
+    return lambda: with_json_parse_errors(server())
 
 
 class HotFront:
@@ -716,11 +724,9 @@ async def serve_front(
     max_body_bytes: int,
 ) -> tuple[asyncio.AbstractServer, HotFront]:
     """Listen on ``host:port`` with the front; ``runner`` (set up) serves what the front hands over."""
-    assert runner.server is not None, "set the runner up first"
-    aiohttp_server = runner.server
     front = HotFront(
         handlers,
-        lambda: with_json_parse_errors(aiohttp_server()),
+        json_parse_error_connections(runner),
         respond,
         timeouts=timeouts,
         max_body_bytes=max_body_bytes,
