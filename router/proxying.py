@@ -282,6 +282,27 @@ def find_uncached_tokens(data: bytes, fallback_prompt_tokens: int) -> int | None
     return max(prompt - cached, 0)
 
 
+def answer_uncached_tokens(path: str, body: bytes, fallback_prompt_tokens: int) -> int | None:
+    """Prompt tokens the engine prefilled for a whole (not streamed) answer, by its own counts: the
+    whole request's, as completions' usage already sums a batch's prompts. A /generate batch answers
+    a list, each item with its own prompt's counts: they are summed (the last item alone is one
+    prompt's). None if the answer holds no counts."""
+    if path == "/generate" and body[:64].lstrip().startswith(b"["):
+        try:
+            items: Any = json.loads(body)
+            total = 0
+            for item in items:
+                meta = item["meta_info"]
+                prompt, cached = meta["prompt_tokens"], meta["cached_tokens"]
+                if not isinstance(prompt, int) or not isinstance(cached, int):
+                    return None
+                total += max(prompt - cached, 0)
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+            return None
+        return total
+    return find_uncached_tokens(body, fallback_prompt_tokens)
+
+
 def output_text(path: str, body: bytes) -> str | None:
     """The generated text of a non-streaming response (the engine caches prompt + output)."""
     try:

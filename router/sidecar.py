@@ -42,6 +42,7 @@ from .proxying import (
     StreamedText,
     answer_headers,
     answer_now,
+    answer_uncached_tokens,
     bad_request,
     failure_text,
     find_cached_tokens,
@@ -883,7 +884,9 @@ class Sidecar:
         """Reconcile the mirror with a finished non-streaming response."""
         cached = find_cached_tokens(data)
         if cached is not None:
-            self.s.load.report_uncached(handle, find_uncached_tokens(data, parsed.num_tokens) or 0)
+            uncached = answer_uncached_tokens(parsed.path, data, parsed.num_tokens)
+            if uncached is not None:
+                self.s.load.report_uncached(handle, uncached)
             # A batch's answer counts cached tokens per prompt (/generate: the last one found is the
             # last prompt's) or summed (completions' usage): neither is the first prompt's, which
             # alone was predicted, so only a single prompt's count corrects the mirror (as streamed).

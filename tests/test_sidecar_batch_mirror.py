@@ -7,7 +7,9 @@ Specification:
 * this holds for /generate and /v1/completions, answered whole or streamed (a streamed batch
   interleaves its prompts' events; the last text seen may be another prompt's);
 * a batch's cached-token count (per prompt, or summed in completions' usage) is never compared
-  with the first prompt's prediction: the mirror's correction learns from single prompts only.
+  with the first prompt's prediction: the mirror's correction learns from single prompts only;
+* the load tracker is told what the engine prefilled for the whole batch: /generate's per-prompt
+  counts summed, as completions' usage already sums them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.server import EmulatorServer
+from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.radix import as_token_bytes
 from prefixfleet.router.sidecar import SidecarConfig, listening
 from prefixfleet.tokenizer import tokenize
@@ -98,3 +101,50 @@ async def test_a_batchs_cached_count_is_not_compared_with_its_first_prompts_pred
             mirror = served.sidecar.s.mirror
             assert mirror.compared_requests == 0
             assert mirror.reported_tokens_total == 0
+
+
+class ReportedLoad(LoadTracker):
+    """The sidecar's load tracker, keeping each prefill count the engine's answers reported."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reported: list[int] = []
+
+    def report_uncached(self, handle: int, uncached_tokens: int) -> None:
+        self.reported.append(uncached_tokens)
+        super().report_uncached(handle, uncached_tokens)
+
+
+@pytest.mark.parametrize("path", ["/generate", "/v1/completions"])
+async def test_a_whole_batchs_prefill_is_reported_summed_over_its_prompts(path: str) -> None:
+    # The load tracker's rate sample wants what the engine prefilled for the whole request. The
+    # second prompt is cached, the first not: the last prompt's count alone would read ~0 tokens.
+    async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
+        config = SidecarConfig(
+            engine_url=engine.url,
+            redis_url=None,
+            port=0,
+            worker_id="w0",
+            model="m",
+            revision="r",
+            cache_tokens=200_000,
+        )
+        async with listening(config) as served, aiohttp.ClientSession() as http:
+            load = ReportedLoad()
+            served.sidecar.s.load = load
+            warm = {"text": SECOND, "cache_salt": "B", "sampling_params": {"max_new_tokens": 1}}
+            async with http.post(f"{engine.url}/generate", json=warm) as resp:
+                assert resp.status == 200, await resp.text()
+            url = f"http://127.0.0.1:{served.port}{path}"
+            async with http.post(url, json=_batch(path, stream=False)) as resp:
+                assert resp.status == 200, await resp.text()
+                answer = await resp.json()
+    if path == "/generate":
+        counts = [(item["meta_info"]["prompt_tokens"], item["meta_info"]["cached_tokens"]) for item in answer]
+        assert counts[0][1] == 0 and counts[1][1] > 0  # as set up: only the second prompt was cached
+        prefilled = sum(prompt - cached for prompt, cached in counts)
+    else:
+        usage = answer["usage"]  # summed over the prompts by the engine
+        prefilled = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+    assert load.reported == [prefilled]
+    assert prefilled >= len(tokenize(FIRST))
