@@ -13,6 +13,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
+from pydantic import ValidationError
+
+from prefixfleet.sglang_fields import AS_BOOL
 
 from .front import ClientStalled, HotRequest, HotStream, StallWatch
 from .requests import BadRequest, load_json_object
@@ -323,6 +326,34 @@ def output_text(path: str, body: bytes) -> str | None:
     except (KeyError, IndexError, TypeError, AttributeError):
         return None
     return text if isinstance(text, str) else None
+
+
+def echoed_prompt(path: str, body: bytes) -> str | None:
+    """The text an answer repeats before its output: with ``echo`` SGLang's /v1/completions starts
+    each choice's text with its prompt (the emulator refuses echo), so the first choice (the first
+    prompt's) starts with the first prompt; '' when nothing is echoed. None when a prompt of token
+    ids is echoed: the engine's own tokenizer decodes it, so where its output starts is unknown."""
+    if path != "/v1/completions" or b'"echo"' not in body:
+        return ""
+    try:
+        obj: Any = json.loads(body)
+        echo = AS_BOOL.validate_python(obj.get("echo") or False)
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, ValidationError):
+        return None  # the engine judges such a request; nothing to learn from it here
+    if not echo:
+        return ""
+    prompt = obj.get("prompt")
+    if isinstance(prompt, list) and prompt:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else None
+
+
+def after_echo(text: str, echoed: str | None) -> str | None:
+    """The output in an answer's ``text``: what follows ``echoed`` (:func:`echoed_prompt`). None
+    when the text does not start with it: learning nothing beats mirroring a wrong output."""
+    if echoed is None or not text.startswith(echoed):
+        return None
+    return text[len(echoed) :]
 
 
 class StreamedText:

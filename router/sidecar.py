@@ -40,10 +40,12 @@ from .proxying import (
     Answer,
     AnyRequest,
     StreamedText,
+    after_echo,
     answer_headers,
     answer_now,
     answer_uncached_tokens,
     bad_request,
+    echoed_prompt,
     failure_text,
     find_cached_tokens,
     find_uncached_tokens,
@@ -729,6 +731,7 @@ class Sidecar:
         load = self.s.load
         handle = predicted = None
         parsed: InferenceRequest | None = None
+        echoed: str | None = ""  # what the answer's text repeats before its output
         admission: Admission | None = None
         # the engine began its answer (a stream's first event: the prompt is prefilled) or answered
         # whole with success: until then the mirror's admission of the prompt is only a guess
@@ -753,6 +756,7 @@ class Sidecar:
             if tracked is not None:
                 parsed, admission, handle = tracked
                 predicted = admission.matched_tokens
+                echoed = echoed_prompt(request.path, body)
         ok = False
         try:
             try:
@@ -796,10 +800,12 @@ class Sidecar:
                         await answer_now(request, response)
                 finally:
                     if parsed is not None and upstream.status == 200:
-                        self._learn(parsed, data, predicted or 0, handle)
+                        self._learn(parsed, data, predicted or 0, handle, echoed)
                 return response
             ok = upstream.status < 500
-            return await self._stream(request, upstream, headers, parsed, handle, predicted or 0, prefilled)
+            return await self._stream(
+                request, upstream, headers, parsed, handle, predicted or 0, prefilled, echoed
+            )
         finally:
             if exchange is not None:
                 exchange.close()  # unfinished (client left, handler cancelled): aborts the engine's request
@@ -818,6 +824,7 @@ class Sidecar:
         handle: int | None,
         predicted: int,
         prefilled: list[bool],
+        echoed: str | None,
     ) -> Answer:
         response = await open_stream(request, upstream.status, headers)
         write = stream_writer(request, response, self.timeouts.write_s)
@@ -865,9 +872,9 @@ class Sidecar:
             if uncached is not None:
                 self.s.load.report_uncached(handle, uncached)
             self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
-        if complete and parsed is not None and collected is not None and collected.text:
-            output = as_token_bytes(tokenize(collected.text))
-            self.s.mirror.admit(parsed.token_bytes + output, parsed.tenant_salt)
+        output = after_echo(collected.text, echoed) if complete and collected is not None else None
+        if parsed is not None and output:
+            self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(output)), parsed.tenant_salt)
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
@@ -880,7 +887,9 @@ class Sidecar:
             self.timeouts.write_s,
         )
 
-    def _learn(self, parsed: InferenceRequest, data: bytes, predicted: int, handle: int) -> None:
+    def _learn(
+        self, parsed: InferenceRequest, data: bytes, predicted: int, handle: int, echoed: str | None
+    ) -> None:
         """Reconcile the mirror with a finished non-streaming response."""
         cached = find_cached_tokens(data)
         if cached is not None:
@@ -893,6 +902,8 @@ class Sidecar:
             if parsed.prompts == 1:
                 self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
         text = output_text(parsed.path, data)
+        # echo: the text repeats the prompt first (already mirrored when sent)
+        text = after_echo(text, echoed) if text else None
         if text:
             # The engine keeps prompt + generated tokens cached (so does SGLang): mirror that too,
             # so the next turn of a conversation is predicted as the hit it will be.
