@@ -581,7 +581,7 @@ class Gateway:
         self.metrics.matched_ratio.observe(
             row.matched_tokens / parsed.num_tokens if parsed.num_tokens else 0.0
         )
-        return chosen, chain, parsed.num_tokens - row.matched_tokens, row.matched_tokens // key[1]
+        return chosen, chain, parsed.uncached_tokens(row.matched_tokens), row.matched_tokens // key[1]
 
     async def _route_and_forward(
         self, request: AnyRequest, body: bytes, parsed: InferenceRequest, started: float

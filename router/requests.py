@@ -24,7 +24,7 @@ from prefixfleet.sglang_fields import (
     lax_bool,
     lax_int,
 )
-from prefixfleet.tokenizer import render_chat, tokenize
+from prefixfleet.tokenizer import count_tokens, render_chat, tokenize
 
 from .radix import as_token_bytes
 
@@ -57,6 +57,13 @@ class InferenceRequest:
     tenant_salt: str | None  # cache-isolation salt (vLLM's ``cache_salt``), None = shared
     model: str | None
     prompts: int = 1  # a batch's prompts; the fields above describe its first
+    other_prompts_tokens: int = 0  # the tokens of a batch's prompts after its first
+
+    def uncached_tokens(self, matched_tokens: int) -> int:
+        """The prefill this request is predicted to cost when its first prompt matches
+        ``matched_tokens``: the engine prefills every prompt of a batch, and the others (cached
+        under their own salts, which routing does not look up) are counted as uncached."""
+        return max(self.num_tokens - matched_tokens, 0) + self.other_prompts_tokens
 
 
 def is_utf8(text: str) -> bool:
@@ -96,11 +103,12 @@ def _token_ids(value: list[Any], param: str) -> bytes:
     return as_token_bytes(ids)
 
 
-def _prompt_tokens(value: Any, param: str) -> tuple[bytes, int, bool]:
-    """Tokens of a prompt field's first prompt, how many prompts it holds and whether it is a batch:
-    a string, a list of token ids, or a batch (a list of strings or of token-id lists)."""
+def _prompt_tokens(value: Any, param: str) -> tuple[bytes, int, bool, int]:
+    """Tokens of a prompt field's first prompt, how many prompts it holds, whether it is a batch and
+    how many tokens its other prompts hold: a string, a list of token ids, or a batch (a list of
+    strings or of token-id lists)."""
     if isinstance(value, str):
-        return as_token_bytes(tokenize(value)), 1, False
+        return as_token_bytes(tokenize(value)), 1, False, 0
     if isinstance(value, list):
         if not value:
             raise BadRequest(f"field '{param}' must not be empty", param=param)
@@ -108,12 +116,14 @@ def _prompt_tokens(value: Any, param: str) -> tuple[bytes, int, bool]:
         if isinstance(first, str):
             if not all(isinstance(p, str) for p in value):
                 raise BadRequest(f"field '{param}' must be a list of strings, not a mix", param=param)
-            return as_token_bytes(tokenize(first)), len(value), True
+            others = sum(count_tokens(p) for p in value[1:])
+            return as_token_bytes(tokenize(first)), len(value), True, others
         if isinstance(first, list):
             if not all(isinstance(p, list) for p in value):
                 raise BadRequest(f"field '{param}' must be a list of token-id lists, not a mix", param=param)
-            return _token_ids(first, f"{param}[0]"), len(value), True
-        return _token_ids(value, param), 1, False
+            others = sum(len(p) for p in value[1:])
+            return _token_ids(first, f"{param}[0]"), len(value), True, others
+        return _token_ids(value, param), 1, False, 0
     raise BadRequest(
         f"field '{param}' must be a string, a list of strings or a list of token ids", param=param
     )
@@ -212,14 +222,14 @@ def inference_request(
         if (text is None) == (ids is None):
             raise BadRequest("exactly one of the fields 'text' and 'input_ids' is required", param="text")
         prompt_field = "text" if text is not None else "input_ids"
-        tokens, prompts, batch = _prompt_tokens(text if text is not None else ids, prompt_field)
+        tokens, prompts, batch, others = _prompt_tokens(text if text is not None else ids, prompt_field)
         max_new = _first_max_new_tokens(obj.get("sampling_params"), prompts, batch)
         default_max_new = DEFAULT_GENERATE_MAX_NEW_TOKENS
     elif path == "/v1/completions":
         if "prompt" not in obj:
             raise BadRequest("field 'prompt' is required", param="prompt")
         prompt_field = "prompt"
-        tokens, prompts, batch = _prompt_tokens(obj["prompt"], prompt_field)
+        tokens, prompts, batch, others = _prompt_tokens(obj["prompt"], prompt_field)
         max_new = _int_field(obj, "max_tokens")
         default_max_new = DEFAULT_COMPLETION_MAX_TOKENS
     elif path == "/v1/chat/completions":
@@ -233,7 +243,7 @@ def inference_request(
         except ValueError as exc:
             raise BadRequest(str(exc), param="messages") from None
         prompt_field = "messages"
-        tokens, prompts, batch = as_token_bytes(tokenize(text)), 1, False
+        tokens, prompts, batch, others = as_token_bytes(tokenize(text)), 1, False, 0
         max_new = _int_field(obj, "max_completion_tokens")
         if max_new is None:
             max_new = _int_field(obj, "max_tokens")
@@ -258,4 +268,5 @@ def inference_request(
         tenant_salt=salt,
         model=model,
         prompts=prompts,
+        other_prompts_tokens=others,
     )

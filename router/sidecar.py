@@ -699,7 +699,7 @@ class Sidecar:
             return None  # not ours to judge what the engine accepts: forwarded untracked
         admission = self.s.mirror.admit_sent(parsed.token_bytes, parsed.tenant_salt)
         handle = self.s.load.admit(
-            parsed.num_tokens - admission.matched_tokens,
+            parsed.uncached_tokens(admission.matched_tokens),
             time.monotonic(),
             timed=parsed.stream or parsed.max_new_tokens <= 1,
         )
