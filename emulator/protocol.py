@@ -25,6 +25,7 @@ from prefixfleet.sglang_fields import (
     FieldError,
     cache_salts,
     generated_tokens,
+    shown,
 )
 from prefixfleet.tokenizer import render_chat, tokenize
 
@@ -82,18 +83,13 @@ _AS_TOKEN_IDS: TypeAdapter[list[int]] = TypeAdapter(list[int])
 _T = TypeVar("_T")
 
 
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _lax(adapter: TypeAdapter[_T], value: object, name: str, kind: str) -> _T:
     """``value`` coerced as SGLang's pydantic models coerce it, or a 400 naming ``name``."""
     try:
         return adapter.validate_python(value)
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"]
-        raise BadRequest(f"{name} must be {kind}, got {_shown(value)} ({reason})", name) from None
+        raise BadRequest(f"{name} must be {kind}, got {shown(value)} ({reason})", name) from None
 
 
 def _obj(body: object) -> Mapping[str, object]:
@@ -131,7 +127,7 @@ def _token_ids(value: object, name: str) -> array:
         error = exc.errors()[0]
         i = error["loc"][0]
         raise BadRequest(
-            f"{name}[{i}] must be an integer token id, got {_shown(value[i])} ({error['msg']})", name
+            f"{name}[{i}] must be an integer token id, got {shown(value[i])} ({error['msg']})", name
         ) from None
     for i, t in enumerate(ids):
         if not 0 <= t < 2**32:
@@ -186,7 +182,7 @@ def _check_sampling(params: Mapping[str, object], prefix: str, lax: bool) -> Non
         if lax:
             value = _lax(AS_FLOAT, value, prefix + name, "a number")
         elif not _is_number(value):
-            raise BadRequest(f"{prefix}{name} must be a number, got {_shown(value)}", prefix + name)
+            raise BadRequest(f"{prefix}{name} must be a number, got {shown(value)}", prefix + name)
         if not math.isfinite(value):
             raise BadRequest(f"{prefix}{name} must be a finite number, got {value}", prefix + name)
         if value < low or (open_low and value == low) or value > high:
@@ -451,8 +447,7 @@ def _check_messages(messages: list[object]) -> None:
                 raise BadRequest(f"{where} must be an object with a string type", "messages")
             if part["type"] not in CONTENT_PART_TYPES:
                 raise BadRequest(
-                    f"{where}.type must be one of {', '.join(CONTENT_PART_TYPES)}, "
-                    f"got {_shown(part['type'])}",
+                    f"{where}.type must be one of {', '.join(CONTENT_PART_TYPES)}, got {shown(part['type'])}",
                     "messages",
                 )
             if part["type"] in _ASSISTANT_ONLY_PARTS and msg.get("role") != "assistant":

@@ -47,6 +47,12 @@ def lax_bool(value: Any) -> bool | None:
         return None
 
 
+def shown(value: Any) -> str:
+    """``value`` as an error message quotes it: its repr, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 class FieldError(ValueError):
     """A field SGLang refuses; the message names the field."""
 
@@ -81,7 +87,5 @@ def cache_salts(value: Any, prompts: int, batch: bool, name: str = "cache_salt")
         raise FieldError(f"{name} holds {len(value)} salts for {prompts} prompts: give one per prompt")
     for i, each in enumerate(value):
         if not isinstance(each, str):
-            shown = repr(each)
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
-            raise FieldError(f"{name}[{i}] must be a string, got {shown}")
+            raise FieldError(f"{name}[{i}] must be a string, got {shown(each)}")
     return tuple(each or None for each in value)

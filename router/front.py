@@ -631,7 +631,7 @@ class _JsonParseErrors(RequestHandler):
         return response
 
 
-def with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
+def _with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
     """``protocol`` (a connection of an aiohttp web.Server) answering parser refusals as
     :class:`_JsonParseErrors` does (see :func:`json_parse_error_connections`)."""
     # web.Server builds plain RequestHandlers and takes no class to build instead. The swap leans on
@@ -645,10 +645,10 @@ def with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
 
 def json_parse_error_connections(runner: web.AppRunner) -> Callable[[], RequestHandler]:
     """A connection factory serving ``runner``'s app (set the runner up first), each connection
-    :func:`with_json_parse_errors`: the front's fallback, and the emulator's every connection."""
+    :func:`_with_json_parse_errors`: the front's fallback, and the emulator's every connection."""
     server = runner.server
     assert server is not None, "set the runner up first"
-    return lambda: with_json_parse_errors(server())
+    return lambda: _with_json_parse_errors(server())
 
 
 class HotFront:

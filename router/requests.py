@@ -155,11 +155,10 @@ def _first_max_new_tokens(sampling: Any, prompts: int, batch: bool) -> int | Non
         entries = sampling
     else:
         entries = [sampling]
+    counts = []
     for entry in entries:
         if not isinstance(entry, dict):
             raise BadRequest("field 'sampling_params' must be an object", param="sampling_params")
-    counts = []
-    for entry in entries:
         value = entry.get("max_new_tokens")
         try:
             counts.append(None if value is None else generated_tokens(value))
