@@ -13,6 +13,7 @@ are pure; ``denied_commands`` is the round trip.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -101,9 +102,15 @@ def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> li
     """Those of ``commands`` (and MULTI/EXEC) the server refuses with NOPERM, found without running
     any: they are queued in a transaction that is discarded. Redis errors and timeouts propagate (an
     outage, said elsewhere); a server that takes no MULTI for another reason, or does not queue after
-    it (a proxy), denies nothing we can tell."""
+    it (a proxy), denies nothing we can tell.
+
+    The connection comes from ``client``'s pool and goes back to it (the operator's per-URL client:
+    no new connection per reconcile) only once every reply was read and it is known to be outside a
+    transaction; otherwise (an error, a timeout, a proxy, a DISCARD refused) it is closed first, so
+    the pool never hands out one left inside MULTI or with a reply still unread."""
     pool = client.connection_pool
     conn = pool.get_connection()
+    reusable = False
     try:
         # MULTI and a harmless PING first, the fleet's commands only once PING was QUEUED: were MULTI
         # refused, or taken by a server that does not queue (a proxy answering OK), they would run
@@ -111,9 +118,13 @@ def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> li
         try:
             conn.read_response()
         except NoPermissionError:
+            # no transaction: the PING ran on its own; its reply read, nothing is left pending
+            with contextlib.suppress(ResponseError):
+                conn.read_response()
+            reusable = True
             return [MULTI]
         except ResponseError:
-            return []
+            return []  # e.g. a proxy without MULTI: its state is its own, not reused
         if conn.read_response() not in (b"QUEUED", "QUEUED"):
             return []  # not a transaction: nothing we can tell without running the commands
         conn.send_packed_command(conn.pack_commands([c.argv for c in commands] + [("DISCARD",)]))
@@ -128,7 +139,7 @@ def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> li
         try:
             conn.read_response()  # DISCARD
         except ResponseError:
-            return denied  # still in the transaction: no EXEC on this connection
+            return denied  # still in the transaction: no EXEC on this connection, and it is closed
         conn.send_command(*EXEC.argv)
         try:
             conn.read_response()  # outside a transaction: "EXEC without MULTI" when allowed
@@ -136,8 +147,9 @@ def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> li
             # a refused EXEC answers EXECABORT (redis-py's ExecAbortError) quoting the NOPERM
             if isinstance(exc, NoPermissionError) or "NOPERM" in str(exc):
                 denied.append(EXEC)
+            reusable = True  # an error: no transaction was open (an EXEC that answered is not reused)
         return denied
     finally:
-        # a fresh connection next time: never one left inside a transaction or subscribed
-        conn.disconnect()
+        if not reusable:
+            conn.disconnect()
         pool.release(conn)

@@ -29,7 +29,7 @@ import redis
 import yaml
 
 from prefixfleet.fleet.processes import free_port, redis_server_binary
-from prefixfleet.operator.handlers import FleetRedis, OperatorContext, redis_permission_problem
+from prefixfleet.operator.handlers import FleetRedis, OperatorContext, redis_login, redis_permission_problem
 from prefixfleet.operator.models import FleetSpec
 from prefixfleet.operator.planner import (
     REDIS_AUTH_FAILED,
@@ -180,6 +180,96 @@ def test_exec_alone_denied_is_found_outside_a_transaction(acl_redis: AclRedis) -
 
 def test_redis_not_answering_is_no_permission_problem() -> None:
     assert permission_problem(f"redis://u:{PASSWORD}@127.0.0.1:{free_port()}/0") == ""
+
+
+# ------------------------------------------------------------------ the connection it asks on
+
+
+def reconcile_rounds(ctx: OperatorContext, url: str, rounds: int) -> list[str]:
+    """What ``rounds`` reconciles of one operator find out (the login PING, then the probe), in turn."""
+    chosen = FleetRedis(url, dial_url=url)
+    found = []
+    for _ in range(rounds):
+        assert redis_login(ctx, {}, chosen) == ""
+        found.append(redis_permission_problem(ctx, chosen, REF))
+    return found
+
+
+@pytest.fixture
+def ctx() -> Iterator[OperatorContext]:
+    """One operator's context, kept across the rounds of a test (its Redis clients closed after)."""
+    context = OperatorContext(kube=Secrets({}))  # type: ignore[arg-type]
+    yield context
+    for client in context.sync_redis_clients.values():
+        client.close()
+
+
+def connections_received(acl: AclRedis) -> int:
+    return int(acl.admin.info("stats")["total_connections_received"])
+
+
+def in_transaction(acl: AclRedis, user: str) -> list[dict[str, Any]]:
+    """The server's clients logged in as ``user`` that are inside MULTI (CLIENT LIST flag x)."""
+    return [c for c in acl.admin.client_list() if c.get("user") == user and "x" in c.get("flags", "")]
+
+
+@pytest.mark.parametrize(
+    ("user", "rules", "said"),
+    [
+        ("fleet", ALL_FLEET_KEYS, ""),
+        ("no-hset", (*ALL_FLEET_KEYS, "-hset"), f"HSET on key {MEMBERS}"),
+        ("no-multi", (*ALL_FLEET_KEYS, "-multi"), "MULTI (the operator: membership (a transaction))"),
+        ("no-exec", (*ALL_FLEET_KEYS, "-exec"), "EXEC (the operator: membership (a transaction))"),
+    ],
+)
+def test_reconciles_ask_on_one_kept_connection_not_a_new_one_each(
+    acl_redis: AclRedis, ctx: OperatorContext, user: str, rules: tuple[str, ...], said: str
+) -> None:
+    url = acl_redis.user(user, *rules)
+    before = connections_received(acl_redis)
+    found = reconcile_rounds(ctx, url, 6)
+    # the first round dials once; the later ones reuse that connection (before: one per round)
+    assert connections_received(acl_redis) - before == 1
+    assert in_transaction(acl_redis, user) == []
+    assert len(set(found)) == 1 and said in found[0], found
+    assert acl_redis.admin.dbsize() == 0
+
+
+def test_a_connection_left_inside_multi_is_closed_not_reused(
+    acl_redis: AclRedis, ctx: OperatorContext
+) -> None:
+    # DISCARD denied: the probe's connection stays inside its transaction. Reused, the next round's
+    # PING would be QUEUED and its MULTI refused as nested, and the HSET denial would go unsaid.
+    url = acl_redis.user("no-discard", *ALL_FLEET_KEYS, "-discard", "-hset")
+    found = reconcile_rounds(ctx, url, 3)
+    wait_for(lambda: not in_transaction(acl_redis, "no-discard"), 5, what="no client left in MULTI")
+    assert len(found) == 3 and all(f"HSET on key {MEMBERS}" in f for f in found), found
+
+
+def test_a_probe_cut_short_drops_its_connection(
+    acl_redis: AclRedis, ctx: OperatorContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = acl_redis.user("cut-short", *ALL_FLEET_KEYS, "-hset")
+    read_response = redis.connection.Connection.read_response
+    reads = 0
+
+    def times_out_after_queued(self: redis.connection.Connection, *args: Any, **kwargs: Any) -> Any:
+        # MULTI and PING read, then a timeout while the fleet's commands sit queued in the transaction
+        nonlocal reads
+        reads += 1
+        if reads == 3:
+            raise redis.TimeoutError("injected: timed out reading a queued command's answer")
+        return read_response(self, *args, **kwargs)
+
+    chosen = FleetRedis(url, dial_url=url)
+    assert redis_login(ctx, {}, chosen) == ""
+    with monkeypatch.context() as patch:
+        patch.setattr(redis.connection.Connection, "read_response", times_out_after_queued)
+        assert redis_permission_problem(ctx, chosen, REF) == ""  # a timeout: an outage, not said
+    assert reads == 3
+    wait_for(lambda: not in_transaction(acl_redis, "cut-short"), 5, what="no client left in MULTI")
+    # the next round asks on a clean connection and says the denial again
+    assert all(f"HSET on key {MEMBERS}" in f for f in reconcile_rounds(ctx, url, 2))
 
 
 # ------------------------------------------------------------------ what the fleet says (planner)
