@@ -21,7 +21,7 @@ from prefixfleet.cli import UsageError
 
 from .crd import build_crd, render_crd_yaml, render_field_reference
 from .crd_admission import apply_defaults, cel_errors, crd_schema, schema_errors, unknown_fields
-from .models import KIND, InvalidFleetSpec, validate_spec
+from .models import API_VERSION, GROUP, KIND, InvalidFleetSpec, validate_spec
 
 SUBCOMMAND_MODULES: tuple[str, ...] = ("prefixfleet.operator.run",)
 
@@ -85,7 +85,32 @@ def _documents(name: str) -> list[Any]:
     try:
         return [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
-        raise UsageError(f"{name} is not valid YAML: {exc}") from None
+        raise UsageError(f"{name} is not valid YAML: {_yaml_error_line(exc)}") from None
+
+
+def _yaml_error_line(exc: yaml.YAMLError) -> str:
+    """PyYAML's message spans several lines (with a caret drawing); the error is one line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return " ".join(str(exc).split())
+
+
+def identity_problems(doc: dict[str, Any]) -> list[str] | None:
+    """None for another group's object (skipped); else why the API server would not take this one
+    as a PrefixCacheFleet at all (a misspelt kind of our group, an apiVersion the CRD does not serve),
+    which the schema cannot say: it reads only what is under the kind's own fields."""
+    api_version, kind = doc.get("apiVersion"), doc.get("kind")
+    group = api_version.partition("/")[0] if isinstance(api_version, str) and "/" in api_version else None
+    if kind != KIND and group != GROUP:
+        return None
+    found = []
+    if kind != KIND:
+        found.append(f"kind: {kind!r} is not a kind of {GROUP} (its one kind is {KIND})")
+    if api_version != API_VERSION:
+        found.append(f"apiVersion: {api_version!r} is not served by the {KIND} CRD (use {API_VERSION})")
+    return found
 
 
 def problems_of(obj: dict[str, Any], crd: dict[str, Any], with_cel: bool) -> list[str]:
@@ -110,15 +135,21 @@ def run_validate(args: argparse.Namespace) -> int:
     with_cel = importlib.util.find_spec("celpy") is not None
     if not with_cel:
         print("note: cel-python is not installed; CEL rules are checked by the models only", file=sys.stderr)
-    invalid = 0
+    invalid = fleets = 0
     for name in args.files:
         for doc in _documents(name):
-            if not isinstance(doc, dict) or doc.get("kind") != KIND:
+            found = identity_problems(doc) if isinstance(doc, dict) else None
+            if found is None:
                 kind = doc.get("kind", "?") if isinstance(doc, dict) else type(doc).__name__
                 print(f"{name}: skipped a {kind} (not a {KIND})")
                 continue
+            fleets += 1
             label = f"{name}: {(doc.get('metadata') or {}).get('name', '<unnamed>')}"
-            found = problems_of(doc, crd, with_cel)
+            if doc.get("kind") == KIND:
+                found += problems_of(doc, crd, with_cel)
             invalid += bool(found)
             print(f"{label}: ok" if not found else "\n".join(f"{label}: {p}" for p in found))
+    if not fleets:
+        # an empty file or a wrong path's other manifests would otherwise pass a CI check unread
+        raise UsageError(f"no {KIND} in {', '.join(args.files)}")
     return 1 if invalid else 0
