@@ -328,17 +328,34 @@ def output_text(path: str, body: bytes) -> str | None:
     return text if isinstance(text, str) else None
 
 
+# The key "echo" as JSON may spell it: each letter itself or its \u escape (none has a short one;
+# hex digits in either case). Only searched when the body holds a \u at all.
+_ESCAPED_ECHO_KEY = re.compile(rb'"(?:e|\\u0065)(?:c|\\u0063)(?:h|\\u0068)(?:o|\\u006[fF])"')
+
+
+def may_ask_echo(body: bytes) -> bool:
+    """False only when the JSON in ``body`` cannot have an ``echo`` key, judged without parsing it
+    (the hot path): no literal ``"echo"``, no key spelling it with ``\\u`` escapes, and UTF-8 (json.loads,
+    like the engine's parser, also reads UTF-16 and UTF-32, where the bytes differ). A True may be a
+    false alarm (the bytes inside a string): the caller then parses."""
+    if b'"echo"' in body or not json.detect_encoding(body).startswith("utf-8"):
+        return True
+    # a one-byte search is a memchr (nearly free); most bodies without escapes stop there
+    return b"\\" in body and b"\\u" in body and _ESCAPED_ECHO_KEY.search(body) is not None
+
+
 def echoed_prompt(path: str, body: bytes) -> str | None:
     """The text an answer repeats before its output: with ``echo`` SGLang's /v1/completions starts
     each choice's text with its prompt (the emulator refuses echo), so the first choice (the first
     prompt's) starts with the first prompt; '' when nothing is echoed. None when a prompt of token
     ids is echoed: the engine's own tokenizer decodes it, so where its output starts is unknown."""
-    if path != "/v1/completions" or b'"echo"' not in body:
+    if path != "/v1/completions" or not may_ask_echo(body):
         return ""
     try:
         obj: Any = json.loads(body)
         echo = AS_BOOL.validate_python(obj.get("echo") or False)
-    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, ValidationError):
+    except (ValueError, RecursionError, AttributeError, ValidationError):
+        # (ValueError: also UnicodeDecodeError, JSONDecodeError, an integer past Python's digit limit)
         return None  # the engine judges such a request; nothing to learn from it here
     if not echo:
         return ""
