@@ -104,6 +104,17 @@ def _plan(args: argparse.Namespace) -> Any:
     outage = getattr(args, "outage", 1.0)
     if not (math.isfinite(outage) and outage > 0):
         problems.append(f"--outage must be positive, got {outage}")
+    elif args.chaos_scenario == "redis-outage" and not problems:
+        from .scenarios import redis_stop_at
+
+        # a restart after the last request measures no recovery under load (and past the fault's
+        # 120 s after the traffic, no restart at all)
+        stop_at = redis_stop_at(plan.duration_s)
+        if stop_at + outage >= plan.duration_s:
+            problems.append(
+                f"--outage must end before the traffic does: Redis stops at {stop_at:g} s (--duration / 5), "
+                f"so --outage must be below {plan.duration_s - stop_at:g} s, got {outage:g}"
+            )
     if problems:
         raise _usage_error("; ".join(problems))
     return plan

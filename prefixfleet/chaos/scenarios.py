@@ -199,6 +199,11 @@ async def _fleet_recovered(local: LocalFleet, client: aioredis.Redis, since_s: f
     return out
 
 
+def redis_stop_at(duration_s: float) -> float:
+    """When ``redis_outage`` stops Redis by default: a fifth into the traffic, so a baseline comes first."""
+    return duration_s / 5
+
+
 async def redis_outage(
     run_dir: Path,
     plan: TrafficPlan,
@@ -209,7 +214,7 @@ async def redis_outage(
     on_tick: Tick | None = None,
 ) -> dict[str, Any]:
     """Stop Redis at ``stop_at_s`` for ``outage_s``, restart it empty, measure recovery."""
-    stop_at = plan.duration_s / 5 if stop_at_s is None else stop_at_s
+    stop_at = redis_stop_at(plan.duration_s) if stop_at_s is None else stop_at_s
     events: dict[str, float] = {}
     recovered: dict[str, float] = {}
     async with running_fleet(run_dir, fleet) as local:
