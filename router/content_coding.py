@@ -32,11 +32,14 @@ def unsupported_coding(values: Sequence[str]) -> str | None:
     not decode; None when it is plain or was decoded. ``identity`` is no coding; a list of codings
     (``gzip, br``) or several header lines is one aiohttp leaves encoded, so it is unsupported."""
     codings = [c.strip().lower() for value in values for c in value.split(",")]
-    if all(c in NO_CODING for c in codings):
-        return None
-    if len(values) == 1 and values[0].strip().lower() in DECODED_CODINGS:
+    if all(c in NO_CODING for c in codings) or decoded_by_aiohttp(values):
         return None
     return ", ".join(v.strip() for v in values)
+
+
+def decoded_by_aiohttp(values: Sequence[str]) -> bool:
+    """Whether aiohttp's parser decodes a body sent with these Content-Encoding header lines."""
+    return len(values) == 1 and values[0].strip().lower() in DECODED_CODINGS
 
 
 def unsupported_message(coding: str) -> str:
@@ -58,6 +61,32 @@ def unsupported_answer(response: web.StreamResponse) -> web.StreamResponse:
     response.headers["Accept-Encoding"] = ACCEPT_ENCODING
     response.force_close()
     return response
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, as ``request.read()`` answers it from then on; above the app's
+    ``client_max_size`` (counted decoded) :class:`~aiohttp.web.HTTPRequestEntityTooLarge`.
+
+    A body aiohttp decodes is read in the stream's own small steps, stopping as soon as the decoded
+    size passes the limit: peak memory about the limit. ``request.read()`` first widens the stream
+    buffer to the whole limit, so aiohttp inflated a compression bomb in steps of the limit and held
+    ~7-9x the limit before its size check ran. The steps are small since aiohttp 3.13.3 (its decoder
+    yields at most ~64 KiB per call and the stream pauses while its buffer is full); an older one
+    inflates each received chunk whole (up to ~64 MiB from a 64 KiB read of a bomb)."""
+    if not decoded_by_aiohttp(request.headers.getall("Content-Encoding", [])):
+        return await request.read()
+    if request._read_bytes is not None:  # already read (and bounded) once
+        return request._read_bytes
+    limit = request.client_max_size
+    body = bytearray()
+    async for chunk in request.content.iter_any():
+        body += chunk
+        if limit and len(body) > limit:
+            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
+    # where request.read() keeps the body it read: every later read (read, json, text) answers it;
+    # aiohttp offers no public way to hand a request the body read from its stream
+    request._read_bytes = bytes(body)
+    return request._read_bytes
 
 
 def content_coding(respond: Responder) -> Callable[..., Awaitable[web.StreamResponse]]:

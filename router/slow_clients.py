@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from .content_coding import read_body
+
 BODY_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_BODY_TIMEOUT_S"
 IDLE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_IDLE_TIMEOUT_S"
 WRITE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S"
@@ -86,10 +88,10 @@ def body_deadline(
         if request.body_exists:
             try:
                 if request.content.is_eof():
-                    await request.read()  # already all here (the usual small body): no timer to arm
+                    await read_body(request)  # already all here (the usual small body): no timer to arm
                 else:
                     async with asyncio.timeout(timeouts.body_s):
-                        await request.read()
+                        await read_body(request)
             except TimeoutError:
                 response = respond(request, 408, f"request body not received within {timeouts.body_s:g} s")
                 response.force_close()
