@@ -125,8 +125,9 @@ class ServiceConfig:
         for name in _float_fields(self):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
-        if self.max_running <= 0 or self.step_token_budget <= 0:
-            raise ValueError("max_running and step_token_budget must be positive")
+        for name in ("max_running", "step_token_budget"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.service == "emulator":
             if self.prefill_s_per_token <= 0:
                 raise ValueError("the emulator service model needs prefill_s_per_token > 0")
@@ -136,8 +137,13 @@ class ServiceConfig:
                 )
         elif self.service == "fifo" and self.cache_on_compute:
             raise ValueError("cache_on_compute applies to the batched and emulator service models only")
-        elif any(getattr(self, name) for name in _EMULATOR_ONLY):
-            raise ValueError(f"{', '.join(_EMULATOR_ONLY)} apply to the emulator service model only")
+        elif given := [name for name in _EMULATOR_ONLY if getattr(self, name)]:
+            # name only what was set: the full list left the user to find their own setting in it
+            verb = "applies" if len(given) == 1 else "apply"
+            raise ValueError(
+                f"{', '.join(sorted(given))} {verb} to the emulator service model only "
+                f"(--service emulator), not {self.service}"
+            )
 
     @property
     def cost(self) -> CostModel:
