@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -96,6 +97,11 @@ class OperatorContext:
     queued: set[str] = field(default_factory=set)
     redis_clients: dict[str, aioredis.Redis] = field(default_factory=dict)
     sync_redis_clients: dict[str, redis.Redis] = field(default_factory=dict)
+    # per fleet ("namespace/name"): the URL its reconciles dial with a sync client. Its pool keeps a
+    # connection between rounds, so the client of a URL no fleet dials any more (new credentials or
+    # settings are another URL; a deleted fleet) is closed rather than kept until the operator exits.
+    sync_redis_users: dict[str, str] = field(default_factory=dict)
+    sync_redis_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     reconciles: int = 0
     last_reconcile: float = 0.0
     # prefixfleet_operator_unhealthy_replacements_total, in the operator's metrics registry (set by
@@ -116,11 +122,25 @@ class OperatorContext:
 
     def sync_redis(self, url: str) -> redis.Redis:
         """For the reconcile's worker thread (the async clients belong to the event loop)."""
-        if url not in self.sync_redis_clients:
-            self.sync_redis_clients[url] = redis.Redis.from_url(
-                url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-            )
-        return self.sync_redis_clients[url]
+        with self.sync_redis_lock:  # reconciles of several fleets run in worker threads at once
+            if url not in self.sync_redis_clients:
+                self.sync_redis_clients[url] = redis.Redis.from_url(
+                    url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+                )
+            return self.sync_redis_clients[url]
+
+    def dial_sync_redis(self, fleet: str, url: str) -> None:
+        """``fleet`` ("namespace/name") now dials ``url`` ("": none, or it is gone); the client of the
+        URL it dialled before is closed once no fleet dials that one."""
+        with self.sync_redis_lock:
+            before = self.sync_redis_users.pop(fleet, "")
+            if url:
+                self.sync_redis_users[fleet] = url
+            unused = before != url and before not in self.sync_redis_users.values()
+            client = self.sync_redis_clients.pop(before, None) if unused else None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
 
 
 @dataclass(frozen=True)
@@ -241,6 +261,7 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
             except RedisError as exc:
                 logger.warning("could not clear the membership of %s in Redis: %s", ref.redis_fleet, exc)
         forget_unavailable(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
+        ctx.dial_sync_redis(f"{namespace}/{name}", "")
     kopf.info(body, reason="Deleted", message=f"removed {removed} children")
 
 
@@ -462,6 +483,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     kube = ctx.kube
     fleet = kube.get("PrefixCacheFleet", namespace, name)
     if fleet is None or fleet["metadata"].get("deletionTimestamp"):
+        ctx.dial_sync_redis(f"{namespace}/{name}", "")
         return None
     meta = fleet["metadata"]
     ref = FleetRef(
@@ -497,6 +519,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
                 router_ready = int((child.get("status") or {}).get("readyReplicas") or 0)
     redis_spec = (fleet.get("spec") or {}).get("redis") or {}
     chosen_redis = fleet_redis(ctx, namespace, redis_spec)
+    ctx.dial_sync_redis(f"{namespace}/{name}", chosen_redis.dial_url)
     # an unusable Redis is not dialled (dial_url ""): the fleet says why (Degraded=RedisUnusable)
     redis_url = chosen_redis.dial_url
     # one that refuses the credentials is said on the fleet (Degraded=RedisAuthFailed), not dialled

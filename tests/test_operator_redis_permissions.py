@@ -24,12 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 import redis
 import yaml
 
 from prefixfleet.fleet.processes import free_port, redis_server_binary
-from prefixfleet.operator.handlers import FleetRedis, OperatorContext, redis_login, redis_permission_problem
+from prefixfleet.operator.handlers import (
+    FleetRedis,
+    OperatorContext,
+    reconcile_in_cluster,
+    redis_login,
+    redis_permission_problem,
+)
+from prefixfleet.operator.kube import Kube
 from prefixfleet.operator.models import FleetSpec
 from prefixfleet.operator.planner import (
     REDIS_AUTH_FAILED,
@@ -40,7 +48,7 @@ from prefixfleet.operator.planner import (
 )
 from prefixfleet.operator.redis_permissions import fleet_commands
 from prefixfleet.router.keys import FleetKeys
-from tests.k8s.cluster import operator_in_cluster, wait_for
+from tests.k8s.cluster import EmulatedCluster, operator_in_cluster, wait_for
 from tests.test_operator_badinput_redis import Secrets
 from tests.test_operator_redis_auth import PASSWORD_REF, password_secret
 
@@ -270,6 +278,48 @@ def test_a_probe_cut_short_drops_its_connection(
     wait_for(lambda: not in_transaction(acl_redis, "cut-short"), 5, what="no client left in MULTI")
     # the next round asks on a clean connection and says the denial again
     assert all(f"HSET on key {MEMBERS}" in f for f in reconcile_rounds(ctx, url, 2))
+
+
+def clients_of(acl: AclRedis, user: str) -> int:
+    return sum(c.get("user") == user for c in acl.admin.client_list())
+
+
+def test_a_url_no_fleet_dials_any_more_has_its_connection_closed(tmp_path: Path, acl_redis: AclRedis) -> None:
+    # reconcile rounds as the operator runs them (reconcile_in_cluster, in-process) on an emulated
+    # API server: the fleet's user changes, then the fleet is deleted
+    acl_redis.user("fleet-a", *ALL_FLEET_KEYS)
+    acl_redis.user("fleet-b", *ALL_FLEET_KEYS)
+    cluster = EmulatedCluster(tmp_path / "cluster")
+    ctx = OperatorContext(kube=None)  # type: ignore[arg-type]
+    try:
+        cluster.install_crd()
+        cluster.apply(password_secret(PASSWORD))
+        config = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=config)
+        ctx.kube = Kube(kubernetes.client.ApiClient(config))
+
+        def rounds(user: str) -> None:
+            cluster.apply(fleet_manifest(f"redis://{user}@127.0.0.1:{acl_redis.port}/0"))
+            for _ in range(3):
+                assert reconcile_in_cluster(ctx, NAMESPACE, FLEET) is not None
+
+        rounds("fleet-a")
+        assert clients_of(acl_redis, "fleet-a") == 1  # kept between rounds
+        rounds("fleet-b")  # new credentials: the old URL's connection goes (before: kept for good)
+        wait_for(lambda: clients_of(acl_redis, "fleet-a") == 0, 5, what="fleet-a's connection closed")
+        assert clients_of(acl_redis, "fleet-b") == 1
+        # another fleet on the same URL keeps it open when this one leaves it
+        ctx.dial_sync_redis(f"{NAMESPACE}/other", f"redis://fleet-b:{PASSWORD}@127.0.0.1:{acl_redis.port}/0")
+        cluster.kubectl("delete", "pcf", FLEET)
+        assert reconcile_in_cluster(ctx, NAMESPACE, FLEET) is None
+        assert clients_of(acl_redis, "fleet-b") == 1 and len(ctx.sync_redis_clients) == 1
+        ctx.dial_sync_redis(f"{NAMESPACE}/other", "")  # gone too: nobody dials it
+        wait_for(lambda: clients_of(acl_redis, "fleet-b") == 0, 5, what="fleet-b's connection closed")
+        assert ctx.sync_redis_clients == {} and ctx.sync_redis_users == {}
+    finally:
+        for client in ctx.sync_redis_clients.values():
+            client.close()
+        cluster.close()
 
 
 # ------------------------------------------------------------------ what the fleet says (planner)
