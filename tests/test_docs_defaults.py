@@ -160,3 +160,19 @@ def test_the_load_push_gap_quoted_in_prose_is_the_sidecars() -> None:
     for doc, sentence in quoted.items():
         text = " ".join((ROOT / doc).read_text().split())
         assert sentence.format(ms) in text, f"{doc}: should say {sentence.format(ms)!r}"
+
+
+def test_what_the_docs_say_of_the_example_fleets_autoscaling_is_the_examples() -> None:
+    # a `kubectl scale` outside minReplicas..maxReplicas would be undone at once: a newcomer's first
+    # command must show a size the example keeps planning from
+    spec = yaml.safe_load((ROOT / "examples" / "emulator-fleet.yaml").read_text())["spec"]
+    bounds = spec["autoscaling"]
+    assert bounds["enabled"]
+    text = " ".join((ROOT / "docs" / "operator.md").read_text().split())
+    assert f"`spec.autoscaling.enabled` ({bounds['minReplicas']}–{bounds['maxReplicas']} replicas)" in text
+    notes = ROOT / "charts" / "prefixfleet" / "templates" / "NOTES.txt"
+    scales = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), notes]:
+        scales += re.findall(r"kubectl scale pcf/emulator-fleet --replicas=(\d+)", path.read_text())
+    assert scales
+    assert all(bounds["minReplicas"] <= int(n) <= bounds["maxReplicas"] for n in scales), scales
