@@ -152,7 +152,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=4, help="engines (each with a sidecar)")
     p.add_argument("--gateways", type=int, default=2, help="gateway replicas (requests alternate)")
     p.add_argument(
-        "--workload", default=DEFAULT_UP_WORKLOAD, help="prefixroute, lab-burst, gsp, chat, trace:PATH"
+        "--workload", default=DEFAULT_UP_WORKLOAD, help="prefixroute, lab-burst, gsp, chat, viral, trace:PATH"
     )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload setting")
     p.add_argument(
@@ -435,7 +435,7 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--target", action="append", required=True, metavar="URL", help="repeatable: requests alternate"
     )
-    p.add_argument("--workload", required=True, help="prefixroute, lab-burst, gsp, chat, trace:PATH")
+    p.add_argument("--workload", required=True, help="prefixroute, lab-burst, gsp, chat, viral, trace:PATH")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="workload setting")
     p.add_argument(
         "--api", choices=["openai", "sglang"], default="openai", help="/v1/completions or /generate"
