@@ -3,13 +3,15 @@
 tests/test_docs_links.py checks that a documented flag exists; this checks what it does not: the
 flag tables (`| flag | default | meaning |`) of docs/gateway.md and docs/emulator.md list every flag
 of their command with the default argparse really gives it, the chart table of docs/operator.md
-names only values that values.yaml has (with its scalar defaults), and the sidecar's load-push gap
-quoted in prose is the configured one. A newcomer reads these tables instead of `--help`.
+names only values that values.yaml (with its scalar defaults) and values.schema.json have, and the
+sidecar's load-push gap quoted in prose is the configured one. A newcomer reads these tables
+instead of `--help`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -122,8 +124,18 @@ def _values_key(values: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
+def _in_schema(schema: dict[str, Any], dotted: str) -> bool:
+    node = schema
+    for part in dotted.split("."):
+        node = (node.get("properties") or {}).get(part)
+        if node is None:
+            return False
+    return True
+
+
 def test_the_chart_table_names_only_values_the_chart_has_with_their_defaults() -> None:
     values = yaml.safe_load((ROOT / "charts" / "prefixfleet" / "values.yaml").read_text())
+    schema = json.loads((ROOT / "charts" / "prefixfleet" / "values.schema.json").read_text())
     text = (ROOT / "docs" / "operator.md").read_text()
     (rows,) = [r for h, r in tables(text) if "Helm chart" in h and r[0][0] == "Value"]
     problems = []
@@ -139,6 +151,8 @@ def test_the_chart_table_names_only_values_the_chart_has_with_their_defaults() -
             if not there:
                 problems.append(f"{key}: not in values.yaml")
                 continue
+            if not _in_schema(schema, key):
+                problems.append(f"{key}: not in values.schema.json")
             documented = literal(defaults[i]) if len(defaults) == len(full) else None
             scalar = isinstance(value, bool | int | float | str) and value != ""
             if (
