@@ -9,11 +9,13 @@ account) for a handful of REST calls. The calls are synchronous; handlers run th
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 import kubernetes
+import yaml
 from kubernetes.client.rest import ApiException
 
 from .models import GROUP, PLURAL, VERSION
@@ -79,6 +81,24 @@ def load_api_client() -> kubernetes.client.ApiClient:
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()
     return kubernetes.client.ApiClient()
+
+
+def kube_config_problem() -> str | None:
+    """Why no API client can be built here, as one line (None when one can).
+
+    ``operator run`` asks before starting kopf: kopf's start-up would otherwise log the loader's
+    traceback and retry every 60 s for ever, on a laptop without a cluster or with a broken
+    kubeconfig. Only the configuration is read; whether the API server answers is kopf's business."""
+    try:
+        load_api_client()
+    except (kubernetes.config.ConfigException, OSError, yaml.YAMLError) as exc:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        why = " ".join(str(exc).split())
+        return (
+            "no Kubernetes API to talk to: not in a pod with a service account, and the kubeconfig"
+            f" ({where}) gives none: {why}"
+        )
+    return None
 
 
 class Kube:

@@ -92,6 +92,10 @@ def run_operator(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} {url!r}: {problem}")
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+    from .kube import kube_config_problem
+
+    if (problem := kube_config_problem()) is not None:
+        raise UsageError(problem)
     import kopf
 
     for name in HANDLER_MODULES:
