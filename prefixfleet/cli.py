@@ -11,6 +11,7 @@ import importlib
 import math
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # Modules that contribute subcommands, imported lazily so a missing optional part never breaks the rest.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -74,9 +75,18 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's own refusals (a value outside its choices, an unknown or missing flag) as the one
+    line every other bad input gets, without the usage block before it (``--help`` shows that).
+    Subcommand parsers are built from the same class (``add_subparsers`` uses the parent's type)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (``only``: a command name) one holding just the module that owns it."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="prefixfleet",
         description="Prefix-cache-aware routing and autoscaling for LLM fleets.",
     )
