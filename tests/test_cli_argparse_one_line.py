@@ -22,7 +22,8 @@ from prefixfleet.cli import main
         ),
         (
             ["load", "--target", "http://127.0.0.1:9", "--workload", "gsp", "--api", "grpc"],
-            "prefixfleet load: error: argument --api: invalid choice: 'grpc' (choose from 'openai', 'sglang')",
+            "prefixfleet load: error: argument --api: invalid choice: 'grpc' "
+            "(choose from 'openai', 'sglang')",
         ),
         (
             ["sim-autoscale"],
