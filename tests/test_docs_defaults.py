@@ -190,3 +190,26 @@ def test_what_the_docs_say_of_the_example_fleets_autoscaling_is_the_examples() -
         scales += re.findall(r"kubectl scale pcf/emulator-fleet --replicas=(\d+)", path.read_text())
     assert scales
     assert all(bounds["minReplicas"] <= int(n) <= bounds["maxReplicas"] for n in scales), scales
+
+
+def _between(text: str, start: str, end: str) -> str:
+    return text[text.index(start) : text.index(end, text.index(start))]
+
+
+def test_the_simulators_documented_json_fields_are_what_sim_writes(tmp_path: Path) -> None:
+    from prefixfleet.cli import main
+
+    out = tmp_path / "sim.json"
+    argv = ["sim", "--workload", "prefixroute", "--set", "num_requests=30", "--policies", "round_robin"]
+    assert main([*argv, "--no-progress", "--json", str(out)]) == 0
+    policies = json.loads(out.read_text())["policies"]
+    text = (ROOT / "docs" / "simulator.md").read_text()
+    # the field list: backticked snake_case names of the Metrics section, up to the `ideal` paragraph
+    listed = set(re.findall(r"`([a-z0-9_]+)`", _between(text, "## Metrics (per policy", "**`ideal`**")))
+    assert set(policies["round_robin"]) == listed - {"prefill_tokens + cached_tokens == prompt_tokens"}
+    ideal = _between(text, "**`ideal`**", "\n\n")
+    if "same fields but " in ideal:
+        lacks = set(re.findall(r"`([a-z0-9_]+)`", ideal.split("same fields but ", 1)[1].split(")")[0]))
+    else:
+        lacks = set()
+    assert set(policies["ideal"]) == set(policies["round_robin"]) - lacks
