@@ -320,12 +320,21 @@ def write_report(
 # -- CLI -----------------------------------------------------------------------------------------
 
 
+# The module docstring for --help readers: flags and files, no names from the code.
+REPORT_HELP = (
+    "The Grafana dashboard's main panels as PNGs, straight from a Prometheus: for users without "
+    "Grafana and for the README's pictures. The panels and their queries are the dashboard's own; "
+    "--fleet and --namespace fill its variables (as regex matchers) and --rate-window its "
+    "$__rate_interval. Each panel becomes OUT/<panel>.png, OUT/overview.png has them all on one page "
+    "and OUT/report.json the last value of every series. See docs/observability.md."
+)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "report",
         help="render the dashboard's main panels to PNG from a Prometheus (no Grafana needed)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=REPORT_HELP,
     )
     p.add_argument(
         "--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. http://127.0.0.1:9090"
