@@ -359,11 +359,13 @@ def run_report(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} must be a Kubernetes-style name, got {value!r}")
     if not args.prometheus.startswith(("http://", "https://")):
         raise UsageError(f"--prometheus must be an http(s) URL, got {args.prometheus!r}")
+    flag = "--since"  # the flag being read, so the message names the one that is wrong
     try:
         since = parse_duration(args.since)
+        flag = "--rate-window"
         rate = parse_duration(args.rate_window) if args.rate_window else None
     except ValueError as exc:
-        raise UsageError(f"--since/--rate-window: {exc}") from None
+        raise UsageError(f"{flag}: {exc}") from None
     out = output_dir(args.out, "--out")
     window = Window.last(since, end=args.until, rate_window_s=rate)
     source = PrometheusSource(args.prometheus)
