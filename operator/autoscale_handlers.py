@@ -302,9 +302,8 @@ async def autoscale_round(
     redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(fleet.get("spec") or {}))
     if not redis_url:
         return None  # nothing to observe: the reconcile handler reports the missing Redis
-    loads, summaries = await read_records(
-        ctx.redis(redis_url), FleetKeys(ref.redis_fleet), [p.name for p in pods]
-    )
+    async with ctx.using_redis(redis_url) as client:  # not closed under the read (handlers.OperatorContext)
+        loads, summaries = await read_records(client, FleetKeys(ref.redis_fleet), [p.name for p in pods])
     reading = await _read_engines(
         auto, state, spec, ref, {n: u for n, u in urls.items() if n in loads}, logger
     )
@@ -577,7 +576,8 @@ async def _arrived_to(
     if not state.redis_url:
         return last.replicas if last is not None else ()
     pods = await _list_pods(ctx, ref)
-    return await replicas_now(ctx.redis(state.redis_url), FleetKeys(ref.redis_fleet), pods, last)
+    async with ctx.using_redis(state.redis_url) as client:
+        return await replicas_now(client, FleetKeys(ref.redis_fleet), pods, last)
 
 
 async def _list_pods(ctx: OperatorContext, ref: FleetRef) -> list[ObservedPod]:

@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,7 +39,7 @@ from redis.exceptions import (
 
 from prefixfleet.router.addresses import redis_url_error
 from prefixfleet.router.keys import FleetKeys
-from prefixfleet.router.records import decode_load, split_member_fields
+from prefixfleet.router.records import MemberRecord, decode_load, split_member_fields
 from prefixfleet.router.redis_conn import redacted, with_credentials
 from prefixfleet.router.summary import SummaryError
 
@@ -95,13 +95,20 @@ class OperatorContext:
     default_redis_url: str = ""
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
+    # one client per Redis URL (its credentials included: fleets share one only when they dial the
+    # same URL with the same credentials), async for the event loop, sync for the worker threads
     redis_clients: dict[str, aioredis.Redis] = field(default_factory=dict)
     sync_redis_clients: dict[str, redis.Redis] = field(default_factory=dict)
-    # per fleet ("namespace/name"): the URL its reconciles dial with a sync client. Its pool keeps a
-    # connection between rounds, so the client of a URL no fleet dials any more (new credentials or
-    # settings are another URL; a deleted fleet) is closed rather than kept until the operator exits.
-    sync_redis_users: dict[str, str] = field(default_factory=dict)
-    sync_redis_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # per fleet ("namespace/name"): the URL it uses, recorded by its reconciles before any Redis call
+    # of the round (none when the fleet is gone). A client's pool keeps connections between calls, so
+    # the clients of a URL no fleet uses any more (new credentials or settings are another URL; a
+    # deleted fleet) are closed rather than kept until the operator exits.
+    redis_users: dict[str, str] = field(default_factory=dict)
+    # per URL: async calls in flight on its client (using_redis; the event loop's only). Another
+    # fleet's autoscaler, or this fleet's own round begun before its credentials changed, may still be
+    # mid-command on a URL no fleet records any more: its client is closed after their last call.
+    redis_calls: dict[str, int] = field(default_factory=dict)
+    redis_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     reconciles: int = 0
     last_reconcile: float = 0.0
     # prefixfleet_operator_unhealthy_replacements_total, in the operator's metrics registry (set by
@@ -113,34 +120,63 @@ class OperatorContext:
     # in progress, or an unready replica's allowance running out)
     rechecks: dict[str, tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
 
-    def redis(self, url: str) -> aioredis.Redis:
-        if url not in self.redis_clients:
-            self.redis_clients[url] = aioredis.from_url(
-                url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
-            )
-        return self.redis_clients[url]
+    @contextlib.asynccontextmanager
+    async def using_redis(self, url: str) -> AsyncIterator[aioredis.Redis]:
+        """The async client of ``url`` for the calls made inside: it is not closed while they run,
+        and after them it is if no fleet uses ``url`` (any more)."""
+        self.redis_calls[url] = self.redis_calls.get(url, 0) + 1
+        try:
+            if url not in self.redis_clients:
+                self.redis_clients[url] = aioredis.from_url(
+                    url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
+                )
+            yield self.redis_clients[url]
+        finally:
+            self.redis_calls[url] -= 1
+            if not self.redis_calls[url]:
+                del self.redis_calls[url]
+            await self.close_unused_redis()
 
     def sync_redis(self, url: str) -> redis.Redis:
         """For the reconcile's worker thread (the async clients belong to the event loop)."""
-        with self.sync_redis_lock:  # reconciles of several fleets run in worker threads at once
+        with self.redis_lock:  # reconciles of several fleets run in worker threads at once
             if url not in self.sync_redis_clients:
                 self.sync_redis_clients[url] = redis.Redis.from_url(
                     url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
                 )
             return self.sync_redis_clients[url]
 
-    def dial_sync_redis(self, fleet: str, url: str) -> None:
-        """``fleet`` ("namespace/name") now dials ``url`` ("": none, or it is gone); the client of the
-        URL it dialled before is closed once no fleet dials that one."""
-        with self.sync_redis_lock:
-            before = self.sync_redis_users.pop(fleet, "")
+    def dial_redis(self, fleet: str, url: str) -> None:
+        """``fleet`` ("namespace/name") now uses ``url`` ("": none, or it is gone). The sync client of
+        the URL it used before is closed once no fleet uses that one: only a fleet's reconcile, which
+        records its URL first and runs one at a time per fleet, calls on it. The async client is
+        closed by :meth:`close_unused_redis`, on the event loop, once no call is in flight on it."""
+        with self.redis_lock:
+            before = self.redis_users.pop(fleet, "")
             if url:
-                self.sync_redis_users[fleet] = url
-            unused = before != url and before not in self.sync_redis_users.values()
+                self.redis_users[fleet] = url
+            unused = before != url and before not in self.redis_users.values()
             client = self.sync_redis_clients.pop(before, None) if unused else None
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
+
+    async def close_unused_redis(self) -> None:
+        """Close the async clients of the URLs no fleet uses and no call is in flight on."""
+        with self.redis_lock:
+            used = set(self.redis_users.values())
+        # all taken out before the first await: a call starting meanwhile gets a new client
+        closing = [
+            self.redis_clients.pop(url) for url in unused_urls(self.redis_clients, used, self.redis_calls)
+        ]
+        for client in closing:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+
+def unused_urls(clients: Iterable[str], used: Collection[str], in_flight: Mapping[str, int]) -> list[str]:
+    """The URLs among ``clients`` whose client may be closed: no fleet uses it, no call is on it."""
+    return [url for url in clients if url not in used and not in_flight.get(url)]
 
 
 @dataclass(frozen=True)
@@ -257,11 +293,13 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
         redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(body.get("spec", {})))
         if redis_url:
             try:
-                await ctx.redis(redis_url).delete(FleetKeys(ref.redis_fleet).members)
+                async with ctx.using_redis(redis_url) as client:
+                    await client.delete(FleetKeys(ref.redis_fleet).members)
             except RedisError as exc:
                 logger.warning("could not clear the membership of %s in Redis: %s", ref.redis_fleet, exc)
         forget_unavailable(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
-        ctx.dial_sync_redis(f"{namespace}/{name}", "")
+        ctx.dial_redis(f"{namespace}/{name}", "")
+        await ctx.close_unused_redis()  # its URL's clients, unless another fleet uses it or a call is on
     kopf.info(body, reason="Deleted", message=f"removed {removed} children")
 
 
@@ -285,6 +323,9 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
     async with lock:
         ctx.queued.discard(key)
         outcome = await asyncio.to_thread(reconcile_in_cluster, ctx, namespace, name)
+        # the round recorded the fleet's URL: the async client of the one it used before goes now if
+        # nothing else uses it (its sync client went in the round)
+        await ctx.close_unused_redis()
         ctx.reconciles += 1
         ctx.last_reconcile = time.time()
         if outcome is None:  # the fleet is gone or going
@@ -483,7 +524,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     kube = ctx.kube
     fleet = kube.get("PrefixCacheFleet", namespace, name)
     if fleet is None or fleet["metadata"].get("deletionTimestamp"):
-        ctx.dial_sync_redis(f"{namespace}/{name}", "")
+        ctx.dial_redis(f"{namespace}/{name}", "")
         return None
     meta = fleet["metadata"]
     ref = FleetRef(
@@ -519,7 +560,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
                 router_ready = int((child.get("status") or {}).get("readyReplicas") or 0)
     redis_spec = (fleet.get("spec") or {}).get("redis") or {}
     chosen_redis = fleet_redis(ctx, namespace, redis_spec)
-    ctx.dial_sync_redis(f"{namespace}/{name}", chosen_redis.dial_url)
+    ctx.dial_redis(f"{namespace}/{name}", chosen_redis.dial_url)
     # an unusable Redis is not dialled (dial_url ""): the fleet says why (Degraded=RedisUnusable)
     redis_url = chosen_redis.dial_url
     # one that refuses the credentials is said on the fleet (Degraded=RedisAuthFailed), not dialled
@@ -627,33 +668,39 @@ def with_in_flight(
 async def publish_membership(ctx: OperatorContext, outcome: ReconcileOutcome, logger: logging.Logger) -> None:
     assert outcome.spec is not None and outcome.ref is not None
     keys = FleetKeys(outcome.ref.redis_fleet)
-    client = ctx.redis(outcome.redis_url)
     desired = desired_members(outcome.spec, outcome.pods, time.time())
     try:
-        current = await client.hgetall(keys.members)
-        # Fields that name no worker (e.g. not UTF-8) are removed as stale: key.decode() raised on
-        # them, so membership was never published.
-        named, invalid = split_member_fields(current)
-        junk = [key for key, _ in invalid]
-        for _, name in invalid:
-            logger.warning("removing member %r from %s: not a valid worker id", name, keys.members)
-        plan = plan_membership(desired, named)
-        if plan.is_noop and not junk:
-            return
-        async with client.pipeline(transaction=True) as pipe:
-            if plan.set:
-                pipe.hset(keys.members, mapping=dict(plan.set))
-            if plan.delete or junk:
-                pipe.hdel(keys.members, *plan.delete, *junk)
-            for wid in plan.set:
-                pipe.publish(keys.events, f"joined {wid}")
-            for wid in plan.delete:
-                pipe.publish(keys.events, f"left {wid}")
-            await pipe.execute()
+        async with ctx.using_redis(outcome.redis_url) as client:
+            await write_membership(client, keys, desired, logger)
     except (RedisError, OSError) as exc:
         logger.warning(
             "membership of %s not published (Redis: %s); retrying on the next reconcile", keys.fleet, exc
         )
+
+
+async def write_membership(
+    client: aioredis.Redis, keys: FleetKeys, desired: Mapping[str, MemberRecord], logger: logging.Logger
+) -> None:
+    current = await client.hgetall(keys.members)
+    # Fields that name no worker (e.g. not UTF-8) are removed as stale: key.decode() raised on
+    # them, so membership was never published.
+    named, invalid = split_member_fields(current)
+    junk = [key for key, _ in invalid]
+    for _, name in invalid:
+        logger.warning("removing member %r from %s: not a valid worker id", name, keys.members)
+    plan = plan_membership(desired, named)
+    if plan.is_noop and not junk:
+        return
+    async with client.pipeline(transaction=True) as pipe:
+        if plan.set:
+            pipe.hset(keys.members, mapping=dict(plan.set))
+        if plan.delete or junk:
+            pipe.hdel(keys.members, *plan.delete, *junk)
+        for wid in plan.set:
+            pipe.publish(keys.events, f"joined {wid}")
+        for wid in plan.delete:
+            pipe.publish(keys.events, f"left {wid}")
+        await pipe.execute()
 
 
 def delete_children(kube: Kube, ref: FleetRef) -> int:

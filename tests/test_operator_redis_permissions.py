@@ -284,6 +284,16 @@ def clients_of(acl: AclRedis, user: str) -> int:
     return sum(c.get("user") == user for c in acl.admin.client_list())
 
 
+def in_process_kube(cluster: EmulatedCluster) -> Kube:
+    """The emulated API server with the CRD and the fleets' password Secret, for handlers called
+    in-process (no kopf operator running)."""
+    cluster.install_crd()
+    cluster.apply(password_secret(PASSWORD))
+    config = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=config)
+    return Kube(kubernetes.client.ApiClient(config))
+
+
 def test_a_url_no_fleet_dials_any_more_has_its_connection_closed(tmp_path: Path, acl_redis: AclRedis) -> None:
     # reconcile rounds as the operator runs them (reconcile_in_cluster, in-process) on an emulated
     # API server: the fleet's user changes, then the fleet is deleted
@@ -292,11 +302,7 @@ def test_a_url_no_fleet_dials_any_more_has_its_connection_closed(tmp_path: Path,
     cluster = EmulatedCluster(tmp_path / "cluster")
     ctx = OperatorContext(kube=None)  # type: ignore[arg-type]
     try:
-        cluster.install_crd()
-        cluster.apply(password_secret(PASSWORD))
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=config)
-        ctx.kube = Kube(kubernetes.client.ApiClient(config))
+        ctx.kube = in_process_kube(cluster)
 
         def rounds(user: str) -> None:
             cluster.apply(fleet_manifest(f"redis://{user}@127.0.0.1:{acl_redis.port}/0"))
@@ -309,13 +315,13 @@ def test_a_url_no_fleet_dials_any_more_has_its_connection_closed(tmp_path: Path,
         wait_for(lambda: clients_of(acl_redis, "fleet-a") == 0, 5, what="fleet-a's connection closed")
         assert clients_of(acl_redis, "fleet-b") == 1
         # another fleet on the same URL keeps it open when this one leaves it
-        ctx.dial_sync_redis(f"{NAMESPACE}/other", f"redis://fleet-b:{PASSWORD}@127.0.0.1:{acl_redis.port}/0")
+        ctx.dial_redis(f"{NAMESPACE}/other", f"redis://fleet-b:{PASSWORD}@127.0.0.1:{acl_redis.port}/0")
         cluster.kubectl("delete", "pcf", FLEET)
         assert reconcile_in_cluster(ctx, NAMESPACE, FLEET) is None
         assert clients_of(acl_redis, "fleet-b") == 1 and len(ctx.sync_redis_clients) == 1
-        ctx.dial_sync_redis(f"{NAMESPACE}/other", "")  # gone too: nobody dials it
+        ctx.dial_redis(f"{NAMESPACE}/other", "")  # gone too: nobody dials it
         wait_for(lambda: clients_of(acl_redis, "fleet-b") == 0, 5, what="fleet-b's connection closed")
-        assert ctx.sync_redis_clients == {} and ctx.sync_redis_users == {}
+        assert ctx.sync_redis_clients == {} and ctx.redis_users == {}
     finally:
         for client in ctx.sync_redis_clients.values():
             client.close()
@@ -365,11 +371,11 @@ def test_refused_credentials_come_before_denied_commands() -> None:
 # ------------------------------------------------------------------ the operator, end to end
 
 
-def fleet_manifest(redis_url: str) -> str:
+def fleet_manifest(redis_url: str, name: str = FLEET) -> str:
     fleet = {
         "apiVersion": "prefixfleet.io/v1alpha1",
         "kind": "PrefixCacheFleet",
-        "metadata": {"name": FLEET, "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
             "model": {"name": "emulated-model"},
             "engine": {"kind": "emulator"},
