@@ -451,12 +451,11 @@ def redis_login(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRed
     try:
         ctx.sync_redis(chosen.dial_url).ping()
     except (RedisError, OSError) as exc:
-        problem = auth_refusal(redis, chosen, exc)
-        if problem:
-            # its pool holds nothing usable: a fixed password is another URL, so another client
-            with contextlib.suppress(Exception):
-                ctx.sync_redis_clients.pop(chosen.dial_url).close()
-        return problem or None
+        # The client stays open: redis-py has dropped the refused connection, and another fleet
+        # dialling this URL (so with the same credentials) may be mid-call on another of its
+        # connections, which closing the client would cut. It is closed once no fleet uses the URL
+        # (a fixed password is another URL: dial_redis).
+        return auth_refusal(redis, chosen, exc) or None
     return ""
 
 

@@ -8,6 +8,7 @@ ACL user with CLIENT LIST).
   client and its connections per URL it ever used.
 * A client is not closed under a call in flight on it: the autoscaler's read begun before the fleet
   moved to other credentials ends normally, and the client closes after it.
+* A fleet whose login Redis refuses does not disturb another fleet's call on the same client.
 
 The rounds run in-process (``reconcile``, ``fleet_deleted``, the autoscaler's ``_arrived_to``) on the
 emulated API server, with kopf's Event posting replaced by a list (no kopf operator runs here).
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -25,19 +27,25 @@ from typing import Any
 
 import kopf
 import pytest
+import redis
 import redis.asyncio.connection as aioconnection
 
 from prefixfleet.operator.autoscale_handlers import FleetAutoscale, _arrived_to
 from prefixfleet.operator.handlers import (
+    FleetRedis,
     OperatorContext,
     fleet_deleted,
     reconcile,
+    redis_login,
+    redis_permission_problem,
     unused_urls,
 )
 from prefixfleet.operator.planner import FleetRef, replica_name
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import LoadReport, encode_record
 from tests.k8s.cluster import EmulatedCluster, wait_for
+from tests.test_operator_badinput_redis import Secrets
+from tests.test_operator_redis_auth import PASSWORD_REF
 from tests.test_operator_redis_permissions import (  # noqa: F401  (acl_redis: a pytest fixture)
     ALL_FLEET_KEYS,
     NAMESPACE,
@@ -204,3 +212,56 @@ async def test_a_client_closes_only_after_the_call_in_flight_on_it(
     # and then its client closed
     wait_for(gone(acl, "fleet-a"), 5, what="fleet-a's connections closed after the read")
     assert list(ctx.redis_clients) == [operator.url("fleet-b")] and ctx.redis_calls == {}
+
+
+# ------------------------------------------------------------------ a refused login
+
+
+def test_a_refused_login_leaves_another_fleets_call_on_the_client_alone(
+    acl_redis: AclRedis,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # two fleets dial the same URL, so share the operator's client; fleet y's permission check is
+    # mid-transaction when Redis starts refusing the password (rotated on the server) and fleet x's
+    # login, on a new connection, is refused
+    url = acl_redis.user("fleet-a", *ALL_FLEET_KEYS, "-hset")
+    chosen = FleetRedis(url, dial_url=url)
+    spec_redis = {"url": f"redis://fleet-a@127.0.0.1:{acl_redis.port}/0", "passwordSecretRef": PASSWORD_REF}
+    ctx = OperatorContext(kube=Secrets({}))  # type: ignore[arg-type]
+    for fleet in ("x", "y"):
+        ctx.dial_redis(f"{NAMESPACE}/{fleet}", url)
+    holding, release = threading.Event(), threading.Event()
+    read_response = redis.connection.Connection.read_response
+
+    def held(self: redis.connection.Connection, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "fleet-y" and not holding.is_set():
+            holding.set()  # MULTI and PING sent, their replies not read yet
+            assert release.wait(10)
+        return read_response(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.Connection, "read_response", held)
+    said: list[str] = []
+    y = threading.Thread(
+        target=lambda: said.append(
+            redis_permission_problem(ctx, chosen, FleetRef(name="y", namespace=NAMESPACE))
+        ),
+        name="fleet-y",
+    )
+    try:
+        y.start()
+        assert holding.wait(10)
+        acl_redis.admin.execute_command("ACL", "SETUSER", "fleet-a", "resetpass", ">rotated-Pw-2")
+        refused = redis_login(ctx, spec_redis, chosen)
+        assert refused is not None and "refused" in refused, refused
+        release.set()
+        y.join(10)
+        # y's check ended with its answer (before: its connection was closed under it and the check
+        # died, an AttributeError from redis-py reading the closed socket, failing y's whole round)
+        assert len(said) == 1 and "HSET on key pf:default.y:members" in said[0], said
+        assert ctx.sync_redis_clients.keys() == {url}  # still the fleets' client (closed when unused)
+        assert clients_of(acl_redis, "fleet-a") == 1  # y's; the refused one was dropped
+    finally:
+        release.set()
+        y.join(10)
+        for client in ctx.sync_redis_clients.values():
+            client.close()
