@@ -148,10 +148,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="measure the emulator's timing model and its HTTP overhead on this machine",
         formatter_class=DefaultsHelpFormatter,
     )
-    p.add_argument("--requests", type=int, default=400)
-    p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--time-scale", type=float, nargs="+", default=[1.0, 10.0, 50.0])
+    p.add_argument("--requests", type=int, default=400, help="HTTP requests per time-scale")
+    p.add_argument("--concurrency", type=int, default=16, help="closed-loop clients")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="output tokens per request")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        nargs="+",
+        default=[1.0, 10.0, 50.0],
+        help="emulator speed-ups to measure, one emulator process each",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.set_defaults(func=run)
 

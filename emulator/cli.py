@@ -91,7 +91,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="SGLang-like cache insertion: a prompt's tokens are cached for other requests only once the "
         "prefill pass computing them completes (default: the whole prompt at admission, optimistic)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
+    )
     p.set_defaults(func=run)
 
     from .bench import register as register_bench

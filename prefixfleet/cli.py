@@ -63,14 +63,14 @@ def check_positive(
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows a flag's default unless there is none to show (None, an empty list, a required flag)
+    """Shows a flag's default unless there is none to show (None, an empty list or string, a required flag)
     or its help already says what the default is: no "(default: None)" after "default: the
     workload's"."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         help_text = action.help or ""
         says_default = "default:" in help_text or "(default" in help_text  # not 'default' as a value
-        if action.default in (None, []) or action.required or says_default:
+        if action.default in (None, [], "") or action.required or says_default:
             return action.help
         return super()._get_help_string(action)
 

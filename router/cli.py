@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixfleet.cli import UsageError, check_positive
+from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive
 
 from .addresses import authority_error, bracket_ipv6_url, redis_url_error, without_userinfo
 from .blockhash import DEFAULT_BLOCK_TOKENS
@@ -31,12 +31,16 @@ def register(subparsers: Any) -> None:
     router = subparsers.add_parser("router", help="run the data plane: sidecar (per engine) or gateway")
     sub = router.add_subparsers(dest="router_command", metavar="SERVICE", required=True)
 
-    sc = sub.add_parser("sidecar", help="reverse proxy in front of one engine; publishes its cache summary")
+    sc = sub.add_parser(
+        "sidecar",
+        help="reverse proxy in front of one engine; publishes its cache summary",
+        formatter_class=DefaultsHelpFormatter,
+    )
     sc.add_argument(
         "--engine", required=True, metavar="URL", help="engine base URL, e.g. http://127.0.0.1:30000"
     )
     sc.add_argument("--redis", metavar="URL", help="Redis URL (redis://host:port/db); omit to only proxy")
-    sc.add_argument("--port", type=int, required=True)
+    sc.add_argument("--port", type=int, required=True, help="port to listen on")
     sc.add_argument("--host", default="127.0.0.1", help=BIND_HELP)
     sc.add_argument("--worker-id", default="", metavar="ID", help="default: <hostname>-<port>")
     sc.add_argument(
@@ -50,7 +54,12 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="seconds between load publishes (summary published when changed)",
     )
-    sc.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
+    sc.add_argument(
+        "--block-tokens",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        help="tokens per hashed prefix block (published: gateways hash this worker's prompts alike)",
+    )
     sc.add_argument(
         "--cache-tokens",
         type=int,
@@ -69,9 +78,14 @@ def register(subparsers: Any) -> None:
         "--revision", default=None, help="cache identity: model revision (default: from the engine)"
     )
     sc.add_argument("--adapter", default="", help="cache identity: adapter (LoRA) name")
-    sc.add_argument("--max-summary-blocks", type=int, default=DEFAULT_MAX_BLOCKS, metavar="N")
-    sc.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N")
-    sc.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N")
+    sc.add_argument(
+        "--max-summary-blocks",
+        type=int,
+        default=DEFAULT_MAX_BLOCKS,
+        metavar="N",
+        help="most block hashes one published summary holds",
+    )
+    _add_size_limits(sc, prompt_help="longer prompts are forwarded untracked (the engine judges them)")
     sc.add_argument(
         "--prefill-tokens-per-s",
         type=float,
@@ -79,14 +93,18 @@ def register(subparsers: Any) -> None:
         help="initial prefill-rate estimate (default: the emulator's stated speed, else 30000)",
     )
     sc.add_argument("--client-write-timeout", type=float, default=None, metavar="S", help=WRITE_TIMEOUT_HELP)
-    sc.add_argument("--log-level", default="INFO")
+    sc.add_argument("--log-level", default="INFO", help=LOG_LEVEL_HELP)
     sc.set_defaults(func=run_sidecar)
 
-    gw = sub.add_parser("gateway", help="OpenAI/SGLang-compatible entry point routing by prefix and load")
+    gw = sub.add_parser(
+        "gateway",
+        help="OpenAI/SGLang-compatible entry point routing by prefix and load",
+        formatter_class=DefaultsHelpFormatter,
+    )
     gw.add_argument("--redis", metavar="URL", help="Redis URL; optional when static --worker URLs are given")
-    gw.add_argument("--port", type=int, required=True)
+    gw.add_argument("--port", type=int, required=True, help="port to listen on")
     gw.add_argument("--host", default="127.0.0.1", help=BIND_HELP)
-    gw.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME")
+    gw.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME", help="Redis key namespace pf:<NAME>:")
     gw.add_argument(
         "--policy", default=None, metavar="NAME", help="routing policy (default: the project's default)"
     )
@@ -104,8 +122,19 @@ def register(subparsers: Any) -> None:
         metavar="URL",
         help="static worker (sidecar or engine) URL; repeatable",
     )
-    gw.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS)
-    gw.add_argument("--refresh-interval", type=float, default=0.2, metavar="S")
+    gw.add_argument(
+        "--block-tokens",
+        type=int,
+        default=DEFAULT_BLOCK_TOKENS,
+        help="tokens per hashed prefix block for workers that publish none",
+    )
+    gw.add_argument(
+        "--refresh-interval",
+        type=float,
+        default=0.2,
+        metavar="S",
+        help="seconds between Redis reads (members and loads; a summary when its version changed)",
+    )
     gw.add_argument(
         "--dead-after",
         type=float,
@@ -120,10 +149,14 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="how long this gateway remembers where it sent a prefix (until a summary shows it)",
     )
-    gw.add_argument("--max-retries", type=int, default=3)
-    gw.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, metavar="N")
-    gw.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N")
-    gw.add_argument("--prefill-tokens-per-s", type=float, default=DEFAULT_PREFILL_TOKENS_PER_S)
+    gw.add_argument("--max-retries", type=int, default=3, help="re-sends to other workers after a failure")
+    _add_size_limits(gw, prompt_help="refuse longer prompts with 413")
+    gw.add_argument(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=DEFAULT_PREFILL_TOKENS_PER_S,
+        help="initial prefill-rate estimate (then the fleet's median measured rate)",
+    )
     gw.add_argument(
         "--tenant-header",
         default=None,
@@ -132,31 +165,53 @@ def register(subparsers: Any) -> None:
         "(e.g. X-Prefixfleet-Tenant); it becomes the request's cache_salt",
     )
     gw.add_argument("--client-write-timeout", type=float, default=None, metavar="S", help=WRITE_TIMEOUT_HELP)
-    gw.add_argument("--log-level", default="INFO")
+    gw.add_argument("--log-level", default="INFO", help=LOG_LEVEL_HELP)
     gw.set_defaults(func=run_gateway)
 
-    ins = sub.add_parser("inspect", help="show what a fleet published in Redis (members, load, summaries)")
-    ins.add_argument("--redis", required=True, metavar="URL")
-    ins.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME")
+    ins = sub.add_parser(
+        "inspect",
+        help="show what a fleet published in Redis (members, load, summaries)",
+        formatter_class=DefaultsHelpFormatter,
+    )
+    ins.add_argument("--redis", required=True, metavar="URL", help="the fleet's Redis URL")
+    ins.add_argument("--fleet", default=DEFAULT_FLEET, metavar="NAME", help="Redis key namespace pf:<NAME>:")
     ins.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     ins.set_defaults(func=run_inspect)
 
     bench = sub.add_parser(
         "bench-overhead",
         help="latency and CPU each hop adds (engine vs sidecar vs gateway), side by side; table + JSON",
+        formatter_class=DefaultsHelpFormatter,
     )
     bench.add_argument("--requests", type=int, default=300, help="per path")
     bench.add_argument("--rate", type=float, default=100.0, help="requests/s per path")
     bench.add_argument("--time-scale", type=float, default=20.0, help="emulator speed-up")
-    bench.add_argument("--json", metavar="FILE")
+    bench.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     bench.add_argument(
         "--tenant-header",
         default=None,
         metavar="NAME",
         help="measure tenant isolation: the gateway runs with --tenant-header NAME, every request carries it",
     )
-    bench.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    bench.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar")
     bench.set_defaults(func=run_bench_overhead)
+
+
+LOG_LEVEL_HELP = "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case)"
+
+
+def _add_size_limits(parser: argparse.ArgumentParser, prompt_help: str) -> None:
+    """--max-body-bytes and --max-prompt-tokens, which the sidecar and the gateway both take."""
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        metavar="N",
+        help="refuse larger request bodies with 413",
+    )
+    parser.add_argument(
+        "--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, metavar="N", help=prompt_help
+    )
 
 
 WRITE_TIMEOUT_HELP = (

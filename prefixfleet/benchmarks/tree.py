@@ -29,6 +29,7 @@ from typing import Any
 from tqdm import tqdm
 
 from prefixfleet.benchmarks.lab_tree import LabTree
+from prefixfleet.cli import DefaultsHelpFormatter
 from prefixfleet.router.radix import TOKEN_BYTES, RadixTree, as_token_bytes
 
 UNBOUNDED_TOKENS = 2**62  # capacity while pre-populating: nothing is evicted until timing starts
@@ -309,13 +310,14 @@ def add_bench(bench_subparsers: argparse._SubParsersAction) -> None:
         "tree",
         help="prefix index vs the seed lab's tree: match+insert of long prompts on a 10k-node tree",
         description=TREE_HELP,
+        formatter_class=DefaultsHelpFormatter,
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON here")
     parser.add_argument("--min-nodes", type=int, default=10_000, help="pre-populate until this many nodes")
     parser.add_argument("--prompt-tokens", type=int, default=4096, help="tokens per prompt")
     parser.add_argument("--ops", type=int, default=2_000, help="timed operations on our tree")
     parser.add_argument("--lab-ops", type=int, default=30, help="timed operations on the lab tree")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.set_defaults(func=_run)
 

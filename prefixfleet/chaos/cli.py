@@ -15,6 +15,8 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from prefixfleet.cli import DefaultsHelpFormatter
+
 
 def _usage_error(message: str) -> Exception:
     from prefixfleet.cli import UsageError
@@ -42,13 +44,15 @@ def register(subparsers: Any) -> None:
     chaos = subparsers.add_parser("chaos", help="fault and soak benchmarks on a local fleet (real processes)")
     sub = chaos.add_subparsers(dest="chaos_command", metavar="SCENARIO", required=True)
     for name, (text, rate, duration, streams) in SCENARIOS.items():
-        p = sub.add_parser(name, help=text, description=text)
+        p = sub.add_parser(name, help=text, description=text, formatter_class=DefaultsHelpFormatter)
         p.add_argument("--rate", type=float, default=rate, help=f"requests per second (default {rate:g})")
         p.add_argument(
             "--duration", type=float, default=duration, help=f"seconds of traffic (default {duration:g})"
         )
         p.add_argument("--replicas", type=int, default=4, help="engines, each behind a sidecar (default 4)")
-        p.add_argument("--gateways", type=int, default=1 if name == "soak" else 2)
+        p.add_argument(
+            "--gateways", type=int, default=1 if name == "soak" else 2, help="gateways, requests alternate"
+        )
         p.add_argument("--time-scale", type=float, default=4.0, help="emulator speed-up (default 4)")
         p.add_argument(
             "--cache-tokens", type=int, default=40_000, help="each emulator's KV cache (default 40000)"
