@@ -100,20 +100,33 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 continue  # this part of the product is not built yet / not installed
             raise
         module.register(sub)
+    _name_leaves(parser)
     return parser
+
+
+def _name_leaves(parser: argparse.ArgumentParser) -> None:
+    """Each runnable subcommand records its full name (``prefixfleet router gateway``), so the
+    command's own refusals name it as argparse's refusals do."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        parser.set_defaults(command_prog=parser.prog)
+    for action in subs:
+        for child in action.choices.values():
+            _name_leaves(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=argv[0] if argv else None)
     args = parser.parse_args(argv)
+    name = getattr(args, "command_prog", f"prefixfleet {args.command}")
     try:
         result = args.func(args)
     except UsageError as exc:
-        print(f"prefixfleet {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"prefixfleet {args.command}: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
     return int(result or 0)
 

@@ -1,7 +1,7 @@
 """Bad flags of `prefixfleet router sidecar|gateway|inspect|bench-overhead`: one line, exit 2.
 
 Specification: a value the data plane cannot run with is refused before anything starts, with
-``prefixfleet router: error: ...`` naming the flag, exit status 2 and no traceback:
+``prefixfleet router SERVICE: error: ...`` naming the flag, exit status 2 and no traceback:
 * an interval, a rate or a duration that is NaN or infinite (``value <= 0`` let them through: a NaN
   ``--dead-after`` made every worker dead, a NaN ``--refresh-interval`` or ``--prefill-tokens-per-s``
   poisoned every comparison), as well as zero or negative ones;
@@ -59,5 +59,5 @@ def test_a_bad_flag_is_one_line_naming_it(
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("prefixfleet router: error: "), lines[0]
+    assert lines[0].startswith(f"prefixfleet router {argv[1]}: error: "), lines[0]
     assert message in lines[0], lines[0]

@@ -34,5 +34,5 @@ def test_no_kubeconfig_and_no_service_account_is_one_line(tmp_path: Path, kubeco
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert lines[0].startswith("prefixfleet operator: error: no Kubernetes API to talk to: ")
+    assert lines[0].startswith("prefixfleet operator run: error: no Kubernetes API to talk to: ")
     assert str(path) in lines[0]

@@ -69,7 +69,7 @@ def test_input_with_no_fleet_at_all_is_an_error(
     path.write_text(text)
     assert main(["operator", "validate", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"prefixfleet operator: error: no {models.KIND} in {path}"
+    assert err == f"prefixfleet operator validate: error: no {models.KIND} in {path}"
 
 
 def test_broken_yaml_is_one_line_naming_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,4 +78,4 @@ def test_broken_yaml_is_one_line_naming_the_line(tmp_path: Path, capsys: pytest.
     assert main(["operator", "validate", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err, err
-    assert err.startswith(f"prefixfleet operator: error: {path} is not valid YAML: line ")
+    assert err.startswith(f"prefixfleet operator validate: error: {path} is not valid YAML: line ")
