@@ -93,6 +93,25 @@ def _zipf_weights(n: int, exponent: float) -> list[float]:
         ) from None
 
 
+def _whole_number(value: Any) -> int | None:
+    """A count setting as an int, however it is written ('100', '1e2', 100.0); None when it is not
+    a whole number (2.5, 'inf', 'abc')."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass  # '1e2', '100.0': read as a float below
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) and number.is_integer() else None
+
+
 def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> dict[str, Any]:
     unknown = sorted(set(overrides) - set(base))
     if unknown:
@@ -110,19 +129,26 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
                 )
             merged[key] = flag
             continue
-        try:
-            if isinstance(default, int):
-                merged[key] = int(value)
-            elif isinstance(default, float):
+        if isinstance(default, int):
+            # a count: 2.5 tenants is no count, and '1e3' requests is one (a finite number, refused as
+            # not finite before)
+            count = _whole_number(value)
+            if count is None:
+                raise ValueError(
+                    f"workload {workload!r} setting {key!r} must be a whole number, got {value!r}"
+                )
+            merged[key] = count
+        elif isinstance(default, float):
+            try:
                 merged[key] = float(value)
-                if not math.isfinite(merged[key]):  # inf rates/durations never end a generator loop
-                    raise ValueError
-            else:
-                merged[key] = value
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"workload {workload!r} setting {key!r} must be a finite number, got {value!r}"
-            ) from None
+            except (TypeError, ValueError):
+                merged[key] = math.nan
+            if not math.isfinite(merged[key]):  # inf rates/durations never end a generator loop
+                raise ValueError(
+                    f"workload {workload!r} setting {key!r} must be a finite number, got {value!r}"
+                )
+        else:
+            merged[key] = value
         if isinstance(merged[key], int | float) and merged[key] < 0:  # counts, sizes, rates, durations
             raise ValueError(f"workload {workload!r} setting {key!r} must be >= 0, got {value!r}")
         if "tokens" in key and isinstance(merged[key], int) and merged[key] > MAX_SETTING_TOKENS:
