@@ -93,7 +93,7 @@ def _zipf_weights(n: int, exponent: float) -> list[float]:
         ) from None
 
 
-def _whole_number(value: Any) -> int | None:
+def whole_number(value: Any) -> int | None:
     """A count setting as an int, however it is written ('100', '1e2', 100.0); None when it is not
     a whole number (2.5, 'inf', 'abc')."""
     if isinstance(value, bool):
@@ -132,7 +132,7 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
         if isinstance(default, int):
             # a count: 2.5 tenants is no count, and '1e3' requests is one (a finite number, refused as
             # not finite before)
-            count = _whole_number(value)
+            count = whole_number(value)
             if count is None:
                 raise ValueError(
                     f"workload {workload!r} setting {key!r} must be a whole number, got {value!r}"

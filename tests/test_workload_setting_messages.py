@@ -52,3 +52,24 @@ def test_a_whole_number_is_a_count_however_it_is_written(written: str) -> None:
 def test_a_float_setting_still_names_finiteness(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*SIM, "--set", "rate_rps=inf"]) == 2
     assert "setting 'rate_rps' must be a finite number, got 'inf'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "line"),
+    [
+        ("2.5", "prefixfleet sim: error: --engine max_running must be a whole number, got '2.5'"),
+        ("abc", "prefixfleet sim: error: --engine max_running must be a whole number, got 'abc'"),
+        ("0", "prefixfleet sim: error: max_running must be positive, got 0"),
+    ],
+)
+def test_an_engine_count_names_the_rule_it_breaks(
+    value: str, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["sim", "--workload", "chat", "--set", "sessions=3", "--service", "batched", "--no-progress"]
+    assert main([*argv, "--policies", "round_robin", "--engine", f"max_running={value}"]) == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_an_engine_count_takes_a_whole_number_however_written(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["sim", "--workload", "chat", "--set", "sessions=3", "--service", "batched", "--no-progress"]
+    assert main([*argv, "--policies", "round_robin", "--engine", "step_token_budget=4e3"]) == 0
