@@ -124,6 +124,15 @@ def _values_key(values: dict[str, Any], dotted: str) -> tuple[bool, Any]:
     return True, node
 
 
+def _row_keys(row: list[str]) -> list[str]:
+    """The values a chart-table row names: `redis.image`, `port`, `maxMemory` are siblings of the
+    first one (redis.port, redis.maxMemory); `nameOverride` / `fullnameOverride` are top-level."""
+    keys = re.findall(r"`([a-zA-Z.]+)`", row[0])
+    assert keys, row
+    parent = keys[0].rsplit(".", 1)[0] + "." if "." in keys[0] else ""
+    return [keys[0], *(k if "." in k else parent + k for k in keys[1:])]
+
+
 def _in_schema(schema: dict[str, Any], dotted: str) -> bool:
     node = schema
     for part in dotted.split("."):
@@ -140,11 +149,7 @@ def test_the_chart_table_names_only_values_the_chart_has_with_their_defaults() -
     (rows,) = [r for h, r in tables(text) if "Helm chart" in h and r[0][0] == "Value"]
     problems = []
     for row in rows[2:]:
-        keys = re.findall(r"`([a-zA-Z.]+)`", row[0])
-        assert keys, row
-        # `redis.image`, `port`, `maxMemory`: later keys are siblings of the first one's parent
-        parent = keys[0].rsplit(".", 1)[0] if "." in keys[0] else ""
-        full = [keys[0], *(k if "." in k else f"{parent}.{k}" for k in keys[1:])]
+        full = _row_keys(row)
         defaults = [d.strip() for d in row[1].split(" / ")]
         for i, key in enumerate(full):
             there, value = _values_key(values, key)
@@ -213,3 +218,15 @@ def test_the_simulators_documented_json_fields_are_what_sim_writes(tmp_path: Pat
     else:
         lacks = set()
     assert set(policies["ideal"]) == set(policies["round_robin"]) - lacks
+
+
+def test_the_chart_table_names_every_value() -> None:
+    # every top-level value and every key of a top-level object (operator.*, redis.*, podMonitor.*...)
+    values = yaml.safe_load((ROOT / "charts" / "prefixfleet" / "values.yaml").read_text())
+    text = (ROOT / "docs" / "operator.md").read_text()
+    (rows,) = [r for h, r in tables(text) if "Helm chart" in h and r[0][0] == "Value"]
+    named = {key for row in rows[2:] for key in _row_keys(row)}
+    wanted = {f"{k}.{c}" for k, v in values.items() if isinstance(v, dict) for c in v}
+    wanted |= {k for k, v in values.items() if not isinstance(v, dict)}
+    missing = [k for k in sorted(wanted) if k not in named and not any(n.startswith(k + ".") for n in named)]
+    assert missing == [], f"docs/operator.md's chart table has no row for {missing}"
