@@ -74,6 +74,7 @@ from .redis_permissions import (
     acl_user,
     denied_commands,
     fleet_commands,
+    login,
     permission_problem,
 )
 from .refusals import refusal_events, try_next_create, with_refusals
@@ -446,12 +447,14 @@ def redis_login(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRed
     of the fleet) dials it with, naming what to fix; "" when it accepts them; None when it does not
     answer at all (refused, reset, timed out: an outage, which stays a logged warning and a retry
     on the next round, and nothing more is asked of it this round: a host dropping packets costs one
-    timeout, not one per question). One PING per reconcile: redis-py does not retry an
-    authentication error."""
+    timeout, not one per question). One AUTH (with the credentials; none without) and PING per
+    reconcile, one round trip, on the URL's kept connection: the credentials are proven every round,
+    so a password rotated on the server is said the same round (a PING alone is answered on a
+    connection logged in before), whichever pooled connection it lands on."""
     try:
-        ctx.sync_redis(chosen.dial_url).ping()
+        login(ctx.sync_redis(chosen.dial_url))
     except (RedisError, OSError) as exc:
-        # The client stays open: redis-py has dropped the refused connection, and another fleet
+        # The client stays open: its idle connections were dropped (login), and another fleet
         # dialling this URL (so with the same credentials) may be mid-call on another of its
         # connections, which closing the client would cut. It is closed once no fleet uses the URL
         # (a fixed password is another URL: dial_redis).

@@ -7,8 +7,9 @@ once per reconcile, with the same credentials as every pod of the fleet, by queu
 a transaction it then discards: Redis checks a queued command's ACL permissions (command, keys,
 channels) when it queues it, so a denial is answered without anything being written or published.
 
-``fleet_commands`` (which commands, on which keys, for whom) and ``permission_problem`` (the message)
-are pure; ``denied_commands`` is the round trip.
+``fleet_commands`` (which commands, on which keys, for whom), ``permission_problem`` (the message)
+and ``login_args`` are pure; ``denied_commands`` and ``login`` (the credentials proven each round,
+on the same kept connections) are the round trips.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.connection import AbstractConnection
+from redis.credentials import UsernamePasswordCredentialProvider
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    NoPermissionError,
+    ResponseError,
+)
 
 from prefixfleet.router.keys import FleetKeys
 
@@ -149,6 +157,65 @@ def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> li
                 denied.append(EXEC)
             reusable = True  # an error: no transaction was open (an EXEC that answered is not reused)
         return denied
+    finally:
+        if not reusable:
+            conn.disconnect()
+        pool.release(conn)
+
+
+def login_args(conn: AbstractConnection) -> tuple[str, ...]:
+    """The arguments of the AUTH a new connection of ``conn``'s settings sends when it connects
+    (redis-py's rule: ``user password``, or ``password`` alone when the URL names no user, i.e. the
+    default user); () when it has no credentials, so sends no AUTH."""
+    if conn.credential_provider is None and not (conn.username or conn.password):
+        return ()
+    provider = conn.credential_provider or UsernamePasswordCredentialProvider(conn.username, conn.password)
+    return tuple(provider.get_credentials())
+
+
+def login(client: redis.Redis) -> None:
+    """Prove ``client``'s credentials to its Redis now, and that they may PING: ``AUTH`` with them
+    (none without credentials) and ``PING``, one round trip, on a connection of ``client``'s pool.
+    Returns when both are accepted; raises what Redis answers otherwise (AuthenticationError for
+    refused credentials, NoPermissionError for a denied PING) and errors and timeouts (an outage).
+
+    The pool keeps its connections across reconciles, each logged in when it was dialled, and Redis
+    keeps a connection logged in when the user's password changes: a PING alone would go on being
+    answered after a password rotated on the server (ACL SETUSER ... resetpass >new), while every new
+    connection of the fleet's pods is refused. An explicit AUTH is checked against the password Redis
+    holds now, on whichever pooled connection this round gets. Once refused, the pool's idle
+    connections (logged in with the refused credentials) are closed; one in use by another call is
+    left to it (closing it would cut that call; it goes with the client once no fleet uses the URL).
+    The connection goes back to the pool only when both replies were read and accepted."""
+    pool = client.connection_pool
+    try:
+        conn = pool.get_connection()  # a new one logs in as it connects (refused: AuthenticationError)
+    except AuthenticationError:
+        pool.disconnect(inuse_connections=False)
+        raise
+    reusable = False
+    try:
+        auth = login_args(conn)
+        commands = [("AUTH", *auth)] if auth else []
+        conn.send_packed_command(conn.pack_commands([*commands, ("PING",)]))
+        refusals: list[ResponseError] = []
+        for _ in range(len(commands) + 1):
+            try:
+                conn.read_response()
+            except ResponseError as exc:
+                refusals.append(exc)
+        if refusals and isinstance(refusals[0], AuthenticationWrongNumberOfArgsError) and len(auth) == 2:
+            # a Redis older than 6 (no users: its PING was refused unauthenticated, or answered):
+            # the password alone, as redis-py's handshake does, so the fleet's pods log in the same way
+            conn.send_command("AUTH", auth[-1])
+            conn.read_response()
+            refusals = []
+        if refusals:
+            raise refusals[0]  # the AUTH's refusal before the PING's
+        reusable = True
+    except AuthenticationError:
+        pool.disconnect(inuse_connections=False)
+        raise
     finally:
         if not reusable:
             conn.disconnect()
