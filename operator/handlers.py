@@ -538,6 +538,9 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     try:
         spec = validate_spec(fleet.get("spec") or {})
     except InvalidFleetSpec as exc:
+        # nothing dials its Redis until the spec is valid again: the URL of its last valid round is
+        # no longer recorded, so its clients close unless another fleet uses it
+        ctx.dial_redis(f"{namespace}/{name}", "")
         # no plan, so no replacement either: the unavailable gauge still follows the pods, not the
         # last valid spec's reconcile
         unavailable = len(unavailable_while_invalid(pods))

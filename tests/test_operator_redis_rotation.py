@@ -14,7 +14,9 @@ Specification:
 * once the Secret holds the new password the condition clears; still one connection kept per URL;
 * a URL naming a user logs in to a Redis older than 6 (no users) with the password alone, as the
   pods' redis-py (before 8) does, each round as when it connects;
-* the same over TLS.
+* the same over TLS;
+* a fleet whose spec turns invalid dials nothing: its URL is no longer recorded, so that URL's
+  connections close (before: kept until the spec was valid again).
 """
 
 from __future__ import annotations
@@ -111,6 +113,29 @@ async def test_a_password_rotated_on_the_server_is_said_the_next_round_and_clear
     assert degraded(operator, "guarded") is None
     wait_for(lambda: clients_of(acl, "fleet-a") == 2, 5, what="only the new URL's two connections")
     assert list(ctx.sync_redis_clients) == [f"redis://fleet-a:{ROTATED}@127.0.0.1:{acl.port}/0"]
+
+
+async def test_an_invalid_spec_records_no_url_so_its_connections_close(
+    operator: InProcess,  # noqa: F811
+) -> None:
+    acl, ctx, cluster = operator.acl, operator.ctx, operator.cluster
+    acl.user("fleet-a", *ALL_FLEET_KEYS)
+    await operator.reconciles("guarded", "fleet-a", rounds=2)
+    assert clients_of(acl, "fleet-a") == 2
+    # a spec the operator refuses (one that got past a server without schema validation)
+    cluster.api.server.validate_custom_resources = False
+    cluster.kubectl("patch", "pcf", "guarded", "--type", "merge", "-p", '{"spec":{"engine":{"kind":"tpu"}}}')
+    await reconcile(ctx, NAMESPACE, "guarded", LOG)
+    assert (degraded(operator, "guarded") or {}).get("reason") == "InvalidSpec"
+    # nothing dials the fleet's Redis now (before: its URL stayed recorded, its connections open)
+    wait_for(lambda: clients_of(acl, "fleet-a") == 0, 5, what="fleet-a's connections closed")
+    assert ctx.redis_users == {} and ctx.sync_redis_clients == {} and ctx.redis_clients == {}
+    # valid again: dialled again
+    cluster.kubectl(
+        "patch", "pcf", "guarded", "--type", "merge", "-p", '{"spec":{"engine":{"kind":"emulator"}}}'
+    )
+    await reconcile(ctx, NAMESPACE, "guarded", LOG)
+    assert degraded(operator, "guarded") is None and clients_of(acl, "fleet-a") == 2
 
 
 # ------------------------------------------------------------------ the login check
