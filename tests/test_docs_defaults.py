@@ -230,3 +230,15 @@ def test_the_chart_table_names_every_value() -> None:
     wanted |= {k for k, v in values.items() if not isinstance(v, dict)}
     missing = [k for k in sorted(wanted) if k not in named and not any(n.startswith(k + ".") for n in named)]
     assert missing == [], f"docs/operator.md's chart table has no row for {missing}"
+
+
+def test_the_kubectl_get_pcf_header_shown_is_the_crds_printer_columns() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "prefixcachefleets.prefixfleet.io.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    columns = [c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")]
+    header = "# " + "   ".join(["NAME", *columns])
+    shown = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "operator.md"):
+        shown += [line.strip() for line in doc.read_text().splitlines() if line.strip().startswith("# NAME ")]
+    assert shown
+    assert [" ".join(s.split()) for s in shown] == [" ".join(header.split())] * len(shown)
