@@ -15,10 +15,12 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -291,16 +293,29 @@ class ResourceRequirements(CamelModel):
     limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits (quantities).")
 
 
-# ---------------------------------------------------------------- spec.engine.podTemplate
-# The planner merges podTemplate.metadata and podTemplate.spec into every replica pod (containers by
-# name: "engine" and "sidecar" are the operator's own). What would be dropped silently (any other
-# top-level key), would make the API server refuse every replica pod (a container without a name or,
-# when added, an image; a label value that is no string), or would detach pods from their fleet
-# (the operator's labels and annotations) is refused at admission, by the schema and CEL rules below
-# and by pod_template_problems, with the same messages.
+# ---------------------------------------------------------------- podTemplate (engine and router)
+# The planner merges podTemplate.metadata and podTemplate.spec into the pods it generates
+# (planner._merge_template; containers by name into the operator's own). What would be dropped
+# silently (any other top-level key), would make the API server refuse every pod (a container without
+# a name or, when added, an image; a label value that is no string), or would detach pods from their
+# fleet (the operator's labels and annotations) is refused at admission, by the schema and CEL rules
+# below and by pod_template_problems, with the same messages. spec.engine.podTemplate and
+# spec.router.podTemplate follow the same rules; only their field path, the containers they merge
+# into and the pods they describe differ (PodTemplateTarget).
 
-POD_TEMPLATE = "spec.engine.podTemplate"
-OPERATOR_CONTAINERS: tuple[str, ...] = ("engine", "sidecar")
+
+@dataclass(frozen=True)
+class PodTemplateTarget:
+    """Which pods a podTemplate field shapes: its field path, the operator's containers it merges
+    into, and the pods' name in messages."""
+
+    field: str
+    containers: tuple[str, ...]
+    pods: str
+
+
+ENGINE_POD_TEMPLATE = PodTemplateTarget("spec.engine.podTemplate", ("engine", "sidecar"), "replica")
+ROUTER_POD_TEMPLATE = PodTemplateTarget("spec.router.podTemplate", ("gateway",), "gateway")
 # The labels the operator selects its pods by (planner._labels) and its own key prefix.
 OPERATOR_LABELS: tuple[str, ...] = (
     "app.kubernetes.io/name",
@@ -311,24 +326,47 @@ OPERATOR_LABELS: tuple[str, ...] = (
 OPERATOR_KEY_PREFIX = f"{GROUP}/"
 CONTAINER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 MAX_TEMPLATE_CONTAINERS = 32
-
-_MSG_TEMPLATE_KEYS = (
-    f"{POD_TEMPLATE} takes metadata and spec only (Pod spec fields go under {POD_TEMPLATE}.spec)"
-)
-_MSG_LABELS = (
-    f"{POD_TEMPLATE}.metadata.labels: {OPERATOR_KEY_PREFIX}* and {', '.join(OPERATOR_LABELS)} are the"
-    " operator's (they tie replica pods to their fleet)"
-)
-_MSG_ANNOTATIONS = f"{POD_TEMPLATE}.metadata.annotations: {OPERATOR_KEY_PREFIX}* are the operator's"
-_MSG_NEEDS_IMAGE = (
-    f"{POD_TEMPLATE}.spec.containers: a container other than {' and '.join(OPERATOR_CONTAINERS)}"
-    " (which it is merged into) is added to the pod and needs an image"
-)
-_MSG_INIT_NEEDS_IMAGE = f"{POD_TEMPLATE}.spec.initContainers: every init container needs an image"
 _MSG_UNIQUE = "names must be unique (entries are merged by name)"
 
 
-def _template_containers_schema(field: str) -> dict[str, Any]:
+def _msg_template_keys(t: PodTemplateTarget) -> str:
+    return f"{t.field} takes metadata and spec only (Pod spec fields go under {t.field}.spec)"
+
+
+def _msg_labels(t: PodTemplateTarget) -> str:
+    return (
+        f"{t.field}.metadata.labels: {OPERATOR_KEY_PREFIX}* and {', '.join(OPERATOR_LABELS)} are the"
+        f" operator's (they tie {t.pods} pods to their fleet)"
+    )
+
+
+def _msg_annotations(t: PodTemplateTarget) -> str:
+    return f"{t.field}.metadata.annotations: {OPERATOR_KEY_PREFIX}* are the operator's"
+
+
+def _msg_needs_image(t: PodTemplateTarget) -> str:
+    return (
+        f"{t.field}.spec.containers: a container other than {' and '.join(t.containers)}"
+        " (which it is merged into) is added to the pod and needs an image"
+    )
+
+
+def _msg_init_needs_image(t: PodTemplateTarget) -> str:
+    return f"{t.field}.spec.initContainers: every init container needs an image"
+
+
+# The lists merged by name (planner._merge_template): a container or volume without a name, or two of
+# one name, cannot be merged. A volume has no image (an image volume's is an object): only containers'
+# is declared.
+MERGED_BY_NAME: tuple[str, ...] = ("containers", "initContainers", "volumes")
+
+
+def _template_named_list_schema(t: PodTemplateTarget, field: str) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "name": {"type": "string", "maxLength": 63, "pattern": CONTAINER_NAME_PATTERN}
+    }
+    if field != "volumes":
+        properties["image"] = {"type": "string", "minLength": 1}
     return {
         "type": "array",
         "maxItems": MAX_TEMPLATE_CONTAINERS,
@@ -336,16 +374,10 @@ def _template_containers_schema(field: str) -> dict[str, Any]:
             "type": "object",
             "additionalProperties": True,
             "required": ["name"],
-            "properties": {
-                "name": {"type": "string", "maxLength": 63, "pattern": CONTAINER_NAME_PATTERN},
-                "image": {"type": "string", "minLength": 1},
-            },
+            "properties": properties,
         },
         "x-kubernetes-validations": [
-            cel(
-                "self.all(c, self.exists_one(d, d.name == c.name))",
-                f"{POD_TEMPLATE}.spec.{field}: {_MSG_UNIQUE}",
-            )
+            cel("self.all(c, self.exists_one(d, d.name == c.name))", f"{t.field}.spec.{field}: {_MSG_UNIQUE}")
         ],
     }
 
@@ -357,82 +389,83 @@ _STRING_MAP = {
     "maxProperties": MAX_TEMPLATE_METADATA_KEYS,
     "additionalProperties": {"type": "string"},
 }
-POD_TEMPLATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "metadata": {
-            "type": "object",
-            "description": "Labels and annotations added to every replica pod.",
-            "properties": {"labels": _STRING_MAP, "annotations": _STRING_MAP},
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.labels) || self.labels.all(k, !k.startsWith('"
-                    + OPERATOR_KEY_PREFIX
-                    + "') && !(k in ["
-                    + ", ".join(f"'{label}'" for label in OPERATOR_LABELS)
-                    + "]))",
-                    _MSG_LABELS,
-                    ".labels",
-                ),
-                cel(
-                    "!has(self.annotations)"
-                    f" || self.annotations.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}'))",
-                    _MSG_ANNOTATIONS,
-                    ".annotations",
-                ),
-            ],
-        },
-        "spec": {
-            "type": "object",
-            "description": "Pod spec fields merged into every replica pod (containers and initContainers"
-            " by name; other lists replace the generated ones).",
-            "additionalProperties": True,
-            "properties": {
-                "containers": _template_containers_schema("containers"),
-                "initContainers": _template_containers_schema("initContainers"),
+
+
+def pod_template_schema(t: PodTemplateTarget) -> dict[str, Any]:
+    """The CRD schema (with its CEL rules) of a podTemplate field: pod_template_problems' rules."""
+    return {
+        "type": "object",
+        "properties": {
+            "metadata": {
+                "type": "object",
+                "description": f"Labels and annotations added to every {t.pods} pod.",
+                "properties": {"labels": _STRING_MAP, "annotations": _STRING_MAP},
+                "x-kubernetes-validations": [
+                    cel(
+                        "!has(self.labels) || self.labels.all(k, !k.startsWith('"
+                        + OPERATOR_KEY_PREFIX
+                        + "') && !(k in ["
+                        + ", ".join(f"'{label}'" for label in OPERATOR_LABELS)
+                        + "]))",
+                        _msg_labels(t),
+                        ".labels",
+                    ),
+                    cel(
+                        "!has(self.annotations)"
+                        f" || self.annotations.all(k, !k.startsWith('{OPERATOR_KEY_PREFIX}'))",
+                        _msg_annotations(t),
+                        ".annotations",
+                    ),
+                ],
             },
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.containers) || self.containers.all(c, c.name in ["
-                    + ", ".join(f"'{n}'" for n in OPERATOR_CONTAINERS)
-                    + "] || has(c.image))",
-                    _MSG_NEEDS_IMAGE,
-                    ".containers",
-                ),
-                cel(
-                    "!has(self.initContainers) || self.initContainers.all(c, has(c.image))",
-                    _MSG_INIT_NEEDS_IMAGE,
-                    ".initContainers",
-                ),
-            ],
+            "spec": {
+                "type": "object",
+                "description": f"Pod spec fields merged into every {t.pods} pod (containers, initContainers"
+                " and volumes by name; other lists replace the generated ones).",
+                "additionalProperties": True,
+                "properties": {field: _template_named_list_schema(t, field) for field in MERGED_BY_NAME},
+                "x-kubernetes-validations": [
+                    cel(
+                        "!has(self.containers) || self.containers.all(c, c.name in ["
+                        + ", ".join(f"'{n}'" for n in t.containers)
+                        + "] || has(c.image))",
+                        _msg_needs_image(t),
+                        ".containers",
+                    ),
+                    cel(
+                        "!has(self.initContainers) || self.initContainers.all(c, has(c.image))",
+                        _msg_init_needs_image(t),
+                        ".initContainers",
+                    ),
+                ],
+            },
         },
-    },
-}
+    }
 
 
-def pod_template_problems(template: Any) -> list[str]:
+def pod_template_problems(template: Any, t: PodTemplateTarget) -> list[str]:
     """What is wrong with a podTemplate, one line per problem naming its field (empty: fine)."""
     if not isinstance(template, dict):
-        return [f"{POD_TEMPLATE}: must be an object with metadata and/or spec"]
+        return [f"{t.field}: must be an object with metadata and/or spec"]
     problems = [
-        f"{POD_TEMPLATE}.{key}: unknown field; {_MSG_TEMPLATE_KEYS}"
+        f"{t.field}.{key}: unknown field; {_msg_template_keys(t)}"
         for key in template
         if key not in ("metadata", "spec")
     ]
     meta, spec = template.get("metadata"), template.get("spec")
     if meta is not None:
-        problems += _template_metadata_problems(meta)
+        problems += _template_metadata_problems(meta, t)
     if spec is not None:
         if not isinstance(spec, dict):
-            return [*problems, f"{POD_TEMPLATE}.spec: must be an object (Pod spec fields)"]
-        for field in ("containers", "initContainers"):
+            return [*problems, f"{t.field}.spec: must be an object (Pod spec fields)"]
+        for field in MERGED_BY_NAME:
             if spec.get(field) is not None:
-                problems += _template_container_problems(field, spec[field])
+                problems += _template_named_list_problems(field, spec[field], t)
     return problems
 
 
-def _template_metadata_problems(meta: Any) -> list[str]:
-    where = f"{POD_TEMPLATE}.metadata"
+def _template_metadata_problems(meta: Any, t: PodTemplateTarget) -> list[str]:
+    where = f"{t.field}.metadata"
     if not isinstance(meta, dict):
         return [f"{where}: must be an object (labels, annotations)"]
     problems = [
@@ -452,33 +485,56 @@ def _template_metadata_problems(meta: Any) -> list[str]:
         if field == "labels" and any(
             k.startswith(OPERATOR_KEY_PREFIX) or k in OPERATOR_LABELS for k in values
         ):
-            problems.append(_MSG_LABELS)
+            problems.append(_msg_labels(t))
         if field == "annotations" and any(k.startswith(OPERATOR_KEY_PREFIX) for k in values):
-            problems.append(_MSG_ANNOTATIONS)
+            problems.append(_msg_annotations(t))
     return problems
 
 
-def _template_container_problems(field: str, containers: Any) -> list[str]:
-    where = f"{POD_TEMPLATE}.spec.{field}"
-    if not isinstance(containers, list):
-        return [f"{where}: must be a list of containers (objects with a name)"]
-    if len(containers) > MAX_TEMPLATE_CONTAINERS:
-        return [f"{where}: at most {MAX_TEMPLATE_CONTAINERS} containers"]
+def _template_named_list_problems(field: str, items: Any, t: PodTemplateTarget) -> list[str]:
+    where = f"{t.field}.spec.{field}"
+    what, example = ("volume", "cache") if field == "volumes" else ("container", t.containers[0])
+    if not isinstance(items, list):
+        return [f"{where}: must be a list of {what}s (objects with a name)"]
+    if len(items) > MAX_TEMPLATE_CONTAINERS:
+        return [f"{where}: at most {MAX_TEMPLATE_CONTAINERS} {what}s"]
     problems, names = [], []
-    for i, container in enumerate(containers):
-        name = container.get("name") if isinstance(container, dict) else None
+    for i, item in enumerate(items):
+        name = item.get("name") if isinstance(item, dict) else None
         if not isinstance(name, str) or not re.fullmatch(CONTAINER_NAME_PATTERN, name) or len(name) > 63:
-            problems.append(f"{where}[{i}].name: every container needs a name (a DNS label, e.g. engine)")
+            problems.append(f"{where}[{i}].name: every {what} needs a name (a DNS label, e.g. {example})")
             continue
         names.append(name)
-        image = container.get("image")
-        if not (isinstance(image, str) and image) and (
-            field == "initContainers" or name not in OPERATOR_CONTAINERS
+        image = item.get("image")
+        if (
+            field != "volumes"
+            and not (isinstance(image, str) and image)
+            and (field == "initContainers" or name not in t.containers)
         ):
-            problems.append(_MSG_NEEDS_IMAGE if field == "containers" else _MSG_INIT_NEEDS_IMAGE)
+            problems.append(_msg_needs_image(t) if field == "containers" else _msg_init_needs_image(t))
     if len(set(names)) != len(names):
         problems.append(f"{where}: {_MSG_UNIQUE}")
     return problems
+
+
+def _mergeable(t: PodTemplateTarget) -> AfterValidator:
+    """The field validator of a podTemplate: pod_template_problems, refused as one message."""
+
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        problems = pod_template_problems(value, t)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    return AfterValidator(check)
+
+
+EnginePodTemplate = Annotated[
+    dict[str, Any], WithJsonSchema(pod_template_schema(ENGINE_POD_TEMPLATE)), _mergeable(ENGINE_POD_TEMPLATE)
+]
+RouterPodTemplate = Annotated[
+    dict[str, Any], WithJsonSchema(pod_template_schema(ROUTER_POD_TEMPLATE)), _mergeable(ROUTER_POD_TEMPLATE)
+]
 
 
 class EngineSpec(CamelModel):
@@ -514,7 +570,7 @@ class EngineSpec(CamelModel):
         max_length=256,
         description="Extra environment variables for the engine container.",
     )
-    pod_template: Annotated[dict[str, Any], WithJsonSchema(POD_TEMPLATE_SCHEMA)] | None = Field(
+    pod_template: EnginePodTemplate | None = Field(
         default=None,
         description="Pod fields merged into every replica pod: metadata (labels, annotations) and spec"
         " (nodeSelector, tolerations, volumes, ...; containers merge by name into engine and sidecar).",
@@ -535,14 +591,6 @@ class EngineSpec(CamelModel):
         description="A running replica pod that has never been Ready this long (an engine that never came"
         " up) is deleted and recreated, one at a time; 0 = never (model loads can take many minutes).",
     )
-
-    @field_validator("pod_template")
-    @classmethod
-    def _pod_template_is_mergeable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        problems = pod_template_problems(value) if value is not None else []
-        if problems:
-            raise ValueError("; ".join(problems))
-        return value
 
     @model_validator(mode="after")
     def _kind_defaults(self) -> EngineSpec:
@@ -739,6 +787,12 @@ class RouterSpec(CamelModel):
     resources: ResourceRequirements = Field(
         default_factory=lambda: ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}),
         description="Gateway container resources.",
+    )
+    pod_template: RouterPodTemplate | None = Field(
+        default=None,
+        description="Pod fields merged into every gateway pod: metadata (labels, annotations) and spec"
+        " (imagePullSecrets, serviceAccountName, nodeSelector, tolerations, affinity, ...; containers merge"
+        " by name into gateway).",
     )
 
     @model_validator(mode="after")

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from prefixfleet.router.addresses import base_url
 
-from .models import API_VERSION, KIND, PROJECT_IMAGE, FleetSpec
+from .models import API_VERSION, KIND, MERGED_BY_NAME, PROJECT_IMAGE, FleetSpec
 
 JSON = dict[str, Any]
 
@@ -472,12 +472,13 @@ _SECURITY = {
 
 
 def _merge_template(base: JSON, override: Mapping[str, Any]) -> JSON:
-    """Merge a user pod-template override: dicts recursively, containers by name, lists replaced."""
+    """Merge a user pod-template override: dicts recursively, containers, initContainers and volumes by
+    name (the generated gateway pod has a volume of its own), other lists replaced."""
     out = copy.deepcopy(base)
     for key, value in override.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
             out[key] = _merge_template(out[key], value)
-        elif key in ("containers", "initContainers") and isinstance(value, list):
+        elif key in MERGED_BY_NAME and isinstance(value, list):
             by_name = {c.get("name"): c for c in out.get(key, [])}
             for item in value:
                 name = item.get("name") if isinstance(item, Mapping) else None
@@ -486,6 +487,13 @@ def _merge_template(base: JSON, override: Mapping[str, Any]) -> JSON:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _with_pod_template(template: JSON, override: Mapping[str, Any] | None) -> JSON:
+    """A generated pod template (metadata + spec) with a user's podTemplate merged in
+    (spec.engine.podTemplate for replica pods, spec.router.podTemplate for gateway pods)."""
+    override = override or {}
+    return {part: _merge_template(template[part], override.get(part) or {}) for part in ("metadata", "spec")}
 
 
 def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -> tuple[JSON, str]:
@@ -545,11 +553,7 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
         ],
     }
     metadata: JSON = {"labels": _labels(fleet, "replica"), "annotations": {}}
-    if engine.pod_template:
-        override = engine.pod_template
-        pod_spec = _merge_template(pod_spec, override.get("spec") or {})
-        metadata = _merge_template(metadata, override.get("metadata") or {})
-    template = {"metadata": metadata, "spec": pod_spec}
+    template = _with_pod_template({"metadata": metadata, "spec": pod_spec}, engine.pod_template)
     return template, _hash(template)
 
 
@@ -629,6 +633,32 @@ def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
         # the tenant (cache_salt) comes only from this header, set by the proxy that authenticates
         gateway_args += ["--tenant-header", "X-Prefixfleet-Tenant"]
     selector = {LABEL_FLEET: fleet.name, LABEL_ROLE: "router"}
+    gateway_pod: JSON = {
+        "metadata": {
+            "labels": dict(labels),
+            # a settings change rolls the gateways
+            "annotations": {ANNOTATION_SPEC_HASH: config["metadata"]["annotations"][ANNOTATION_SPEC_HASH]},
+        },
+        "spec": {
+            "enableServiceLinks": False,
+            "securityContext": {"runAsNonRoot": True},
+            "containers": [
+                {
+                    "name": "gateway",
+                    "image": router.image,
+                    "command": ["prefixfleet", "router", "gateway"],
+                    "args": gateway_args,
+                    "env": [_redis_env(spec, default_redis_url), *_redis_auth_env(spec)],
+                    "ports": [{"name": "http", "containerPort": router.port}],
+                    "readinessProbe": _probe("http"),
+                    "resources": _resources(router.resources),
+                    "volumeMounts": [{"name": "settings", "mountPath": ROUTER_CONFIG_PATH}],
+                    "securityContext": {**_SECURITY, "readOnlyRootFilesystem": True},
+                }
+            ],
+            "volumes": [{"name": "settings", "configMap": {"name": name}}],
+        },
+    }
     deployment = _with_hash(
         {
             "apiVersion": "apps/v1",
@@ -638,34 +668,7 @@ def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
                 "replicas": router.replicas,
                 "selector": {"matchLabels": selector},
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-                "template": {
-                    "metadata": {
-                        "labels": dict(labels),
-                        # a settings change rolls the gateways
-                        "annotations": {
-                            ANNOTATION_SPEC_HASH: config["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
-                        },
-                    },
-                    "spec": {
-                        "enableServiceLinks": False,
-                        "securityContext": {"runAsNonRoot": True},
-                        "containers": [
-                            {
-                                "name": "gateway",
-                                "image": router.image,
-                                "command": ["prefixfleet", "router", "gateway"],
-                                "args": gateway_args,
-                                "env": [_redis_env(spec, default_redis_url), *_redis_auth_env(spec)],
-                                "ports": [{"name": "http", "containerPort": router.port}],
-                                "readinessProbe": _probe("http"),
-                                "resources": _resources(router.resources),
-                                "volumeMounts": [{"name": "settings", "mountPath": ROUTER_CONFIG_PATH}],
-                                "securityContext": {**_SECURITY, "readOnlyRootFilesystem": True},
-                            }
-                        ],
-                        "volumes": [{"name": "settings", "configMap": {"name": name}}],
-                    },
-                },
+                "template": _with_pod_template(gateway_pod, router.pod_template),
             },
         }
     )

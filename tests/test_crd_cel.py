@@ -445,7 +445,7 @@ LABEL_KEYS = [
 ]
 # a trailing newline: a Go regexp's '$' (the API server's patterns and CEL's matches) is the end of
 # the text, where Python's re also matches before a final newline
-CONTAINER_NAMES = ["engine", "sidecar", "log-shipper", "fetch", "fetch\n"]
+CONTAINER_NAMES = ["engine", "sidecar", "gateway", "log-shipper", "fetch", "fetch\n"]
 containers = st.lists(
     st.builds(
         _drop_none,
@@ -464,7 +464,21 @@ pod_templates = st.builds(
         )
     ),
     spec=_optional(
-        st.builds(_drop_none, containers=_optional(containers), initContainers=_optional(containers))
+        st.builds(
+            _drop_none,
+            containers=_optional(containers),
+            initContainers=_optional(containers),
+            volumes=_optional(
+                st.lists(
+                    st.builds(
+                        _drop_none,
+                        name=_optional(st.sampled_from(["cache", "ca", "cache\n"])),
+                        emptyDir=st.just({}),
+                    ),
+                    max_size=3,
+                )
+            ),
+        )
     ),
 )
 # host and port as the sidecar reads them (router/addresses.py authority_error), each side of the rule
@@ -502,6 +516,7 @@ specs = st.builds(
     engine=engines | st.builds(lambda e, t: {**e, "podTemplate": t}, engines, pod_templates),
     replicas=_optional(st.integers(0, 6)),
     autoscaling=_rarely(autoscalings),
+    router=_rarely(st.builds(lambda t: {"podTemplate": t}, pod_templates)),
     sidecar=_rarely(st.builds(_drop_none, port=_optional(st.sampled_from(PORTS)))),
     redis=_rarely(
         st.builds(
@@ -578,6 +593,18 @@ BOUNDARIES: dict[str, dict[str, Any]] = {
     },
     "an added container without an image": {
         "engine": {"kind": "vllm", "podTemplate": {"spec": {"containers": [{"name": "x"}]}}}
+    },
+    "the gateway container, no image, in the router's template": {
+        "router": {"podTemplate": {"spec": {"containers": [{"name": "gateway"}]}}}
+    },
+    "the engine container, no image, in the router's template": {
+        "router": {"podTemplate": {"spec": {"containers": [{"name": "engine"}]}}}
+    },
+    "the operator's annotation in the router's template": {
+        "router": {"podTemplate": {"metadata": {"annotations": {"prefixfleet.io/spec-hash": "y"}}}}
+    },
+    "two volumes of one name": {
+        "router": {"podTemplate": {"spec": {"volumes": [{"name": "ca", "emptyDir": {}}] * 2}}}
     },
     "a match label that is no label name": {"prometheus": {"matchLabels": {"1a": "x"}}},
     "a match label name with a dot": {"prometheus": {"matchLabels": {"a.b": "x"}}},
