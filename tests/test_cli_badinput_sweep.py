@@ -166,7 +166,7 @@ def test_a_run_where_nothing_succeeded_writes_strict_json(workdir: Path) -> None
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     argv = ["load", "--target", f"http://127.0.0.1:{port}", "--workload", "prefixroute"]
-    assert main([*argv, "--set", "num_requests=3", "--no-progress", "--json", "l.json"]) == 0
+    assert main([*argv, "--set", "num_requests=3", "--no-progress", "--json", "l.json"]) == 1  # all failed
 
     def refuse(constant: str) -> None:
         raise ValueError(f"{constant} in the JSON")

@@ -7,12 +7,15 @@ import asyncio
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive
 from prefixfleet.emulator.cli import PREFILL_RATE_RANGE, TIME_SCALE_RANGE, check_range
 from prefixfleet.outputs import output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY
+
+if TYPE_CHECKING:
+    from prefixfleet.fleet.load import LoadSummary
 
 DEFAULT_UP_WORKLOAD = "prefixroute"
 MAX_LATENCY_PROBES = 1_000_000  # compare's added-latency probe: a local fleet serves hundreds per second
@@ -425,11 +428,22 @@ def format_up(report: dict[str, Any]) -> str:
 
 # -- load --------------------------------------------------------------------------------------------
 
+# A script (CI, a smoke test after a deploy) runs `load` to learn whether the endpoint served: a wrong
+# port or a failing fleet must not pass. One failed request fails the run; the figures of the
+# requests that did succeed are printed and written all the same.
+LOAD_EXIT_STATUS = (
+    "Exit status: 0 when every request succeeded, 1 when any failed (the summary and --json are"
+    " written either way), 2 for a bad flag."
+)
+
 
 def _register_load(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "load",
         help="replay a workload open-loop against any OpenAI/SGLang-compatible endpoint",
+        description="Replay a workload open-loop against any OpenAI/SGLang-compatible endpoint and print"
+        " TTFT, hit rate and throughput.",
+        epilog=LOAD_EXIT_STATUS,
         formatter_class=DefaultsHelpFormatter,
     )
     p.add_argument(
@@ -503,7 +517,15 @@ def run_load_command(args: argparse.Namespace) -> int:
         print("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(summary.error_kinds.items())))
     if json_path:
         write_json(json_path, {"workload": workload.name, "targets": args.target, **summary.to_dict()})
-    return 0
+    return load_exit_status(summary)
+
+
+def load_exit_status(summary: LoadSummary) -> int:
+    """1 when any request of the run failed (saying so on stderr), else 0 (LOAD_EXIT_STATUS)."""
+    if not summary.errors:
+        return 0
+    print(f"load: {summary.errors} of {summary.requests} requests failed (exit status 1)", file=sys.stderr)
+    return 1
 
 
 # -- compare -----------------------------------------------------------------------------------------
