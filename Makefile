@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 up: $(STAMP)  ## local fleet: embedded Valkey, emulated engines + sidecars, gateways, a workload per policy
 	$(BIN)/prefixfleet up $(ARGS)
 
-sim: $(STAMP)  ## simulator comparison of every routing policy on every workload
+sim: $(STAMP)  ## simulator comparison of every routing policy on the prefixroute workload
 	$(BIN)/prefixfleet sim --workload prefixroute --json out/sim-prefixroute.json --plot out/sim-prefixroute.png
 
 lint: $(STAMP)
