@@ -173,9 +173,17 @@ def login_args(conn: AbstractConnection) -> tuple[str, ...]:
     return tuple(provider.get_credentials())
 
 
+# What a connection without credentials logs in with to prove the default user still takes none: a
+# ``nopass`` user accepts any password, one with a password (CONFIG SET requirepass, ACL SETUSER
+# default >pw) or switched off refuses it, as it now refuses every new connection of the fleet's pods.
+# Not a secret: it names what it is for, and is only ever sent to the default user.
+NO_PASSWORD_PROBE = ("default", "prefixfleet-checks-that-no-password-is-needed")
+
+
 def login(client: redis.Redis) -> None:
     """Prove ``client``'s credentials to its Redis now, and that they may PING: ``AUTH`` with them
-    (none without credentials) and ``PING``, one round trip, on a connection of ``client``'s pool.
+    (without credentials: :data:`NO_PASSWORD_PROBE`, which only a default user that needs no
+    password accepts) and ``PING``, one round trip, on a connection of ``client``'s pool.
     Returns when both are accepted; raises what Redis answers otherwise (AuthenticationError for
     refused credentials, NoPermissionError for a denied PING) and errors and timeouts (an outage).
 
@@ -183,7 +191,10 @@ def login(client: redis.Redis) -> None:
     keeps a connection logged in when the user's password changes: a PING alone would go on being
     answered after a password rotated on the server (ACL SETUSER ... resetpass >new), while every new
     connection of the fleet's pods is refused. An explicit AUTH is checked against the password Redis
-    holds now, on whichever pooled connection this round gets. Once refused, the pool's idle
+    holds now, on whichever pooled connection this round gets; so is the default user's going on
+    needing none (a password set on a Redis that had none leaves its kept connections logged in
+    too). A Redis older than 6 (no users) answers the probe's two arguments as a wrong number: it
+    cannot be asked without guessing its password, so its PING alone answers. Once refused, the pool's idle
     connections (logged in with the refused credentials) are closed; one in use by another call is
     left to it (closing it would cut that call; it goes with the client once no fleet uses the URL).
     The connection goes back to the pool only when both replies were read and accepted."""
@@ -196,15 +207,17 @@ def login(client: redis.Redis) -> None:
     reusable = False
     try:
         auth = login_args(conn)
-        commands = [("AUTH", *auth)] if auth else []
-        conn.send_packed_command(conn.pack_commands([*commands, ("PING",)]))
+        conn.send_packed_command(conn.pack_commands([("AUTH", *(auth or NO_PASSWORD_PROBE)), ("PING",)]))
         refusals: list[ResponseError] = []
-        for _ in range(len(commands) + 1):
+        for _ in range(2):
             try:
                 conn.read_response()
             except ResponseError as exc:
                 refusals.append(exc)
-        if refusals and isinstance(refusals[0], AuthenticationWrongNumberOfArgsError) and len(auth) == 2:
+        wrong_number = bool(refusals) and isinstance(refusals[0], AuthenticationWrongNumberOfArgsError)
+        if wrong_number and not auth:
+            refusals = refusals[1:]  # older than 6, no credentials: the PING's answer is all there is
+        elif wrong_number and len(auth) == 2:
             # a Redis older than 6 (no users: its PING was refused unauthenticated, or answered):
             # the password alone, as redis-py's handshake does, so the fleet's pods log in the same way
             conn.send_command("AUTH", auth[-1])

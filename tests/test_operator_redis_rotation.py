@@ -35,6 +35,7 @@ import redis
 
 from prefixfleet.operator.handlers import OperatorContext, fleet_redis, reconcile, redis_login
 from prefixfleet.operator.planner import REDIS_AUTH_FAILED
+from prefixfleet.operator.redis_permissions import NO_PASSWORD_PROBE
 from tests.k8s.cluster import wait_for
 from tests.test_operator_badinput_redis import Secrets
 from tests.test_operator_redis_auth import PASSWORD as GUARDED_PASSWORD
@@ -206,11 +207,47 @@ def test_the_default_users_password_changed_with_requirepass_is_refused_the_next
         admin.close()
 
 
-def test_a_redis_without_a_password_is_sent_no_auth(acl_redis: AclRedis, ctx: OperatorContext) -> None:  # noqa: F811
-    spec_redis = {"url": f"redis://127.0.0.1:{acl_redis.port}/0"}
+def test_a_password_set_on_a_redis_that_had_none_is_said_the_next_round(
+    acl_redis: AclRedis,  # noqa: F811
+    ctx: OperatorContext,
+) -> None:
+    spec_redis = {"url": f"redis://127.0.0.1:{acl_redis.port}/0"}  # no password anywhere
     auths, dialled = auth_calls(acl_redis.admin), connections_received(acl_redis.admin)
     assert [login_round(ctx, "x", spec_redis) for _ in range(3)] == ["", "", ""]
-    assert auth_calls(acl_redis.admin) == auths and connections_received(acl_redis.admin) - dialled == 1
+    # one connection kept; each round's AUTH is the no-password probe, accepted by the default user
+    assert connections_received(acl_redis.admin) - dialled == 1
+    assert auth_calls(acl_redis.admin) - auths == 3
+    assert clients_of(acl_redis, "default") == 2  # the admin's and the kept one
+
+    # the default user now needs a password: the kept connection stays logged in (its PING is still
+    # answered), every new connection of the fleet's pods is refused (before: "" round after round)
+    acl_redis.admin.execute_command("ACL", "SETUSER", "default", f">{ROTATED}")
+    for _ in range(2):
+        said = login_round(ctx, "x", spec_redis)
+        assert said is not None and "requires a password and the fleet sets none" in said, said
+    assert clients_of(acl_redis, "default") == 1  # the kept one closed: only the admin's left
+    assert ROTATED not in said and NO_PASSWORD_PROBE[1] not in said
+
+    # no password needed again: accepted, one connection kept
+    acl_redis.admin.execute_command("ACL", "SETUSER", "default", "nopass")
+    assert [login_round(ctx, "x", spec_redis) for _ in range(2)] == ["", ""]
+    assert clients_of(acl_redis, "default") == 2
+
+
+def test_a_redis_older_than_6_without_a_password_answers_the_probe_with_its_ping(
+    ctx: OperatorContext,
+) -> None:
+    old = Redis5("")  # no requirepass: every connection logged in
+    try:
+        spec_redis = {"url": f"redis://127.0.0.1:{old.port}/0"}
+        dial_url = fleet_redis(ctx, NAMESPACE, spec_redis).dial_url
+        ctx.sync_redis_clients[dial_url] = redis.Redis.from_url(dial_url, protocol=2, socket_timeout=5)
+        # AUTH default <probe> is a wrong number of arguments there, and not retried with the probe
+        # alone (that would ask a password-less Redis 5 for a password: "no password is set")
+        assert [login_round(ctx, "x", spec_redis) for _ in range(2)] == ["", ""]
+        assert old.auths == [2, 2]
+    finally:
+        old.close()
 
 
 # ------------------------------------------------------------------ over TLS
@@ -293,7 +330,7 @@ class Redis5:
                         logged_in, reply = True, b"+OK\r\n"
                     else:
                         reply = b"-ERR invalid password\r\n"
-                elif not logged_in:
+                elif not logged_in and self.password:
                     reply = b"-NOAUTH Authentication required.\r\n"
                 elif name == b"PING":
                     reply = b"+PONG\r\n"
