@@ -93,22 +93,24 @@ class OperatorContext:
     """What the handlers share (kept in kopf's ``memo``, not in module globals)."""
 
     kube: Kube
-    default_redis_url: str = ""
+    default_redis_url: str = field(default="", repr=False)  # may hold a password (below)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
     # one client per Redis URL (its credentials included: fleets share one only when they dial the
-    # same URL with the same credentials), async for the event loop, sync for the worker threads
-    redis_clients: dict[str, aioredis.Redis] = field(default_factory=dict)
-    sync_redis_clients: dict[str, redis.Redis] = field(default_factory=dict)
+    # same URL with the same credentials), async for the event loop, sync for the worker threads.
+    # These maps are keyed by that URL, password and all: none of them is in the repr (a log line or
+    # a test's failure printing the context would show every fleet's password).
+    redis_clients: dict[str, aioredis.Redis] = field(default_factory=dict, repr=False)
+    sync_redis_clients: dict[str, redis.Redis] = field(default_factory=dict, repr=False)
     # per fleet ("namespace/name"): the URL it uses, recorded by its reconciles before any Redis call
     # of the round (none when the fleet is gone). A client's pool keeps connections between calls, so
     # the clients of a URL no fleet uses any more (new credentials or settings are another URL; a
     # deleted fleet) are closed rather than kept until the operator exits.
-    redis_users: dict[str, str] = field(default_factory=dict)
+    redis_users: dict[str, str] = field(default_factory=dict, repr=False)
     # per URL: async calls in flight on its client (using_redis; the event loop's only). Another
     # fleet's autoscaler, or this fleet's own round begun before its credentials changed, may still be
     # mid-command on a URL no fleet records any more: its client is closed after their last call.
-    redis_calls: dict[str, int] = field(default_factory=dict)
+    redis_calls: dict[str, int] = field(default_factory=dict, repr=False)
     redis_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     reconciles: int = 0
     last_reconcile: float = 0.0

@@ -113,6 +113,24 @@ def gone(acl: AclRedis, user: str) -> Callable[[], bool]:
     return lambda: clients_of(acl, user) == 0
 
 
+# ------------------------------------------------------------------ no password in the context's repr
+
+
+async def test_the_contexts_repr_names_no_password(operator: InProcess) -> None:
+    # its client maps, the URL each fleet uses and the calls in flight are all keyed by the URL the
+    # operator dials, password included; the context is a dataclass, so its repr printed them
+    acl, ctx = operator.acl, operator.ctx
+    acl.user("fleet-a", *ALL_FLEET_KEYS)
+    await operator.reconciles("guarded", "fleet-a")
+    assert ctx.redis_users and ctx.sync_redis_clients and ctx.redis_clients  # all recorded, all kept
+    ctx.default_redis_url = operator.url("fleet-a")  # --redis / PREFIXFLEET_REDIS_URL may hold one too
+    async with ctx.using_redis(operator.url("fleet-a")):
+        assert ctx.redis_calls
+        shown = repr(ctx)
+    assert PASSWORD not in shown, shown
+    assert "reconciles=2" in shown  # still a repr of the context
+
+
 # ------------------------------------------------------------------ a URL no fleet uses any more
 
 
