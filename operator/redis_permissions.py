@@ -15,12 +15,13 @@ on the same kept connections) are the round trips.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.connection import AbstractConnection
+from redis.connection import AbstractConnection, ConnectionPool
 from redis.credentials import UsernamePasswordCredentialProvider
 from redis.exceptions import (
     AuthenticationError,
@@ -106,6 +107,16 @@ def permission_problem(user: str, denied: Sequence[FleetCommand]) -> str:
     )
 
 
+def pooled_connection(pool: ConnectionPool) -> AbstractConnection:
+    """A connection of ``pool``, to be given back with ``pool.release``. redis-py before 5.3 (the
+    project takes redis>=5) requires a command name, which it ignores; 5.3 made it optional and
+    later releases warn when one is given: it is passed only where required."""
+    parameter = inspect.signature(pool.get_connection).parameters.get("command_name")
+    if parameter is not None and parameter.default is inspect.Parameter.empty:
+        return pool.get_connection("PING")
+    return pool.get_connection()
+
+
 def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> list[FleetCommand]:
     """Those of ``commands`` (and MULTI/EXEC) the server refuses with NOPERM, found without running
     any: they are queued in a transaction that is discarded. Redis errors and timeouts propagate (an
@@ -117,7 +128,7 @@ def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> li
     transaction; otherwise (an error, a timeout, a proxy, a DISCARD refused) it is closed first, so
     the pool never hands out one left inside MULTI or with a reply still unread."""
     pool = client.connection_pool
-    conn = pool.get_connection()
+    conn = pooled_connection(pool)
     reusable = False
     try:
         # MULTI and a harmless PING first, the fleet's commands only once PING was QUEUED: were MULTI
@@ -200,7 +211,7 @@ def login(client: redis.Redis) -> None:
     The connection goes back to the pool only when both replies were read and accepted."""
     pool = client.connection_pool
     try:
-        conn = pool.get_connection()  # a new one logs in as it connects (refused: AuthenticationError)
+        conn = pooled_connection(pool)  # a new one logs in as it connects (refused: AuthenticationError)
     except AuthenticationError:
         pool.disconnect(inuse_connections=False)
         raise

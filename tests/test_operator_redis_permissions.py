@@ -280,6 +280,27 @@ def test_a_probe_cut_short_drops_its_connection(
     assert all(f"HSET on key {MEMBERS}" in f for f in reconcile_rounds(ctx, url, 2))
 
 
+class PoolOfRedisPy50(redis.ConnectionPool):
+    """A pool whose ``get_connection`` takes its arguments as redis-py 5.0 to 5.2 does: the command
+    name required (and ignored). pyproject allows redis>=5; 5.3 made it optional."""
+
+    def get_connection(self, command_name: str, *keys: Any, **options: Any) -> Any:  # type: ignore[override]
+        return super().get_connection()
+
+
+def test_the_login_and_probe_take_a_connection_as_redis_py_before_5_3_gives_one(
+    acl_redis: AclRedis, ctx: OperatorContext
+) -> None:
+    # before: get_connection() without a command name raised TypeError, outside the RedisError and
+    # OSError a round handles, so every reconcile of every fleet with a Redis failed whole
+    url = acl_redis.user("no-hset", *ALL_FLEET_KEYS, "-hset")
+    ctx.sync_redis_clients[url] = redis.Redis(connection_pool=PoolOfRedisPy50.from_url(url, socket_timeout=5))
+    before = connections_received(acl_redis)
+    found = reconcile_rounds(ctx, url, 3)  # each: the login, then the probe
+    assert all(f"HSET on key {MEMBERS}" in f for f in found), found
+    assert connections_received(acl_redis) - before == 1  # still one kept connection
+
+
 def clients_of(acl: AclRedis, user: str) -> int:
     return sum(c.get("user") == user for c in acl.admin.client_list())
 
