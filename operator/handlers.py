@@ -44,6 +44,7 @@ from prefixfleet.router.redis_conn import redacted, with_credentials
 from prefixfleet.router.summary import SummaryError
 
 from .kube import ChildRefused, Kube, load_api_client
+from .last_applied import with_last_applied
 from .membership import desired_members, plan_membership
 from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
 from .planner import (
@@ -556,10 +557,12 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         )
 
     children: dict[str, str] = {}
+    live_children: dict[str, Any] = {}  # by "Kind/name": their last-applied record guides updates
     router_ready = 0
     for kind in ("ConfigMap", "Deployment", "Service"):
         child = kube.get(kind, namespace, router_name(ref))
         if child is not None:
+            live_children[f"{kind}/{router_name(ref)}"] = child
             children[f"{kind}/{router_name(ref)}"] = (child["metadata"].get("annotations") or {}).get(
                 ANNOTATION_SPEC_HASH, ""
             )
@@ -630,9 +633,12 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     for change in plan.children:
         kopf.adopt(change.manifest, owner=fleet)
         try:
-            if change.action == "create" and kube.create(change.manifest):
+            # created with the record of what it holds, so a later update removes what is dropped
+            if change.action == "create" and kube.create(with_last_applied(change.manifest)):
                 continue
-            kube.replace_spec(change.manifest)
+            # None (created meanwhile by another round, or by an operator that kept no record):
+            # nothing is removed this once, and the record is written
+            kube.replace_spec(change.manifest, live_children.get(change.key))
         except ChildRefused as exc:
             refused.append(str(exc))
     changes = status_changes(current_status, with_refusals(plan.status, refused, conditions))

@@ -18,6 +18,7 @@ import kubernetes
 import yaml
 from kubernetes.client.rest import ApiException
 
+from .last_applied import child_patch
 from .models import GROUP, PLURAL, VERSION
 
 JSON = dict[str, Any]
@@ -165,12 +166,14 @@ class Kube:
             raise
         return True
 
-    def replace_spec(self, manifest: JSON) -> None:
+    def replace_spec(self, manifest: JSON, live: JSON | None = None) -> None:
         """Overwrite what the operator owns (labels, annotations, owner refs, spec/data) with a merge
-        patch; server-set fields (a Service's clusterIP, status) are left alone."""
+        patch; server-set fields (a Service's clusterIP, status) are left alone. Keys the live
+        object's last-applied record has and ``manifest`` lacks are removed, and ``manifest`` becomes
+        the record (three-way merge, operator/last_applied.py); without a record (or ``live``)
+        nothing is removed."""
         meta = manifest["metadata"]
-        patch = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind", "metadata", "status")}
-        patch["metadata"] = {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
+        patch = child_patch(manifest, live)
         try:
             self.request(
                 "PATCH",
