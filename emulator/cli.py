@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 
-from prefixfleet.cli import DefaultsHelpFormatter, check_positive
+from prefixfleet.cli import DefaultsHelpFormatter, check_positive, listen_error
 
 from .config import DEFAULT_MODEL, EmulatorConfig
 
@@ -158,5 +158,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         asyncio.run(serve(config, args.host, args.port))
     except OSError as exc:
-        raise UsageError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+        problem = listen_error(args.host, args.port, exc)
+        problem = problem or f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"
+        raise UsageError(problem) from None
     return 0

@@ -7,8 +7,10 @@ only assembles them and turns :class:`UsageError` into a one-line message and ex
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import math
+import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -60,6 +62,24 @@ def check_positive(
     if value is None or not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         shown = "nothing" if value is None else f"{value:g}"
         raise UsageError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {shown}")
+
+
+def listen_error(host: str, port: int, exc: OSError) -> str | None:
+    """One line naming the flag behind a failed bind (the event loop's own text is "[Errno 98] error
+    while attempting to bind on address ('127.0.0.1', 8080): ..."); None for an OSError that is no
+    bind failure (a service's run can raise others), which the caller words itself."""
+    where = "every interface" if not host else f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if not host:
+        where += f", port {port}"
+    if exc.errno == errno.EADDRINUSE:
+        return f"--port {port}: address {where} is already in use"
+    if exc.errno == errno.EACCES:
+        return f"--port {port}: permission denied to listen on {where} (ports below 1024 need privileges)"
+    if exc.errno == errno.EADDRNOTAVAIL or (exc.errno is not None and exc.errno < 0):  # < 0: getaddrinfo
+        # os.strerror: uvloop's strerror repeats the whole "error while attempting to bind ..." text
+        reason = os.strerror(exc.errno) if exc.errno > 0 else exc.strerror or str(exc)
+        return f"--host {host!r}: cannot listen on {where}: {reason}"
+    return None
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

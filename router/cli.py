@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
-from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive
+from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive, listen_error
 
 from .addresses import authority_error, bracket_ipv6_url, redis_url_error, without_userinfo
 from .blockhash import DEFAULT_BLOCK_TOKENS
@@ -314,7 +314,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
         config.resolved_worker_id()
     except ValueError as exc:
         raise UsageError(f"--worker-id: {exc}") from None
-    return _run(serve(config))
+    return _run(serve(config), args.host, args.port)
 
 
 def _policy_params(policy: str, pairs: list[str]) -> dict[str, float]:
@@ -385,7 +385,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         tenant_header=args.tenant_header,
         client_write_timeout_s=args.client_write_timeout,
     )
-    return _run(serve(config))
+    return _run(serve(config), args.host, args.port)
 
 
 def _check_tenant_header(header: str | None) -> None:
@@ -482,7 +482,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-def _run(main: Coroutine[Any, Any, None]) -> int:
+def _run(main: Coroutine[Any, Any, None], host: str, port: int) -> int:
     """Run a service until SIGINT/SIGTERM, then shut it down cleanly (deregistering from Redis)."""
 
     async def runner() -> None:
@@ -496,6 +496,6 @@ def _run(main: Coroutine[Any, Any, None]) -> int:
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
             loop_runner.run(runner())
-    except OSError as exc:  # e.g. the port is taken
-        raise UsageError(str(exc)) from None
+    except OSError as exc:  # e.g. the port is taken: name the flag, not the event loop's errno text
+        raise UsageError(listen_error(host, port, exc) or str(exc)) from None
     return 0
