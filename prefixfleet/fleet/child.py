@@ -7,14 +7,12 @@ costs each of a fleet's many children about half a second of CPU at start-up.
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
-from prefixfleet.cli import UsageError
+from prefixfleet.cli import UsageError, build_parser
 
-COMMANDS: dict[str, str] = {"emulator": "prefixfleet.emulator.cli", "router": "prefixfleet.router.cli"}
+COMMANDS = ("emulator", "router")  # each in prefixfleet.cli.COMMAND_OWNERS: only its module is imported
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -22,16 +20,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0] not in COMMANDS:
         print(f"usage: python -m prefixfleet.fleet.child {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
         return 2
-    parser = argparse.ArgumentParser(prog="prefixfleet")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    importlib.import_module(COMMANDS[argv[0]]).register(sub)
-    args = parser.parse_args(argv)
+    # the CLI's own parser for just this command (build_parser imports only its module): refusals read
+    # `prefixfleet router gateway: error: ...` in one line, as they do under `prefixfleet`
+    args = build_parser(only=argv[0]).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except UsageError as exc:
-        print(f"prefixfleet {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{args.command_prog}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # silent, as before: a child has no terminal of its own to report to
         return 130
 
 
