@@ -265,13 +265,14 @@ def run_up_command(args: argparse.Namespace) -> int:
         if json_path:
             write_json(json_path, report)
         if plot_path:
-            from prefixfleet.fleet.load import ttfts_ms
+            from prefixfleet.fleet.load import counted, ttfts_ms
             from prefixfleet.fleet.plots import write_live_plot
 
             with writing(plot_path, "--plot"):
                 write_live_plot(
                     plot_path,
-                    f"prefixfleet up: {workload.name}, {spec.replicas} engines, {spec.gateways} gateways",
+                    f"prefixfleet up: {workload.name}, {counted(spec.replicas, 'engine')}, "
+                    f"{counted(spec.gateways, 'gateway')}",
                     {r.policy: ttfts_ms(r.run.outcomes) for r in runs},
                     {r.policy: r.run.summary.hit_rate for r in runs},
                 )
@@ -393,13 +394,14 @@ async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheu
 
 
 def format_up(report: dict[str, Any]) -> str:
-    from prefixfleet.fleet.load import format_table
+    from prefixfleet.fleet.load import counted, format_table
 
     s = report["settings"]
     engine = s["engine"]
     title = (
-        f"{report['workload']}: {s['requests']} requests, {s['replicas']} engines × "
-        f"{engine['cache_tokens']} cache tokens, {s['gateways']} gateways, time-scale {engine['time_scale']} "
+        f"{report['workload']}: {counted(s['requests'], 'request')}, {counted(s['replicas'], 'engine')} × "
+        f"{engine['cache_tokens']} cache tokens, {counted(s['gateways'], 'gateway')}, "
+        f"time-scale {engine['time_scale']} "
         "(TTFT wall-clock ms)"
     )
     rows = {(f"{n}*" if n == DEFAULT_POLICY else n): r for n, r in report["policies"].items()}
