@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import stat
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -521,6 +523,27 @@ def _parse_trace_line(
     return float(ts), n_in, n_out, ids
 
 
+def trace_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as a trace ("not found", "is a directory", ...), or None.
+
+    ``is_file()`` alone said "not found" for a directory, a device or a file nobody may read."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return "not found"
+    except NotADirectoryError:
+        return "a part of the path is not a directory"
+    except OSError as exc:  # a parent that is a file, a directory we may not enter, ...
+        return (exc.strerror or str(exc)).lower()
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a trace file"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file"
+    if not os.access(path, os.R_OK):
+        return "permission denied"
+    return None
+
+
 def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
     """Replay a Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
 
@@ -533,31 +556,36 @@ def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
     if s["limit"] < 0:
         raise ValueError(f"workload 'trace' setting 'limit' must be >= 0, got {s['limit']}")
     file = Path(path)
-    if not file.is_file():
+    if (problem := trace_file_problem(file)) == "not found":
         raise ValueError(f"trace file not found: {path}")
+    if problem is not None:
+        raise ValueError(f"trace {path}: {problem}")
     block, file_block = s["block_tokens"], s["trace_block_tokens"]
     max_block_id = (2**32 // block) - 1  # keeps every block's counter range disjoint
     blocks: dict[int, bytes] = {}
     rows = []
-    with file.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                raise _trace_error(path, lineno, "not UTF-8 text") from None
-            if not line.strip():
-                continue
-            ts, n_in, n_out, ids = _parse_trace_line(path, lineno, line, max_block_id)
-            if len(ids) != math.ceil(n_in / file_block):
-                raise _trace_error(
-                    path,
-                    lineno,
-                    f"{len(ids)} hash_ids do not cover input_length {n_in} in {file_block}-token blocks "
-                    f"(expected {math.ceil(n_in / file_block)})",
-                )
-            rows.append((ts, n_in, n_out, ids))
-            if s["limit"] and len(rows) >= s["limit"]:
-                break
+    try:  # a read can still fail (an I/O error, a file that vanished): one line, not a traceback
+        with file.open("rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _trace_error(path, lineno, "not UTF-8 text") from None
+                if not line.strip():
+                    continue
+                ts, n_in, n_out, ids = _parse_trace_line(path, lineno, line, max_block_id)
+                if len(ids) != math.ceil(n_in / file_block):
+                    raise _trace_error(
+                        path,
+                        lineno,
+                        f"{len(ids)} hash_ids do not cover input_length {n_in} in {file_block}-token blocks "
+                        f"(expected {math.ceil(n_in / file_block)})",
+                    )
+                rows.append((ts, n_in, n_out, ids))
+                if s["limit"] and len(rows) >= s["limit"]:
+                    break
+    except OSError as exc:
+        raise ValueError(f"trace {path}: cannot read: {exc.strerror or exc}") from None
     if not rows:
         raise ValueError(f"trace {path} has no requests")
     rows.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order

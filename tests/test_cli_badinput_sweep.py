@@ -101,7 +101,7 @@ NUMBER_CASES = [
     ([*LOAD, "--model", ""], "--model is empty"),
     (["up", "--requests", "5", "--cache-tokens", "2"], "--cache-tokens 2 cannot hold the workload's longest"),
     ([*COMPARE, "--requests", "5", "--cache-tokens", "100"], "--cache-tokens 100 cannot hold"),
-    (["compare", "--json", "c.json", "--trace", "adir"], "--trace adir: the trace was not found"),
+    (["compare", "--json", "c.json", "--trace", "adir"], "--trace adir: is a directory, not a trace file"),
     (["emulator", "--port", "0", "--host", ""], "--host is empty"),
     (
         ["emulator", "--port", "0", "--decode-tokens-per-s", "inf"],

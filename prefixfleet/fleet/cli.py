@@ -617,8 +617,11 @@ def run_compare_command(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = parse_pairs(args.set, "--set")
     spec = args.workload
     if spec is None:
-        if args.trace and not Path(args.trace).is_file():
-            raise UsageError(f"--trace {args.trace}: the trace was not found (no such file)")
+        from prefixfleet.sim.workloads import trace_file_problem
+
+        if args.trace and (problem := trace_file_problem(Path(args.trace))) is not None:
+            problem = "the trace was not found (no such file)" if problem == "not found" else problem
+            raise UsageError(f"--trace {args.trace}: {problem}")
         trace = Path(args.trace) if args.trace else default_trace_path()
         if trace is None or not trace.is_file():
             raise UsageError(
