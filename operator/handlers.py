@@ -65,6 +65,7 @@ from .planner import (
     observe_pod,
     plan_invalid_spec,
     plan_reconcile,
+    redis_verdict,
     replica_name,
     replica_selector,
     router_name,
@@ -240,10 +241,14 @@ async def close_clients(memo: kopf.Memo, **_: Any) -> None:
         return
     for _, task in ctx.rechecks.values():
         task.cancel()
-    for client in ctx.redis_clients.values():
+    # snapshots: a call ending while a client closes (using_redis) takes its URL's client out of
+    # the map, as a worker thread's dial_redis does for the sync ones
+    for client in list(ctx.redis_clients.values()):
         with contextlib.suppress(Exception):
             await client.aclose()
-    for sync_client in ctx.sync_redis_clients.values():
+    with ctx.redis_lock:
+        sync_clients = list(ctx.sync_redis_clients.values())
+    for sync_client in sync_clients:
         with contextlib.suppress(Exception):
             sync_client.close()
 
@@ -465,17 +470,18 @@ def redis_login(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRed
     return ""
 
 
-def redis_permission_problem(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> str:
+def redis_permission_problem(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> str | None:
     """Which commands the fleet runs (operator, sidecars, gateways) its Redis denies the ACL user it
-    accepted, naming them and the user (never the password); "" when none, or when it does not answer
-    (an outage). One queued-and-discarded transaction per reconcile: nothing is written."""
+    accepted, naming them and the user (never the password); "" when none; None when it does not
+    answer (an outage: the round keeps the fleet's last verdict, planner.redis_verdict). One
+    queued-and-discarded transaction per reconcile: nothing is written."""
     # the keys of its first replica: the same every round (one message, one Event), and matched by
     # per-fleet or per-replica key patterns alike
     commands = fleet_commands(FleetKeys(ref.redis_fleet), replica_name(ref, 0))
     try:
         denied = denied_commands(ctx.sync_redis(chosen.dial_url), commands)
     except (RedisError, OSError):
-        return ""
+        return None
     return permission_problem(acl_user(chosen.dial_url), denied)
 
 
@@ -575,13 +581,16 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     redis_url = chosen_redis.dial_url
     # one that refuses the credentials is said on the fleet (Degraded=RedisAuthFailed), not dialled
     # again this round (membership, drains): no warning per call
-    login = redis_login(ctx, redis_spec, chosen_redis) if redis_url else None
-    auth_problem = login or ""
-    if auth_problem:
-        redis_url = ""
+    # ("" when not dialled: nothing to prove, RedisUnusable says why)
+    login = redis_login(ctx, redis_spec, chosen_redis) if redis_url else ""
     # one that takes them (login "") but denies the user a command the fleet runs is said too
     # (Degraded=RedisPermissionDenied); the round still dials it for what it may do
-    permission_problem = redis_permission_problem(ctx, chosen_redis, ref) if login == "" else ""
+    permissions = redis_permission_problem(ctx, chosen_redis, ref) if redis_url and login == "" else ""
+    # one that did not answer (None) leaves the fleet's last verdict as it is: no clearing during an
+    # outage, no second Warning Event when it answers the same again
+    auth_problem, permission_problem = redis_verdict(login, permissions, conditions)
+    if auth_problem:
+        redis_url = ""
     if redis_url and any(p.draining for p in pods):
         pods = with_in_flight(ctx, redis_url, ref, pods)
     victims = [v for v in (meta.get("annotations") or {}).get(ANNOTATION_VICTIMS, "").split(",") if v]

@@ -181,11 +181,11 @@ class ObservedState:
     # naming the field; empty when it can.
     redis_problem: str = ""
     # Why the fleet's Redis refuses the credentials the spec gives (wrong password, unknown or
-    # disabled user, none sent), naming the field and Secret to fix; empty when it accepts them or
-    # could not be asked (an outage is not an auth problem).
+    # disabled user, none sent), naming the field and Secret to fix; empty when it accepts them. A
+    # round that could not ask (an outage) passes the last verdict on (redis_verdict).
     redis_auth_problem: str = ""
     # Which commands the fleet runs (operator, sidecars, gateways) Redis denies the ACL user it
-    # accepted, naming them and the user; empty when none are, or it could not be asked.
+    # accepted, naming them and the user; empty when none are; in an outage, as for the login.
     redis_permission_problem: str = ""
     # The image the operator was deployed with (chart: PREFIXFLEET_IMAGE); it replaces the models'
     # default project image so sidecars, gateways and emulators run the same release as the operator.
@@ -1251,6 +1251,32 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         recheck_after_s=unhealthy.recheck_after_s,
         unavailable=unhealthy.unavailable,
     )
+
+
+def redis_verdict(
+    login: str | None, permissions: str | None, previous: Sequence[Mapping[str, Any]]
+) -> tuple[str, str]:
+    """(``redis_auth_problem``, ``redis_permission_problem``) of a round, for ObservedState.
+
+    ``login`` is the login check's answer (a refusal's message, "" accepted, None: Redis did not
+    answer), ``permissions`` the permission check's (a denial's message, "" none, None: not asked or
+    no answer). A round that could not reach Redis decides nothing about the credentials: the verdict
+    of the fleet's current Degraded condition (``previous``, status.conditions) is kept as it stands,
+    so an outage neither clears RedisAuthFailed or RedisPermissionDenied nor, once Redis answers the
+    same again, raises it anew with another Warning Event (the condition and message are unchanged,
+    so :func:`degraded_event` says nothing). A round that reached Redis decides alone."""
+    old = next((c for c in previous if c.get("type") == "Degraded" and c.get("status") == "True"), None)
+    held_reason, held = (old.get("reason"), str(old.get("message") or "")) if old else (None, "")
+    if login is None:  # unreachable: neither the login nor the permissions were proven this round
+        return (
+            held if held_reason == REDIS_AUTH_FAILED else "",
+            held if held_reason == REDIS_PERMISSION_DENIED else "",
+        )
+    if login:
+        return login, ""
+    if permissions is None:  # the login was accepted (no RedisAuthFailed), then Redis stopped answering
+        return "", held if held_reason == REDIS_PERMISSION_DENIED else ""
+    return "", permissions
 
 
 def degraded_event(reason: str, message: str, previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
