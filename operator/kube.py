@@ -93,13 +93,20 @@ def kube_config_problem() -> str | None:
     try:
         load_api_client()
     except (kubernetes.config.ConfigException, OSError, yaml.YAMLError) as exc:
-        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
         why = " ".join(str(exc).split())
-        return (
-            "no Kubernetes API to talk to: not in a pod with a service account, and the kubeconfig"
-            f" ({where}) gives none: {why}"
-        )
-    return None
+    except (TypeError, AttributeError, KeyError, ValueError) as exc:
+        # The kubernetes loader reads a kubeconfig's YAML without checking its shape: a file that is
+        # a list or a string, or whose contexts, clusters or users are not mappings, raises these
+        # from inside it (a traceback and exit 1 otherwise).
+        detail = " ".join(str(exc).split())
+        why = f"not a kubeconfig (its contexts, clusters and users cannot be read): {detail}"
+    else:
+        return None
+    where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+    return (
+        "no Kubernetes API to talk to: not in a pod with a service account, and the kubeconfig"
+        f" ({where}) gives none: {why}"
+    )
 
 
 class Kube:

@@ -17,11 +17,23 @@ import pytest
 PREFIXFLEET = str(Path(sys.executable).parent / "prefixfleet")
 
 
-@pytest.mark.parametrize("kubeconfig", ["missing", "broken"])
+# YAML the kubernetes loader cannot read, and YAML that is no kubeconfig: a list, a string, a
+# section of the wrong type, a context that is no mapping (each raised TypeError or AttributeError
+# from inside the loader: a traceback and exit 1)
+BROKEN = {
+    "broken": "clusters: [unclosed",
+    "a-list": "[1, 2]",
+    "a-string": "just some text",
+    "contexts-not-a-list": "contexts: 5",
+    "context-not-a-mapping": "current-context: x\ncontexts: [{name: x, context: 5}]",
+}
+
+
+@pytest.mark.parametrize("kubeconfig", ["missing", *BROKEN])
 def test_no_kubeconfig_and_no_service_account_is_one_line(tmp_path: Path, kubeconfig: str) -> None:
     path = tmp_path / "config"
-    if kubeconfig == "broken":
-        path.write_text("clusters: [unclosed")
+    if kubeconfig in BROKEN:
+        path.write_text(BROKEN[kubeconfig])
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE_")}
     env.update(HOME=str(tmp_path), KUBECONFIG=str(path))
     try:
