@@ -226,17 +226,17 @@ NAMESPACED_GRANTS: dict[tuple[str, str], dict[str, str]] = {
         "patch": "kopf's finalizer and last-handled-configuration annotation",
     },
     ("prefixfleet.io", "prefixcachefleets/status"): {
-        "get": "read the current status before a merge patch",
         "patch": "write observedGeneration, replicas, conditions, hot prefixes",
     },
     ("prefixfleet.io", "prefixcachefleets/scale"): {
-        "get": "read the replica count like any scaler",
         "patch": "the autoscaler sets the replica count",
+    },
+    ("prefixfleet.io", "prefixcachefleets/finalizers"): {
+        "update": "children's ownerReferences with blockOwnerDeletion (OwnerReferencesPermissionEnforcement)",
     },
     ("", "pods"): {
         "create": "replica pods are owned directly",
         "delete": "remove the scale-down victim, failed and outdated pods",
-        "get": "read one replica pod",
         "list": "observe the fleet's replicas",
         "watch": "readiness and membership changes",
         "patch": "warming/draining labels and annotations",
@@ -246,9 +246,7 @@ NAMESPACED_GRANTS: dict[tuple[str, str], dict[str, str]] = {
             "create": "create-if-absent child of the fleet",
             "delete": "replace on an immutable-field change",
             "get": "read the child by its explicit name",
-            "list": "repair after manual edits or deletion",
-            "watch": "repair after manual edits or deletion",
-            "patch": "follow spec changes",
+            "patch": "follow spec changes, repair hand edits",
         }
         for kind in ("services", "configmaps")
     },
@@ -256,11 +254,11 @@ NAMESPACED_GRANTS: dict[tuple[str, str], dict[str, str]] = {
         "create": "the fleet's gateway Deployment",
         "delete": "replace on a selector change",
         "get": "read the child by its explicit name",
-        "list": "repair after manual edits or deletion",
-        "watch": "repair after manual edits or deletion",
+        "list": "kopf lists router Deployments (its readiness is the fleet's)",
+        "watch": "kopf watches router Deployments",
         "patch": "follow spec changes (image, replicas, policy)",
     },
-    ("", "events"): {"create": "kopf posts Events on fleets", "patch": "count repeats of an Event"},
+    ("", "events"): {"create": "kopf posts Events on fleets (it never patches one)"},
     ("", "secrets"): {"get": "the Redis URL/password Secret a fleet names (never list/watch)"},
 }
 CLUSTER_GRANTS: dict[tuple[str, str], dict[str, str]] = {
@@ -268,6 +266,9 @@ CLUSTER_GRANTS: dict[tuple[str, str], dict[str, str]] = {
         "list": "kopf resolves the served version of its resource",
         "watch": "kopf notices the CRD being (re)installed",
     },
+}
+# Only with operator.watchNamespaces: kopf run with --namespace follows namespaces (cluster-wide it does not).
+NAMESPACE_GRANTS: dict[tuple[str, str], dict[str, str]] = {
     ("", "namespaces"): {"list": "kopf follows namespaces", "watch": "kopf follows new namespaces"},
 }
 
@@ -306,12 +307,20 @@ def test_namespace_scope_grants_namespaced_rights_only_in_watched_namespaces(
 ) -> None:
     objects = render(chart, EVERYTHING_ON)
     (cluster_role,) = by_kind(objects, "ClusterRole")
-    assert grants(cluster_role) == expected(CLUSTER_GRANTS)
+    assert grants(cluster_role) == expected(CLUSTER_GRANTS) | expected(NAMESPACE_GRANTS)
     roles = by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert grants(role) == expected(NAMESPACED_GRANTS)
     assert sorted(b["metadata"]["namespace"] for b in by_kind(objects, "RoleBinding")) == ["team-a", "team-b"]
+
+
+def test_a_cluster_scoped_operator_watching_some_namespaces_may_follow_namespaces(
+    chart: helm_python.Chart,
+) -> None:
+    """rbac.scope=cluster with operator.watchNamespaces: `operator run --namespace` lists namespaces."""
+    (role,) = by_kind(render(chart, {"operator": {"watchNamespaces": ["team-a"]}}), "ClusterRole")
+    assert grants(role) == expected(NAMESPACED_GRANTS) | expected(CLUSTER_GRANTS) | expected(NAMESPACE_GRANTS)
 
 
 def test_secret_reads_can_be_turned_off(chart: helm_python.Chart) -> None:
