@@ -69,7 +69,17 @@ def parse_last_applied(live: JSON | None) -> JSON | None:
         parsed = json.loads(text)
     except ValueError:
         return None
-    return parsed if isinstance(parsed, dict) else None
+    if not isinstance(parsed, dict):
+        return None
+    # Only what an update writes can be removed by one: a record edited by hand (or by a tool that
+    # copied the whole object into it) may name apiVersion, kind, status, metadata.name, uid or
+    # finalizers, which the patch would otherwise set to null (another controller's finalizer
+    # removed; a patch the API server refuses every round).
+    record = {k: v for k, v in parsed.items() if k not in NOT_OWNED}
+    meta = parsed.get("metadata")
+    if isinstance(meta, dict):
+        record["metadata"] = {k: meta[k] for k in OWNED_METADATA if k in meta}
+    return record
 
 
 def three_way_patch(last_applied: JSON | None, desired: JSON) -> JSON:

@@ -268,3 +268,42 @@ def test_a_child_made_before_records_were_kept_gets_one_on_its_first_update(kube
     assert live is not None
     assert "nodeSelector" not in live["spec"]["template"]["spec"]
     assert live["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "ghcr"}]  # never recorded
+
+
+def test_a_record_naming_fields_an_update_never_writes_removes_none_of_them() -> None:
+    # A record edited by hand, or filled with the whole object: its identity, the API server's
+    # fields, another controller's finalizer and the status are not the operator's to remove
+    # (a null kind or name is refused by the API server every round; a null finalizers list drops
+    # someone else's finalizer).
+    manifest = gateway({})
+    foreign_record = {
+        **owned_fields(manifest),
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "status": {"replicas": 1},
+    }
+    foreign_record["metadata"] = {
+        **foreign_record["metadata"],
+        "name": "f-router",
+        "namespace": "default",
+        "uid": "u-1",
+        "resourceVersion": "7",
+        "finalizers": ["example.com/keep"],
+        "generateName": "f-",
+    }
+    live: JSON = {"metadata": {"annotations": {ANNOTATION_LAST_APPLIED: json.dumps(foreign_record)}}}
+    assert parse_last_applied(live) == owned_fields(manifest)
+    patch = child_patch(manifest, live)
+    assert set(patch) == {"metadata", "spec"}
+    assert set(patch["metadata"]) == {"labels", "annotations", "ownerReferences"}
+    assert "null" not in json.dumps(patch)  # the desired manifest is what the record said: nothing removed
+
+
+@pytest.mark.parametrize("metadata", ["text", 5, ["labels"]])
+def test_a_record_whose_metadata_is_no_object_removes_no_metadata(metadata: Any) -> None:
+    manifest = gateway({})
+    record = {**owned_fields(manifest), "metadata": metadata}
+    live: JSON = {"metadata": {"annotations": {ANNOTATION_LAST_APPLIED: json.dumps(record)}}}
+    patch = child_patch(manifest, live)
+    assert "null" not in json.dumps(patch["metadata"])
+    assert patch["metadata"] == owned_fields(with_last_applied(manifest))["metadata"]
