@@ -88,6 +88,15 @@ def _documents(name: str) -> list[Any]:
         raise UsageError(f"{name} is not valid YAML: {_yaml_error_line(exc)}") from None
 
 
+def _listed(doc: Any) -> list[Any]:
+    """The objects a document stands for, as ``kubectl apply`` reads it: the items of a list (an
+    object with an ``items`` list, such as ``kind: List`` from ``kubectl get -o yaml``), flattened,
+    or the document itself."""
+    if isinstance(doc, dict) and isinstance(doc.get("items"), list):
+        return [obj for item in doc["items"] for obj in _listed(item)]
+    return [doc]
+
+
 def _yaml_error_line(exc: yaml.YAMLError) -> str:
     """PyYAML's message spans several lines (with a caret drawing); the error is one line."""
     mark = getattr(exc, "problem_mark", None)
@@ -137,7 +146,7 @@ def run_validate(args: argparse.Namespace) -> int:
         print("note: cel-python is not installed; CEL rules are checked by the models only", file=sys.stderr)
     invalid = fleets = 0
     for name in args.files:
-        for doc in _documents(name):
+        for doc in (obj for document in _documents(name) for obj in _listed(document)):
             found = identity_problems(doc) if isinstance(doc, dict) else None
             if found is None:
                 kind = doc.get("kind", "?") if isinstance(doc, dict) else type(doc).__name__

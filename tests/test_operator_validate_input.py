@@ -79,3 +79,33 @@ def test_broken_yaml_is_one_line_naming_the_line(tmp_path: Path, capsys: pytest.
     err = capsys.readouterr().err.strip()
     assert "\n" not in err, err
     assert err.startswith(f"prefixfleet operator validate: error: {path} is not valid YAML: line ")
+
+
+def _list_file(tmp_path: Path, list_kind: str, *items: object) -> Path:
+    path = tmp_path / "list.yaml"
+    api_version = "v1" if list_kind == "List" else models.API_VERSION
+    path.write_text(
+        yaml.safe_dump({"apiVersion": api_version, "kind": list_kind, "metadata": {}, "items": list(items)})
+    )
+    return path
+
+
+@pytest.mark.parametrize("list_kind", ["List", "PrefixCacheFleetList"])
+def test_the_fleets_of_a_list_are_checked_as_kubectl_apply_reads_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], list_kind: str
+) -> None:
+    # `kubectl get pcf -o yaml > fleets.yaml` writes a List, which `kubectl apply -f` takes item by
+    # item; validate said "skipped a List" and "no PrefixCacheFleet" (exit 2), or refused the
+    # PrefixCacheFleetList itself as a misspelt kind (exit 1)
+    fleet = yaml.safe_load(EXAMPLE.read_text())
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}
+    path = _list_file(tmp_path, list_kind, other, fleet)
+    assert main(["operator", "validate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped a ConfigMap" in out and "emulator-fleet: ok" in out
+    assert list_kind not in out
+
+    broken = {**fleet, "spec": {**fleet["spec"], "replicas": "two"}}
+    path = _list_file(tmp_path, list_kind, broken)
+    assert main(["operator", "validate", str(path)]) == 1
+    assert "emulator-fleet: spec.replicas" in capsys.readouterr().out
