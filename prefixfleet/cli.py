@@ -101,7 +101,18 @@ class OneLineErrorParser(argparse.ArgumentParser):
     Subcommand parsers are built from the same class (``add_subparsers`` uses the parent's type)."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._commands_hint(message)}\n")
+
+    def _commands_hint(self, message: str) -> str:
+        """For a missing subcommand (bare ``prefixfleet``, ``prefixfleet operator``), which ones there
+        are: the usage block that listed them is gone, and "required: COMMAND" alone leaves a
+        newcomer guessing."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and action.choices:
+                name = argparse._get_action_name(action)
+                if message == f"the following arguments are required: {name}":
+                    return f" (one of {', '.join(action.choices)}; '{self.prog} --help' says what each does)"
+        return ""
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

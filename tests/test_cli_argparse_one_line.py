@@ -78,3 +78,26 @@ def test_a_usage_error_names_the_whole_subcommand_as_argparse_does(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(start), err
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "metavar", "some"),
+    [
+        ([], "prefixfleet", "COMMAND", ("sim", "operator", "router")),
+        (["operator"], "prefixfleet operator", "SUBCOMMAND", ("run", "validate", "crd")),
+        (["router"], "prefixfleet router", "SERVICE", ("sidecar", "gateway")),
+    ],
+)
+def test_a_missing_subcommand_names_the_ones_there_are(
+    argv: list[str], prog: str, metavar: str, some: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # before ca70bee the usage block listed them ({sim,sim-autoscale,...}); after it, bare
+    # `prefixfleet` said only "the following arguments are required: COMMAND"
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"{prog}: error: the following arguments are required: {metavar} (one of "), err
+    assert all(f" {name}," in err or f" {name};" in err for name in some), err
+    assert f"'{prog} --help'" in err
