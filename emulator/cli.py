@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import signal
 import sys
 
@@ -126,7 +127,18 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
             cache_on_compute=args.cache_on_compute,
         )
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(_as_flags(str(exc), args)) from None
+
+
+def _as_flags(problem: str, args: argparse.Namespace) -> str:
+    """EmulatorConfig's refusal with each field it names as the flag that set it: the user typed
+    --max-running, not max_running."""
+    if args.max_prompt_tokens is None and problem.startswith("max_prompt_tokens ("):
+        # the default prompt limit (cache tokens - 1) is what clashed: the flag given was --cache-tokens
+        need = "a prompt and its first output token"
+        return f"--cache-tokens must be at least 2 ({need}), got {args.cache_tokens}"
+    flags = sorted((f for f in vars(args) if f in EmulatorConfig.__dataclass_fields__), key=len, reverse=True)
+    return re.sub(rf"\b({'|'.join(flags)})\b", lambda m: "--" + m.group(1).replace("_", "-"), problem)
 
 
 async def serve(config: EmulatorConfig, host: str, port: int) -> None:

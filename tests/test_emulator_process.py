@@ -87,7 +87,7 @@ def test_cli_emulator_serves_and_exits_cleanly_on_signal(tmp_path: Path, sig: si
 @pytest.mark.parametrize(
     "flags,message",
     [
-        (["--port", "1", "--cache-tokens", "0"], "cache_tokens must be a positive integer"),
+        (["--port", "1", "--cache-tokens", "0"], "--cache-tokens must be a positive integer"),
         (["--port", "70000"], "--port must be in"),
         # finite but extreme: no request would ever finish (or the sidecar's arithmetic overflows)
         (
