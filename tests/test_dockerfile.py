@@ -144,17 +144,12 @@ def test_dockerignore_keeps_the_context_small() -> None:
 # ------------------------------------------------------------------ the install steps, replayed
 
 
-def test_builder_steps_produce_a_wheel_that_runs_from_a_fresh_venv(
-    tmp_path: Path, dockerfile: dict[str, list[tuple[str, str]]]
-) -> None:
-    """Copy exactly what the builder copies, build the wheel the same way, install it into a new
-    venv and run the CLI there (dependencies come from the test venv: the sandbox is offline)."""
-    missing = [p for p in copied_paths(dockerfile["builder"]) if not (ROOT / p).exists()]
-    assert not missing, f"`docker build` would fail at COPY: {missing} not in the checkout"
+def build_wheel(builder: list[tuple[str, str]], tmp_path: Path) -> Path:
+    """Copy exactly what the builder stage copies and build the wheel the same way (offline)."""
     context = tmp_path / "src"
     context.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for source in copied_paths(dockerfile["builder"]):
+    for source in copied_paths(builder):
         src = ROOT / source
         if src.is_dir():
             shutil.copytree(src, context / source, ignore=ignore)
@@ -164,6 +159,17 @@ def test_builder_steps_produce_a_wheel_that_runs_from_a_fresh_venv(
     build = [sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "--no-index"]
     subprocess.run([*build, "--wheel-dir", str(wheels), "."], cwd=context, check=True, capture_output=True)
     (wheel,) = wheels.glob("prefixfleet-*.whl")
+    return wheel
+
+
+def test_builder_steps_produce_a_wheel_that_runs_from_a_fresh_venv(
+    tmp_path: Path, dockerfile: dict[str, list[tuple[str, str]]]
+) -> None:
+    """Copy exactly what the builder copies, build the wheel the same way, install it into a new
+    venv and run the CLI there (dependencies come from the test venv: the sandbox is offline)."""
+    missing = [p for p in copied_paths(dockerfile["builder"]) if not (ROOT / p).exists()]
+    assert not missing, f"`docker build` would fail at COPY: {missing} not in the checkout"
+    wheel = build_wheel(dockerfile["builder"], tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert not any(n.startswith("operator/") for n in names), "must not ship a top-level `operator` module"
     assert "prefixfleet/operator/models.py" in names
