@@ -11,9 +11,10 @@ import argparse
 import importlib
 import os
 import re
+import socket
 from typing import Any
 
-from prefixfleet.cli import UsageError
+from prefixfleet.cli import UsageError, listen_error
 from prefixfleet.router.addresses import authority_error, redis_url_error, without_userinfo
 
 from .models import PROMETHEUS_URL_PATTERN
@@ -78,6 +79,29 @@ def register(subparsers: Any) -> None:
     run.set_defaults(func=run_operator)
 
 
+def metrics_listen_problem(addr: str, port: int) -> str | None:
+    """Why the metrics server could not listen on ``addr``:``port``, or None. Resolved as
+    prometheus_client's start_http_server resolves it (a name or an address, IPv6 unbracketed), then
+    bound once with its SO_REUSEADDR and released."""
+    if not addr.strip():
+        return "--metrics-addr is empty; give an address to bind, e.g. 0.0.0.0 (or :: for IPv6)"
+    try:
+        infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        hint = " (an IPv6 address goes unbracketed, e.g. ::)" if addr.startswith("[") else ""
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else "not a valid host name"
+        return f"--metrics-addr {addr!r}: not an address this host can listen on: {reason}{hint}"
+    family, _, _, _, sockaddr = infos[0]
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(sockaddr)
+    except OSError as exc:
+        flags = {"host_flag": "--metrics-addr", "port_flag": "--metrics-port"}
+        return listen_error(addr, port, exc, **flags) or f"--metrics-addr {addr!r}: cannot listen: {exc}"
+    return None
+
+
 def run_operator(args: argparse.Namespace) -> int:
     if args.liveness is not None and not re.fullmatch(LIVENESS_URL_PATTERN, args.liveness):
         raise UsageError(f"--liveness must look like http://HOST:PORT/PATH, got {args.liveness!r}")
@@ -92,6 +116,8 @@ def run_operator(args: argparse.Namespace) -> int:
             raise UsageError(f"{flag} {url!r}: {problem}")
     if not 0 <= args.metrics_port <= 65535:
         raise UsageError(f"--metrics-port must be between 0 and 65535, got {args.metrics_port}")
+    if args.metrics_port and (problem := metrics_listen_problem(args.metrics_addr, args.metrics_port)):
+        raise UsageError(problem)  # it only warned once kopf had started: no metrics, no autoscaler alerts
     from .kube import kube_config_problem
 
     if (problem := kube_config_problem()) is not None:

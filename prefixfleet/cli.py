@@ -64,7 +64,9 @@ def check_positive(
         raise UsageError(f"{flag} must be {'>= 0' if allow_zero else 'positive'}, got {shown}")
 
 
-def listen_error(host: str, port: int, exc: OSError) -> str | None:
+def listen_error(
+    host: str, port: int, exc: OSError, *, host_flag: str = "--host", port_flag: str = "--port"
+) -> str | None:
     """One line naming the flag behind a failed bind (the event loop's own text is "[Errno 98] error
     while attempting to bind on address ('127.0.0.1', 8080): ..."); None for an OSError that is no
     bind failure (a service's run can raise others), which the caller words itself."""
@@ -72,13 +74,13 @@ def listen_error(host: str, port: int, exc: OSError) -> str | None:
     if not host:
         where += f", port {port}"
     if exc.errno == errno.EADDRINUSE:
-        return f"--port {port}: address {where} is already in use"
+        return f"{port_flag} {port}: address {where} is already in use"
     if exc.errno == errno.EACCES:
-        return f"--port {port}: permission denied to listen on {where} (ports below 1024 need privileges)"
+        return f"{port_flag} {port}: permission denied to listen on {where} (ports below 1024 need root)"
     if exc.errno == errno.EADDRNOTAVAIL or (exc.errno is not None and exc.errno < 0):  # < 0: getaddrinfo
         # os.strerror: uvloop's strerror repeats the whole "error while attempting to bind ..." text
         reason = os.strerror(exc.errno) if exc.errno > 0 else exc.strerror or str(exc)
-        return f"--host {host!r}: cannot listen on {where}: {reason}"
+        return f"{host_flag} {host!r}: cannot listen on {where}: {reason}"
     return None
 
 
