@@ -4,22 +4,12 @@ autoscaler's metrics were silently missing."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-
 import pytest
 
 from prefixfleet.cli import main
+from tests.test_cli_listen_errors import busy_port  # noqa: F401  (a fixture)
 
 RUN = ["operator", "run", "--metrics-port", "18123"]
-
-
-@pytest.fixture
-def busy_port() -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
 
 
 @pytest.mark.parametrize(
@@ -41,7 +31,8 @@ def test_an_address_that_cannot_be_used_is_one_line(
 
 
 def test_a_metrics_port_in_use_names_the_port_flag(
-    busy_port: int, capsys: pytest.CaptureFixture[str]
+    busy_port: int,  # noqa: F811  (the fixture imported above)
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["operator", "run", "--metrics-port", str(busy_port), "--metrics-addr", "127.0.0.1"]
     assert main(argv) == 2
