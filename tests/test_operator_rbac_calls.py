@@ -34,6 +34,7 @@ import helm_python
 import pytest
 import yaml
 
+from prefixfleet.fleet.processes import free_port
 from prefixfleet.operator.kube import KIND_PATHS
 from prefixfleet.operator.planner import ANNOTATION_SPEC_HASH as SPEC_HASH
 from tests.k8s.apiserver import ApiServerThread, EmulatedApiServer, parse_resource_path
@@ -414,7 +415,8 @@ def recorded_operator_run(tmp_path: Path, extra_args: list[str]) -> Iterator[set
             # OperatorProcess reads only .kubeconfig and .workdir of its cluster
             as_operator = SimpleNamespace(kubeconfig=operator_kubeconfig(cluster), workdir=cluster.workdir)
             operator = OperatorProcess(as_operator, "")  # type: ignore[arg-type]
-            operator.extra_args = extra_args
+            # the chart's metrics server on, on a free port (another test may hold the default 8081)
+            operator.extra_args = [*extra_args, f"--metrics-port={free_port()}"]
             operator.start()
             live_fleet(cluster, redis_url)
             operator.stop()
