@@ -473,20 +473,44 @@ _SECURITY = {
 
 def _merge_template(base: JSON, override: Mapping[str, Any]) -> JSON:
     """Merge a user pod-template override: dicts recursively, containers, initContainers and volumes by
-    name (the generated gateway pod has a volume of its own), other lists replaced."""
+    name (the generated gateway pod has a volume of its own), and inside a container its env by name;
+    other lists replaced."""
     out = copy.deepcopy(base)
     for key, value in override.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
             out[key] = _merge_template(out[key], value)
         elif key in MERGED_BY_NAME and isinstance(value, list):
+            merge = _merge_template if key == "volumes" else _merge_container
             by_name = {c.get("name"): c for c in out.get(key, [])}
             for item in value:
                 name = item.get("name") if isinstance(item, Mapping) else None
-                by_name[name] = _merge_template(by_name.get(name, {}), item)
+                by_name[name] = merge(by_name.get(name, {}), item)
             out[key] = list(by_name.values())
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def _merge_container(base: JSON, override: Mapping[str, Any]) -> JSON:
+    """A container of a pod-template override merged into the generated one of its name. Its env
+    merges by name, as a strategic merge patch's does (but a variable of the same name is replaced
+    whole: value and valueFrom exclude each other): replacing the list would drop the operator's own
+    variables (REDIS_URL, the Redis password, POD_NAME/POD_IP), and the sidecar or gateway, started
+    with '--redis $(REDIS_URL)', would exit at once."""
+    env = override.get("env")
+    # not a list: as any other value, replaced (the API server names what is wrong with it)
+    rest = {k: v for k, v in override.items() if k != "env" or not isinstance(v, list)}
+    merged = _merge_template(base, rest)
+    if isinstance(env, list):
+        named = {e["name"]: e for e in base.get("env") or [] if isinstance(e, Mapping) and "name" in e}
+        unnamed = []  # the API server refuses these; kept so that it names them
+        for item in env:
+            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
+                named[item["name"]] = copy.deepcopy(item)
+            else:
+                unnamed.append(copy.deepcopy(item))
+        merged["env"] = [*named.values(), *unnamed]
+    return merged
 
 
 def _with_pod_template(template: JSON, override: Mapping[str, Any] | None) -> JSON:
