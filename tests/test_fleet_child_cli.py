@@ -12,6 +12,7 @@ import pytest
 
 from prefixfleet.cli import COMMAND_OWNERS, main
 from prefixfleet.fleet import child
+from tests.test_cli_listen_errors import busy_port  # noqa: F401  (a fixture)
 
 
 def _status(entry: Callable[[Sequence[str]], int], argv: list[str]) -> int:
@@ -49,3 +50,22 @@ def test_each_child_command_imports_only_its_module() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False False", done
+
+
+def test_a_child_on_a_taken_port_says_so_in_one_line(busy_port: int) -> None:  # noqa: F811
+    # what `up` shows in its log tail when a port it picked was taken before the child bound it
+    for argv, name in (
+        (["router", "gateway", "--worker", "http://127.0.0.1:9"], "router gateway"),
+        (["emulator"], "emulator"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "prefixfleet.fleet.child", *argv, "--port", str(busy_port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2
+        assert done.stderr == (
+            f"prefixfleet {name}: error: --port {busy_port}: "
+            f"address 127.0.0.1:{busy_port} is already in use\n"
+        )
