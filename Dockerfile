@@ -40,8 +40,8 @@ RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
 # Numeric uid so `runAsNonRoot` can verify it without resolving names.
 USER 10001:10001
 WORKDIR /home/prefixfleet
-# gateway 8080, sidecar 8100, emulator 30000, kopf liveness 8080 (operator pod)
-EXPOSE 8080 8100 30000
+# gateway 8080, sidecar 8100, emulator 30000; operator pod: kopf liveness 8080, metrics 8081
+EXPOSE 8080 8081 8100 30000
 # No HEALTHCHECK: each role listens on its own port and Kubernetes probes them per container.
 ENTRYPOINT ["prefixfleet"]
 CMD ["operator", "run"]

@@ -237,6 +237,19 @@ def chart_commands() -> list[list[str]]:
     return commands
 
 
+def test_the_image_exposes_every_port_the_charts_operator_declares(
+    dockerfile: dict[str, list[tuple[str, str]]],
+) -> None:
+    exposed = {int(p.split("/")[0]) for p in final_value(dockerfile["runtime"], "EXPOSE").split()}
+    with helm_python.Chart.load(ROOT / "charts" / "prefixfleet") as chart:
+        manifests = chart.render({}, name="prefixfleet", namespace="prefixfleet")
+    (deployment,) = [d for d in yaml.safe_load_all(manifests["prefixfleet/templates/deployment.yaml"]) if d]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    declared = {port["containerPort"] for port in container["ports"]}
+    assert declared == {8080, 8081}  # liveness and metrics
+    assert declared <= exposed
+
+
 def test_the_dockerfile_documents_every_role() -> None:
     assert roles_in_dockerfile() == {
         "operator": ["operator", "run"],
