@@ -111,6 +111,9 @@ class OperatorProcess:
             self.redis_url,
             "--liveness",
             self.liveness_url,
+            # a free port, not 8081: a port in use is refused at start (another test's operator)
+            "--metrics-port",
+            str(free_port()),
             *self.extra_args,
         ]
         with open(self.log_path, "ab") as log:
