@@ -312,10 +312,17 @@ class PodTemplateTarget:
     field: str
     containers: tuple[str, ...]
     pods: str
+    # the operator's own volumes in these pods: a template's volume of that name would be merged into
+    # one (two volume sources, refused by the API server, or another ConfigMap mounted in its place)
+    volumes: tuple[str, ...] = ()
 
 
+# the gateway pods' volume of the fleet's router ConfigMap (planner.desired_children)
+ROUTER_SETTINGS_VOLUME = "settings"
 ENGINE_POD_TEMPLATE = PodTemplateTarget("spec.engine.podTemplate", ("engine", "sidecar"), "replica")
-ROUTER_POD_TEMPLATE = PodTemplateTarget("spec.router.podTemplate", ("gateway",), "gateway")
+ROUTER_POD_TEMPLATE = PodTemplateTarget(
+    "spec.router.podTemplate", ("gateway",), "gateway", volumes=(ROUTER_SETTINGS_VOLUME,)
+)
 # The labels the operator selects its pods by (planner._labels) and its own key prefix.
 OPERATOR_LABELS: tuple[str, ...] = (
     "app.kubernetes.io/name",
@@ -377,9 +384,28 @@ def _template_named_list_schema(t: PodTemplateTarget, field: str) -> dict[str, A
             "properties": properties,
         },
         "x-kubernetes-validations": [
-            cel("self.all(c, self.exists_one(d, d.name == c.name))", f"{t.field}.spec.{field}: {_MSG_UNIQUE}")
+            cel(
+                "self.all(c, self.exists_one(d, d.name == c.name))", f"{t.field}.spec.{field}: {_MSG_UNIQUE}"
+            ),
+            *(
+                [
+                    cel(
+                        "self.all(v, !(v.name in [" + ", ".join(f"'{n}'" for n in t.volumes) + "]))",
+                        _msg_operator_volume(t),
+                    )
+                ]
+                if field == "volumes" and t.volumes
+                else []
+            ),
         ],
     }
+
+
+def _msg_operator_volume(t: PodTemplateTarget) -> str:
+    return (
+        f"{t.field}.spec.volumes: {', '.join(repr(n) for n in t.volumes)} is the operator's own volume in"
+        f" every {t.pods} pod: give yours another name"
+    )
 
 
 # Bounded so the API server's cost estimate of the CEL rules iterating them stays small.
@@ -514,6 +540,8 @@ def _template_named_list_problems(field: str, items: Any, t: PodTemplateTarget) 
             problems.append(_msg_needs_image(t) if field == "containers" else _msg_init_needs_image(t))
     if len(set(names)) != len(names):
         problems.append(f"{where}: {_MSG_UNIQUE}")
+    if field == "volumes" and set(names) & set(t.volumes):
+        problems.append(_msg_operator_volume(t))
     return problems
 
 

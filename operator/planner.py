@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from prefixfleet.router.addresses import base_url
 
-from .models import API_VERSION, KIND, MERGED_BY_NAME, PROJECT_IMAGE, FleetSpec
+from .models import API_VERSION, KIND, MERGED_BY_NAME, PROJECT_IMAGE, ROUTER_SETTINGS_VOLUME, FleetSpec
 
 JSON = dict[str, Any]
 
@@ -676,11 +676,11 @@ def desired_children(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
                     "ports": [{"name": "http", "containerPort": router.port}],
                     "readinessProbe": _probe("http"),
                     "resources": _resources(router.resources),
-                    "volumeMounts": [{"name": "settings", "mountPath": ROUTER_CONFIG_PATH}],
+                    "volumeMounts": [{"name": ROUTER_SETTINGS_VOLUME, "mountPath": ROUTER_CONFIG_PATH}],
                     "securityContext": {**_SECURITY, "readOnlyRootFilesystem": True},
                 }
             ],
-            "volumes": [{"name": "settings", "configMap": {"name": name}}],
+            "volumes": [{"name": ROUTER_SETTINGS_VOLUME, "configMap": {"name": name}}],
         },
     }
     deployment = _with_hash(

@@ -472,7 +472,7 @@ pod_templates = st.builds(
                 st.lists(
                     st.builds(
                         _drop_none,
-                        name=_optional(st.sampled_from(["cache", "ca", "cache\n"])),
+                        name=_optional(st.sampled_from(["cache", "ca", "cache\n", "settings"])),
                         emptyDir=st.just({}),
                     ),
                     max_size=3,
@@ -605,6 +605,15 @@ BOUNDARIES: dict[str, dict[str, Any]] = {
     },
     "two volumes of one name": {
         "router": {"podTemplate": {"spec": {"volumes": [{"name": "ca", "emptyDir": {}}] * 2}}}
+    },
+    "the gateway's settings volume in the router's template": {
+        "router": {"podTemplate": {"spec": {"volumes": [{"name": "settings", "configMap": {"name": "x"}}]}}}
+    },
+    "a volume named settings in the engine's template (replica pods have none of theirs)": {
+        "engine": {
+            "kind": "vllm",
+            "podTemplate": {"spec": {"volumes": [{"name": "settings", "emptyDir": {}}]}},
+        }
     },
     "a match label that is no label name": {"prometheus": {"matchLabels": {"1a": "x"}}},
     "a match label name with a dot": {"prometheus": {"matchLabels": {"a.b": "x"}}},

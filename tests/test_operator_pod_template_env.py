@@ -84,3 +84,21 @@ def test_a_templated_variable_of_the_operators_name_replaces_it_whole(where: str
     env = _env(container)
     assert env["PREFIXFLEET_REDIS_PASSWORD"] == mine
     assert "REDIS_URL" in env
+
+
+@pytest.mark.parametrize(
+    "volume", [{"name": "settings", "configMap": {"name": "mine"}}, {"name": "settings", "emptyDir": {}}]
+)
+def test_the_gateways_settings_volume_is_the_operators(volume: dict[str, Any]) -> None:
+    # it was merged into the operator's: another ConfigMap mounted in its place (pods waiting for a
+    # ConfigMap that may not exist), or two volume sources the API server refuses the Deployment for
+    template = {"spec": {"volumes": [volume]}}
+    with pytest.raises(models.InvalidFleetSpec) as exc:
+        _spec(router={"podTemplate": template})
+    assert (
+        "spec.router.podTemplate.spec.volumes: 'settings' is the operator's own volume in every gateway pod"
+        in str(exc.value)
+    )
+    # replica pods have no volume of the operator's: the name is free there
+    spec = _spec(engine={"podTemplate": template})
+    assert replica_template(FLEET, spec, REDIS)[0]["spec"]["volumes"] == [volume]
