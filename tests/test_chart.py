@@ -64,6 +64,24 @@ def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o["kind"] == kind]
 
 
+def bound_to_operator(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Roles and ClusterRoles a binding gives the operator's ServiceAccount: what it may do (the
+    chart's other ClusterRoles, aggregated into admin/edit/view, are for people)."""
+    (sa,) = by_kind(objects, "ServiceAccount")
+    subject = {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    bound = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+        for b in objects
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding") and subject in b["subjects"]
+    }
+    return [
+        r
+        for r in objects
+        if r["kind"] in ("ClusterRole", "Role")
+        and (r["kind"], r["metadata"]["name"], r["metadata"].get("namespace")) in bound
+    ]
+
+
 def pod_specs(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
     return [
         (o["metadata"]["name"], o["spec"]["template"]["spec"]) for o in objects if o["kind"] == "Deployment"
@@ -292,7 +310,7 @@ def expected(table: dict[tuple[str, str], dict[str, str]]) -> set[tuple[str, str
 
 def test_cluster_scope_grants_exactly_the_justified_table(chart: helm_python.Chart) -> None:
     objects = render(chart, {})
-    (role,) = by_kind(objects, "ClusterRole")
+    (role,) = bound_to_operator(objects)
     assert grants(role) == expected(NAMESPACED_GRANTS) | expected(CLUSTER_GRANTS)
     (binding,) = by_kind(objects, "ClusterRoleBinding")
     (sa,) = by_kind(objects, "ServiceAccount")
@@ -306,9 +324,10 @@ def test_namespace_scope_grants_namespaced_rights_only_in_watched_namespaces(
     chart: helm_python.Chart,
 ) -> None:
     objects = render(chart, EVERYTHING_ON)
-    (cluster_role,) = by_kind(objects, "ClusterRole")
+    (cluster_role,) = by_kind(bound_to_operator(objects), "ClusterRole")
     assert grants(cluster_role) == expected(CLUSTER_GRANTS) | expected(NAMESPACE_GRANTS)
-    roles = by_kind(objects, "Role")
+    roles = by_kind(bound_to_operator(objects), "Role")
+    assert roles == by_kind(objects, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert grants(role) == expected(NAMESPACED_GRANTS)
@@ -319,13 +338,89 @@ def test_a_cluster_scoped_operator_watching_some_namespaces_may_follow_namespace
     chart: helm_python.Chart,
 ) -> None:
     """rbac.scope=cluster with operator.watchNamespaces: `operator run --namespace` lists namespaces."""
-    (role,) = by_kind(render(chart, {"operator": {"watchNamespaces": ["team-a"]}}), "ClusterRole")
+    (role,) = bound_to_operator(render(chart, {"operator": {"watchNamespaces": ["team-a"]}}))
     assert grants(role) == expected(NAMESPACED_GRANTS) | expected(CLUSTER_GRANTS) | expected(NAMESPACE_GRANTS)
 
 
 def test_secret_reads_can_be_turned_off(chart: helm_python.Chart) -> None:
-    (role,) = by_kind(render(chart, {"rbac": {"readSecrets": False}}), "ClusterRole")
+    (role,) = bound_to_operator(render(chart, {"rbac": {"readSecrets": False}}))
     assert not any(resource == "secrets" for _, resource, _ in grants(role))
+
+
+# ------------------------------------------------------------------ RBAC for people: admin, edit, view
+
+# Kubernetes' built-in admin/edit/view ClusterRoles aggregate ClusterRoles labelled
+# rbac.authorization.k8s.io/aggregate-to-<role>: "true". Each must grant exactly this on fleets.
+FLEET_EDIT: dict[tuple[str, str], dict[str, str]] = {
+    ("prefixfleet.io", "prefixcachefleets"): {
+        verb: "users own fleets: kubectl apply/edit/delete/get pcf"
+        for verb in ("create", "update", "patch", "delete", "get", "list", "watch")
+    },
+    ("prefixfleet.io", "prefixcachefleets/status"): {"get": "read what the operator writes (never write it)"},
+    ("prefixfleet.io", "prefixcachefleets/scale"): {
+        "get": "kubectl scale pcf reads the scale subresource",
+        "patch": "kubectl scale pcf sets spec.replicas through it",
+        "update": "kubectl scale --current-replicas / --resource-version",
+    },
+}
+FLEET_VIEW: dict[tuple[str, str], dict[str, str]] = {
+    ("prefixfleet.io", resource): {verb: "kubectl get/describe pcf" for verb in ("get", "list", "watch")}
+    for resource in ("prefixcachefleets", "prefixcachefleets/status")
+}
+AGGREGATED = {"admin": FLEET_EDIT, "edit": FLEET_EDIT, "view": FLEET_VIEW}
+AGGREGATE_TO = "rbac.authorization.k8s.io/aggregate-to-"
+NAMESPACED_AS_PF = {
+    "fullnameOverride": "pf",
+    "rbac": {"scope": "namespace"},
+    "operator": {"watchNamespaces": ["a"]},
+}
+
+
+def aggregated_roles(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ClusterRoles carrying an aggregate-to-* label, by the built-in role they extend."""
+    out = {}
+    for role in by_kind(objects, "ClusterRole"):
+        labels = role["metadata"].get("labels", {})
+        targets = [k.removeprefix(AGGREGATE_TO) for k in labels if k.startswith(AGGREGATE_TO)]
+        assert len(targets) <= 1, f"{role['metadata']['name']} extends {targets}: one role each"
+        for target in targets:
+            assert labels[AGGREGATE_TO + target] == "true"
+            out[target] = role
+    return out
+
+
+@pytest.mark.parametrize(
+    ("values", "prefix"),
+    [({}, "prefixfleet"), (NAMESPACED_AS_PF, "pf")],
+    ids=["defaults", "fullnameOverride-namespace-scope"],
+)
+def test_admin_edit_and_view_may_use_fleets_by_default(
+    chart: helm_python.Chart, values: dict[str, Any], prefix: str
+) -> None:
+    objects = render(chart, values)
+    roles = aggregated_roles(objects)
+    assert set(roles) == set(AGGREGATED)
+    for target, table in AGGREGATED.items():
+        role = roles[target]
+        assert role["metadata"]["name"] == f"{prefix}-{target}"
+        assert role["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+        assert grants(role) == expected(table), target
+        try:
+            kubernetes_validate.validate(role, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"ClusterRole/{role['metadata']['name']}: {exc.message}")
+    # for people only: nothing gives them to the operator
+    referenced = {b["roleRef"]["name"] for b in objects if b["kind"].endswith("Binding")}
+    assert not referenced & {r["metadata"]["name"] for r in roles.values()}
+
+
+@pytest.mark.parametrize(
+    "rbac", [{"aggregateToDefaultRoles": False}, {"create": False}], ids=["turned-off", "no-rbac"]
+)
+def test_the_aggregated_roles_can_be_turned_off(chart: helm_python.Chart, rbac: dict[str, Any]) -> None:
+    objects = render(chart, {"rbac": rbac})
+    assert aggregated_roles(objects) == {}
+    assert by_kind(objects, "ClusterRole") == by_kind(bound_to_operator(objects), "ClusterRole")
 
 
 def test_namespace_scope_without_namespaces_is_refused(chart: helm_python.Chart) -> None:
@@ -337,6 +432,7 @@ def test_namespace_scope_without_namespaces_is_refused(chart: helm_python.Chart)
 
 BAD_VALUES = [
     ({"rbac": {"scope": "everything"}}, "scope"),
+    ({"rbac": {"aggregateToDefaultRoles": "yes"}}, "aggregateToDefaultRoles"),
     ({"operator": {"logLevel": "debug"}}, "logLevel"),
     ({"redis": {"port": "six"}}, "port"),
     ({"redis": {"port": 70000}}, "port"),

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
+import pytest
 import yaml
 
 from prefixfleet.operator import planner
@@ -44,3 +45,29 @@ def test_a_release_watching_some_namespaces_says_where_to_create_the_fleet() -> 
     text = notes({"operator": {"watchNamespaces": ["team-a", "team-b"]}})
     assert "watches PrefixCacheFleets in team-a, team-b." in text
     assert "add -n NAMESPACE (one the operator watches) to the kubectl commands below" in text
+
+
+SECRETS_WARNING = "with rbac.scope=cluster the operator may get any Secret, in every namespace, by name"
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_the_default_cluster_wide_secret_read_is_said_with_the_narrower_choices() -> None:
+    text = one_line(notes({}))
+    assert SECRETS_WARNING in text
+    assert "Narrower: rbac.scope=namespace (only in operator.watchNamespaces)" in text
+    assert "rbac.readSecrets=false (none; fleets then give spec.redis.url)" in text
+
+
+NARROWER = {
+    "namespace-scope": {"rbac": {"scope": "namespace"}, "operator": {"watchNamespaces": ["team-a"]}},
+    "no-secret-reads": {"rbac": {"readSecrets": False}},
+    "no-rbac": {"rbac": {"create": False}},
+}
+
+
+@pytest.mark.parametrize("values", NARROWER.values(), ids=NARROWER.keys())
+def test_a_narrower_release_is_not_warned_of_cluster_wide_secret_reads(values: dict[str, Any]) -> None:
+    assert "any Secret" not in one_line(notes(values))

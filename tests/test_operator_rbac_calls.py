@@ -39,6 +39,7 @@ from prefixfleet.operator.kube import KIND_PATHS
 from prefixfleet.operator.planner import ANNOTATION_SPEC_HASH as SPEC_HASH
 from tests.k8s.apiserver import ApiServerThread, EmulatedApiServer, parse_resource_path
 from tests.k8s.cluster import EmulatedCluster, OperatorProcess, running_redis, wait_for
+from tests.test_chart import bound_to_operator
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "prefixfleet"
@@ -239,10 +240,11 @@ def source_needs() -> tuple[set[tuple[str, str, str]], list[str]]:
 
 
 def rendered_roles(values: dict[str, Any]) -> list[dict[str, Any]]:
+    """The roles the chart binds to the operator (not the ones it aggregates into admin/edit/view)."""
     with helm_python.Chart.load(CHART) as chart:
         manifests = chart.render(values, name="prefixfleet", namespace="prefixfleet")
     docs = [yaml.safe_load_all(text) for path, text in manifests.items() if not path.endswith("NOTES.txt")]
-    return [d for stream in docs for d in stream if d and d["kind"] in ("ClusterRole", "Role")]
+    return bound_to_operator([d for stream in docs for d in stream if d])
 
 
 def granted(roles: list[dict[str, Any]]) -> set[Need]:
