@@ -447,7 +447,8 @@ def pod_template_schema(t: PodTemplateTarget) -> dict[str, Any]:
             "spec": {
                 "type": "object",
                 "description": f"Pod spec fields merged into every {t.pods} pod (containers, initContainers"
-                " and volumes by name, a container's env by name; other lists replace the generated ones).",
+                " and volumes by name, a container's env, ports and volumeMounts as kubectl patch merges"
+                " them; other lists replace the generated ones).",
                 "additionalProperties": True,
                 "properties": {field: _template_named_list_schema(t, field) for field in MERGED_BY_NAME},
                 "x-kubernetes-validations": [

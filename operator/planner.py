@@ -473,8 +473,8 @@ _SECURITY = {
 
 def _merge_template(base: JSON, override: Mapping[str, Any]) -> JSON:
     """Merge a user pod-template override: dicts recursively, containers, initContainers and volumes by
-    name (the generated gateway pod has a volume of its own), and inside a container its env by name;
-    other lists replaced."""
+    name (the generated gateway pod has a volume of its own), and inside a container its env, ports and
+    volumeMounts by key (CONTAINER_LIST_KEYS); other lists replaced."""
     out = copy.deepcopy(base)
     for key, value in override.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
@@ -491,26 +491,38 @@ def _merge_template(base: JSON, override: Mapping[str, Any]) -> JSON:
     return out
 
 
+# The lists inside a container that merge by a key, as a strategic merge patch (kubectl patch) merges
+# them; replacing them would drop the operator's own entries.
+CONTAINER_LIST_KEYS: dict[str, str] = {"env": "name", "ports": "containerPort", "volumeMounts": "mountPath"}
+
+
 def _merge_container(base: JSON, override: Mapping[str, Any]) -> JSON:
-    """A container of a pod-template override merged into the generated one of its name. Its env
-    merges by name, as a strategic merge patch's does (but a variable of the same name is replaced
-    whole: value and valueFrom exclude each other): replacing the list would drop the operator's own
-    variables (REDIS_URL, the Redis password, POD_NAME/POD_IP), and the sidecar or gateway, started
-    with '--redis $(REDIS_URL)', would exit at once."""
-    env = override.get("env")
-    # not a list: as any other value, replaced (the API server names what is wrong with it)
-    rest = {k: v for k, v in override.items() if k != "env" or not isinstance(v, list)}
-    merged = _merge_template(base, rest)
-    if isinstance(env, list):
-        named = {e["name"]: e for e in base.get("env") or [] if isinstance(e, Mapping) and "name" in e}
-        unnamed = []  # the API server refuses these; kept so that it names them
-        for item in env:
-            if isinstance(item, Mapping) and isinstance(item.get("name"), str):
-                named[item["name"]] = copy.deepcopy(item)
+    """A container of a pod-template override merged into the generated one of its name. Its env,
+    ports and volumeMounts merge by key (CONTAINER_LIST_KEYS); an entry of an existing key replaces
+    it whole (an env var's value and valueFrom exclude each other). Replacing the lists would drop
+    the operator's own: env REDIS_URL and the Redis password (the sidecar or gateway, started with
+    '--redis $(REDIS_URL)', would exit at once), POD_NAME/POD_IP, or the 'http' port its readiness
+    probe and the gateway Service target."""
+    # a value that is not a list is replaced, as any other (the API server names what is wrong)
+    keyed = {k: v for k, v in override.items() if k in CONTAINER_LIST_KEYS and isinstance(v, list)}
+    merged = _merge_template(base, {k: v for k, v in override.items() if k not in keyed})
+    for list_name, items in keyed.items():
+        key = CONTAINER_LIST_KEYS[list_name]
+        by_key = {e[key]: e for e in base.get(list_name) or [] if _merge_key(e, key) is not None}
+        keyless = []  # no usable key (the API server refuses these): kept so that it names them
+        for item in items:
+            if (found := _merge_key(item, key)) is not None:
+                by_key[found] = copy.deepcopy(item)
             else:
-                unnamed.append(copy.deepcopy(item))
-        merged["env"] = [*named.values(), *unnamed]
+                keyless.append(copy.deepcopy(item))
+        merged[list_name] = [*by_key.values(), *keyless]
     return merged
+
+
+def _merge_key(item: Any, key: str) -> str | int | None:
+    """An entry's merge key (a name, a port number, a path); None when it has none a dict can hold."""
+    value = item.get(key) if isinstance(item, Mapping) else None
+    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
 def _with_pod_template(template: JSON, override: Mapping[str, Any] | None) -> JSON:

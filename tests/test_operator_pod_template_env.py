@@ -102,3 +102,30 @@ def test_the_gateways_settings_volume_is_the_operators(volume: dict[str, Any]) -
     # replica pods have no volume of the operator's: the name is free there
     spec = _spec(engine={"podTemplate": template})
     assert replica_template(FLEET, spec, REDIS)[0]["spec"]["volumes"] == [volume]
+
+
+def test_a_port_and_a_mount_added_to_the_gateway_keep_the_operators_own() -> None:
+    # the 'http' port is what the readiness probe and the gateway Service target: replacing the
+    # ports list left the gateway never ready and the Service without endpoints
+    plain = _gateway(_spec())
+    port = {"name": "metrics", "containerPort": 9100}
+    mount = {"name": "ca", "mountPath": "/etc/ssl/redis"}
+    template = {
+        "spec": {
+            "containers": [{"name": "gateway", "ports": [port], "volumeMounts": [mount]}],
+            "volumes": [{"name": "ca", "secret": {"secretName": "redis-ca"}}],
+        }
+    }
+    gateway = _gateway(_spec(router={"podTemplate": template}))
+    assert gateway["ports"] == [*plain["ports"], port]
+    assert gateway["volumeMounts"] == [*plain["volumeMounts"], mount]
+    assert gateway["readinessProbe"]["httpGet"]["port"] in {p["name"] for p in gateway["ports"]}
+
+
+def test_entries_without_a_usable_key_are_passed_on_for_the_api_server_to_refuse() -> None:
+    # no crash on a port whose containerPort is an object (the models do not read container fields)
+    odd = {"name": "odd", "containerPort": {"x": 1}}
+    template = {"spec": {"containers": [{"name": "gateway", "ports": [odd], "env": "not a list"}]}}
+    gateway = _gateway(_spec(router={"podTemplate": template}))
+    assert gateway["ports"][-1] == odd
+    assert gateway["env"] == "not a list"
