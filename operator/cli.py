@@ -22,6 +22,7 @@ from prefixfleet.cli import UsageError
 from .crd import build_crd, render_crd_yaml, render_field_reference
 from .crd_admission import apply_defaults, cel_errors, crd_schema, schema_errors, unknown_fields
 from .models import API_VERSION, GROUP, KIND, InvalidFleetSpec, validate_spec
+from .planner import redis_password_warning
 
 SUBCOMMAND_MODULES: tuple[str, ...] = ("prefixfleet.operator.run",)
 
@@ -139,6 +140,17 @@ def problems_of(obj: dict[str, Any], crd: dict[str, Any], with_cel: bool) -> lis
     return list(dict.fromkeys(found))
 
 
+def warnings_of(obj: dict[str, Any]) -> list[str]:
+    """What the operator would warn about in this fleet (a Redis password in spec.redis.url); the
+    operator's default URL is unknown here, so only the spec's own is judged."""
+    spec = obj.get("spec")
+    redis = spec.get("redis") if isinstance(spec, dict) else None
+    if not isinstance(redis, dict):
+        return []
+    warning = redis_password_warning(redis, default_url="")
+    return [warning] if warning else []
+
+
 def run_validate(args: argparse.Namespace) -> int:
     crd = build_crd()
     with_cel = importlib.util.find_spec("celpy") is not None
@@ -158,6 +170,9 @@ def run_validate(args: argparse.Namespace) -> int:
                 found += problems_of(doc, crd, with_cel)
             invalid += bool(found)
             print(f"{label}: ok" if not found else "\n".join(f"{label}: {p}" for p in found))
+            # said, not refused (the exit status stays): the API server and the operator accept it
+            for warning in warnings_of(doc):
+                print(f"{label}: warning: {warning}")
     if not fleets:
         # an empty file or a wrong path's other manifests would otherwise pass a CI check unread
         raise UsageError(f"no {KIND} in {', '.join(args.files)}")

@@ -65,6 +65,7 @@ from .planner import (
     observe_pod,
     plan_invalid_spec,
     plan_reconcile,
+    redis_password_warning,
     redis_verdict,
     replica_name,
     replica_selector,
@@ -390,9 +391,11 @@ def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class FleetRedis:
-    """A fleet's Redis URL without its password (what its pods may see; "" if none) and, when the
+    """A fleet's Redis URL before ``passwordSecretRef`` is applied ("" if none) and, when the
     Secrets the spec names cannot give a usable one, why, naming the field (never the URL: it may
-    hold a password)."""
+    hold a password). A ``spec.redis.url`` or operator default may itself carry a password, which
+    then reaches the pods' env as written (Warning RedisPasswordInSpec); a secretRef's URL does
+    not: the pods read it from the Secret."""
 
     url: str
     problem: str = ""
@@ -600,10 +603,13 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         router_ready_replicas=router_ready,
         conditions=conditions,
         victims=victims,
-        redis_url=chosen_redis.url,  # what pods may see: no password
+        # the default URL for the planner's pod env: it holds any password written in it (a
+        # secretRef's URL is never written out: the env refers to the Secret)
+        redis_url=chosen_redis.url,
         redis_problem=chosen_redis.problem,
         redis_auth_problem=auth_problem,
         redis_permission_problem=permission_problem,
+        redis_password_warning=redis_password_warning(redis_spec, ctx.default_redis_url),
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,
     )

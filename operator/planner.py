@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
+from urllib.parse import parse_qs, urlsplit
 
 from prefixfleet.router.addresses import base_url
 
@@ -83,6 +84,11 @@ REDIS_AUTH_FAILED = "RedisAuthFailed"
 # ACL user a command, key or channel the fleet runs (ObservedState.redis_permission_problem): the fix is
 # the user's ACL rules, and PING alone does not show it.
 REDIS_PERMISSION_DENIED = "RedisPermissionDenied"
+# Condition type (present, True, only while it holds) and Warning Event reason of a fleet whose Redis
+# URL is written out with its password (ObservedState.redis_password_warning): the fleet works, so it
+# is not Degraded, but the password is in plain text in its pods' and gateway Deployment's env.
+REDIS_PASSWORD_EXPOSED = "RedisPasswordExposed"
+REDIS_PASSWORD_IN_SPEC = "RedisPasswordInSpec"
 MAX_SURGE = 1
 ROUTER_CONFIG_PATH = "/etc/prefixfleet"
 
@@ -187,6 +193,9 @@ class ObservedState:
     # Which commands the fleet runs (operator, sidecars, gateways) Redis denies the ACL user it
     # accepted, naming them and the user; empty when none are; in an outage, as for the login.
     redis_permission_problem: str = ""
+    # Why the fleet's Redis password is in plain text in its pods and gateway Deployment
+    # (redis_password_warning); empty when it is not. A warning: the fleet is not Degraded for it.
+    redis_password_warning: str = ""
     # The image the operator was deployed with (chart: PREFIXFLEET_IMAGE); it replaces the models'
     # default project image so sidecars, gateways and emulators run the same release as the operator.
     project_image: str = ""
@@ -1192,6 +1201,10 @@ def plan_status(
     else:
         degraded = (False, "AsExpected", "no failures observed")
     g, now, prev = fleet.generation, observed.now, observed.conditions
+    # only while it holds (as a Deployment's ReplicaFailure): fleets without a password in their URL
+    # keep the three conditions they had
+    exposed = observed.redis_password_warning
+    warnings = [condition(prev, REDIS_PASSWORD_EXPOSED, True, REDIS_PASSWORD_IN_SPEC, exposed, now, g)]
     return {
         "observedGeneration": fleet.generation,
         "replicas": len(alive),
@@ -1204,6 +1217,7 @@ def plan_status(
             condition(prev, "Ready", *ready_cond, now, g),
             condition(prev, "Progressing", *progressing, now, g),
             condition(prev, "Degraded", *degraded, now, g),
+            *(warnings if exposed else []),
         ],
     }
 
@@ -1270,6 +1284,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
     events += degraded_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
     events += degraded_event(REDIS_PERMISSION_DENIED, observed.redis_permission_problem, observed.conditions)
+    events += password_event(observed.redis_password_warning, observed.conditions, fleet.generation)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
         tuple(pods),
@@ -1324,6 +1339,65 @@ def degraded_event(reason: str, message: str, previous: Sequence[Mapping[str, An
     if old is not None and old.get("reason") == reason and old.get("message") == message:
         return []
     return [PlannedEvent("Warning", reason, message)]
+
+
+def password_event(
+    message: str, previous: Sequence[Mapping[str, Any]], generation: int
+) -> list[PlannedEvent]:
+    """One Warning Event ``RedisPasswordInSpec`` per fleet generation (and when its message changes):
+    none while the fleet's ``RedisPasswordExposed`` condition already says it for this generation."""
+    if not message:
+        return []
+    old = next((c for c in previous if c.get("type") == REDIS_PASSWORD_EXPOSED), None)
+    if (
+        old is not None
+        and old.get("status") == "True"
+        and old.get("message") == message
+        and old.get("observedGeneration") == generation
+    ):
+        return []
+    return [PlannedEvent("Warning", REDIS_PASSWORD_IN_SPEC, message)]
+
+
+def url_has_password(url: str) -> bool:
+    """Whether a Redis URL carries a password: in its userinfo (``user:pw@``, ``:pw@``; a user
+    alone, ``user@``, is none) or in a ``password=`` query parameter, which redis-py's ``from_url``
+    also reads (``unix:///run/redis.sock?password=pw``)."""
+    try:
+        parts = urlsplit(url)
+        return bool(parts.password) or any(parse_qs(parts.query).get("password", ()))
+    except ValueError:  # unbalanced brackets: refused elsewhere; read the userinfo as redis_url_error does
+        userinfo = url.partition("://")[2].rpartition("@")[0]
+        return bool(userinfo.partition(":")[2])
+
+
+def redis_password_warning(redis: Mapping[str, Any], default_url: str) -> str:
+    """Why a fleet's Redis password ends up in plain text in its pods and gateway Deployment, from
+    its ``spec.redis`` (as written, camelCase) and the operator's default URL; "" when it does not.
+    The URL goes into their env (REDIS_URL) as it is: only ``secretRef`` (a Secret key holding the
+    URL) and ``passwordSecretRef`` keep a password out of them. Names the field, never the URL."""
+    if redis.get("secretRef"):
+        return ""  # the env refers to the Secret
+    url = redis.get("url")
+    if url:
+        where = "spec.redis.url"
+        fix = (
+            "put the password in a Secret and name it in spec.redis.passwordSecretRef (the URL without"
+            " it), or the whole URL in a Secret named by spec.redis.secretRef"
+        )
+    else:
+        url, where = default_url, "the operator's default Redis URL (--redis, chart operator.defaultRedisUrl)"
+        fix = (
+            "give the fleet spec.redis.secretRef (a Secret key holding the whole URL), or run the operator"
+            " with a URL without the password and give the fleet spec.redis.passwordSecretRef"
+        )
+    if not isinstance(url, str) or not url_has_password(url):
+        return ""
+    return (
+        f"{where} holds a password: it is copied in plain text into the replica pods' and the gateway"
+        " Deployment's env (REDIS_URL) and the Deployment's prefixfleet.io/last-applied annotation,"
+        f" readable by anyone who may get pods or deployments in the namespace; {fix}"
+    )
 
 
 def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: ObservedState) -> JSON:
