@@ -25,7 +25,7 @@ import yaml
 
 from prefixfleet.operator.handlers import fleet_redis, resolve_redis_url
 from prefixfleet.router.addresses import redis_url_error
-from tests.k8s.cluster import operator_in_cluster, running_redis, wait_for
+from tests.k8s.cluster import emulator_fleet, operator_in_cluster, running_redis, wait_for
 
 FLEET = "secretive"
 NAMESPACE = "default"
@@ -176,19 +176,7 @@ def secret_manifest(url: str) -> str:
 
 
 def fleet_manifest() -> str:
-    fleet = {
-        "apiVersion": "prefixfleet.io/v1alpha1",
-        "kind": "PrefixCacheFleet",
-        "metadata": {"name": FLEET, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "emulated-model"},
-            "engine": {"kind": "emulator"},
-            "replicas": 1,
-            "router": {"replicas": 0},
-            "redis": {"secretRef": SECRET_REF},
-        },
-    }
-    return yaml.safe_dump(fleet)
+    return emulator_fleet(FLEET, NAMESPACE, {"secretRef": SECRET_REF})
 
 
 def test_the_operator_says_which_secret_is_unusable_and_recovers_once_fixed(tmp_path: Path) -> None:

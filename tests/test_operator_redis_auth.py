@@ -24,13 +24,12 @@ from typing import Any
 
 import pytest
 import redis
-import yaml
 from redis.exceptions import NoPermissionError, ResponseError
 
 from prefixfleet.fleet.processes import free_port, redis_server_binary
 from prefixfleet.operator.handlers import OperatorContext, auth_refusal, fleet_redis, redis_login
 from prefixfleet.operator.planner import REDIS_AUTH_FAILED
-from tests.k8s.cluster import operator_in_cluster, wait_for
+from tests.k8s.cluster import emulator_fleet, operator_in_cluster, wait_for
 from tests.test_operator_badinput_redis import Secrets
 
 PASSWORD = "right-Pw-7c1e"
@@ -138,19 +137,8 @@ def password_secret(password: str) -> str:
 
 
 def fleet_manifest(redis_url: str) -> str:
-    fleet = {
-        "apiVersion": "prefixfleet.io/v1alpha1",
-        "kind": "PrefixCacheFleet",
-        "metadata": {"name": FLEET, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "emulated-model"},
-            "engine": {"kind": "emulator"},
-            "replicas": 1,
-            "router": {"replicas": 0},
-            "redis": {"url": redis_url, "passwordSecretRef": PASSWORD_REF},
-        },
-    }
-    return yaml.safe_dump(fleet)
+    # the user in the URL, its password from a Secret (never in the spec)
+    return emulator_fleet(FLEET, NAMESPACE, {"url": redis_url, "passwordSecretRef": PASSWORD_REF})
 
 
 def test_the_operator_says_redis_refused_the_password_and_recovers_once_fixed(

@@ -36,7 +36,7 @@ from prefixfleet.operator.planner import (
     redis_password_warning,
     url_has_password,
 )
-from tests.k8s.cluster import EmulatedCluster
+from tests.k8s.cluster import EmulatedCluster, emulator_fleet
 from tests.test_operator_redis_auth import PASSWORD, PASSWORD_REF, guarded_redis, password_secret
 from tests.test_operator_redis_permissions import NAMESPACE, in_process_kube
 
@@ -118,20 +118,7 @@ def test_the_operator_default_is_judged_when_the_spec_names_no_url() -> None:
 
 
 def fleet(redis_spec: dict[str, Any], replicas: int = 1) -> str:
-    return json.dumps(
-        {
-            "apiVersion": "prefixfleet.io/v1alpha1",
-            "kind": "PrefixCacheFleet",
-            "metadata": {"name": FLEET, "namespace": NAMESPACE},
-            "spec": {
-                "model": {"name": "emulated-model"},
-                "engine": {"kind": "emulator"},
-                "replicas": replicas,
-                "router": {"replicas": 1},
-                "redis": redis_spec,
-            },
-        }
-    )
+    return emulator_fleet(FLEET, NAMESPACE, redis_spec, replicas=replicas, routers=1)
 
 
 class Rounds:

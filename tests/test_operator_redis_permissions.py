@@ -27,7 +27,6 @@ from typing import Any
 import kubernetes
 import pytest
 import redis
-import yaml
 
 from prefixfleet.fleet.processes import free_port, redis_server_binary
 from prefixfleet.operator.handlers import (
@@ -48,7 +47,7 @@ from prefixfleet.operator.planner import (
 )
 from prefixfleet.operator.redis_permissions import fleet_commands
 from prefixfleet.router.keys import FleetKeys
-from tests.k8s.cluster import EmulatedCluster, operator_in_cluster, wait_for
+from tests.k8s.cluster import EmulatedCluster, emulator_fleet, operator_in_cluster, wait_for
 from tests.test_operator_badinput_redis import Secrets
 from tests.test_operator_redis_auth import PASSWORD_REF, password_secret
 
@@ -393,20 +392,8 @@ def test_refused_credentials_come_before_denied_commands() -> None:
 
 
 def fleet_manifest(redis_url: str, name: str = FLEET) -> str:
-    fleet = {
-        "apiVersion": "prefixfleet.io/v1alpha1",
-        "kind": "PrefixCacheFleet",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": {
-            "model": {"name": "emulated-model"},
-            "engine": {"kind": "emulator"},
-            "replicas": 1,
-            "router": {"replicas": 0},
-            # the user in the URL, its password from a Secret (never in the spec)
-            "redis": {"url": redis_url, "passwordSecretRef": PASSWORD_REF},
-        },
-    }
-    return yaml.safe_dump(fleet)
+    # the user in the URL, its password from a Secret (never in the spec)
+    return emulator_fleet(name, NAMESPACE, {"url": redis_url, "passwordSecretRef": PASSWORD_REF})
 
 
 def test_the_operator_says_which_command_redis_denies_and_recovers_once_granted(

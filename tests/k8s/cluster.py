@@ -33,6 +33,26 @@ def wait_for(
     return wait_until(check, timeout, what, interval=interval)
 
 
+def emulator_fleet(
+    name: str, namespace: str, redis_spec: dict[str, Any], *, replicas: int = 1, routers: int = 0
+) -> str:
+    """A PrefixCacheFleet of emulated engines as JSON (YAML's subset, what kubectl apply takes)."""
+    return json.dumps(
+        {
+            "apiVersion": "prefixfleet.io/v1alpha1",
+            "kind": "PrefixCacheFleet",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "model": {"name": "emulated-model"},
+                "engine": {"kind": "emulator"},
+                "replicas": replicas,
+                "router": {"replicas": routers},
+                "redis": redis_spec,
+            },
+        }
+    )
+
+
 class EmulatedCluster:
     """The pieces a whole-flow test needs; ``close()`` stops every thread and process."""
 
