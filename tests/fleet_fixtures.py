@@ -421,3 +421,13 @@ def redis_server() -> Iterator[RedisServer]:
     finally:
         server.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def standalone_sidecar(engine_url: str, **settings: Any) -> Any:
+    """A sidecar's config for one engine with no Redis and an ephemeral port (worker w0, model m,
+    revision r, a 200k-token mirror unless ``settings`` says otherwise)."""
+    from prefixfleet.router.sidecar import SidecarConfig
+
+    defaults: dict[str, Any] = {"redis_url": None, "port": 0, "worker_id": "w0", "model": "m"}
+    defaults |= {"revision": "r", "cache_tokens": 200_000}
+    return SidecarConfig(engine_url=engine_url, **{**defaults, **settings})

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
+from fleet_fixtures import standalone_sidecar
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.server import EmulatorServer
 from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.radix import as_token_bytes
-from prefixfleet.router.sidecar import SidecarConfig, listening
+from prefixfleet.router.sidecar import listening
 from prefixfleet.tokenizer import tokenize
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,15 +48,7 @@ async def test_a_batch_is_mirrored_as_its_first_prompt_and_that_prompts_output_o
     path: str, stream: bool
 ) -> None:
     async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
-        config = SidecarConfig(
-            engine_url=engine.url,
-            redis_url=None,
-            port=0,
-            worker_id="w0",
-            model="m",
-            revision="r",
-            cache_tokens=200_000,
-        )
+        config = standalone_sidecar(engine.url)
         async with listening(config) as served, aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{served.port}{path}"
             async with http.post(url, json=_batch(path, stream)) as resp:
@@ -78,15 +71,7 @@ async def test_a_batchs_cached_count_is_not_compared_with_its_first_prompts_pred
     # usage); either way not the first prompt's alone. Here the second prompt is the cached one:
     # read as the first prompt's, it would hide an over-prediction of the first.
     async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
-        config = SidecarConfig(
-            engine_url=engine.url,
-            redis_url=None,
-            port=0,
-            worker_id="w0",
-            model="m",
-            revision="r",
-            cache_tokens=200_000,
-        )
+        config = standalone_sidecar(engine.url)
         async with listening(config) as served, aiohttp.ClientSession() as http:
             warm = {"text": SECOND, "cache_salt": "B", "sampling_params": {"max_new_tokens": 1}}
             async with http.post(f"{engine.url}/generate", json=warm) as resp:
@@ -120,15 +105,7 @@ async def test_a_whole_batchs_prefill_is_reported_summed_over_its_prompts(path: 
     # The load tracker's rate sample wants what the engine prefilled for the whole request. The
     # second prompt is cached, the first not: the last prompt's count alone would read ~0 tokens.
     async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
-        config = SidecarConfig(
-            engine_url=engine.url,
-            redis_url=None,
-            port=0,
-            worker_id="w0",
-            model="m",
-            revision="r",
-            cache_tokens=200_000,
-        )
+        config = standalone_sidecar(engine.url)
         async with listening(config) as served, aiohttp.ClientSession() as http:
             load = ReportedLoad()
             served.sidecar.s.load = load

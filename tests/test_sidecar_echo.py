@@ -25,11 +25,11 @@ from collections.abc import Callable
 import aiohttp
 import pytest
 from aiohttp import web
-from fleet_fixtures import serve_aiohttp
+from fleet_fixtures import serve_aiohttp, standalone_sidecar
 
 from prefixfleet.router.proxying import echoed_prompt, may_ask_echo
 from prefixfleet.router.radix import as_token_bytes
-from prefixfleet.router.sidecar import SidecarConfig, listening
+from prefixfleet.router.sidecar import listening
 from prefixfleet.tokenizer import text_for_tokens, tokenize
 
 pytestmark = pytest.mark.timeout(60)
@@ -89,15 +89,7 @@ async def mirrored_after(
     """(tokens the sidecar's mirror holds, of which a prefix of prompt + output) after one echoed
     completion through it, its JSON body written by ``encoded``."""
     async with serve_aiohttp(sglang_echo_engine(echo_of)) as engine_url:
-        config = SidecarConfig(
-            engine_url=engine_url,
-            redis_url=None,
-            port=0,
-            worker_id="w0",
-            model="m",
-            revision="r",
-            cache_tokens=200_000,
-        )
+        config = standalone_sidecar(engine_url)
         async with listening(config) as served, aiohttp.ClientSession() as http:
             body = {"prompt": prompt, "echo": True, "max_tokens": 3, "stream": stream}
             url, headers = (
