@@ -208,7 +208,24 @@ def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
             except OSError:
                 return 0, b""
 
-        # The router answers /health before its workers are registered: poll a real request instead.
+        def registered_workers() -> list[dict]:
+            assert router.poll() is None, (tmp_path / "router.log").read_text()[-2000:]
+            try:
+                status, raw = http("GET", base + "/workers", timeout=5)
+            except OSError:
+                return []
+            return json.loads(raw).get("workers", []) if status == 200 else []
+
+        # The router answers before its workers are registered, and registers them one by one in the
+        # background: a request sent while only one is in makes the other one's arrival a race with
+        # the prefix tree (seen once in CI: the repeat went to the other worker). Wait for both.
+        wait_until(
+            registered_workers,
+            ROUTER_STARTUP_TIMEOUT_S,
+            "the router to register both workers",
+            done=lambda ws: sorted(w["url"] for w in ws if w.get("is_healthy")) == sorted(urls),
+            interval=0.25,
+        )
         _, raw = wait_until(
             generate,
             ROUTER_STARTUP_TIMEOUT_S,
@@ -224,7 +241,7 @@ def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
         assert (
             status == 200
             and json.loads(raw)["meta_info"]["cached_tokens"] == first["meta_info"]["prompt_tokens"]
-        )
+        ), (status, raw[:300], registered_workers())
 
         status, raw = http(
             "POST", base + "/v1/completions", {"model": "emulated-llm", "prompt": "hi there", "max_tokens": 3}
