@@ -236,12 +236,16 @@ def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
         first = json.loads(raw)
         assert first["meta_info"]["completion_tokens"] == 4
 
-        # cache_aware sends the repeat to the worker holding the prefix: a full cache hit.
-        status, raw = http("POST", base + "/generate", body)
-        assert (
-            status == 200
-            and json.loads(raw)["meta_info"]["cached_tokens"] == first["meta_info"]["prompt_tokens"]
-        ), (status, raw[:300], registered_workers())
+        # The emulators' cache hits come back through the router. Which worker the router picks is the
+        # router's business (cache_aware usually sends a repeat to the worker holding the prefix, but
+        # CI once saw it go to the other one): with two workers, the second repeat lands on a worker
+        # that has served this prompt whatever the router decides, so at least one repeat is a full hit.
+        repeats = []
+        for _ in range(2):
+            status, raw = http("POST", base + "/generate", body)
+            assert status == 200, raw[:300]
+            repeats.append(json.loads(raw)["meta_info"]["cached_tokens"])
+        assert first["meta_info"]["prompt_tokens"] in repeats, (repeats, registered_workers())
 
         status, raw = http(
             "POST", base + "/v1/completions", {"model": "emulated-llm", "prompt": "hi there", "max_tokens": 3}
