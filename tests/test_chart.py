@@ -353,8 +353,11 @@ def test_secret_reads_can_be_turned_off(chart: helm_python.Chart) -> None:
 # rbac.authorization.k8s.io/aggregate-to-<role>: "true". Each must grant exactly this on fleets.
 FLEET_EDIT: dict[tuple[str, str], dict[str, str]] = {
     ("prefixfleet.io", "prefixcachefleets"): {
-        verb: "users own fleets: kubectl apply/edit/delete/get pcf"
-        for verb in ("create", "update", "patch", "delete", "get", "list", "watch")
+        **{
+            verb: "users own fleets: kubectl apply/edit/delete/get pcf"
+            for verb in ("create", "update", "patch", "delete", "get", "list", "watch")
+        },
+        "deletecollection": "delete a namespace's fleets in one call, as edit may for deployments",
     },
     ("prefixfleet.io", "prefixcachefleets/status"): {"get": "read what the operator writes (never write it)"},
     ("prefixfleet.io", "prefixcachefleets/scale"): {
@@ -364,8 +367,11 @@ FLEET_EDIT: dict[tuple[str, str], dict[str, str]] = {
     },
 }
 FLEET_VIEW: dict[tuple[str, str], dict[str, str]] = {
-    ("prefixfleet.io", resource): {verb: "kubectl get/describe pcf" for verb in ("get", "list", "watch")}
-    for resource in ("prefixcachefleets", "prefixcachefleets/status")
+    **{
+        ("prefixfleet.io", resource): {verb: "kubectl get/describe pcf" for verb in ("get", "list", "watch")}
+        for resource in ("prefixcachefleets", "prefixcachefleets/status")
+    },
+    ("prefixfleet.io", "prefixcachefleets/scale"): {"get": "read the replica count (view: deployments too)"},
 }
 AGGREGATED = {"admin": FLEET_EDIT, "edit": FLEET_EDIT, "view": FLEET_VIEW}
 AGGREGATE_TO = "rbac.authorization.k8s.io/aggregate-to-"
