@@ -154,6 +154,25 @@ async def wait_all_routable(http: aiohttp.ClientSession, gateway_url: str, n: in
     await eventually(view, 20, f"{gateway_url} to see {n} routable workers", done=all_routable)
 
 
+PREFIX_BLOCKS = 300 // 16  # full 16-token blocks of a 320-word system prompt (at least)
+
+
+async def wait_summary_blocks(
+    http: aiohttp.ClientSession, gateway_url: str, worker: str | None, n: int
+) -> None:
+    """Until the gateway's view holds at least ``n`` summary blocks of ``worker`` (None: of all
+    workers together): the sidecar has published them and the gateway has read them. A fixed sleep
+    here raced both on a loaded machine."""
+
+    async def blocks() -> int:
+        async with http.get(f"{gateway_url}/prefixfleet/view") as resp:
+            rows = (await resp.json())["workers"]
+        return sum(w["summary_blocks"] for w in rows if worker is None or w["worker_id"] == worker)
+
+    what = f"{gateway_url} to read {n} summary blocks of {worker or 'the fleet'}"
+    await eventually(blocks, 30, what, done=lambda got: got >= n)
+
+
 async def test_two_tenants_with_identical_prefixes_never_share_a_cache_and_nothing_leaks(spawn, redis_server):
     fleet = start_fleet(spawn, redis_server.url)
     system = " ".join(f"{SECRET_WORDS[i % 5]}{i}" for i in range(320))
@@ -162,7 +181,7 @@ async def test_two_tenants_with_identical_prefixes_never_share_a_cache_and_nothi
         gw = fleet.gateway_url
         first, holder = await completion(http, gw, f"{system} question one", SALT_A)
         assert first == 0
-        await asyncio.sleep(0.5)  # A's prefix is in its worker's summary now
+        await wait_summary_blocks(http, gw, holder, PREFIX_BLOCKS)  # A's prefix is in its summary
         again, holder_again = await completion(http, gw, f"{system} question two", SALT_A)
         assert again >= 300 and holder_again == holder, "a tenant hits its own cache"
 
@@ -180,7 +199,8 @@ async def test_two_tenants_with_identical_prefixes_never_share_a_cache_and_nothi
         b_again, _ = await completion(http, gw, f"{system} question two", SALT_B)
         assert b_again >= 300, "tenant B hits its own cache"
 
-        await asyncio.sleep(0.5)  # summaries published
+        # A's, B's and the unsalted prefix published (what the Redis check below reads)
+        await wait_summary_blocks(http, gw, None, 3 * PREFIX_BLOCKS)
         pages = []
         for url in [gw, *fleet.sidecar_urls, *fleet.engine_urls]:
             async with http.get(f"{url}/metrics") as resp:
@@ -210,7 +230,8 @@ async def test_a_batch_with_one_salt_per_prompt_is_routed_and_cached_under_each_
             assert resp.status == 200, await resp.text()
             assert len((await resp.json())["choices"]) == 2
             holder = resp.headers["X-Prefixfleet-Worker"]
-        await asyncio.sleep(0.5)  # the holder's summary is published
+        # the batch's first prompt is in the holder's published summary
+        await wait_summary_blocks(http, gw, holder, PREFIX_BLOCKS)
         # the gateway learned the first prompt under the first salt: it routes A's next turn there
         again, holder_again = await completion(http, gw, f"{system} two", SALT_A)
         assert again >= 300 and holder_again == holder
@@ -400,11 +421,8 @@ async def test_redis_password_from_env_file_or_url_and_a_wrong_one_is_an_outage_
         wait_for_http(f"http://127.0.0.1:{bad_port}/livez", proc=bad.proc)
         async with http.post(f"http://127.0.0.1:{bad_port}/v1/completions", json={"prompt": "x"}) as resp:
             assert resp.status == 503
-        for _ in range(100):
-            if "redis unavailable" in bad.log():
-                break
-            await asyncio.sleep(0.05)
-        assert "redis unavailable" in bad.log() and bad.running()
+        await eventually(lambda: "redis unavailable" in bad.log(), 30, "the bad gateway's Redis warning")
+        assert bad.running()
     for child in [*fleet.children(), url_gateway, bad]:
         assert password not in child.log(), f"password in {child.name}'s log"
         assert "Traceback" not in child.log()
