@@ -873,7 +873,11 @@ class RedisSpec(CamelModel):
         pattern=r"^(redis|rediss|unix)://",
         max_length=URL_MAX_LENGTH,
         description="Redis URL, e.g. redis://prefixfleet-redis:6379/0 (an IPv6 host in brackets:"
-        " redis://[fd00::12]:6379/0).",
+        " redis://[fd00::12]:6379/0). No password here (user:pw@ or ?password=): this URL is readable by"
+        " anyone who may get PrefixCacheFleets, and the operator copies it as written into the replica"
+        " pods' and gateway Deployment's env (Warning Event RedisPasswordInSpec). Put the password in a"
+        " Secret named by spec.redis.passwordSecretRef (the URL without it), or the whole URL in a"
+        " Secret named by spec.redis.secretRef.",
     )
     secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding the full Redis URL (may include the password)."
