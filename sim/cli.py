@@ -18,7 +18,15 @@ from .engine import SERVICE_MODELS, ServiceConfig
 from .lab import reproduce_lab
 from .report import format_table, summarize, write_plot
 from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
-from .workloads import SIZE_CAP_HELP, WORKLOADS, Workload, build_workload, input_files, whole_number
+from .workloads import (
+    SIZE_CAP_HELP,
+    WORKLOADS,
+    Workload,
+    build_workload,
+    count_refusal,
+    input_files,
+    whole_number,
+)
 
 SERVICE_KEYS = {f for f in ServiceConfig.__dataclass_fields__ if f != "service"}
 # --policies and --seed default to None so that `--reproduce` can refuse them whenever they are given
@@ -90,7 +98,8 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
         if field_type is int:  # a count (max_running, step_token_budget): 1e3 is one, 2.5 is not
             count = whole_number(value)
             if count is None:
-                raise UsageError(f"--engine {key} must be a whole number, got {value!r}")
+                # max_running and step_token_budget must be positive (ServiceConfig says so for -1)
+                raise UsageError(f"--engine {key} {count_refusal(value, floor='positive')}")
             values[key] = count
             continue
         try:

@@ -114,6 +114,33 @@ def whole_number(value: Any) -> int | None:
     return int(number) if math.isfinite(number) and number.is_integer() else None
 
 
+def count_refusal(value: Any, *, floor: str = ">= 0", limit: str | None = None) -> str:
+    """Why ``value`` is no count (:func:`whole_number` gave None), as the end of a sentence that
+    names the setting. 1e400 is a whole number as written, only too large (a float reads it as
+    infinity): "must be a whole number" named the wrong rule. ``floor`` is the setting's lower
+    bound as its other refusals word it, ``limit`` its cap when it has one ("10,000,000 tokens")."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if number == math.inf:
+        cap = f"; at most {limit}" if limit else " (beyond what a float holds)"
+        return f"is too large, got {value!r}{cap}"
+    if number == -math.inf:
+        return f"must be {floor}, got {value!r}"
+    return f"must be a whole number, got {value!r}"
+
+
+def _count_limit(key: str) -> str | None:
+    """The cap a count setting is held to on its own, as :func:`count_refusal` names it (others,
+    such as 'sessions', are capped only by the requests they make together)."""
+    if key == "num_requests":
+        return f"{MAX_WORKLOAD_REQUESTS:,} requests"
+    if "tokens" in key:
+        return f"{MAX_SETTING_TOKENS:,} tokens"
+    return None
+
+
 def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> dict[str, Any]:
     unknown = sorted(set(overrides) - set(base))
     if unknown:
@@ -136,9 +163,8 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
             # not finite before)
             count = whole_number(value)
             if count is None:
-                raise ValueError(
-                    f"workload {workload!r} setting {key!r} must be a whole number, got {value!r}"
-                )
+                refusal = count_refusal(value, limit=_count_limit(key))
+                raise ValueError(f"workload {workload!r} setting {key!r} {refusal}")
             merged[key] = count
         elif isinstance(default, float):
             try:

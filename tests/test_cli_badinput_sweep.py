@@ -109,7 +109,7 @@ NUMBER_CASES = [
     ),
     ([*SIM, "--engine", "prefill_s_per_token=nan"], "--engine prefill_s_per_token must be a finite number"),
     ([*SCALE, "--engine", "decode_base_s=inf"], "--engine decode_base_s must be a finite number"),
-    ([*SIM, "--engine", "max_running=1e400"], "--engine max_running must be a whole number, got '1e400'"),
+    ([*SIM, "--engine", "max_running=1e400"], "--engine max_running is too large, got '1e400'"),
     (["chaos", "engine-kill", "--time-scale", "nan"], "--time-scale must be positive, got nan"),
     (["chaos", "engine-kill", "--time-scale", "inf"], "--time-scale must be positive, got inf"),
     (["chaos", "redis-outage", "--outage", "nan"], "--outage must be positive, got nan"),
