@@ -78,24 +78,59 @@ def run_crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _documents(name: str) -> list[Any]:
+def _documents(name: str) -> list[tuple[str, Any]]:
+    """The file's non-empty documents, each with its place ("document 2"), counted as an editor
+    counts ``---`` separators: an empty document keeps its number."""
     try:
         text = sys.stdin.read() if name == "-" else Path(name).read_text()
     except OSError as exc:
         raise UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
     try:
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        return [
+            (f"document {number}", doc)
+            for number, doc in enumerate(yaml.safe_load_all(text), 1)
+            if doc is not None
+        ]
     except yaml.YAMLError as exc:
         raise UsageError(f"{name} is not valid YAML: {_yaml_error_line(exc)}") from None
 
 
-def _listed(doc: Any) -> list[Any]:
+def _listed(where: str, doc: Any) -> list[tuple[str, Any]]:
     """The objects a document stands for, as ``kubectl apply`` reads it: the items of a list (an
     object with an ``items`` list, such as ``kind: List`` from ``kubectl get -o yaml``), flattened,
-    or the document itself."""
+    or the document itself; each with its place ("document 1, item 2")."""
     if isinstance(doc, dict) and isinstance(doc.get("items"), list):
-        return [obj for item in doc["items"] for obj in _listed(item)]
-    return [doc]
+        return [
+            listed
+            for index, item in enumerate(doc["items"], 1)
+            for listed in _listed(f"{where}, item {index}", item)
+        ]
+    return [(where, doc)]
+
+
+# What a YAML value that is no Kubernetes object is, in words (not Python's type names: "a int").
+_NOT_AN_OBJECT = {
+    bool: "true or false",
+    int: "a number",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    type(None): "null",
+}
+
+
+def skipped_line(where: str, doc: Any) -> str:
+    """Why validate passes over ``doc`` (at ``where``) that is no PrefixCacheFleet: another kind of
+    object is named by its kind; anything else by its place, since it has no name to find it by."""
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if isinstance(kind, str) and kind:
+        article = "an" if kind[0].lower() in "aeiou" else "a"
+        return f"skipped {article} {kind} (not a {KIND})"
+    if isinstance(doc, dict):
+        what = "an object with no kind" if kind in (None, "") else f"an object whose kind is {kind!r}"
+    else:
+        what = _NOT_AN_OBJECT.get(type(doc), f"a {type(doc).__name__}")  # a YAML date, say
+    return f"skipped {where}: {what}, not a Kubernetes object"
 
 
 def _yaml_error_line(exc: yaml.YAMLError) -> str:
@@ -158,11 +193,10 @@ def run_validate(args: argparse.Namespace) -> int:
         print("note: cel-python is not installed; CEL rules are checked by the models only", file=sys.stderr)
     invalid = fleets = 0
     for name in args.files:
-        for doc in (obj for document in _documents(name) for obj in _listed(document)):
+        for where, doc in (obj for document in _documents(name) for obj in _listed(*document)):
             found = identity_problems(doc) if isinstance(doc, dict) else None
             if found is None:
-                kind = doc.get("kind", "?") if isinstance(doc, dict) else type(doc).__name__
-                print(f"{name}: skipped a {kind} (not a {KIND})")
+                print(f"{name}: {skipped_line(where, doc)}")
                 continue
             fleets += 1
             label = f"{name}: {(doc.get('metadata') or {}).get('name', '<unnamed>')}"
