@@ -14,6 +14,7 @@ functions included: the Prometheus client, matplotlib with a headless backend), 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.requirements import Requirement
 
 from prefixfleet.fleet.processes import free_port
@@ -183,3 +185,51 @@ def test_the_operator_reconciles_a_fleet_with_runtime_dependencies_only(
         print(log.read_text(errors="replace")[-4000:] if log.exists() else "")
     text = log.read_text(errors="replace")
     assert "Traceback" not in text and "ModuleNotFoundError" not in text, text[-4000:]
+
+
+# The observed-fleet scenario's Prometheus, started as the scenario starts it, with no targets: the
+# alert rules it loads come from the installed package (no charts/ next to a wheel).
+SCENARIO_PROMETHEUS = """
+import json, pathlib, sys
+from prefixfleet.fleet.processes import free_port
+from prefixfleet.observability import scenario
+assert pathlib.Path(sys.prefix) in scenario.ALERTS.parents, scenario.ALERTS
+spec = scenario.ScenarioSpec()
+with scenario.observed_prometheus(pathlib.Path("prometheus"), free_port(), [], spec) as prometheus:
+    groups = prometheus.api("rules")["data"]["groups"]
+print(json.dumps(sorted(g["name"] for g in groups)))
+"""
+
+
+def test_the_observability_commands_run_from_the_installed_wheel(image_python: Path, tmp_path: Path) -> None:
+    """The dashboard command and the scenario's Prometheus, outside the source tree: what they read
+    from charts/ before (the alert rules, the chart to write) comes with the package or is asked for."""
+    chart_source = ROOT / "charts" / "prefixfleet"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def dashboard(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [str(image_python), "-m", "prefixfleet.observability.dashboard", *args]
+        return subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True)
+
+    printed = dashboard("--out", "-")
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == (chart_source / "dashboards" / "prefixfleet.json").read_text()
+    bare = dashboard()  # no checkout around the installed package: it says what to pass, no traceback
+    assert bare.returncode == 2 and "--chart DIR" in bare.stderr and "Traceback" not in bare.stderr, (
+        bare.stderr
+    )
+
+    chart = tmp_path / "chart"
+    shutil.copytree(chart_source, chart)
+    (chart / "files" / "alerts.yaml").unlink()
+    stale = dashboard("--check", "--chart", str(chart))
+    assert stale.returncode == 1 and "alerts.yaml is out of date" in stale.stderr, stale.stderr
+    written = dashboard("--chart", str(chart))
+    assert written.returncode == 0, written.stderr
+    for relative in ("files/alerts.yaml", "dashboards/prefixfleet.json"):
+        assert (chart / relative).read_bytes() == (chart_source / relative).read_bytes(), relative
+
+    result = run_in_image(image_python, SCENARIO_PROMETHEUS, tmp_path)
+    assert result.returncode == 0, result.stderr
+    shipped = yaml.safe_load((chart_source / "files" / "alerts.yaml").read_text())["groups"]
+    assert json.loads(result.stdout.splitlines()[-1]) == sorted(g["name"] for g in shipped)

@@ -9,6 +9,13 @@ the live-Prometheus test (evaluates every query). Queries use three variables: `
 copy the pod label ``prefixfleet.io/fleet`` into a ``fleet`` label), plus Grafana's
 ``$__rate_interval``.
 
+The same command writes the chart's copy of the alert rules, ``files/alerts.yaml``: their source is
+this package's ``alerts.yaml`` (package data, so an installed prefixfleet, the image's included,
+loads them: the observed-fleet scenario's Prometheus does). Helm reads only files inside the chart
+directory, so the chart carries copies of both rather than references; the package holds the
+sources because the wheel cannot ship anything from charts/. Installed from a wheel there is no
+chart next to the package: ``--chart DIR`` names one, ``--out -`` prints the dashboard JSON.
+
 Series per replica: engine metrics (``sglang:*`` or ``vllm:*``, scraped through the sidecar's port)
 carry the scrape target's ``pod`` label; gateway metrics name the replica in their ``worker`` label,
 which the operator sets to the pod name, so both read the same.
@@ -33,8 +40,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# The checkout's chart (absent when the package is installed from a wheel).
 CHART = Path(__file__).resolve().parents[2] / "charts" / "prefixfleet"
-DASHBOARD_PATH = CHART / "dashboards" / "prefixfleet.json"
+DASHBOARD_FILE = "dashboards/prefixfleet.json"  # inside the chart
+DASHBOARD_PATH = CHART / DASHBOARD_FILE
+ALERTS = Path(__file__).resolve().with_name("alerts.yaml")  # package data: the alert rules' source
+ALERTS_FILE = "files/alerts.yaml"  # the chart's copy, which its PrometheusRule template reads
 UID = "prefixfleet-overview"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 SEL = 'namespace=~"$namespace", fleet=~"$fleet"'
@@ -507,20 +518,56 @@ def render_json() -> str:
     return json.dumps(build_dashboard(), indent=2, ensure_ascii=False) + "\n"
 
 
+def chart_files() -> dict[str, str]:
+    """What the chart carries from this package, by path inside the chart."""
+    return {DASHBOARD_FILE: render_json(), ALERTS_FILE: ALERTS.read_text()}
+
+
+def _stale(targets: Mapping[Path, str]) -> list[Path]:
+    return [path for path, text in targets.items() if not path.is_file() or path.read_text() != text]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Write (or --check) the chart's Grafana dashboard JSON.")
-    parser.add_argument("--out", type=Path, default=DASHBOARD_PATH)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is out of date")
+    parser = argparse.ArgumentParser(
+        description="Write (or --check) the chart's Grafana dashboard JSON and its copy of the alert rules."
+    )
+    parser.add_argument(
+        "--chart", type=Path, help="the chart directory (default: charts/prefixfleet of this checkout)"
+    )
+    parser.add_argument("--out", type=Path, help="write only the dashboard JSON, to this file ('-': stdout)")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a file is out of date")
     args = parser.parse_args(argv)
-    text = render_json()
+    if args.out is not None:
+        if args.chart is not None:
+            parser.error("--out and --chart: give one")
+        if str(args.out) == "-":
+            if args.check:
+                parser.error("--check needs a file: --out FILE or --chart DIR")
+            sys.stdout.write(render_json())
+            return 0
+        targets = {args.out: render_json()}
+    else:
+        chart = args.chart
+        if chart is None:
+            if not (CHART / "Chart.yaml").is_file():
+                parser.error(
+                    f"no chart at {CHART} (prefixfleet is installed, not run from a checkout): pass"
+                    " --chart DIR (a prefixfleet chart) or --out FILE / --out - (the dashboard JSON alone)"
+                )
+            chart = CHART
+        elif not (chart / "Chart.yaml").is_file():
+            parser.error(f"--chart {chart}: no Chart.yaml there")
+        targets = {chart / relative: text for relative, text in chart_files().items()}
+    stale = _stale(targets)
     if args.check:
-        current = args.out.read_text() if args.out.exists() else ""
-        if current != text:
-            print(f"{args.out} is out of date: run {REGENERATE}", file=sys.stderr)
-            return 1
-        return 0
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({len(PANELS)} panels, {len(ANNOTATIONS)} annotations)")
+        for path in stale:
+            print(f"{path} is out of date: run {REGENERATE}", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(targets[path])
+    written = ", ".join(str(p) for p in stale) or "nothing (up to date)"
+    print(f"wrote {written} ({len(PANELS)} panels, {len(ANNOTATIONS)} annotations)")
     return 0
 
 

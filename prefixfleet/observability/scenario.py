@@ -22,7 +22,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +32,9 @@ from prefixfleet.fleet.load import LoadRequest, run_load
 from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
 from prefixfleet.fleet.processes import Supervisor
 
+from .dashboard import ALERTS
 from .local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 
-ALERTS = Path(__file__).resolve().parents[2] / "charts" / "prefixfleet" / "files" / "alerts.yaml"
 NAMESPACE = "local"
 
 
@@ -106,6 +106,17 @@ async def _wait_for_view_size(gateways: list[str], workers: int, timeout_s: floa
                 await asyncio.sleep(0.1)
 
 
+def observed_prometheus(
+    directory: Path, port: int, targets: Sequence[ScrapeTarget], spec: ScenarioSpec
+) -> LocalPrometheus:
+    """The scenario's Prometheus (not started yet): scrapes ``targets`` with the package's alert rules."""
+    config = scrape_config(
+        targets, fleet=spec.fleet, namespace=NAMESPACE, interval_s=spec.scrape_interval_s, rule_files=[ALERTS]
+    )
+    directory.mkdir(parents=True, exist_ok=True)
+    return LocalPrometheus(directory, port, config)
+
+
 async def run_scenario(
     spec: ScenarioSpec, run_dir: Path, prometheus_port: int, *, progress: bool = False
 ) -> tuple[LocalPrometheus, ObservedRun]:
@@ -130,16 +141,7 @@ async def run_scenario(
             for r in fleet.replicas
             if r.sidecar_url
         ]
-        config = scrape_config(
-            targets,
-            fleet=spec.fleet,
-            namespace=NAMESPACE,
-            interval_s=spec.scrape_interval_s,
-            rule_files=[ALERTS],
-        )
-        prom_dir = run_dir / "prometheus"
-        prom_dir.mkdir(parents=True, exist_ok=True)
-        prometheus = LocalPrometheus(prom_dir, prometheus_port, config)
+        prometheus = observed_prometheus(run_dir / "prometheus", prometheus_port, targets, spec)
         try:
             prometheus.start()
             await asyncio.sleep(2 * spec.scrape_interval_s)  # a baseline before the first request
