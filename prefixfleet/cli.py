@@ -52,6 +52,12 @@ class UsageError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 gateway``, ``2 gateways``: a fleet of one is a common first run, and "1 engines" in a
+    title reads as a bug. ``noun`` is the singular; every noun counted in the CLI takes an s."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def check_positive(
     flag: str, value: float | None, *, allow_zero: bool = False, allow_none: bool = False
 ) -> None:

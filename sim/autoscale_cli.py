@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from prefixfleet.cli import UsageError, check_positive
+from prefixfleet.cli import UsageError, check_positive, counted
 from prefixfleet.operator.autoscale import SCALER_MODES, ScalePolicy
 from prefixfleet.outputs import output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         "new_replica_window_s": 30.0,
     }
     title = (
-        f"{workload.name}: {len(workload.requests)} requests over {settings['duration_s']:.0f} s, "
+        f"{workload.name}: {counted(len(workload.requests), 'request')} over {settings['duration_s']:.0f} s, "
         f"{min_r}-{max_r} replicas × {cache} tokens, {service.service}, routing {args.policy}, "
         f"TTFT target {settings['target_ttft_ms']:g} ms, start-up {args.startup_delay_s:g} s"
     )

@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prefixfleet.cli import UsageError
+from prefixfleet.cli import UsageError, counted
 from prefixfleet.outputs import output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
 from prefixfleet.sglang_fields import lax_bool
@@ -245,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
         "ideal": "policies.ideal: no waiting, fleet-wide infinite cache (a bound no policy can beat)",
     }
     title = (
-        f"{workload.name}: {len(workload.requests)} requests, {fleet.replicas} replicas × "
+        f"{workload.name}: {counted(len(workload.requests), 'request')}, "
+        f"{counted(fleet.replicas, 'replica')} × "
         f"{fleet.cache_tokens} cache tokens, service {fleet.service.service}"
     )
     print(format_table(title, metrics, DEFAULT_POLICY))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from prefixfleet.cli import counted
+
 _ROW_KEYS = (
     ("requests", "requests"),
     ("ok", "ok"),
@@ -53,8 +55,9 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines = [f"== chaos {report['scenario']} =="]
     plan = report.get("plan", {})
     fleet = report.get("fleet", {})
+    pairs = counted(fleet.get("replicas"), "engine+sidecar pair")
     lines.append(
-        f"fleet: {fleet.get('replicas')} engines+sidecars, {fleet.get('gateways')} gateway(s), "
+        f"fleet: {pairs}, {counted(fleet.get('gateways'), 'gateway')}, "
         f"policy {fleet.get('policy')}, time-scale {fleet.get('time_scale')}; traffic: "
         f"{plan.get('rate_per_s')} req/s for {plan.get('duration_s')} s, "
         f"{plan.get('stream_fraction', 0) * 100:.0f}% streamed"

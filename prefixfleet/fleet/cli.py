@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive
+from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive, counted
 from prefixfleet.emulator.cli import PREFILL_RATE_RANGE, TIME_SCALE_RANGE, check_range
 from prefixfleet.outputs import output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY
@@ -265,7 +265,7 @@ def run_up_command(args: argparse.Namespace) -> int:
         if json_path:
             write_json(json_path, report)
         if plot_path:
-            from prefixfleet.fleet.load import counted, ttfts_ms
+            from prefixfleet.fleet.load import ttfts_ms
             from prefixfleet.fleet.plots import write_live_plot
 
             with writing(plot_path, "--plot"):
@@ -394,7 +394,7 @@ async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheu
 
 
 def format_up(report: dict[str, Any]) -> str:
-    from prefixfleet.fleet.load import counted, format_table
+    from prefixfleet.fleet.load import format_table
 
     s = report["settings"]
     engine = s["engine"]
@@ -512,7 +512,7 @@ def run_load_command(args: argparse.Namespace) -> int:
 
     run = _run_async(main)
     summary = run.summary
-    print(f"{workload.name}: {summary.requests} requests to {', '.join(args.target)} ({args.api})")
+    print(f"{workload.name}: {counted(summary.requests, 'request')} to {', '.join(args.target)} ({args.api})")
     print(format_table({"target": summary.to_dict()}, title=""))
     print(f"throughput {summary.throughput_rps:.1f} req/s over {summary.duration_s:.1f} s")
     if summary.error_kinds:
@@ -526,7 +526,8 @@ def load_exit_status(summary: LoadSummary) -> int:
     """1 when any request of the run failed (saying so on stderr), else 0 (LOAD_EXIT_STATUS)."""
     if not summary.errors:
         return 0
-    print(f"load: {summary.errors} of {summary.requests} requests failed (exit status 1)", file=sys.stderr)
+    failed = f"{summary.errors} of {counted(summary.requests, 'request')} failed"
+    print(f"load: {failed} (exit status 1)", file=sys.stderr)
     return 1
 
 

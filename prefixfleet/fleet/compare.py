@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from prefixfleet.cli import counted
 from prefixfleet.fleet.load import (
     LoadRequest,
     LoadRun,
@@ -409,8 +410,8 @@ def format_compare(report: dict[str, Any]) -> str:
         detail = report["details"].get(name, {})
         rows[name] = {**row, "p50_ttft_ms": detail.get("p50_ttft_ms")}
     lines = [
-        f"{report['workload']}: {s['requests']} requests × {s['repeats']} round(s), "
-        f"{s['replicas']} engines × {s['engine']['cache_tokens']} cache tokens, "
+        f"{report['workload']}: {counted(s['requests'], 'request')} × {counted(s['repeats'], 'round')}, "
+        f"{counted(s['replicas'], 'engine')} × {s['engine']['cache_tokens']} cache tokens, "
         f"time-scale {s['engine']['time_scale']} (TTFT wall-clock ms)",
         format_table(rows, title="router"),
     ]

@@ -358,11 +358,6 @@ async def run_load(
     return LoadRun(done, duration)
 
 
-def counted(n: int, noun: str) -> str:
-    """``1 gateway``, ``2 gateways``: a fleet of one is a common first run."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 def format_table(rows: Mapping[str, Mapping[str, Any]], title: str = "policy") -> str:
     """A plain-text table of per-row TTFT/hit-rate/error figures."""
     header = f"{title:<20} {'mean ms':>9} {'p50 ms':>9} {'p99 ms':>9} {'hit rate':>9} {'errors':>7}"

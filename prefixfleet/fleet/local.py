@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from prefixfleet.cli import counted
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.fleet.load import LoadRun, requests_from_workload, run_load
 from prefixfleet.fleet.processes import (
@@ -285,7 +286,8 @@ class LocalFleet:
                         break
                     if time.monotonic() > deadline:
                         raise ChildFailedError(
-                            "gateway", f"{url} sees {have} of {want} workers after {timeout_s:.0f}s"
+                            "gateway",
+                            f"{url} sees {have} of {counted(want, 'worker')} after {timeout_s:.0f}s",
                         )
                     self.sup.check_alive()
                     await asyncio.sleep(0.1)
