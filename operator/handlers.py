@@ -58,10 +58,12 @@ from .planner import (
     MANAGER,
     MIN_DRAIN_S,
     FleetRef,
+    ObservedLabels,
     ObservedPod,
     ObservedState,
     PlannedEvent,
     UnhealthyReplica,
+    observe_labels,
     observe_pod,
     plan_invalid_spec,
     plan_reconcile,
@@ -567,11 +569,13 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
 
     children: dict[str, str] = {}
     live_children: dict[str, Any] = {}  # by "Kind/name": their last-applied record guides updates
+    child_labels: dict[str, ObservedLabels] = {}
     router_ready = 0
     for kind in ("ConfigMap", "Deployment", "Service"):
         child = kube.get(kind, namespace, router_name(ref))
         if child is not None:
             live_children[f"{kind}/{router_name(ref)}"] = child
+            child_labels[f"{kind}/{router_name(ref)}"] = observe_labels(child)
             children[f"{kind}/{router_name(ref)}"] = (child["metadata"].get("annotations") or {}).get(
                 ANNOTATION_SPEC_HASH, ""
             )
@@ -600,6 +604,8 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     observed = ObservedState(
         pods=pods,
         children=children,
+        child_labels=child_labels,
+        fleet_labels=meta.get("labels") or {},
         router_ready_replicas=router_ready,
         conditions=conditions,
         victims=victims,
@@ -626,14 +632,17 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_FIRST_READY: stamp})
     for pod_name, mark in plan.mark_unready:
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_UNREADY_SEEN: mark})
+    for pod_name, patch in plan.relabel_pods:  # in place: the pod keeps running
+        kube.merge_patch("Pod", namespace, pod_name, patch)
     for deletion in plan.delete_pods:
         kube.delete("Pod", namespace, deletion.name)
     # A child the API server refuses (an invalid podTemplate, a policy, a quota) does not stop the
     # others, the router or the status: the fleet says which and why (operator/refusals.py).
     refused: list[str] = []
     refused_creates: list[str] = []
+    # (the planner's manifests carry their owner reference and the fleet's labels: kopf.adopt, which
+    # added labels behind the planner's back, is not used)
     for manifest in plan.create_pods:
-        kopf.adopt(manifest, owner=fleet)
         try:
             kube.create(manifest)
         except ChildRefused as exc:
@@ -646,7 +655,6 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
             if not try_next_create(refused_creates):
                 break
     for change in plan.children:
-        kopf.adopt(change.manifest, owner=fleet)
         try:
             # created with the record of what it holds, so a later update removes what is dropped
             if change.action == "create" and kube.create(with_last_applied(change.manifest)):

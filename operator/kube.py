@@ -204,11 +204,15 @@ class Kube:
 
     def annotate(self, kind: str, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Set (or, with None, remove) annotations; a vanished object is fine."""
+        self.merge_patch(kind, namespace, name, {"metadata": {"annotations": dict(annotations)}})
+
+    def merge_patch(self, kind: str, namespace: str, name: str, patch: JSON) -> None:
+        """A JSON merge patch (``None`` removes a key); a vanished object is fine."""
         try:
             self.request(
                 "PATCH",
                 self.path(kind, namespace, name),
-                body={"metadata": {"annotations": dict(annotations)}},
+                body=patch,
                 content_type="application/merge-patch+json",
             )
         except ApiException as exc:

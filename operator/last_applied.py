@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from typing import Any
 
 JSON = dict[str, Any]
@@ -106,3 +107,34 @@ def three_way_patch(last_applied: JSON | None, desired: JSON) -> JSON:
 def child_patch(manifest: JSON, live: JSON | None) -> JSON:
     """The merge patch updating the live child to ``manifest``, recording it for the next update."""
     return three_way_patch(parse_last_applied(live), owned_fields(with_last_applied(manifest)))
+
+
+# A replica pod's record holds only its labels taken from the fleet: the one part of a pod the
+# operator updates in place (its spec cannot change; a new template is a new pod), so the one part a
+# later update may have to remove from. The pod's spec stays out of it (it would copy the whole pod,
+# a Redis URL with its password included, into an annotation).
+
+
+def labels_record(labels: Mapping[str, str]) -> str:
+    """The last-applied annotation's value for a replica pod carrying ``labels`` from its fleet."""
+    return json.dumps({"metadata": {"labels": dict(labels)}}, sort_keys=True, separators=(",", ":"))
+
+
+def recorded_labels(live: JSON | None) -> dict[str, Any] | None:
+    """The labels the operator last wrote on ``live``, from its record; None when it has none."""
+    record = parse_last_applied(live)
+    if record is None:
+        return None
+    labels = (record.get("metadata") or {}).get("labels")
+    return dict(labels) if isinstance(labels, dict) else {}
+
+
+def labels_patch(recorded: Mapping[str, Any] | None, desired: Mapping[str, str]) -> JSON:
+    """The merge patch turning a child's labels from ``recorded`` (its record; None: none) to
+    ``desired``, others' labels untouched, and recording ``desired`` (a replica pod's record)."""
+    return {
+        "metadata": {
+            "labels": three_way_patch(dict(recorded) if recorded is not None else None, dict(desired)),
+            "annotations": {ANNOTATION_LAST_APPLIED: labels_record(desired)},
+        }
+    }

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prefixfleet.router.addresses import base_url
 
+from .last_applied import ANNOTATION_LAST_APPLIED, labels_patch, labels_record, recorded_labels
 from .models import API_VERSION, KIND, MERGED_BY_NAME, PROJECT_IMAGE, ROUTER_SETTINGS_VOLUME, FleetSpec
 
 JSON = dict[str, Any]
@@ -111,6 +112,20 @@ class FleetRef:
 
 
 @dataclass(frozen=True, slots=True)
+class ObservedLabels:
+    """A child's labels as they are, and those its ``prefixfleet.io/last-applied`` record says the
+    operator wrote (None: no record, a child made by an operator that kept none)."""
+
+    live: Mapping[str, str] = field(default_factory=dict)
+    recorded: Mapping[str, Any] | None = None
+
+
+def observe_labels(body: Mapping[str, Any]) -> ObservedLabels:
+    meta = body.get("metadata") or {}
+    return ObservedLabels(dict(meta.get("labels") or {}), recorded_labels(dict(body)))
+
+
+@dataclass(frozen=True, slots=True)
 class ObservedPod:
     name: str
     template_hash: str = ""
@@ -136,6 +151,8 @@ class ObservedPod:
     engine_down: bool = False
     # the scheduler found no node for it (PodScheduled False, Unschedulable): waiting for capacity
     unschedulable: bool = False
+    # its labels and the fleet labels its record says the operator put on it (fleet_labels_of)
+    labels: ObservedLabels = field(default_factory=ObservedLabels)
 
     @property
     def draining(self) -> bool:
@@ -179,6 +196,11 @@ class ObservedState:
     pods: Sequence[ObservedPod] = ()
     # spec-hash annotation of each existing child by "Kind/name" (Deployment, Service, ConfigMap).
     children: Mapping[str, str] = field(default_factory=dict)
+    # the labels of each existing child by "Kind/name", where observed (a child missing here has its
+    # labels left as they are, only its spec hash decides)
+    child_labels: Mapping[str, ObservedLabels] = field(default_factory=dict)
+    # the fleet's own metadata.labels: every child carries them, besides its own (fleet_labels_of)
+    fleet_labels: Mapping[str, str] = field(default_factory=dict)
     router_ready_replicas: int = 0
     conditions: Sequence[JSON] = ()  # the current status.conditions (to keep transition times)
     victims: Sequence[str] = ()  # the autoscaler's removal preference, most preferred first
@@ -242,6 +264,9 @@ class ReconcilePlan:
     mark_ready: tuple[str, ...] = ()  # Ready for the first time: annotate first-ready=now
     # (pod, value): unready, first seen so by the operator: annotate unready-seen=value
     mark_unready: tuple[tuple[str, str], ...] = ()
+    # (pod, merge patch): the fleet's labels changed; set in place on the pod's metadata (a pod is not
+    # replaced for a label: its engine keeps its cache and its GPU)
+    relabel_pods: tuple[tuple[str, JSON], ...] = ()
     replaced: tuple[UnhealthyReplica, ...] = ()  # in delete_pods because they are unhealthy
     recheck_after_s: float | None = None  # reconcile again this soon (UnhealthyPlan.recheck_after_s)
     # served, unready, nothing replaces them (UnhealthyPlan.unavailable): Degraded/ReplicaUnavailable
@@ -258,6 +283,7 @@ class ReconcilePlan:
             or self.undrain_pods
             or self.mark_ready
             or self.mark_unready
+            or self.relabel_pods
         )
 
 
@@ -313,6 +339,7 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         engine_started=((engine_status.get("state") or {}).get("running") or {}).get("startedAt") or "",
         engine_down=bool(engine_status) and "running" not in (engine_status.get("state") or {}),
         unschedulable=unschedulable,
+        labels=observe_labels(body),
     )
 
 
@@ -360,6 +387,23 @@ def _labels(fleet: FleetRef, role: str) -> JSON:
         LABEL_FLEET: fleet.name,
         LABEL_ROLE: role,
     }
+
+
+def fleet_labels_of(fleet_labels: Mapping[str, str], own: Collection[str]) -> JSON:
+    """The fleet's metadata.labels a child carries besides ``own`` (its own label keys, which win: the
+    operator's, a podTemplate's), as ``kopf.adopt`` gave them before. They are added after the
+    child's hashes are taken, so a label change updates children in place and rolls nothing."""
+    return {k: v for k, v in fleet_labels.items() if k not in own}
+
+
+def labels_stale(desired: Mapping[str, str], observed: ObservedLabels) -> bool:
+    """Whether a child's labels must be written: one of ``desired`` is missing or differs, or its
+    record differs from ``desired`` (a label the operator wrote and no longer wants, which the
+    three-way patch removes). Without a record only missing or different labels count, so an
+    operator upgrade writes nothing to children whose labels are already right."""
+    if any(observed.live.get(k) != v for k, v in desired.items()):
+        return True
+    return observed.recorded is not None and dict(observed.recorded) != dict(desired)
 
 
 def owner_reference(fleet: FleetRef) -> JSON:
@@ -602,15 +646,31 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
     return template, _hash(template)
 
 
-def replica_pod(fleet: FleetRef, template: JSON, template_hash: str, index: int) -> JSON:
+def replica_pod(
+    fleet: FleetRef,
+    template: JSON,
+    template_hash: str,
+    index: int,
+    fleet_labels: Mapping[str, str] | None = None,
+) -> JSON:
+    """Replica ``index`` of ``template``, with the fleet's labels (``fleet_labels``: the fleet's
+    metadata.labels) and the record of them, which a later label update compares against."""
     pod = copy.deepcopy(template)
     meta = pod["metadata"]
     meta["name"] = replica_name(fleet, index)
     meta["namespace"] = fleet.namespace
     meta["labels"][LABEL_TEMPLATE_HASH] = template_hash
+    extra = fleet_labels_of(fleet_labels or {}, replica_own_labels(template))
+    meta["labels"].update(extra)
+    meta["annotations"][ANNOTATION_LAST_APPLIED] = labels_record(extra)
     meta["annotations"][ANNOTATION_TEMPLATE_HASH] = template_hash
     meta["ownerReferences"] = [owner_reference(fleet)]
     return {"apiVersion": "v1", "kind": "Pod", **pod}
+
+
+def replica_own_labels(template: JSON) -> set[str]:
+    """The label keys a replica pod of ``template`` has of its own (the operator's, its podTemplate's)."""
+    return {*template["metadata"]["labels"], LABEL_TEMPLATE_HASH}
 
 
 def replica_name(fleet: FleetRef, index: int) -> str:
@@ -1254,15 +1314,24 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     )
     replaced = (unhealthy.replace,) if unhealthy.replace is not None else ()
     pod_plan.delete += [PodDeletion(u.name, f"unhealthy ({u.reason})") for u in replaced]
-    pods = tuple(replica_pod(fleet, template, template_hash, k) for k in pod_plan.create)
+    pods = tuple(
+        replica_pod(fleet, template, template_hash, k, observed.fleet_labels) for k in pod_plan.create
+    )
     children = []
     for manifest in desired_children(fleet, spec, observed.redis_url):
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
         wanted = manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
+        labels = manifest["metadata"]["labels"]
+        labels.update(fleet_labels_of(observed.fleet_labels, labels))  # after the hash: no rollout
+        seen = observed.child_labels.get(key)
         if key not in observed.children:
             children.append(ChildChange("create", manifest))
-        elif observed.children[key] != wanted:
+        elif observed.children[key] != wanted or (seen is not None and labels_stale(labels, seen)):
+            # a label-only update leaves the Deployment's pod template as it is: no gateway rollout
             children.append(ChildChange("replace", manifest))
+    relabel = relabel_replicas(
+        observed.pods, fleet_labels_of(observed.fleet_labels, replica_own_labels(template)), pod_plan.delete
+    )
     events: list[PlannedEvent] = []
     for pod in pods:
         events.append(PlannedEvent("Normal", "CreatingReplica", f"creating pod {pod['metadata']['name']}"))
@@ -1298,9 +1367,25 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         mark_unready=tuple(
             (p.name, unready_mark(observed.now, p.ready_changed)) for p in unhealthy.first_seen
         ),
+        relabel_pods=relabel,
         replaced=replaced,
         recheck_after_s=unhealthy.recheck_after_s,
         unavailable=unhealthy.unavailable,
+    )
+
+
+def relabel_replicas(
+    pods: Sequence[ObservedPod], desired: Mapping[str, str], deleting: Sequence[PodDeletion]
+) -> tuple[tuple[str, JSON], ...]:
+    """(pod, merge patch) for each replica pod that stays and whose fleet labels are not ``desired``
+    (the fleet's labels it should carry): set in place, those the operator put there before and the
+    fleet dropped removed (its record), others' labels untouched. Not a new template, so no pod is
+    replaced: a pod on an outdated template is relabelled too (it may serve for a while yet)."""
+    going = {d.name for d in deleting}
+    return tuple(
+        (p.name, labels_patch(p.labels.recorded, desired))
+        for p in pods
+        if p.alive and p.name not in going and labels_stale(desired, p.labels)
     )
 
 

@@ -87,7 +87,8 @@ async def test_membership_timeout_counts_in_english(monkeypatch: pytest.MonkeyPa
         return 0
 
     monkeypatch.setattr(local, "_gateway_worker_count", no_workers)
-    fleet = SimpleNamespace(replicas=[object()], gateway_urls=["http://127.0.0.1:9"])
+    gateway = SimpleNamespace(url="http://127.0.0.1:9", name="gateway-0", log_path=None, log_tail=str)
+    fleet = SimpleNamespace(replicas=[object()], gateways=[gateway])
     with pytest.raises(ChildFailedError) as err:
         # timeout 0: the deadline has passed at the first look, so no waiting and no supervisor
         await local.LocalFleet.wait_for_membership(fleet, timeout_s=0)  # type: ignore[arg-type]

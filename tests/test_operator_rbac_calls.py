@@ -126,6 +126,7 @@ KUBE_METHODS: dict[str, tuple[str, str | None]] = {
     "list": ("list", None),
     "delete": ("delete", None),
     "annotate": ("patch", None),
+    "merge_patch": ("patch", None),
     "patch_status": ("patch", "status"),
 }
 # Kinds come from the planner's manifests: the recorded run covers them.

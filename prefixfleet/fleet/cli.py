@@ -16,6 +16,7 @@ from prefixfleet.router.policies import DEFAULT_POLICY
 
 if TYPE_CHECKING:
     from prefixfleet.fleet.load import LoadSummary
+    from prefixfleet.fleet.processes import ChildFailedError
 
 DEFAULT_UP_WORKLOAD = "prefixroute"
 MAX_LATENCY_PROBES = 1_000_000  # compare's added-latency probe: a local fleet serves hundreds per second
@@ -123,18 +124,28 @@ def _progress_default(value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
 
-def _run_async(main: Any) -> Any:
-    """Run the fleet coroutine; turn child failures into a one-line error instead of a traceback."""
-    from prefixfleet.fleet.processes import ChildFailedError, run_until_signalled
+def _run_async(main: Any, command: str) -> Any:
+    """Run the fleet coroutine; turn child failures into the CLI's one-line error ("prefixfleet up:
+    error: ...", as prefixfleet.cli.main words a UsageError), with the log's last lines after it,
+    instead of a traceback. Exit status 1: the input was fine, the fleet was not."""
+    from prefixfleet.fleet import processes
 
     try:
-        return run_until_signalled(main)
+        return processes.run_until_signalled(main)
     except asyncio.CancelledError:
-        print("prefixfleet: stopped by SIGTERM; every process it started was stopped", file=sys.stderr)
+        print(f"{command}: stopped by SIGTERM; every process it started was stopped", file=sys.stderr)
         raise SystemExit(143) from None
-    except ChildFailedError as exc:
-        print(f"prefixfleet: a fleet process failed: {exc}", file=sys.stderr)
+    except processes.ChildFailedError as exc:
+        print(fleet_failure(command, exc), file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def fleet_failure(command: str, exc: ChildFailedError) -> str:
+    """The error line naming the failed process and where its log is, then the log's last lines."""
+    line = f"{command}: error: fleet process {exc.name}: {exc.message}"
+    if exc.log_path is not None:
+        line += f" (log: {exc.log_path})"
+    return line + exc.tail_block()
 
 
 # -- up ----------------------------------------------------------------------------------------------
@@ -278,7 +289,9 @@ def run_up_command(args: argparse.Namespace) -> int:
                 )
 
     keep_running = args.keep_running or scaling is not None
-    report, _ = _run_async(lambda: _up_main(workload, spec, options, keep_running, scaling, write_results))
+    report, _ = _run_async(
+        lambda: _up_main(workload, spec, options, keep_running, scaling, write_results), "prefixfleet up"
+    )
     print(format_up(report))
     return 0
 
@@ -510,7 +523,7 @@ def run_load_command(args: argparse.Namespace) -> int:
             desc="load",
         )
 
-    run = _run_async(main)
+    run = _run_async(main, "prefixfleet load")
     summary = run.summary
     print(f"{workload.name}: {counted(summary.requests, 'request')} to {', '.join(args.target)} ({args.api})")
     print(format_table({"target": summary.to_dict()}, title=""))
@@ -659,7 +672,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         run_dir=run_dir,
         progress=_progress_default(args.progress),
     )
-    report, ttfts = _run_async(lambda: run_compare(workload, options))
+    report, ttfts = _run_async(lambda: run_compare(workload, options), "prefixfleet compare")
     print(format_compare(report))
     assert json_path is not None  # required flag
     write_json(json_path, report)

@@ -279,15 +279,19 @@ class LocalFleet:
         want = len(self.replicas)
         deadline = time.monotonic() + timeout_s
         async with aiohttp.ClientSession() as session:
-            for url in self.gateway_urls:
-                while True:
+            for gateway in self.gateways:
+                url = gateway.url
+                while url:
                     have = await _gateway_worker_count(session, url)
                     if have is None or have >= want:
                         break
                     if time.monotonic() > deadline:
+                        # which gateway, and its log: it says why it left a worker out
                         raise ChildFailedError(
-                            "gateway",
+                            gateway.name,
                             f"{url} sees {have} of {counted(want, 'worker')} after {timeout_s:.0f}s",
+                            gateway.log_tail(),
+                            gateway.log_path,
                         )
                     self.sup.check_alive()
                     await asyncio.sleep(0.1)

@@ -37,13 +37,16 @@ _T = TypeVar("_T")
 class ChildFailedError(RuntimeError):
     """A child exited (or never became ready) while the fleet needed it."""
 
-    def __init__(self, name: str, message: str, log_tail: str = "") -> None:
+    def __init__(self, name: str, message: str, log_tail: str = "", log_path: Path | None = None) -> None:
         self.name = name
+        self.message = message
         self.log_tail = log_tail
-        detail = f"{name}: {message}"
-        if log_tail:
-            detail += f"\n--- last lines of {name}'s log ---\n{log_tail}"
-        super().__init__(detail)
+        self.log_path = log_path  # where the child's whole log is, for the CLI's error line
+        super().__init__(f"{name}: {message}{self.tail_block()}")
+
+    def tail_block(self) -> str:
+        """The log's last lines under a heading, on lines of their own ("" without a log tail)."""
+        return f"\n--- last lines of {self.name}'s log ---\n{self.log_tail}" if self.log_tail else ""
 
 
 @dataclass
@@ -213,7 +216,7 @@ class Supervisor:
             )
         except OSError as exc:
             log_file.close()
-            raise ChildFailedError(name, f"could not start {argv[0]}: {exc}") from exc
+            raise ChildFailedError(name, f"could not start {argv[0]}: {exc}", log_path=log_path) from exc
         child = Child(name, list(argv), log_path, process, url or health_url, _log_file=log_file)
         self.children.append(child)
         if health_url is not None or ready is not None:
@@ -242,11 +245,14 @@ class Supervisor:
                     child.name,
                     f"exited with status {child.process.returncode} before it was ready",
                     child.log_tail(),
+                    child.log_path,
                 )
             if await probe():
                 return
             if time.monotonic() > deadline:
-                raise ChildFailedError(child.name, f"not ready after {timeout_s:.0f}s", child.log_tail())
+                raise ChildFailedError(
+                    child.name, f"not ready after {timeout_s:.0f}s", child.log_tail(), child.log_path
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 0.5)
 
@@ -259,6 +265,7 @@ class Supervisor:
                     child.name,
                     f"exited unexpectedly with status {child.process.returncode}",
                     child.log_tail(),
+                    child.log_path,
                 )
 
     async def stop(self, child: Child) -> None:

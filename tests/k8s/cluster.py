@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,6 +110,7 @@ class OperatorProcess:
     def __init__(self, cluster: EmulatedCluster, redis_url: str) -> None:
         self.cluster, self.redis_url = cluster, redis_url
         self.extra_args: list[str] = []
+        self.extra_env: dict[str, str] = {}  # over the defaults below
         self.log_path = cluster.workdir / "operator.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
@@ -122,6 +123,7 @@ class OperatorProcess:
             "PREFIXFLEET_RECONCILE_INTERVAL": "10",
             "PREFIXFLEET_DRAIN_SECONDS": "5",
             "PREFIXFLEET_METRICS_ADDR": "127.0.0.1",  # tests stay on loopback
+            **self.extra_env,
         }
         argv = [
             str(Path(sys.executable).parent / "prefixfleet"),
@@ -164,6 +166,7 @@ def operator_in_cluster(
     redis_url: str,
     *,
     extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
     kubelet: bool = True,
     start: bool = True,
     log_lines: int = 40,
@@ -174,6 +177,7 @@ def operator_in_cluster(
     cluster = EmulatedCluster(workdir / "cluster")
     operator = OperatorProcess(cluster, redis_url)
     operator.extra_args = list(extra_args)
+    operator.extra_env = dict(extra_env or {})
     try:
         cluster.install_crd()
         if kubelet:
