@@ -587,9 +587,11 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # an unusable Redis is not dialled (dial_url ""): the fleet says why (Degraded=RedisUnusable)
     redis_url = chosen_redis.dial_url
     # one that refuses the credentials is said on the fleet (Degraded=RedisAuthFailed), not dialled
-    # again this round (membership, drains): no warning per call
-    # ("" when not dialled: nothing to prove, RedisUnusable says why)
-    login = redis_login(ctx, redis_spec, chosen_redis) if redis_url else ""
+    # again this round (membership, drains): no warning per call. Not dialled: None (not asked, the
+    # last verdict stands) when its URL or password cannot be read this round (RedisUnusable says
+    # why), "" when the fleet has no Redis at all (nothing to refuse)
+    not_asked = None if chosen_redis.problem else ""
+    login = redis_login(ctx, redis_spec, chosen_redis) if redis_url else not_asked
     # one that takes them (login "") but denies the user a command the fleet runs is said too
     # (Degraded=RedisPermissionDenied); the round still dials it for what it may do
     permissions = redis_permission_problem(ctx, chosen_redis, ref) if redis_url and login == "" else ""

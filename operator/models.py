@@ -1079,7 +1079,10 @@ class FleetSpec(CamelModel):
 
 # ---------------------------------------------------------------- status
 
-ConditionType = Literal["Ready", "Progressing", "Degraded"]
+# Ready, Progressing and Degraded always; RedisPasswordExposed and RedisAccessDenied only while they
+# hold (planner.REDIS_PASSWORD_EXPOSED, REDIS_ACCESS_DENIED). The CRD's enum: an API server refuses a
+# status update naming any other type.
+ConditionType = Literal["Ready", "Progressing", "Degraded", "RedisPasswordExposed", "RedisAccessDenied"]
 CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
 
 
@@ -1177,7 +1180,8 @@ class FleetStatus(CamelModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
-        description="Ready, Progressing and Degraded, each with a CamelCase reason.",
+        description="Ready, Progressing and Degraded, each with a CamelCase reason; RedisPasswordExposed"
+        " and RedisAccessDenied while they hold.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     router_endpoint: str | None = Field(default=None, description="URL of the fleet's gateway Service.")

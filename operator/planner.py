@@ -90,6 +90,11 @@ REDIS_PERMISSION_DENIED = "RedisPermissionDenied"
 # is not Degraded, but the password is in plain text in its pods' and gateway Deployment's env.
 REDIS_PASSWORD_EXPOSED = "RedisPasswordExposed"
 REDIS_PASSWORD_IN_SPEC = "RedisPasswordInSpec"
+# Condition type (present, True, only while it holds) keeping the fleet's Redis verdict: reason
+# RedisAuthFailed or RedisPermissionDenied, the same message as Degraded had for it. Degraded shows one
+# cause at a time, and another (RedisUnusable, ChildRefused, InvalidSpec) may take it while Redis does
+# not answer; the verdict, and whether its Warning Event was posted, must outlast that (redis_verdict).
+REDIS_ACCESS_DENIED = "RedisAccessDenied"
 MAX_SURGE = 1
 ROUTER_CONFIG_PATH = "/etc/prefixfleet"
 
@@ -1265,6 +1270,7 @@ def plan_status(
     # keep the three conditions they had
     exposed = observed.redis_password_warning
     warnings = [condition(prev, REDIS_PASSWORD_EXPOSED, True, REDIS_PASSWORD_IN_SPEC, exposed, now, g)]
+    verdict = redis_verdict_condition(observed, now, g)
     return {
         "observedGeneration": fleet.generation,
         "replicas": len(alive),
@@ -1278,8 +1284,20 @@ def plan_status(
             condition(prev, "Progressing", *progressing, now, g),
             condition(prev, "Degraded", *degraded, now, g),
             *(warnings if exposed else []),
+            *verdict,
         ],
     }
+
+
+def redis_verdict_condition(observed: ObservedState, now: datetime, generation: int) -> list[JSON]:
+    """The RedisAccessDenied condition of the round's verdict; none while Redis takes the fleet."""
+    if observed.redis_auth_problem:
+        reason, message = REDIS_AUTH_FAILED, observed.redis_auth_problem
+    elif observed.redis_permission_problem:
+        reason, message = REDIS_PERMISSION_DENIED, observed.redis_permission_problem
+    else:
+        return []
+    return [condition(observed.conditions, REDIS_ACCESS_DENIED, True, reason, message, now, generation)]
 
 
 def with_project_image(spec: FleetSpec, image: str) -> FleetSpec:
@@ -1351,8 +1369,8 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         verb = "creating" if change.action == "create" else "updating"
         events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
     events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
-    events += degraded_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
-    events += degraded_event(REDIS_PERMISSION_DENIED, observed.redis_permission_problem, observed.conditions)
+    events += verdict_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
+    events += verdict_event(REDIS_PERMISSION_DENIED, observed.redis_permission_problem, observed.conditions)
     events += password_event(observed.redis_password_warning, observed.conditions, fleet.generation)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
@@ -1394,15 +1412,14 @@ def redis_verdict(
 ) -> tuple[str, str]:
     """(``redis_auth_problem``, ``redis_permission_problem``) of a round, for ObservedState.
 
-    ``login`` is the login check's answer (a refusal's message, "" accepted, None: Redis did not
-    answer), ``permissions`` the permission check's (a denial's message, "" none, None: not asked or
-    no answer). A round that could not reach Redis decides nothing about the credentials: the verdict
-    of the fleet's current Degraded condition (``previous``, status.conditions) is kept as it stands,
-    so an outage neither clears RedisAuthFailed or RedisPermissionDenied nor, once Redis answers the
-    same again, raises it anew with another Warning Event (the condition and message are unchanged,
-    so :func:`degraded_event` says nothing). A round that reached Redis decides alone."""
-    old = next((c for c in previous if c.get("type") == "Degraded" and c.get("status") == "True"), None)
-    held_reason, held = (old.get("reason"), str(old.get("message") or "")) if old else (None, "")
+    ``login`` is the login check's answer (a refusal's message, "" accepted or nothing to check, None:
+    not asked, Redis did not answer or the URL could not be read this round), ``permissions`` the
+    permission check's (a denial's message, "" none, None: not asked or no answer). A round that could
+    not ask decides nothing about the credentials: the fleet's last verdict (``previous``, its
+    status.conditions) is kept as it stands, so an outage neither clears RedisAuthFailed or
+    RedisPermissionDenied nor, once Redis answers the same again, raises it anew with another Warning
+    Event (:func:`verdict_event`). A round that reached Redis decides alone."""
+    held_reason, held = held_verdict(previous)
     if login is None:  # unreachable: neither the login nor the permissions were proven this round
         return (
             held if held_reason == REDIS_AUTH_FAILED else "",
@@ -1413,6 +1430,28 @@ def redis_verdict(
     if permissions is None:  # the login was accepted (no RedisAuthFailed), then Redis stopped answering
         return "", held if held_reason == REDIS_PERMISSION_DENIED else ""
     return "", permissions
+
+
+def held_verdict(previous: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
+    """(reason, message) of the fleet's last Redis verdict: its RedisAccessDenied condition, which no
+    other cause takes over. A fleet without one (its status written by an operator that kept the
+    verdict only in Degraded) has it in a Degraded condition that is True; (None, "") when neither."""
+    kept = _true_condition(previous, REDIS_ACCESS_DENIED) or _true_condition(previous, "Degraded")
+    if kept is None or kept.get("reason") not in (REDIS_AUTH_FAILED, REDIS_PERMISSION_DENIED):
+        return None, ""
+    return str(kept.get("reason")), str(kept.get("message") or "")
+
+
+def _true_condition(previous: Sequence[Mapping[str, Any]], type_: str) -> Mapping[str, Any] | None:
+    return next((c for c in previous if c.get("type") == type_ and c.get("status") == "True"), None)
+
+
+def verdict_event(reason: str, message: str, previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
+    """One Warning Event when the fleet's Redis verdict starts or changes: none while its last verdict
+    (:func:`held_verdict`) already says so, whichever cause Degraded shows meanwhile."""
+    if not message or held_verdict(previous) == (reason, message):
+        return []
+    return [PlannedEvent("Warning", reason, message)]
 
 
 def degraded_event(reason: str, message: str, previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
@@ -1489,12 +1528,16 @@ def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: Observ
     """Status for a spec the models refuse: nothing is changed, Degraded names the fields."""
     message = "; ".join(problems)
     g, now, prev = fleet.generation, observed.now, observed.conditions
+    # Redis is not asked while the spec is invalid: its last verdict stands (redis_verdict)
+    kept = _true_condition(prev, REDIS_ACCESS_DENIED)
+    verdict = [dict(kept)] if kept is not None else []
     return {
         "observedGeneration": fleet.generation,
         "conditions": [
             condition(prev, "Ready", False, "InvalidSpec", message, now, g),
             condition(prev, "Progressing", False, "InvalidSpec", "fix the spec to continue", now, g),
             condition(prev, "Degraded", True, "InvalidSpec", message, now, g),
+            *verdict,
         ],
     }
 

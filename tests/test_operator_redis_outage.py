@@ -20,6 +20,7 @@ operator's clients while calls on them may still end (``close_clients``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -119,14 +120,22 @@ def stoppable_redis(tmp_path: Path) -> Iterator[StoppableRedis]:
 async def operator(
     tmp_path: Path, stoppable_redis: StoppableRedis, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Operator]:
-    cluster = EmulatedCluster(tmp_path / "cluster")
+    async with in_process_operator(EmulatedCluster(tmp_path / "cluster"), stoppable_redis, monkeypatch) as op:
+        yield op
+
+
+@contextlib.asynccontextmanager
+async def in_process_operator(
+    cluster: EmulatedCluster, server: StoppableRedis, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Operator]:
+    """The fleet on ``cluster`` (closed on the way out), dialling ``server`` as user fleet-a."""
     ctx = OperatorContext(kube=None)  # type: ignore[arg-type]
-    op = Operator(cluster, ctx, stoppable_redis)
+    op = Operator(cluster, ctx, server)
     monkeypatch.setattr(kopf, "event", lambda *args, **kwargs: op.events.append(kwargs))
     monkeypatch.setattr(kopf, "info", lambda *args, **kwargs: None)
     try:
         ctx.kube = in_process_kube(cluster)
-        cluster.apply(fleet_manifest(f"redis://fleet-a@127.0.0.1:{stoppable_redis.port}/0", FLEET))
+        cluster.apply(fleet_manifest(f"redis://fleet-a@127.0.0.1:{server.port}/0", FLEET))
         yield op
     finally:
         memo = kopf.Memo()
