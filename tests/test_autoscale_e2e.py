@@ -133,6 +133,16 @@ def gateway_url(cluster: EmulatedCluster) -> str | None:
     return f"http://127.0.0.1:{json.loads(maps)[0]['8080']}" if maps else None
 
 
+def gateway_healthy(gateway: str) -> bool:
+    """The gateway answers /health with 200. Not listening yet is "not yet", not an error: the kubelet
+    shim publishes the port map as it starts the process, so the address is known before it listens
+    (a bare httpx.get in the wait ended the wait at once with ConnectError)."""
+    try:
+        return httpx.get(f"{gateway}/health", timeout=10).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class Traffic:
     """Client threads sending requests with PREFIX through the gateway; records every answer."""
 
@@ -186,7 +196,7 @@ def test_burst_scales_up_prewarmed_then_down_removing_the_named_victim(
     first = wait_for(lambda: ready_pods(cluster) or None, 90, what="the first replica to be Ready")
     assert first == [f"{FLEET}-replica-0"]
     gateway = wait_for(lambda: gateway_url(cluster), 60, what="the gateway's address")
-    wait_for(lambda: httpx.get(f"{gateway}/health", timeout=2).status_code == 200, 60, what="the gateway")
+    wait_for(lambda: gateway_healthy(gateway), 60, what="the gateway")
 
     # the burst: four clients, long unique tails after the shared prefix keep the prefill busy
     burst = Traffic(gateway).start(clients=4, suffix_words=60)

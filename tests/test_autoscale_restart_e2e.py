@@ -35,7 +35,7 @@ from tests.k8s.cluster import (
     running_redis,
     wait_for,
 )
-from tests.test_autoscale_e2e import FLEET, autoscaled, fleet, gateway_url, ready_pods
+from tests.test_autoscale_e2e import FLEET, autoscaled, fleet, gateway_healthy, gateway_url, ready_pods
 
 __all__ = ["autoscaled"]  # the fixture, shared with the burst test
 
@@ -114,7 +114,7 @@ def test_a_restarted_operator_keeps_the_scale_up_cooldown_from_the_status(
     cluster.apply(saturating_fleet())
     wait_for(lambda: ready_pods(cluster) or None, 90, what="the first replica to be Ready")
     gateway = wait_for(lambda: gateway_url(cluster), 60, what="the gateway's address")
-    wait_for(lambda: httpx.get(f"{gateway}/health", timeout=2).status_code == 200, 60, what="the gateway")
+    wait_for(lambda: gateway_healthy(gateway), 60, what="the gateway")
 
     traffic = StreamingClients(gateway, clients=12)
     try:
