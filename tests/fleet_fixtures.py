@@ -3,7 +3,8 @@
 ``tests/conftest.py`` puts this directory on ``sys.path`` and registers the fixtures, so a test module
 can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``redis_server``/``spawn``.
 
-* ``free_port()`` / ``wait_for_http(url, ...)`` / ``wait_for_port(port, ...)`` — plain helpers.
+* ``free_port()`` (from this pytest-xdist worker's own block of ports) / ``wait_for_http(url, ...)`` /
+  ``wait_for_port(port, ...)`` — plain helpers.
 * ``wait_until(check, timeout, what)`` / ``await eventually(check, timeout, what)`` — bounded polling
   (sync / async) until ``check()`` gives a truthy value (or one ``done`` accepts), which is returned;
   on timeout an AssertionError names ``what`` and the last value seen.
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import random
 import shutil
 import signal
 import socket
@@ -54,10 +56,58 @@ LAST_VALUE_CHARS = 2000  # of the last value's repr in a timeout message: enough
 T = TypeVar("T")
 
 
+# Ports the tests pick come from below the kernel's ephemeral range (32768+ by default), so no outgoing
+# connection can take one between picking and binding it; and each pytest-xdist worker (`make test`
+# runs several) picks from its own block, so two workers never hand out the same port.
+PORT_RANGE = (20000, 32000)
+
+
+def worker_port_block(worker: str | None, workers: int, span: tuple[int, int] = PORT_RANGE) -> range:
+    """The ports pytest-xdist worker ``worker`` ("gw0", "gw1", ...) of ``workers`` hands out: ``span``
+    cut into ``workers`` equal blocks, gwN taking block N. No worker (a plain pytest run): all of it."""
+    if worker is None or workers <= 1:
+        return range(*span)
+    if not (worker.startswith("gw") and worker[2:].isdigit() and int(worker[2:]) < workers):
+        raise ValueError(f"pytest-xdist worker {worker!r} is not one of gw0..gw{workers - 1}")
+    size = (span[1] - span[0]) // workers
+    start = span[0] + int(worker[2:]) * size
+    return range(start, start + size)
+
+
+class PortPicker:
+    """Hands out free loopback ports from one block in turn (from a random start, so separate pytest
+    runs on one machine rarely meet): a port is not handed out again before the block wraps, which
+    the kernel's pick (bind to port 0) does not promise."""
+
+    def __init__(self, block: Sequence[int]) -> None:
+        self.block = block
+        self._next = random.randrange(len(block))
+        self._lock = threading.Lock()  # the kubelet shim picks from its own thread
+
+    def __call__(self, host: str = LOOPBACK) -> int:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with self._lock:
+            for _ in range(len(self.block)):
+                port = self.block[self._next]
+                self._next = (self._next + 1) % len(self.block)
+                with socket.socket(family, socket.SOCK_STREAM) as s:
+                    try:
+                        s.bind((host, port))
+                    except OSError:  # in use (or in TIME_WAIT): the next one
+                        continue
+                return port
+        raise RuntimeError(
+            f"no free port on {host} among {len(self.block)} ({self.block[0]}..{self.block[-1]})"
+        )
+
+
+_XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_worker_ports = PortPicker(worker_port_block(os.environ.get("PYTEST_XDIST_WORKER"), _XDIST_WORKERS))
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free on ``host`` now, from this worker's block (see PORT_RANGE)."""
+    return _worker_ports(host)
 
 
 @contextlib.contextmanager

@@ -34,11 +34,12 @@ import kopf
 import kubernetes
 import pytest
 import yaml
+from fleet_fixtures import free_port
 from kopf._core.engines import posting  # where kopf.event queues an Event for the operator's poster
 from prometheus_client.parser import text_string_to_metric_families
 
 from prefixfleet.fleet.local import FleetSpec, LocalFleet
-from prefixfleet.fleet.processes import Supervisor, free_port
+from prefixfleet.fleet.processes import Supervisor
 from prefixfleet.operator.autoscale import ScalePolicy, SubtreeObservation
 from prefixfleet.operator.autoscale_handlers import (
     AutoscaleContext,

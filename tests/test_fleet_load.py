@@ -86,8 +86,9 @@ def test_load_command_writes_its_summary(tmp_path: Path, capsys) -> None:
     import time
     import urllib.request
 
+    from fleet_fixtures import free_port
+
     from prefixfleet.cli import main
-    from prefixfleet.fleet.processes import free_port
 
     port = free_port()
     argv = emulator_argv(port, EngineSettings(time_scale=20))

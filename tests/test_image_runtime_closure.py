@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fleet_fixtures import free_port
 from packaging.requirements import Requirement
 
-from prefixfleet.fleet.processes import free_port
 from tests.k8s.cluster import EmulatedCluster, wait_for
 from tests.test_dockerfile import DOCKERFILE, build_wheel, stages
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 import yaml
+from fleet_fixtures import free_port
 
-from prefixfleet.fleet.processes import free_port
 from prefixfleet.observability import dashboard as dash
 from prefixfleet.observability.local_prometheus import LocalPrometheus
 from prefixfleet.observability.scenario import ALERTS, ObservedRun, ScenarioSpec, run_scenario

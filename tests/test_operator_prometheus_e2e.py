@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from fleet_fixtures import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixfleet.fleet.processes import free_port
 from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 from prefixfleet.operator.planner import observe_pod, pod_url
 from tests.k8s.cluster import (

@@ -33,8 +33,8 @@ import aiohttp.web
 import helm_python
 import pytest
 import yaml
+from fleet_fixtures import free_port
 
-from prefixfleet.fleet.processes import free_port
 from prefixfleet.operator.kube import KIND_PATHS
 from prefixfleet.operator.planner import ANNOTATION_SPEC_HASH as SPEC_HASH
 from tests.k8s.apiserver import ApiServerThread, EmulatedApiServer, parse_resource_path

@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 import redis
+from fleet_fixtures import free_port
 from redis.exceptions import NoPermissionError, ResponseError
 
-from prefixfleet.fleet.processes import free_port, redis_server_binary
+from prefixfleet.fleet.processes import redis_server_binary
 from prefixfleet.operator.handlers import OperatorContext, auth_refusal, fleet_redis, redis_login
 from prefixfleet.operator.planner import REDIS_AUTH_FAILED
 from tests.k8s.cluster import emulator_fleet, operator_in_cluster, wait_for

@@ -31,8 +31,9 @@ from typing import Any
 import kopf
 import pytest
 import redis
+from fleet_fixtures import free_port
 
-from prefixfleet.fleet.processes import free_port, redis_server_binary
+from prefixfleet.fleet.processes import redis_server_binary
 from prefixfleet.operator.handlers import OperatorContext, close_clients, reconcile
 from prefixfleet.operator.planner import REDIS_AUTH_FAILED, REDIS_PERMISSION_DENIED, redis_verdict
 from tests.k8s.cluster import EmulatedCluster, wait_for

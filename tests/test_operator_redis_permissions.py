@@ -27,8 +27,9 @@ from typing import Any
 import kubernetes
 import pytest
 import redis
+from fleet_fixtures import free_port
 
-from prefixfleet.fleet.processes import free_port, redis_server_binary
+from prefixfleet.fleet.processes import redis_server_binary
 from prefixfleet.operator.handlers import (
     FleetRedis,
     OperatorContext,

@@ -30,9 +30,9 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from fleet_fixtures import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from prefixfleet.fleet.processes import free_port
 from tests.k8s.cluster import (
     REPO,
     EmulatedCluster,

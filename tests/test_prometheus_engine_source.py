@@ -26,11 +26,11 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
-from fleet_fixtures import eventually
+from fleet_fixtures import eventually, free_port
 
 from prefixfleet.fleet.autoscale import LOCAL_NAMESPACE, FleetPrometheus, LocalAutoscaler
 from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
-from prefixfleet.fleet.processes import Supervisor, free_port
+from prefixfleet.fleet.processes import Supervisor
 from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 from prefixfleet.operator import models
 from prefixfleet.operator.autoscale import ScalePolicy

