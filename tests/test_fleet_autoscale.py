@@ -148,13 +148,33 @@ async def recorded_wait_s(redis_url: str, fleet_name: str, worker: str) -> float
 @contextlib.asynccontextmanager
 async def saturated(fleet: LocalFleet, replica: Replica, policy: ScalePolicy) -> AsyncIterator[None]:
     """``replica`` with three unique 1000-token prompts queued (6 s of prefill on SLOW_ENGINE), from
-    the moment its load record shows a wait past saturation until the block ends (then cancelled)."""
-    prompts = [" ".join(f"q{i}w{j}" for j in range(1000)) for i in range(3)]
+    the moment its load record shows a wait past saturation until the block ends (then cancelled).
+    Each answered prompt is replaced by a new one, so the replica stays saturated however long the
+    block takes: three prompts alone drained in 6 s, before a replica starting on a loaded machine
+    arrived, and the test then saw a calm fleet."""
     worker, past = replica.worker_id, policy.saturation * policy.target_ttft_s
     async with httpx.AsyncClient(timeout=60) as http:
         url = f"{replica.sidecar_url}/generate"
         body = {"sampling_params": {"max_new_tokens": 1}}
-        sends = [asyncio.create_task(http.post(url, json={**body, "text": text})) for text in prompts]
+
+        async def prompt(i: int) -> None:
+            await http.post(url, json={**body, "text": " ".join(f"q{i}w{j}" for j in range(1000))})
+
+        async def keep_three_queued() -> None:
+            queued = {asyncio.create_task(prompt(i)) for i in range(3)}
+            sent = len(queued)
+            try:
+                while True:
+                    answered, queued = await asyncio.wait(queued, return_when=asyncio.FIRST_COMPLETED)
+                    for _ in answered:
+                        queued.add(asyncio.create_task(prompt(sent)))
+                        sent += 1
+            finally:
+                for task in queued:
+                    task.cancel()
+                await asyncio.gather(*queued, return_exceptions=True)
+
+        feeder = asyncio.create_task(keep_three_queued())
         try:
             await eventually(
                 lambda: recorded_wait_s(fleet.redis_url, fleet.spec.fleet_name, worker), 15,
@@ -162,9 +182,8 @@ async def saturated(fleet: LocalFleet, replica: Replica, policy: ScalePolicy) ->
             )  # fmt: skip
             yield
         finally:
-            for send in sends:
-                send.cancel()
-            await asyncio.gather(*sends, return_exceptions=True)
+            feeder.cancel()
+            await asyncio.gather(feeder, return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
