@@ -36,6 +36,7 @@ MAX_BODY = 200_000
 MAX_PROMPT = 2_000
 SLOW_S = 1.5  # body and idle/header timeout given to every service in this module
 PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+CUT_OFF = -1  # an oversized upload's connection closed before its 413 was read
 
 
 @dataclass
@@ -222,7 +223,15 @@ def test_a_burst_of_maximum_size_requests_keeps_gateway_memory_bounded(services:
 
             async def one(body: str) -> int:
                 async with sem:
-                    r = await ac.post(url, content=body, headers={"Content-Type": "application/json"})
+                    try:
+                        r = await ac.post(url, content=body, headers={"Content-Type": "application/json"})
+                    except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError):
+                        # The gateway answers an oversized body 413 after draining its rest for at
+                        # most 1 s, then closes: on a loaded machine the upload is still going and
+                        # the client sees the connection reset before the 413 (RFC 9112, 9.6).
+                        if body is too_big:
+                            return CUT_OFF
+                        raise
                     return r.status_code
 
             return await asyncio.gather(*(one(b) for b in bodies))
@@ -235,7 +244,7 @@ def test_a_burst_of_maximum_size_requests_keeps_gateway_memory_bounded(services:
     mib = 2**20
     figures = " / ".join(f"{x / mib:.1f}" for x in (before, after_one, after_two))
     print(f"gateway RSS before / after 1 / after 2 bursts of 300: {figures} MiB")
-    assert sorted(set(statuses)) == [200, 413]
+    assert sorted(set(statuses) - {CUT_OFF}) == [200, 413]
     # Each burst pushes ~120 MB through the gateway. Its Python heap stays flat (checked with
     # tracemalloc in-process: 2.4 MiB before and after six such bursts); RSS grows by what glibc
     # keeps of the freed read buffers and plateaus (~200 MiB) — hence a generous absolute bound.
