@@ -105,7 +105,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     spawn = Spawner(directory)
     try:
         redis_url = f"redis://[{V6}]:{redis_port}/0"
-        wait_for(lambda: _pings(redis_url), 10, what="Valkey on [::1]")
+        wait_for(lambda: _pings(redis_url), 30, what="Valkey on [::1]")
         sidecars: dict[str, str] = {}
         ports = [redis_port]
         for i in range(2):
@@ -130,6 +130,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             name="gateway", ready_url=f"{url6(gateway_port)}/health",  # 200 once a worker routes
         )  # fmt: skip
         ports.append(gateway_port)
+        # /health is 200 once one worker routes; every test here assumes both do (the first test's
+        # own wait on membership made the others depend on running after it)
+        wait_for(lambda: routable(url6(gateway_port)) == 2, 30, what="the gateway to route to both workers")
         yield Fleet(url6(gateway_port), gateway_port, sidecars, ports, redis_url)
     finally:
         spawn.stop_all()
@@ -139,6 +142,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         except subprocess.TimeoutExpired:
             valkey.kill()
             valkey.wait(timeout=5)
+
+
+def routable(gateway: str) -> int:
+    """How many workers the gateway routes to (-1 while it does not answer)."""
+    try:
+        view = httpx.get(f"{gateway}/prefixfleet/view", timeout=10).json()
+    except httpx.HTTPError:
+        return -1
+    return sum(w["routable"] for w in view["workers"])
 
 
 def _pings(redis_url: str) -> bool:
@@ -163,7 +175,7 @@ def generate(url: str, text: str) -> tuple[str, int]:
 
 def test_every_process_listens_on_ipv6_only_and_registers_bracketed_urls(fleet: Fleet) -> None:
     assert not any(listening_on_ipv4_loopback(p) for p in fleet.ports)
-    wait_for(lambda: len(members(fleet.redis_url)) == 2, 10, what="both sidecars registered")
+    wait_for(lambda: len(members(fleet.redis_url)) == 2, 30, what="both sidecars registered")
     assert members(fleet.redis_url) == fleet.sidecars
 
 
