@@ -8,10 +8,8 @@ from busy holders of a prefix far more often than the simulator does on the same
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from fleet_fixtures import free_port, prefixfleet_argv, wait_for_http
+from fleet_fixtures import free_port, prefixfleet_argv, wait_for_http, wait_until
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.router.blockhash import CacheIdentity
@@ -174,10 +172,12 @@ def test_a_sidecar_in_front_of_the_emulator_starts_from_its_stated_step_costs(sp
     stated = EmulatorConfig()
     expected = (stated.prefill_overhead_s + stated.decode_step_s) / 4
     client = redis_server.client()
-    for _ in range(100):  # bounded: the load record is republished every 0.1 s
+
+    def published_latency() -> float:
         raw = client.get(FleetKeys("t").load("w0"))
-        if raw is not None and decode_load(raw).fixed_latency_s > 0:
-            break
-        time.sleep(0.05)
-    assert raw is not None
-    assert decode_load(raw).fixed_latency_s == pytest.approx(expected, rel=0.01)
+        return decode_load(raw).fixed_latency_s if raw is not None else 0.0
+
+    # republished every 0.1 s, with the engine's stated costs once the sidecar has read them: wait on
+    # that state (a 5 s loop that fell through to the assertion was short on a loaded machine)
+    latency = wait_until(published_latency, 30, "a load record with the engine's fixed latency")
+    assert latency == pytest.approx(expected, rel=0.01)
