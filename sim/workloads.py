@@ -136,6 +136,8 @@ def _count_limit(key: str) -> str | None:
     such as 'sessions', are capped only by the requests they make together)."""
     if key == "num_requests":
         return f"{MAX_WORKLOAD_REQUESTS:,} requests"
+    if key in PREFIX_COUNTS:
+        return f"{MAX_PREFIXES:,} {PREFIX_COUNTS[key][0]}"
     if "tokens" in key:
         return f"{MAX_SETTING_TOKENS:,} tokens"
     return None
@@ -184,6 +186,11 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
                 f"workload {workload!r} setting {key!r} must be at most {MAX_SETTING_TOKENS:,} tokens "
                 f"(longer than any model's context), got {value!r}"
             )
+        if key in PREFIX_COUNTS and merged[key] > MAX_PREFIXES:
+            raise ValueError(
+                f"workload {workload!r} setting {key!r} is too large, got {value!r}; "
+                f"at most {_count_limit(key)}"
+            )
     for key in merged:
         upper = f"{key[: -len('_min')]}_max"
         if key.endswith("_min") and upper in merged and merged[key] > merged[upper]:
@@ -191,7 +198,20 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
                 f"workload {workload!r} setting {key!r} ({merged[key]}) must be <= "
                 f"{upper!r} ({merged[upper]})"
             )
+    for key, (_, size_key) in PREFIX_COUNTS.items():
+        if key in merged and size_key in merged:
+            _check_prefix_tokens(workload, key, size_key, merged[key] * merged[size_key])
     return merged
+
+
+def _check_prefix_tokens(workload: str, count_key: str, size_key: str, built: int) -> None:
+    """Refuse settings whose shared prefixes alone (each built in memory before the first request)
+    would exceed :data:`MAX_PREFIX_TOKENS`."""
+    if built > MAX_PREFIX_TOKENS:
+        raise ValueError(
+            f"workload {workload!r}: {count_key!r} × {size_key!r} would build {built:,} prefix tokens; "
+            f"at most {MAX_PREFIX_TOKENS:,}"
+        )
 
 
 # Token sizes are generated as real token ids: 1e11 would try to allocate 400 GB before anything runs.
@@ -199,10 +219,26 @@ MAX_SETTING_TOKENS = 10_000_000
 # A workload is generated in memory request by request: more would take hours before anything runs
 # (and a rate so high that arrival gaps fall below a float's resolution never ended at all).
 MAX_WORKLOAD_REQUESTS = 10_000_000
+# Settings that each get a shared prefix of their own (and a Zipf weight), with the noun a refusal
+# names and the setting that sizes one prefix. Every prefix is generated in memory before the first
+# request, and viral/diurnal draw a tenant from all the weights per request: 'tenants=1e20' never
+# finished. The largest shipped value is 64 (gsp's groups; the scenarios run 48 tenants).
+PREFIX_COUNTS: dict[str, tuple[str, str]] = {
+    "tenants": ("tenants", "prefix_tokens_max"),
+    "system_prompts": ("system prompts", "system_prompt_tokens"),
+    "groups": ("groups", "system_prompt_tokens"),
+}
+MAX_PREFIXES = 10_000
+# All shared prefixes together, count × largest size: ~400 MB of token bytes, some minutes to build
+# at about 1 µs a token. The largest shipped set is the diurnal scenario's 48 × 8000 = 384,000.
+MAX_PREFIX_TOKENS = 100_000_000
 # Arrival times are float seconds: at 1e8 s (about 3 years) a float still resolves 15 ns; at 1e300
 # the service times vanish beside them (every TTFT read 0) and a live replay never ends.
 MAX_WORKLOAD_SPAN_S = 1e8
-SIZE_CAP_HELP = f"at most {MAX_WORKLOAD_REQUESTS:,} requests, arriving within {MAX_WORKLOAD_SPAN_S:.0e} s"
+SIZE_CAP_HELP = (
+    f"at most {MAX_WORKLOAD_REQUESTS:,} requests, arriving within {MAX_WORKLOAD_SPAN_S:.0e} s;"
+    f" at most {MAX_PREFIXES:,} tenants, system prompts or groups"
+)
 
 
 def check_request_count(name: str, expected: float, settings: str, kind: str = "workload") -> None:

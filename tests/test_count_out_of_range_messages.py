@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from prefixfleet.cli import main
-from prefixfleet.sim.workloads import MAX_SETTING_TOKENS, MAX_WORKLOAD_REQUESTS
+from prefixfleet.sim.workloads import MAX_PREFIXES, MAX_SETTING_TOKENS, MAX_WORKLOAD_REQUESTS
 
 SIM = ["sim", "--workload", "prefixroute", "--policies", "round_robin", "--no-progress"]
 SCALE = ["sim-autoscale", "--scenario", "viral", "--scalers", "uniform", "--no-progress"]
@@ -31,8 +31,8 @@ SETTING = "prefixfleet sim: error: workload 'prefixroute' setting"
         ),
         (
             [*SCALE, "--set", "tenants=1e400"],
-            "prefixfleet sim-autoscale: error: workload 'viral' setting 'tenants' is too large, got '1e400' "
-            "(beyond what a float holds)",
+            "prefixfleet sim-autoscale: error: workload 'viral' setting 'tenants' is too large, got '1e400'; "
+            f"at most {MAX_PREFIXES:,} tenants",
         ),
         ([*SIM, "--set", "num_requests=-1e400"], f"{SETTING} 'num_requests' must be >= 0, got '-1e400'"),
         ([*SIM, "--set", "num_requests=nan"], f"{SETTING} 'num_requests' must be a whole number, got 'nan'"),
