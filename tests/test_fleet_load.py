@@ -83,10 +83,8 @@ def test_percentiles_interpolate_like_numpy() -> None:
 def test_load_command_writes_its_summary(tmp_path: Path, capsys) -> None:
     import json
     import subprocess
-    import time
-    import urllib.request
 
-    from fleet_fixtures import free_port
+    from fleet_fixtures import free_port, wait_for_http
 
     from prefixfleet.cli import main
 
@@ -94,12 +92,9 @@ def test_load_command_writes_its_summary(tmp_path: Path, capsys) -> None:
     argv = emulator_argv(port, EngineSettings(time_scale=20))
     engine = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(100):  # bounded wait for /health
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
-                    break
-            except OSError:
-                time.sleep(0.1)
+        # bounded (30 s) and failing here if it never answers: a 100 x 0.1 s loop fell through to the
+        # load after 10 s, which a loaded machine's interpreter start-up can take
+        wait_for_http(f"http://127.0.0.1:{port}/health", proc=engine)
         out = tmp_path / "load.json"
         status = main(
             ["load", "--target", f"http://127.0.0.1:{port}", "--workload", "lab-burst", "--limit", "6",
