@@ -7,13 +7,12 @@ another listener (a peer gateway, or here a test client), routed sends are publi
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
-from fleet_fixtures import RedisServer
+from fleet_fixtures import RedisServer, eventually
 
 from prefixfleet.router.gateway import Gateway, GatewayConfig
 from prefixfleet.router.keys import FleetKeys
@@ -32,10 +31,9 @@ async def test_lone_gateway_keeps_its_sends_and_shares_once_someone_listens(
     client = aioredis.from_url(redis_server.url)
     listener = client.pubsub(ignore_subscribe_messages=True)
     try:
-        for _ in range(100):  # bounded: the gateway's own subscription comes up in its task
-            if gateway._sends_subscribed:
-                break
-            await asyncio.sleep(0.05)
+        # the gateway's own subscription comes up in its task; until it says so, its own subscriber
+        # counts as a peer (a 5 s loop fell through to the assertions below on a slow machine)
+        await eventually(lambda: gateway._sends_subscribed, 30, "the gateway's own sends subscription")
         await gateway.refresh_once()
         gateway._share_send("w0", [1, 2, 3], time.time())
         assert gateway._shares == []  # nobody else listens: nothing to publish

@@ -21,7 +21,6 @@ Specification:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import struct
@@ -32,7 +31,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
-from fleet_fixtures import RedisServer
+from fleet_fixtures import RedisServer, eventually
 
 from prefixfleet.router.gateway import Gateway, GatewayConfig
 from prefixfleet.router.keys import FleetKeys, validate_fleet_name
@@ -175,12 +174,11 @@ async def test_gateway_logs_and_skips_malformed_load_pushes(
     await runner.setup()
     try:
         assert gateway.view.workers["w0"].load == polled
-        for _ in range(100):  # bounded: the gateway subscribes in its own task
-            if dict(await client.pubsub_numsub(keys.loads)).get(keys.loads.encode(), 0) >= 1:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the gateway never subscribed to the loads channel")
+
+        async def loads_listeners() -> int:  # the gateway subscribes in its own task
+            return dict(await client.pubsub_numsub(keys.loads)).get(keys.loads.encode(), 0)
+
+        await eventually(loads_listeners, 30, "the gateway to subscribe to the loads channel")
         pushed = LoadReport(2, 1764489613.0, "ready", True, 5, 3, 900, 12000.0, 0, 65536, 0)
         with caplog.at_level(logging.WARNING, logger="prefixfleet.gateway"):
             pushed_json = encode_record(pushed)
@@ -196,12 +194,11 @@ async def test_gateway_logs_and_skips_malformed_load_pushes(
             ]:
                 await client.publish(keys.loads, bad)
             await client.publish(keys.loads, encode_load_push("w0", encode_record(pushed)))
-            for _ in range(200):  # bounded: a channel delivers in order, so the bad ones came first
-                if gateway.view.workers["w0"].load == pushed:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("the gateway never adopted the well-formed push")
+            # a channel delivers in order, so the bad ones came first
+            await eventually(
+                lambda: gateway.view.workers["w0"].load, 30, "the gateway to adopt the well-formed push",
+                done=lambda load: load == pushed,
+            )  # fmt: skip
         warnings = [r.getMessage() for r in caplog.records if r.name == "prefixfleet.gateway"]
         for reason in [
             "no newline",
