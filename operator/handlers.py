@@ -43,7 +43,7 @@ from prefixfleet.router.records import MemberRecord, decode_load, split_member_f
 from prefixfleet.router.redis_conn import redacted, with_credentials
 from prefixfleet.router.summary import SummaryError
 
-from .kube import ChildRefused, Kube, load_api_client
+from .kube import REFUSAL_STATUSES, ChildRefused, Kube, load_api_client
 from .last_applied import with_last_applied
 from .membership import desired_members, plan_membership
 from .models import GROUP, PLURAL, VERSION, FleetSpec, InvalidFleetSpec, validate_spec
@@ -634,13 +634,21 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_FIRST_READY: stamp})
     for pod_name, mark in plan.mark_unready:
         kube.annotate("Pod", namespace, pod_name, {ANNOTATION_UNREADY_SEEN: mark})
-    for pod_name, patch in plan.relabel_pods:  # in place: the pod keeps running
-        kube.merge_patch("Pod", namespace, pod_name, patch)
-    for deletion in plan.delete_pods:
-        kube.delete("Pod", namespace, deletion.name)
     # A child the API server refuses (an invalid podTemplate, a policy, a quota) does not stop the
     # others, the router or the status: the fleet says which and why (operator/refusals.py).
     refused: list[str] = []
+    refused_relabels: list[str] = []
+    for pod_name, patch in plan.relabel_pods:  # in place: the pod keeps running
+        try:
+            relabel_pod(kube, namespace, pod_name, patch)
+        except ChildRefused as exc:
+            # an admission policy on pod labels (a required label the fleet dropped): the pods share
+            # the patch, so as for creates, the round's relabels end at the first refusal (the second
+            # when a webhook, which may judge pods one by one, refused the first)
+            if not go_on_after(exc, refused, refused_relabels):
+                break
+    for deletion in plan.delete_pods:
+        kube.delete("Pod", namespace, deletion.name)
     refused_creates: list[str] = []
     # (the planner's manifests carry their owner reference and the fleet's labels: kopf.adopt, which
     # added labels behind the planner's back, is not used)
@@ -648,13 +656,11 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         try:
             kube.create(manifest)
         except ChildRefused as exc:
-            refused.append(str(exc))
-            refused_creates.append(exc.api_message)
             # the others share its template and namespace: a quota or an invalid podTemplate refuses
             # them too. One refused call per round, not one per missing replica (two when a webhook,
             # which may judge pods one by one, refused the first); the next round tries again from
             # the first missing one.
-            if not try_next_create(refused_creates):
+            if not go_on_after(exc, refused, refused_creates):
                 break
     for change in plan.children:
         try:
@@ -683,6 +689,26 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         plan.recheck_after_s,
         len(plan.unavailable),
     )
+
+
+def go_on_after(exc: ChildRefused, refused: list[str], of_its_kind: list[str]) -> bool:
+    """Note a refused replica pod write in ``refused`` (the round's refusals, the fleet shows them)
+    and ``of_its_kind`` (the round's refused creates, or relabels); whether to try the next one of
+    its kind this round (refusals.try_next_create)."""
+    refused.append(str(exc))
+    of_its_kind.append(exc.api_message)
+    return try_next_create(of_its_kind)
+
+
+def relabel_pod(kube: Kube, namespace: str, name: str, patch: Mapping[str, Any]) -> None:
+    """A replica pod's label merge patch (ReconcilePlan.relabel_pods); one the API server refuses
+    (400, 403, 422: an admission policy on pod labels) is ChildRefused, like a refused create."""
+    try:
+        kube.merge_patch("Pod", namespace, name, dict(patch))
+    except ApiException as exc:
+        if exc.status in REFUSAL_STATUSES:
+            raise ChildRefused("Pod", namespace, name, exc) from None
+        raise
 
 
 def with_in_flight(
