@@ -93,7 +93,8 @@ def all_ready(cluster: EmulatedCluster) -> dict[str, dict[str, Any]] | None:
 
 
 def replacements(metrics_port: int) -> dict[str, float]:
-    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    # a bound, not an expectation (was 5 s): the operator answers slowly on a loaded machine
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
     return {
         s.labels["reason"]: s.value
         for family in text_string_to_metric_families(text)
@@ -104,7 +105,8 @@ def replacements(metrics_port: int) -> dict[str, float]:
 
 def unavailable_gauge(metrics_port: int) -> float | None:
     """prefixfleet_operator_unavailable_replicas of the fleet; None when the series is absent."""
-    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    # a bound, not an expectation (was 5 s): the operator answers slowly on a loaded machine
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).text
     values = [
         s.value
         for family in text_string_to_metric_families(text)
