@@ -1528,9 +1528,14 @@ def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: Observ
     """Status for a spec the models refuse: nothing is changed, Degraded names the fields."""
     message = "; ".join(problems)
     g, now, prev = fleet.generation, observed.now, observed.conditions
-    # Redis is not asked while the spec is invalid: its last verdict stands (redis_verdict)
+    # Redis is not asked while the spec is invalid: its last verdict stands (redis_verdict), as it
+    # was, or from Degraded where an older operator kept it (InvalidSpec takes Degraded now)
     kept = _true_condition(prev, REDIS_ACCESS_DENIED)
-    verdict = [dict(kept)] if kept is not None else []
+    reason, held = held_verdict(prev)
+    if kept is not None:
+        verdict = [dict(kept)]
+    else:
+        verdict = [condition(prev, REDIS_ACCESS_DENIED, True, reason, held, now, g)] if reason else []
     return {
         "observedGeneration": fleet.generation,
         "conditions": [

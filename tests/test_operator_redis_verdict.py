@@ -179,6 +179,24 @@ def test_an_invalid_spec_keeps_the_verdict_condition_as_it_was() -> None:
     assert found[REDIS_ACCESS_DENIED] == kept
 
 
+def test_an_invalid_spec_keeps_a_verdict_an_older_operator_kept_in_degraded() -> None:
+    # An operator upgraded while its fleet is refused, whose first round finds the spec invalid (the
+    # new models may refuse what the old ones took): the verdict is in Degraded only, which
+    # InvalidSpec takes. Before, it was lost there: the fleet looked fine once the spec was fixed
+    # while Redis was down, and Redis answering the same refusal posted a second Warning Event.
+    old = {**degraded(REDIS_AUTH_FAILED), "message": "refused", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    status = plan_invalid_spec(REF, ["spec.x: wrong"], ObservedState(conditions=[old]))
+    found = {c["type"]: c for c in status["conditions"]}
+    assert found["Degraded"]["reason"] == "InvalidSpec"
+    assert said(found.get(REDIS_ACCESS_DENIED)) == (REDIS_AUTH_FAILED, "refused")
+    # the spec fixed, Redis not answering: still the verdict, and no second Event
+    assert redis_verdict(None, "", status["conditions"]) == ("refused", "")
+    assert verdict_event(REDIS_AUTH_FAILED, "refused", status["conditions"]) == []
+    # nothing held: nothing carried
+    plain = plan_invalid_spec(REF, ["spec.x: wrong"], ObservedState(conditions=[degraded("ReplicaFailed")]))
+    assert REDIS_ACCESS_DENIED not in {c["type"] for c in plain["conditions"]}
+
+
 def test_the_planned_conditions_are_ones_the_crds_status_schema_takes() -> None:
     # An API server checks a status update against the CRD: a condition type outside its enum is a
     # 422 for the whole update. RedisPasswordExposed was outside it before (the emulated API server
