@@ -29,7 +29,9 @@ from .workloads import (
     _merge,
     _require_positive,
     _zipf_weights,
+    check_prompt_tokens,
     check_request_count,
+    mean_size,
     trace_workload,
     within_span,
 )
@@ -139,6 +141,9 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
     # thinning draws about peak rate × duration candidates, however few it keeps
     peak = s["rate_rps"] * max(s["surge"], 1.0)
     check_request_count("viral", peak * s["duration_s"], "'rate_rps' × 'surge' × 'duration_s'", "scenario")
+    prompt = max(mean_size(s, "prefix_tokens"), s["viral_prefix_tokens"]) + mean_size(s, "unique_tokens")
+    size = "the requests × the prompt sizes"
+    check_prompt_tokens("viral", peak * s["duration_s"] * prompt, size, "scenario")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)
@@ -168,6 +173,9 @@ def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
     if s["peak_rps"] < s["trough_rps"]:
         raise ValueError("scenario 'diurnal': peak_rps must be >= trough_rps")
     check_request_count("diurnal", s["peak_rps"] * s["duration_s"], "'peak_rps' × 'duration_s'", "scenario")
+    requests = (s["trough_rps"] + s["peak_rps"]) / 2 * s["duration_s"]  # the day's mean rate
+    prompt = mean_size(s, "prefix_tokens") + mean_size(s, "unique_tokens")
+    check_prompt_tokens("diurnal", requests * prompt, "the requests × the prompt sizes", "scenario")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)

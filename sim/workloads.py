@@ -235,19 +235,39 @@ MAX_PREFIX_TOKENS = 100_000_000
 # Arrival times are float seconds: at 1e8 s (about 3 years) a float still resolves 15 ns; at 1e300
 # the service times vanish beside them (every TTFT read 0) and a live replay never ends.
 MAX_WORKLOAD_SPAN_S = 1e8
+# Every request holds its whole prompt as token bytes (4 a token; a shared prefix is copied into each
+# request), all in memory before the first is simulated: 1e7 requests of prefixroute's ~1,100 tokens
+# were 45 GB. 2e9 tokens is 8 GB; the largest shipped workload, the diurnal scenario, makes 214M
+# (about 37 s to build), the Mooncake trace 61M.
+MAX_WORKLOAD_TOKENS = 2_000_000_000
 SIZE_CAP_HELP = (
-    f"at most {MAX_WORKLOAD_REQUESTS:,} requests, arriving within {MAX_WORKLOAD_SPAN_S:.0e} s;"
-    f" at most {MAX_PREFIXES:,} tenants, system prompts or groups"
+    f"at most {MAX_WORKLOAD_REQUESTS:,} requests, arriving within {MAX_WORKLOAD_SPAN_S:.0e} s,"
+    f" {MAX_WORKLOAD_TOKENS:,} prompt tokens in all; at most {MAX_PREFIXES:,} tenants, system prompts"
+    " or groups"
 )
+
+
+def _check_size(name: str, expected: float, settings: str, what: str, cap: int, kind: str) -> None:
+    if not expected <= cap:  # also refuses nan
+        raise ValueError(
+            f"{kind} {name!r}: {settings} would make about {expected:.3g} {what}; at most {cap:,}"
+        )
 
 
 def check_request_count(name: str, expected: float, settings: str, kind: str = "workload") -> None:
     """Refuse settings that would make more than :data:`MAX_WORKLOAD_REQUESTS` requests."""
-    if not expected <= MAX_WORKLOAD_REQUESTS:
-        raise ValueError(
-            f"{kind} {name!r}: {settings} would make about {expected:.3g} requests; "
-            f"at most {MAX_WORKLOAD_REQUESTS:,}"
-        )
+    _check_size(name, expected, settings, "requests", MAX_WORKLOAD_REQUESTS, kind)
+
+
+def check_prompt_tokens(name: str, expected: float, settings: str, kind: str = "workload") -> None:
+    """Refuse settings whose prompts would hold more than :data:`MAX_WORKLOAD_TOKENS` tokens in all
+    (``expected`` estimated from the settings' means, before anything is generated)."""
+    _check_size(name, expected, settings, "prompt tokens", MAX_WORKLOAD_TOKENS, kind)
+
+
+def mean_size(settings: dict[str, Any], key: str) -> float:
+    """The mean of a uniform ``key_min .. key_max`` size setting."""
+    return (settings[f"{key}_min"] + settings[f"{key}_max"]) / 2
 
 
 def within_span(workload: Workload, kind: str = "workload") -> Workload:
@@ -298,6 +318,9 @@ def prefixroute_workload(seed: int = 0, **overrides: Any) -> Workload:
     s = _merge(PREFIXROUTE_DEFAULTS, overrides, "prefixroute")
     _require_positive(s, "prefixroute", "num_requests", "tenants", "rate_rps", "prefix_tokens_min")
     check_request_count("prefixroute", s["num_requests"], "'num_requests'")
+    prefix = mean_size(s, "prefix_tokens")
+    prompts = s["num_requests"] * (prefix + mean_size(s, "turn_tokens")) + s["tenants"] * prefix
+    check_prompt_tokens("prefixroute", prompts, "'num_requests' × the prompt sizes")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = [
@@ -338,19 +361,21 @@ LAB_BURST_FLEET: dict[str, Any] = {
 }
 
 
+def _lab_burst_layout(suffix_tokens: int, interleaved: int, burst: int) -> list[tuple[int, int]]:
+    """(tenant, first suffix token id) of each of the lab's requests, in order."""
+    return [((step * 3 + 1) % 4, 100_000 + step * suffix_tokens) for step in range(interleaved)] + [
+        (0, 200_000 + b * suffix_tokens) for b in range(burst)
+    ]
+
+
 def lab_burst_token_lists(
     prefix_tokens: int = 4096, suffix_tokens: int = 256, interleaved: int = 16, burst: int = 16
 ) -> list[list[int]]:
     """The seed lab's prompts with its own token ids: tenant t's prefix is 10000(t+1) + i."""
-    prefixes = [list(range(10_000 * (t + 1), 10_000 * (t + 1) + prefix_tokens)) for t in range(4)]
-    out = []
-    for step in range(interleaved):
-        suffix = range(100_000 + step * suffix_tokens, 100_000 + (step + 1) * suffix_tokens)
-        out.append(prefixes[(step * 3 + 1) % 4] + list(suffix))
-    for b in range(burst):
-        suffix = range(200_000 + b * suffix_tokens, 200_000 + (b + 1) * suffix_tokens)
-        out.append(prefixes[0] + list(suffix))
-    return out
+    return [
+        [*range(10_000 * (t + 1), 10_000 * (t + 1) + prefix_tokens), *range(start, start + suffix_tokens)]
+        for t, start in _lab_burst_layout(suffix_tokens, interleaved, burst)
+    ]
 
 
 def lab_burst_workload(seed: int = 0, **overrides: Any) -> Workload:
@@ -362,14 +387,20 @@ def lab_burst_workload(seed: int = 0, **overrides: Any) -> Workload:
     _require_positive(s, "lab-burst", "prefix_tokens", "suffix_tokens", "interarrival_s")
     count = s["interleaved_requests"] + s["burst_requests"]
     check_request_count("lab-burst", count, "'interleaved_requests' + 'burst_requests'")
-    prompts = lab_burst_token_lists(
-        s["prefix_tokens"], s["suffix_tokens"], s["interleaved_requests"], s["burst_requests"]
-    )
-    groups = [f"tenant{(step * 3 + 1) % 4}" for step in range(s["interleaved_requests"])]
-    groups += ["tenant0"] * s["burst_requests"]
+    prefix, suffix = s["prefix_tokens"], s["suffix_tokens"]
+    size = "the requests × the prompt sizes"
+    check_prompt_tokens("lab-burst", count * (prefix + suffix) + 4 * prefix, size)
+    # the ids of lab_burst_token_lists, encoded range by range: a list holds 36 bytes a token, not 4
+    prefixes = [as_token_bytes(range(10_000 * (t + 1), 10_000 * (t + 1) + prefix)) for t in range(4)]
+    layout = _lab_burst_layout(suffix, s["interleaved_requests"], s["burst_requests"])
     requests = [
-        WorkloadRequest(i * s["interarrival_s"], as_token_bytes(p), s["output_tokens"], g)
-        for i, (p, g) in enumerate(zip(prompts, groups, strict=True))
+        WorkloadRequest(
+            i * s["interarrival_s"],
+            prefixes[t] + as_token_bytes(range(start, start + suffix)),
+            s["output_tokens"],
+            f"tenant{t}",
+        )
+        for i, (t, start) in enumerate(layout)
     ]
     return Workload("lab-burst", requests, s, dict(LAB_BURST_FLEET))
 
@@ -400,6 +431,9 @@ def gsp_workload(seed: int = 0, **overrides: Any) -> Workload:
     s = _merge(GSP_DEFAULTS, overrides, "gsp")
     _require_positive(s, "gsp", "groups", "prompts_per_group", "rate_rps")
     check_request_count("gsp", s["groups"] * s["prompts_per_group"], "'groups' × 'prompts_per_group'")
+    system = s["system_prompt_tokens"]
+    prompts = s["groups"] * (s["prompts_per_group"] * (system + s["question_tokens"]) + system)
+    check_prompt_tokens("gsp", prompts, "'groups' × 'prompts_per_group' × the prompt sizes")
     rng = random.Random(seed)
     space = TokenSpace()
     systems = [space.fresh(s["system_prompt_tokens"]) for _ in range(s["groups"])]
@@ -441,11 +475,24 @@ CHAT_FLEET: dict[str, Any] = {
 }
 
 
+def _chat_prompt_tokens(s: dict[str, Any]) -> float:
+    """Expected tokens of all the prompts: turn k of T carries the system prompt, k earlier user
+    messages and answers, and its own message, so a session holds T × (system + user) +
+    (user + answer) × T(T-1)/2 (T uniform in turns_min..turns_max: quadratic in the turns)."""
+    low, high = s["turns_min"], s["turns_max"]
+    turns = (low + high) / 2
+    pairs = ((high - low + 1) ** 2 - 1) / 12 + turns * turns - turns  # E[T(T-1)] = Var + E[T]² - E[T]
+    user, answer = mean_size(s, "user_tokens"), mean_size(s, "answer_tokens")
+    session = turns * (s["system_prompt_tokens"] + user) + (user + answer) * pairs / 2
+    return s["sessions"] * session + s["system_prompts"] * s["system_prompt_tokens"]
+
+
 def chat_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Interleaved multi-turn sessions; each turn's prompt = previous prompt + answer + new message."""
     s = _merge(CHAT_DEFAULTS, overrides, "chat")
     _require_positive(s, "chat", "sessions", "system_prompts", "session_rate_rps", "turns_min")
     check_request_count("chat", s["sessions"] * s["turns_max"], "'sessions' × 'turns_max'")
+    check_prompt_tokens("chat", _chat_prompt_tokens(s), "'sessions' × the turns' growing prompts")
     rng = random.Random(seed)
     space = TokenSpace()
     systems = [space.fresh(s["system_prompt_tokens"]) for _ in range(s["system_prompts"])]
@@ -502,6 +549,9 @@ def viral_workload(seed: int = 0, **overrides: Any) -> Workload:
     before = min(s["viral_start_s"], s["duration_s"])
     expected = s["rate_rps"] * (before + s["surge"] * (s["duration_s"] - before))
     check_request_count("viral", expected, "'rate_rps', 'surge' and 'duration_s'")
+    prefix = max(mean_size(s, "prefix_tokens"), s["viral_prefix_tokens"])  # the larger, for a bound
+    prompts = expected * (prefix + mean_size(s, "turn_tokens")) + s["tenants"] * prefix
+    check_prompt_tokens("viral", prompts, "'rate_rps', 'surge', 'duration_s' × the prompt sizes")
     rng = random.Random(seed)
     space = TokenSpace()
     prefixes = [
