@@ -98,7 +98,10 @@ async def test_local_fleet_scales_up_prewarmed_and_back_down(tmp_path: Path) -> 
             stop_light = asyncio.Event()
             trickle = asyncio.create_task(clients(gateway, 1, 5, 0.3, stop_light, light))
             await eventually(lambda: "removed" in actions(), 60, "the scale-down to finish")
-            await asyncio.sleep(0.5)
+            # an answer to a request sent after the removal (a fixed 0.5 s sleep here might see none
+            # come back on a loaded machine; the trickle pauses 0.3 s between requests)
+            removed_at = len(light)
+            await eventually(lambda: len(light) >= removed_at + 2, 30, "2 answers after the removal")
             stop_light.set()
             await trickle
             down = next(e for e in autoscaler.events if e.action == "scale_down")
