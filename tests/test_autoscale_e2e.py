@@ -236,7 +236,10 @@ def test_burst_scales_up_prewarmed_then_down_removing_the_named_victim(
         survivor = first[0] if victim == new_pod else new_pod
         wait_for(lambda: ready_pods(cluster) == [survivor] and len(replica_pods(cluster)) == 1, 60,
                  what=f"{victim} to be drained and deleted")  # fmt: skip
-        time.sleep(1.0)  # requests sent right after the deletion are served by the survivor
+        # requests sent right after the deletion are served by the survivor: wait for answers to
+        # some (a fixed 1 s sleep might see none come back on a loaded machine)
+        deleted_at = len(light.answers)
+        wait_for(lambda: len(light.answers) >= deleted_at + 2, 30, what="2 answers after the deletion")
     finally:
         during_drain = light.finish()
     assert during_drain and all(status == 200 for _, status, _, _ in during_drain), [
