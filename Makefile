@@ -23,8 +23,13 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint  ## everything CI runs
-	$(BIN)/pytest
+# `make test` runs the suite on TEST_WORKERS pytest-xdist workers, a file to a worker (module fixtures
+# start their servers once); most tests wait on processes and reconcile rounds, not on the CPU.
+# Only here, not in pyproject's addopts: `.venv/bin/pytest tests/test_x.py` stays one serial process.
+TEST_WORKERS ?= 3
+
+test: lint  ## everything CI runs (the tests on $(TEST_WORKERS) pytest-xdist workers)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache .hypothesis
