@@ -11,13 +11,12 @@ Specification:
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
-from fleet_fixtures import RedisServer, Spawner
+from fleet_fixtures import RedisServer, Spawner, eventually
 from test_dataplane_services import FLEET, post, start_fleet, view_of, words
 
 from prefixfleet.router.blockhash import CacheIdentity
@@ -103,6 +102,16 @@ async def test_gateways_publish_their_sends_and_count_their_peers(spawn: Spawner
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
         await pubsub.subscribe(keys.sends)
+
+        async def sends_listeners() -> int:
+            return dict(await client.pubsub_numsub(keys.sends)).get(keys.sends.encode(), 0)
+
+        # both gateways subscribe to the sends channel in a task of their own, not before they route:
+        # B must be listening for the notices below to reach its view (and A then has a peer)
+        await eventually(
+            sends_listeners, 30, "both gateways and the test to listen on the sends channel",
+            done=lambda n: n >= 3,
+        )  # fmt: skip
         async with aiohttp.ClientSession() as http:
             status, _, headers = await post(
                 http,
@@ -124,12 +133,10 @@ async def test_gateways_publish_their_sends_and_count_their_peers(spawn: Spawner
             before = (await view_of(http, gw_b))[other]["overlay_blocks"]
             fake = encode_send("peer-test", other, time.time() + 60, list(range(1, 8)))
             await client.publish(keys.sends, fake)
-            for _ in range(100):
-                if (await view_of(http, gw_b))[other]["overlay_blocks"] >= before + 7:
-                    break
-                await asyncio.sleep(0.05)
-            else:
-                raise AssertionError("gateway B never counted the peer's send")
+            await eventually(
+                lambda: view_of(http, gw_b), 30, "gateway B to count the peer's send",
+                done=lambda view: view[other]["overlay_blocks"] >= before + 7,
+            )  # fmt: skip
     finally:
         await pubsub.aclose()
         await client.aclose()
