@@ -701,11 +701,17 @@ def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
     if not rows:
         raise ValueError(f"trace {path} has no requests")
     rows.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
+    # each row's last block, scaled as its input_length ends it part-way
+    lasts = [
+        max(1, round((n_in - (len(ids) - 1) * file_block) * block / file_block)) for _, n_in, _, ids in rows
+    ]
+    # what the prompts will hold, counted before any is built: a larger block_tokens scales them all
+    tokens = sum((len(row[3]) - 1) * block + last for row, last in zip(rows, lasts, strict=True))
+    requests_read = f"{len(rows):,} request{'' if len(rows) == 1 else 's'}"
+    check_prompt_tokens(f"trace:{path}", tokens, f"the hash ids of {requests_read} × 'block_tokens'")
     t0 = rows[0][0]
     requests = []
-    for ts, n_in, n_out, ids in rows:
-        last_len = n_in - (len(ids) - 1) * file_block
-        last_scaled = max(1, round(last_len * block / file_block))
+    for (ts, _, n_out, ids), last_scaled in zip(rows, lasts, strict=True):
         parts = []
         for h in ids:
             data = blocks.get(h)

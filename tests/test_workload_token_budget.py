@@ -4,8 +4,9 @@ Within the request cap (10,000,000) and the per-setting token cap (10,000,000) a
 hold hundreds of gigabytes: every request keeps its whole prompt as token bytes, a shared prefix
 copied into each. `--set num_requests=1e7` (prefixroute's ~1,100-token prompts: 45 GB), chat's
 prompts growing with every turn (`sessions=1 turns_max=1e7`), gsp's 10,000 × 1,000 prompts,
-lab-burst's 1,016 requests of 10,000,000-token suffixes, viral's million-token turns, and the
-scenarios over long days all ran until the machine ran out. The prompt tokens a workload would make
+lab-burst's 1,016 requests of 10,000,000-token suffixes, viral's million-token turns, a trace
+replayed at 20,000 tokens per hash id, and the scenarios over long days all ran until the machine
+ran out. The prompt tokens a workload would make
 are now estimated from its settings and held to :data:`MAX_WORKLOAD_TOKENS`.
 
 The hang cases run the real CLI in a subprocess with a timeout: before the fix they never return.
@@ -13,8 +14,10 @@ The hang cases run the real CLI in a subprocess with a timeout: before the fix t
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -27,6 +30,15 @@ SCALE = ["sim-autoscale", "--scalers", "uniform", "--no-progress"]
 # Generous for a loaded 2-core machine: the refusal itself takes well under a second after imports.
 TIMEOUT_S = 120
 CAP = f"prompt tokens; at most {MAX_WORKLOAD_TOKENS:,}"
+MOONCAKE = Path(__file__).resolve().parents[1] / "traces" / "mooncake_synthetic_trace.jsonl"
+# Should the check regress, a case builds gigabytes: the child gets 4 GB of address space (a
+# MemoryError, which fails the test as surely) so it cannot take a shared machine's memory.
+CHILD_MEMORY = 4 << 30
+
+
+def limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
+
 
 # (command line, the line it ends with); every case is within the request and per-setting caps
 TOO_BIG = [
@@ -55,6 +67,12 @@ TOO_BIG = [
         f"about 3.51e+09 {CAP}",
     ),
     (
+        # 20,000 tokens per hash id instead of 512: the Mooncake trace's 61M tokens become 2.4e9
+        [*SIM, "--workload", f"trace:{MOONCAKE}", "--set", "block_tokens=2e4"],
+        f"sim: error: workload 'trace:{MOONCAKE}': the hash ids of 3,993 requests × 'block_tokens' "
+        f"would make about 2.39e+09 {CAP}",
+    ),
+    (
         [*SCALE, "--scenario", "diurnal", "--set", "peak_rps=1000"],
         "sim-autoscale: error: scenario 'diurnal': the requests × the prompt sizes would make about "
         f"4.45e+09 {CAP}",
@@ -67,7 +85,10 @@ TOO_BIG = [
 ]
 
 
-@pytest.mark.parametrize(("argv", "line"), TOO_BIG, ids=[" ".join(a[4:]) for a, _ in TOO_BIG])
+IDS = [" ".join(argv[4:]).replace(str(MOONCAKE), "mooncake") for argv, _ in TOO_BIG]
+
+
+@pytest.mark.parametrize(("argv", "line"), TOO_BIG, ids=IDS)
 def test_a_workload_too_big_for_memory_is_one_line_not_a_hang(argv: list[str], line: str) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "prefixfleet.cli", *argv],
@@ -75,6 +96,7 @@ def test_a_workload_too_big_for_memory_is_one_line_not_a_hang(argv: list[str], l
         text=True,
         timeout=TIMEOUT_S,  # the bug: never returned (a hang fails here, not in the suite's timeout)
         check=False,
+        preexec_fn=limit_memory,
     )
     assert (done.returncode, done.stderr) == (2, f"prefixfleet {line}\n")
 
