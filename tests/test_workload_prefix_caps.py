@@ -6,36 +6,23 @@ prefix is generated in memory before the first request, so the CLI hung, buildin
 count is now capped (:data:`MAX_PREFIXES`), and so is count × prefix size (:data:`MAX_PREFIX_TOKENS`),
 in every command that takes `--set` (sim, sim-autoscale, up, compare, load).
 
-The hang cases run the real CLI in a subprocess with a timeout: before the fix they never return.
+The hang cases run the real CLI in a subprocess bounded in time and memory (tests/bounded_cli.py):
+before the fix they never return.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bounded_cli import run_cli
 
 from prefixfleet.sim import scenarios, workloads
 from prefixfleet.sim.workloads import MAX_PREFIX_TOKENS, MAX_PREFIXES, PREFIX_COUNTS, build_workload
 
 SIM = ["sim", "--policies", "round_robin", "--no-progress"]
 SCALE = ["sim-autoscale", "--scalers", "uniform", "--no-progress"]
-# Generous for a loaded 2-core machine: the refusal itself takes well under a second after imports.
-TIMEOUT_S = 120
-
-
-def run_cli(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """The real CLI; a hang (the bug) fails the test with TimeoutExpired instead of stalling it."""
-    return subprocess.run(
-        [sys.executable, "-m", "prefixfleet.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
 
 
 def count_refused(setting: str, value: str, noun: str) -> str:

@@ -6,39 +6,28 @@ copied into each. `--set num_requests=1e7` (prefixroute's ~1,100-token prompts: 
 prompts growing with every turn (`sessions=1 turns_max=1e7`), gsp's 10,000 × 1,000 prompts,
 lab-burst's 1,016 requests of 10,000,000-token suffixes, viral's million-token turns, a trace
 replayed at 20,000 tokens per hash id, and the scenarios over long days all ran until the machine
-ran out. The prompt tokens a workload would make
-are now estimated from its settings and held to :data:`MAX_WORKLOAD_TOKENS`.
+ran out. The prompt tokens a workload would make are now estimated from its settings and held to
+:data:`MAX_WORKLOAD_TOKENS`.
 
-The hang cases run the real CLI in a subprocess with a timeout: before the fix they never return.
+The hang cases run the real CLI in a subprocess bounded in time and memory (tests/bounded_cli.py):
+before the fix they never return.
 """
 
 from __future__ import annotations
 
-import resource
-import subprocess
-import sys
 from pathlib import Path
 from unittest import mock
 
 import pytest
+from bounded_cli import run_cli
 
 from prefixfleet.sim import scenarios, workloads
 from prefixfleet.sim.workloads import MAX_WORKLOAD_TOKENS, build_workload
 
 SIM = ["sim", "--policies", "round_robin", "--no-progress"]
 SCALE = ["sim-autoscale", "--scalers", "uniform", "--no-progress"]
-# Generous for a loaded 2-core machine: the refusal itself takes well under a second after imports.
-TIMEOUT_S = 120
 CAP = f"prompt tokens; at most {MAX_WORKLOAD_TOKENS:,}"
 MOONCAKE = Path(__file__).resolve().parents[1] / "traces" / "mooncake_synthetic_trace.jsonl"
-# Should the check regress, a case builds gigabytes: the child gets 4 GB of address space (a
-# MemoryError, which fails the test as surely) so it cannot take a shared machine's memory.
-CHILD_MEMORY = 4 << 30
-
-
-def limit_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
-
 
 # (command line, the line it ends with); every case is within the request and per-setting caps
 TOO_BIG = [
@@ -90,14 +79,7 @@ IDS = [" ".join(argv[4:]).replace(str(MOONCAKE), "mooncake") for argv, _ in TOO_
 
 @pytest.mark.parametrize(("argv", "line"), TOO_BIG, ids=IDS)
 def test_a_workload_too_big_for_memory_is_one_line_not_a_hang(argv: list[str], line: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "prefixfleet.cli", *argv],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,  # the bug: never returned (a hang fails here, not in the suite's timeout)
-        check=False,
-        preexec_fn=limit_memory,
-    )
+    done = run_cli(argv)  # the bug: never returned (TimeoutExpired), or ran out of memory
     assert (done.returncode, done.stderr) == (2, f"prefixfleet {line}\n")
 
 
