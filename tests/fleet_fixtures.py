@@ -24,6 +24,7 @@ can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``r
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import inspect
 import os
@@ -75,30 +76,33 @@ def worker_port_block(worker: str | None, workers: int, span: tuple[int, int] = 
 
 
 class PortPicker:
-    """Hands out free loopback ports from one block in turn (from a random start, so separate pytest
-    runs on one machine rarely meet): a port is not handed out again before the block wraps, which
-    the kernel's pick (bind to port 0) does not promise."""
+    """Hands out free loopback ports from one block, each at random, never one of the last
+    ``len(block) // 2`` it handed out while another is free (the kernel's pick, bind to port 0, may
+    hand the same port out twice in a row). At random, not in turn from a random start: two pytest runs
+    on one machine that use the same block (two suites' gw0) would otherwise sweep it in step, one
+    just behind the other, and hand out each other's ports before they are bound."""
 
     def __init__(self, block: Sequence[int]) -> None:
         self.block = block
-        self._next = random.randrange(len(block))
+        self._recent: collections.deque[int] = collections.deque(maxlen=max(1, len(block) // 2))
         self._lock = threading.Lock()  # the kubelet shim picks from its own thread
 
     def __call__(self, host: str = LOOPBACK) -> int:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         with self._lock:
-            for _ in range(len(self.block)):
-                port = self.block[self._next]
-                self._next = (self._next + 1) % len(self.block)
+            order = random.sample(list(self.block), len(self.block))
+            recent = set(self._recent)
+            # first a port not handed out lately; only if none is free, a recent one
+            for port in [p for p in order if p not in recent] + [p for p in order if p in recent]:
                 with socket.socket(family, socket.SOCK_STREAM) as s:
                     try:
                         s.bind((host, port))
                     except OSError:  # in use (or in TIME_WAIT): the next one
                         continue
+                self._recent.append(port)
                 return port
-        raise RuntimeError(
-            f"no free port on {host} among {len(self.block)} ({self.block[0]}..{self.block[-1]})"
-        )
+        first, last = self.block[0], self.block[-1]
+        raise RuntimeError(f"no free port on {host} among {len(self.block)} ({first}..{last})")
 
 
 _XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))

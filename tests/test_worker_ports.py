@@ -5,6 +5,7 @@ one between picking and binding it) would fail a test at random."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 
 import pytest
@@ -33,7 +34,7 @@ def test_a_worker_name_outside_the_count_is_refused_by_name(worker: str) -> None
         worker_port_block(worker, 2)
 
 
-def test_ports_are_handed_out_in_turn_without_repeats() -> None:
+def test_ports_are_handed_out_without_repeats() -> None:
     block = range(PORT_RANGE[0], PORT_RANGE[0] + 200)
     picker = PortPicker(block)
     picked = [picker() for _ in range(50)]
@@ -50,3 +51,14 @@ def test_a_port_in_use_is_skipped_and_a_full_block_is_an_error() -> None:
         other = free_port()
         picker = PortPicker([port, other])
         assert [picker(), picker()] == [other, other]
+
+
+def test_picks_are_not_a_sweep_that_another_run_on_the_same_block_could_follow() -> None:
+    """Two suites on one machine both have a gw0 with the same block: ports handed out in turn from
+    a random start let one run's picks trail the other's and take its ports before they were bound
+    (an operator's liveness port, in a run beside another suite)."""
+    block = range(PORT_RANGE[0], PORT_RANGE[0] + 1000)
+    picker = PortPicker(block)
+    picks = [picker() for _ in range(20)]
+    steps = {(later - earlier) % len(block) for earlier, later in itertools.pairwise(picks)}
+    assert steps != {1}, f"ports handed out in turn: {picks}"
