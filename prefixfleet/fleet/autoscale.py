@@ -215,14 +215,17 @@ class LocalAutoscaler:
     async def round(
         self, redis: aioredis.Redis, http: httpx.AsyncClient, prometheus: PrometheusSource | None = None
     ) -> ScalePlan:
-        replicas = list(self.fleet.replicas)
+        # The fleet and the replicas still starting, counted at one moment: a start that completes
+        # during the awaits below moves a replica from one to the other (a later count of `starting`
+        # against this list missed it and ordered a second scale-up).
+        replicas, starting = list(self.fleet.replicas), self.starting
         names = [r.worker_id for r in replicas]
         loads, summaries = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
         urls = {r.worker_id: r.sidecar_url for r in replicas if r.sidecar_url}
         reading = await self.read_engines(http, urls, prometheus)
         now = time.time()
         subtrees, self.hot = hot_subtrees(summaries, self.hot, now)
-        wanted = sum(1 for n in names if n not in self.draining) + self.starting
+        wanted = sum(1 for n in names if n not in self.draining) + starting
         observed = observe_fleet(
             now, wanted, self._pods(names), loads, reading.prefill_loads(loads), subtrees, reading.queues()
         )
