@@ -26,10 +26,12 @@ lint: $(STAMP)
 # `make test` runs the suite on TEST_WORKERS pytest-xdist workers, a file to a worker (module fixtures
 # start their servers once); most tests wait on processes and reconcile rounds, not on the CPU.
 # Only here, not in pyproject's addopts: `.venv/bin/pytest tests/test_x.py` stays one serial process.
+# Files holding a `slow` test are handed out first (tests/conftest.py); --no-loadscope-reorder keeps
+# that order (xdist would sort files by test count and leave the long few-test end-to-end files last).
 TEST_WORKERS ?= 3
 
 test: lint  ## everything CI runs (the tests on $(TEST_WORKERS) pytest-xdist workers)
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache .hypothesis

@@ -70,6 +70,8 @@ from tests.k8s.cluster import (
 )
 from tests.test_fleet_autoscale import SLOW_ENGINE, saturated
 
+pytestmark = pytest.mark.slow
+
 FLEET = "auto"
 REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
 PREFIX = "You are the support agent of the autoscaling tenant; follow the policy handbook closely. " * 60

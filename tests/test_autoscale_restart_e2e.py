@@ -37,6 +37,8 @@ from tests.k8s.cluster import (
 )
 from tests.test_autoscale_e2e import FLEET, autoscaled, fleet, gateway_healthy, gateway_url, ready_pods
 
+pytestmark = pytest.mark.slow
+
 __all__ = ["autoscaled"]  # the fixture, shared with the burst test
 
 # The restart and the second replica's Ready must both land inside it: 5.7-6.5 s after the scale-up

@@ -23,7 +23,7 @@ from fleet_fixtures import prefixfleet_argv
 from prefixfleet.chaos.scenarios import ChaosFleet, engine_kill, gateway_kill, redis_outage, soak
 from prefixfleet.chaos.traffic import TrafficPlan
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
 
 def assert_nothing_lost(figures: dict) -> None:

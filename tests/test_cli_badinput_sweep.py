@@ -21,6 +21,8 @@ import pytest
 
 from prefixfleet.cli import main
 
+pytestmark = pytest.mark.slow
+
 UNDER_A_FILE = f"{__file__}/x"  # a path whose parent is a regular file: never writable, even as root
 TRACE = Path(__file__).resolve().parents[1] / "traces" / "mooncake_synthetic_trace.jsonl"  # bench policies
 SIM = ["sim", "--workload", "prefixroute", "--set", "num_requests=20", "--policies", "round_robin"]

@@ -42,6 +42,8 @@ from prefixfleet.operator.crd import build_crd
 from prefixfleet.operator.crd_admission import apply_defaults, crd_schema
 from prefixfleet.router.addresses import authority_error
 
+pytestmark = pytest.mark.slow
+
 Schema = dict[str, Any]
 
 # ------------------------------------------------------------------ Kubernetes' CEL environment

@@ -22,6 +22,8 @@ import yaml
 from prefixfleet.cli import build_parser
 from prefixfleet.operator.crd import render_crd_yaml
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
 

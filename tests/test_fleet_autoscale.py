@@ -32,7 +32,7 @@ from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import decode_load
 from prefixfleet.tokenizer import tokenize
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 PREFIX = "You are the support agent of the local autoscaling tenant; follow the handbook closely. " * 60
 PREFIX_TOKENS = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
 POLICY = ScalePolicy(

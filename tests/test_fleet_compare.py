@@ -6,7 +6,11 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from prefixfleet.cli import main
+
+pytestmark = pytest.mark.slow
 
 ROUTER_KEYS = {"mean_ttft_ms", "p99_ttft_ms", "hit_rate", "errors"}
 

@@ -36,7 +36,7 @@ from prefixfleet.fleet.reaper import ReplicaReaper
 from prefixfleet.operator.autoscale import ScalePolicy
 from prefixfleet.router.keys import FleetKeys, deregister_worker
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 ENGINE = EngineSettings(cache_tokens=20_000, prefill_tokens_per_s=50_000, time_scale=4.0)
 # Bounds of the waits on the fleet's own pace (a replica restart is two process start-ups, the
 # gateway's view a refresh or two): generous, as a loaded machine slows them many times over.

@@ -13,6 +13,8 @@ from fleet_fixtures import live_children, live_processes
 
 from prefixfleet.cli import main
 
+pytestmark = pytest.mark.slow
+
 ROW_KEYS = {"mean_ttft_ms", "p50_ttft_ms", "p99_ttft_ms", "hit_rate", "errors"}
 
 

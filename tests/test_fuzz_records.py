@@ -17,6 +17,7 @@ import json
 import struct
 from array import array
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,8 @@ from prefixfleet.operator.models import InvalidFleetSpec, validate_spec
 from prefixfleet.router.records import LoadReport, MemberRecord, decode_load, decode_member, encode_record
 from prefixfleet.router.summary import HotNode, Summary, SummaryError, decode_summary, encode_summary
 from prefixfleet.router.view import FleetView
+
+pytestmark = pytest.mark.slow
 
 scalars = (
     st.none()

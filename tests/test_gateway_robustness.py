@@ -48,7 +48,7 @@ from fleet_fixtures import (
     wait_until,
 )
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 FLEET = "robust"
 CHAT = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}

@@ -32,6 +32,8 @@ from packaging.requirements import Requirement
 from tests.k8s.cluster import EmulatedCluster, wait_for
 from tests.test_dockerfile import DOCKERFILE, build_wheel, stages
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

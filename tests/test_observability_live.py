@@ -29,6 +29,8 @@ from prefixfleet.observability import dashboard as dash
 from prefixfleet.observability.local_prometheus import LocalPrometheus
 from prefixfleet.observability.scenario import ALERTS, ObservedRun, ScenarioSpec, run_scenario
 
+pytestmark = pytest.mark.slow
+
 RATE_WINDOW = "10s"  # >= 4 scrape intervals of the scenario's 1 s
 SPEC = ScenarioSpec(fleet="observed", requests=240, rate_rps=40.0, event_hold_s=3.0)
 

@@ -27,6 +27,8 @@ from prefixfleet.operator.handlers import fleet_redis, resolve_redis_url
 from prefixfleet.router.addresses import redis_url_error
 from tests.k8s.cluster import emulator_fleet, operator_in_cluster, running_redis, wait_for
 
+pytestmark = pytest.mark.slow
+
 FLEET = "secretive"
 NAMESPACE = "default"
 SECRET_REF = {"name": "fleet-redis", "key": "url"}

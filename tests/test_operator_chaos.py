@@ -27,6 +27,8 @@ from tests import test_operator_e2e as e2e
 from tests.k8s.cluster import EmulatedCluster, wait_for
 from tests.test_operator_e2e import FLEET, OperatorProcess, converged, fleet_manifest, members, pods
 
+pytestmark = pytest.mark.slow
+
 # the e2e module's fixtures, registered here by name
 fleet_env = e2e.fleet_env
 redis_url = e2e.redis_url

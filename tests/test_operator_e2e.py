@@ -32,6 +32,8 @@ from tests.k8s.cluster import (
     wait_for,
 )
 
+pytestmark = pytest.mark.slow
+
 FLEET = "e2e"
 REPLICA_SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
 

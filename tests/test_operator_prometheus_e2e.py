@@ -35,7 +35,7 @@ from tests.k8s.cluster import (
     wait_for,
 )
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 FLEET = "watched"
 NAMESPACE = "default"
 SIDECAR_PORT = 8100

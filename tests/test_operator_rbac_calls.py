@@ -41,6 +41,8 @@ from tests.k8s.apiserver import ApiServerThread, EmulatedApiServer, parse_resour
 from tests.k8s.cluster import EmulatedCluster, OperatorProcess, running_redis, wait_for
 from tests.test_chart import bound_to_operator
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "prefixfleet"
 OPERATOR_SOURCES = sorted((REPO / "operator").glob("*.py"))

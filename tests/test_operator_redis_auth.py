@@ -33,6 +33,8 @@ from prefixfleet.operator.planner import REDIS_AUTH_FAILED
 from tests.k8s.cluster import emulator_fleet, operator_in_cluster, wait_for
 from tests.test_operator_badinput_redis import Secrets
 
+pytestmark = pytest.mark.slow
+
 PASSWORD = "right-Pw-7c1e"
 WRONG = "wrong-Pw-93ab"
 FLEET = "guarded"

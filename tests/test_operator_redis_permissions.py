@@ -52,6 +52,8 @@ from tests.k8s.cluster import EmulatedCluster, emulator_fleet, operator_in_clust
 from tests.test_operator_badinput_redis import Secrets
 from tests.test_operator_redis_auth import PASSWORD_REF, password_secret
 
+pytestmark = pytest.mark.slow
+
 PASSWORD = "acl-Pw-51fd"
 FLEET = "guarded"
 NAMESPACE = "default"

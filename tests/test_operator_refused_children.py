@@ -34,6 +34,8 @@ from prefixfleet.operator.refusals import refusal_events, try_next_create, with_
 from tests.k8s.apiserver import ApiError, ApiServerThread, EmulatedApiServer, ResourceType
 from tests.k8s.cluster import EmulatedCluster, OperatorProcess, running_redis, wait_for
 
+pytestmark = pytest.mark.slow
+
 FLEET = "refused"
 NAMESPACE = "default"
 

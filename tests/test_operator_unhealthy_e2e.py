@@ -42,6 +42,8 @@ from tests.k8s.cluster import (
     wait_for,
 )
 
+pytestmark = pytest.mark.slow
+
 FLEET = "hang"
 SELECTOR = f"prefixfleet.io/fleet={FLEET},prefixfleet.io/role=replica"
 HUNG = f"{FLEET}-replica-0"

@@ -48,7 +48,7 @@ from prefixfleet.operator.prometheus_source import (
 )
 from prefixfleet.router.keys import FleetKeys
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 SCRAPE_S = 0.5
 BASELINE_SCRAPES = 10
 WINDOW_S = 60  # longer than the whole test: every sample of each series is inside it

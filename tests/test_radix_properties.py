@@ -35,6 +35,8 @@ from prefixfleet.router.radix import (
     decode_tokens,
 )
 
+pytestmark = pytest.mark.slow
+
 Seq = tuple[int, ...]
 Key = tuple[object, Seq]  # (namespace, token prefix)
 

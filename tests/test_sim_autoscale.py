@@ -17,6 +17,8 @@ from prefixfleet.sim.autoscale_report import new_replica_hit_rates, replica_seco
 from prefixfleet.sim.engine import Job, ServiceConfig
 from prefixfleet.sim.scenarios import build_scenario
 
+pytestmark = pytest.mark.slow
+
 # A two-minute viral burst at a tenth of the acceptance scale: seconds to simulate, still forces a
 # scale-up (the viral prefix is 2000 tokens at 10k prefill tokens/s per replica).
 SMALL_VIRAL = {
