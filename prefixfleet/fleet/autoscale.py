@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ import yaml
 from redis.exceptions import RedisError
 
 from prefixfleet.cancellation import cancel_and_wait
-from prefixfleet.fleet.local import LocalFleet
+from prefixfleet.fleet.local import LocalFleet, Replica
 from prefixfleet.observability.local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
 from prefixfleet.operator.autoscale import (
     FleetObservation,
@@ -215,36 +215,42 @@ class LocalAutoscaler:
     async def round(
         self, redis: aioredis.Redis, http: httpx.AsyncClient, prometheus: PrometheusSource | None = None
     ) -> ScalePlan:
-        # The fleet and the replicas still starting, counted at one moment: a start that completes
-        # during the awaits below moves a replica from one to the other (a later count of `starting`
-        # against this list missed it and ordered a second scale-up).
+        # Everything the observation uses, read at one moment, before the awaits below: a start that
+        # completes meanwhile moves a replica from `starting` into the fleet (a later count of
+        # `starting` missed it: a second scale-up), a drain that completes takes one out of the fleet
+        # and out of `draining` (a later read of `draining` counted it as serving: a second scale-down).
         replicas, starting = list(self.fleet.replicas), self.starting
+        draining, warming = frozenset(self.draining), frozenset(self.warming)
         names = [r.worker_id for r in replicas]
         loads, summaries = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
         urls = {r.worker_id: r.sidecar_url for r in replicas if r.sidecar_url}
         reading = await self.read_engines(http, urls, prometheus)
         now = time.time()
         subtrees, self.hot = hot_subtrees(summaries, self.hot, now)
-        wanted = sum(1 for n in names if n not in self.draining) + starting
+        wanted = sum(1 for n in names if n not in draining) + starting
+        pods = self._pods(names, draining, warming)
         observed = observe_fleet(
-            now, wanted, self._pods(names), loads, reading.prefill_loads(loads), subtrees, reading.queues()
+            now, wanted, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
         )
         plan = plan_scale(observed, self.policy, self.memory)
         self.memory, self.observed = plan.memory, observed
         await self.execute(plan, subtrees, urls, http, redis)
         return plan
 
-    def _pods(self, names: Sequence[str]) -> list[ObservedPod]:
+    def _pods(
+        self, names: Sequence[str], draining: Collection[str], warming: Collection[str]
+    ) -> list[ObservedPod]:
         """The replicas as the operator's observation sees pods (all Running and Ready: a local
-        replica joins the fleet once its sidecar answers)."""
+        replica joins the fleet once its sidecar answers); ``draining`` and ``warming`` are read
+        with ``names``."""
         return [
             ObservedPod(
                 n,
                 phase="Running",
                 ready=True,
                 created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created.get(n, 0.0))),
-                state="draining" if n in self.draining else "warming" if n in self.warming else "ready",
-                draining_since="local" if n in self.draining else "",
+                state="draining" if n in draining else "warming" if n in warming else "ready",
+                draining_since="local" if n in draining else "",
             )
             for n in names
         ]
@@ -253,7 +259,15 @@ class LocalAutoscaler:
         """The replicas as a new one arrives (``autoscale_sources.replicas_now``)."""
         names = [r.worker_id for r in self.fleet.replicas]
         keys = FleetKeys(self.fleet.spec.fleet_name)
-        return await replicas_now(redis, keys, self._pods(names), self.observed)
+        pods = self._pods(names, self.draining, self.warming)  # (no await before this line)
+        return await replicas_now(redis, keys, pods, self.observed)
+
+    def _observed_replica(self, name: str, urls: Mapping[str, str]) -> Replica | None:
+        """The fleet's replica ``name`` if it is still the process the round observed (same sidecar
+        URL): during the round's awaits it may have been reaped and its index reused by a new
+        replica, which no plan made on the old view may drain or warm."""
+        url = urls.get(name)
+        return next((r for r in self.fleet.replicas if r.worker_id == name and r.sidecar_url == url), None)
 
     async def execute(
         self,
@@ -269,8 +283,10 @@ class LocalAutoscaler:
         for i in range(plan.add):
             self.starting += 1
             self._spawn(self._add_replica(new_warm.get(f"new-{i}", ()), subtrees, http, redis))
+        # Targets are resolved against the fleet now (this round's view is as old as its awaits); one
+        # that is gone is skipped: the next round observes the fleet as it is.
         for warm in plan.prewarm:
-            existing = not warm.target.startswith("new-") and warm.target in urls
+            existing = not warm.target.startswith("new-") and self._observed_replica(warm.target, urls)
             # it keeps serving while it warms, so the next round may plan the same warm-up again
             if existing and warm.target not in self.prewarming:
                 self.prewarming.add(warm.target)
@@ -278,10 +294,12 @@ class LocalAutoscaler:
                     self._warm(warm.target, urls[warm.target], warm.subtree_ids, subtrees, http, new=False)
                 )
         for victim in plan.drain:
-            if victim in urls and victim not in self.draining:
+            replica = self._observed_replica(victim, urls)
+            if replica is not None and victim not in self.draining:
                 self._event("scale_down", plan.reason)
                 self.draining.add(victim)
-                self._spawn(self._drain(victim, urls[victim], http))
+                self.reserved.add(replica.index)  # (released by _drain) no new replica takes its name
+                self._spawn(self._drain(replica, http))
 
     async def _add_replica(
         self,
@@ -345,12 +363,11 @@ class LocalAutoscaler:
             self.warming.discard(name)
         self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
 
-    async def _drain(self, name: str, url: str, http: httpx.AsyncClient) -> None:
+    async def _drain(self, replica: Replica, http: httpx.AsyncClient) -> None:
         # This replica, not whichever holds its name at the end: if it dies while draining, the
-        # reaper takes it out, and its index stays reserved so no new replica gets its name meanwhile.
-        replica = next((r for r in self.fleet.replicas if r.worker_id == name), None)
-        if replica is not None:
-            self.reserved.add(replica.index)
+        # reaper takes it out, and its index stays reserved (by execute) so no new replica gets its
+        # name meanwhile.
+        name, url = replica.worker_id, replica.sidecar_url
         try:
             with contextlib.suppress(httpx.HTTPError):
                 await http.post(f"{url}/prefixfleet/state", json={"state": "draining"})
@@ -366,12 +383,11 @@ class LocalAutoscaler:
                     break
                 if not status.get("load", {}).get("in_flight"):
                     break
-            if replica is not None and replica in self.fleet.replicas:
+            if replica in self.fleet.replicas:
                 await self.fleet.stop_replica(replica)
                 with contextlib.suppress(ValueError):  # (the reaper may have taken it out meanwhile)
                     self.fleet.replicas.remove(replica)
         finally:
-            if replica is not None:
-                self.reserved.discard(replica.index)
+            self.reserved.discard(replica.index)
         self.draining.discard(name)
         self._event("removed", name)
