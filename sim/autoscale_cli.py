@@ -13,7 +13,7 @@ from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
-from .cli import add_service_arguments, parse_names, parse_pairs, service_config
+from .cli import add_service_arguments, parse_names, parse_settings, service_config
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
 from .workloads import SIZE_CAP_HELP, input_files
 
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.initial is not None and not min_r <= args.initial <= max_r:
         raise UsageError(f"--initial ({args.initial}) must be between --min ({min_r}) and --max ({max_r})")
     service = service_config(rec, args)
-    settings = parse_pairs(args.scenario_settings, "--set")
+    settings = parse_settings(args.scenario_settings, "scenario")
     try:
         workload = build_scenario(args.scenario, seed=args.seed, **settings)
     except ValueError as exc:

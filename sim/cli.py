@@ -125,6 +125,15 @@ def parse_pairs(items: list[str], what: str) -> dict[str, str]:
     return out
 
 
+def parse_settings(items: list[str], kind: str = "workload") -> dict[str, str]:
+    """``--set KEY=VALUE`` flags (a workload's or scenario's settings) as a dict. The seed is a flag
+    of its own: passed to the builder beside the settings, ``--set seed=3`` was a TypeError."""
+    settings = parse_pairs(items, "--set")
+    if "seed" in settings:
+        raise UsageError(f"--set seed={settings['seed']}: the seed is no {kind} setting; use --seed")
+    return settings
+
+
 def parse_names(
     spec: str, known: Sequence[str], flag: str, what: str, aliases: Mapping[str, str] | None = None
 ) -> list[str]:
@@ -210,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     seed = DEFAULT_SEED if args.seed is None else args.seed
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
-    settings = parse_pairs(args.workload_settings, "--set")
+    settings = parse_settings(args.workload_settings)
     try:
         workload = build_workload(args.workload, seed=seed, **settings)
     except ValueError as exc:

@@ -32,7 +32,7 @@ from .workloads import (
     check_prompt_tokens,
     check_request_count,
     mean_size,
-    trace_workload,
+    replay_trace,
     within_span,
 )
 
@@ -134,8 +134,9 @@ def _tenant_prompts(rng: random.Random, space: TokenSpace, s: dict[str, Any]) ->
 
 
 def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
-    s = _merge(VIRAL_SCENARIO, overrides, "viral")
-    _require_positive(s, "viral", "duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
+    s = _merge(VIRAL_SCENARIO, overrides, "viral", "scenario")
+    positive = ("duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
+    _require_positive(s, "viral", *positive, kind="scenario")
     if not 0.0 <= s["viral_share"] <= 1.0:
         raise ValueError(f"scenario 'viral' setting 'viral_share' must be in [0, 1], got {s['viral_share']}")
     # thinning draws about peak rate × duration candidates, however few it keeps
@@ -148,7 +149,7 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)
     viral = space.fresh(s["viral_prefix_tokens"])
-    weights = _zipf_weights(s["tenants"], s["zipf_exponent"])
+    weights = _zipf_weights(s["tenants"], s["zipf_exponent"], "viral", "scenario")
 
     def level(t: float) -> float:
         return _envelope(t, s["viral_start_s"], s["ramp_s"], s["hold_s"], s["fade_s"])
@@ -168,10 +169,13 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
 
 
 def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
-    s = _merge(DIURNAL_SCENARIO, overrides, "diurnal")
-    _require_positive(s, "diurnal", "duration_s", "tenants", "trough_rps", "peak_rps")
+    s = _merge(DIURNAL_SCENARIO, overrides, "diurnal", "scenario")
+    _require_positive(s, "diurnal", "duration_s", "tenants", "trough_rps", "peak_rps", kind="scenario")
     if s["peak_rps"] < s["trough_rps"]:
-        raise ValueError("scenario 'diurnal': peak_rps must be >= trough_rps")
+        raise ValueError(
+            f"scenario 'diurnal' setting 'peak_rps' ({s['peak_rps']:g}) must be >= "
+            f"'trough_rps' ({s['trough_rps']:g})"
+        )
     check_request_count("diurnal", s["peak_rps"] * s["duration_s"], "'peak_rps' × 'duration_s'", "scenario")
     requests = (s["trough_rps"] + s["peak_rps"]) / 2 * s["duration_s"]  # the day's mean rate
     prompt = mean_size(s, "prefix_tokens") + mean_size(s, "unique_tokens")
@@ -180,7 +184,7 @@ def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)
     n = s["tenants"]
-    base = _zipf_weights(n, s["zipf_exponent"])
+    base = _zipf_weights(n, s["zipf_exponent"], "diurnal", "scenario")
     order = list(range(n))
     rng.shuffle(order)  # which tenant is popular is not its creation order
     duration = s["duration_s"]
@@ -201,13 +205,13 @@ def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
     return Workload("diurnal", requests, s, dict(SCENARIO_FLEET))
 
 
-def build_scenario(spec: str, *, seed: int = 0, **overrides: Any) -> Workload:
+def build_scenario(spec: str, /, *, seed: int = 0, **overrides: Any) -> Workload:
     """``viral``, ``diurnal`` or ``trace:PATH``; ``ValueError`` with one line for anything else."""
     if spec.startswith("trace:"):
         path = spec[len("trace:") :]
         if not path:
             raise ValueError("trace scenario needs a path: trace:PATH")
-        workload = trace_workload(path, seed=seed, **{**TRACE_SCENARIO, **overrides})
+        workload = replay_trace(path, {**TRACE_SCENARIO, **overrides}, "scenario")
         trace = Workload(workload.name, workload.requests, workload.settings, dict(SCENARIO_FLEET))
         return within_span(trace, "scenario")
     if spec == "viral":

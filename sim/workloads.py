@@ -86,12 +86,13 @@ def _poisson_arrivals(rng: random.Random, count: int, rate_rps: float) -> list[f
     return out
 
 
-def _zipf_weights(n: int, exponent: float) -> list[float]:
+def _zipf_weights(n: int, exponent: float, name: str, kind: str = "workload") -> list[float]:
     try:
         return [1.0 / (rank**exponent) for rank in range(1, n + 1)]
     except (OverflowError, ZeroDivisionError):  # rank**exponent beyond a float, or rounded to 0
         raise ValueError(
-            f"setting 'zipf_exponent' {exponent:g} is too far from 0 for {n} ranks (weights overflow)"
+            f"{kind} {name!r} setting 'zipf_exponent' {exponent:g} is too far from 0 for {n} ranks "
+            "(weights overflow)"
         ) from None
 
 
@@ -143,21 +144,22 @@ def _count_limit(key: str) -> str | None:
     return None
 
 
-def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> dict[str, Any]:
+def _merge(
+    base: dict[str, Any], overrides: dict[str, Any], workload: str, kind: str = "workload"
+) -> dict[str, Any]:
+    """``base`` with ``overrides`` (strings from ``--set``) read as its values' types and checked.
+    Refusals name the ``kind`` ("workload", "scenario") and the ``workload`` as the user wrote them."""
+    who = f"{kind} {workload!r}"
     unknown = sorted(set(overrides) - set(base))
     if unknown:
-        raise ValueError(
-            f"workload {workload!r} has no setting {unknown[0]!r}; settings: {', '.join(sorted(base))}"
-        )
+        raise ValueError(f"{who} has no setting {unknown[0]!r}; settings: {', '.join(sorted(base))}")
     merged = dict(base)
     for key, value in overrides.items():
         default = base[key]
         if isinstance(default, bool):
             flag = lax_bool(value.strip() if isinstance(value, str) else value)
             if flag is None:
-                raise ValueError(
-                    f"workload {workload!r} setting {key!r} must be true or false, got {value!r}"
-                )
+                raise ValueError(f"{who} setting {key!r} must be true or false, got {value!r}")
             merged[key] = flag
             continue
         if isinstance(default, int):
@@ -166,7 +168,7 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
             count = whole_number(value)
             if count is None:
                 refusal = count_refusal(value, limit=_count_limit(key))
-                raise ValueError(f"workload {workload!r} setting {key!r} {refusal}")
+                raise ValueError(f"{who} setting {key!r} {refusal}")
             merged[key] = count
         elif isinstance(default, float):
             try:
@@ -174,42 +176,36 @@ def _merge(base: dict[str, Any], overrides: dict[str, Any], workload: str) -> di
             except (TypeError, ValueError):
                 merged[key] = math.nan
             if not math.isfinite(merged[key]):  # inf rates/durations never end a generator loop
-                raise ValueError(
-                    f"workload {workload!r} setting {key!r} must be a finite number, got {value!r}"
-                )
+                raise ValueError(f"{who} setting {key!r} must be a finite number, got {value!r}")
         else:
             merged[key] = value
         if isinstance(merged[key], int | float) and merged[key] < 0:  # counts, sizes, rates, durations
-            raise ValueError(f"workload {workload!r} setting {key!r} must be >= 0, got {value!r}")
+            raise ValueError(f"{who} setting {key!r} must be >= 0, got {value!r}")
         if "tokens" in key and isinstance(merged[key], int) and merged[key] > MAX_SETTING_TOKENS:
             raise ValueError(
-                f"workload {workload!r} setting {key!r} must be at most {MAX_SETTING_TOKENS:,} tokens "
+                f"{who} setting {key!r} must be at most {MAX_SETTING_TOKENS:,} tokens "
                 f"(longer than any model's context), got {value!r}"
             )
         if key in PREFIX_COUNTS and merged[key] > MAX_PREFIXES:
             raise ValueError(
-                f"workload {workload!r} setting {key!r} is too large, got {value!r}; "
-                f"at most {_count_limit(key)}"
+                f"{who} setting {key!r} is too large, got {value!r}; at most {_count_limit(key)}"
             )
     for key in merged:
         upper = f"{key[: -len('_min')]}_max"
         if key.endswith("_min") and upper in merged and merged[key] > merged[upper]:
-            raise ValueError(
-                f"workload {workload!r} setting {key!r} ({merged[key]}) must be <= "
-                f"{upper!r} ({merged[upper]})"
-            )
+            raise ValueError(f"{who} setting {key!r} ({merged[key]}) must be <= {upper!r} ({merged[upper]})")
     for key, (_, size_key) in PREFIX_COUNTS.items():
         if key in merged and size_key in merged:
-            _check_prefix_tokens(workload, key, size_key, merged[key] * merged[size_key])
+            _check_prefix_tokens(who, key, size_key, merged[key] * merged[size_key])
     return merged
 
 
-def _check_prefix_tokens(workload: str, count_key: str, size_key: str, built: int) -> None:
+def _check_prefix_tokens(who: str, count_key: str, size_key: str, built: int) -> None:
     """Refuse settings whose shared prefixes alone (each built in memory before the first request)
     would exceed :data:`MAX_PREFIX_TOKENS`."""
     if built > MAX_PREFIX_TOKENS:
         raise ValueError(
-            f"workload {workload!r}: {count_key!r} × {size_key!r} would build {built:,} prefix tokens; "
+            f"{who}: {count_key!r} × {size_key!r} would build {built:,} prefix tokens; "
             f"at most {MAX_PREFIX_TOKENS:,}"
         )
 
@@ -281,10 +277,10 @@ def within_span(workload: Workload, kind: str = "workload") -> Workload:
     return workload
 
 
-def _require_positive(settings: dict[str, Any], workload: str, *keys: str) -> None:
+def _require_positive(settings: dict[str, Any], workload: str, *keys: str, kind: str = "workload") -> None:
     for key in keys:
         if not settings[key] > 0:
-            raise ValueError(f"workload {workload!r} setting {key!r} must be positive, got {settings[key]!r}")
+            raise ValueError(f"{kind} {workload!r} setting {key!r} must be positive, got {settings[key]!r}")
 
 
 # -- prefixroute ------------------------------------------------------------------------------------
@@ -326,7 +322,7 @@ def prefixroute_workload(seed: int = 0, **overrides: Any) -> Workload:
     prefixes = [
         space.fresh(rng.randint(s["prefix_tokens_min"], s["prefix_tokens_max"])) for _ in range(s["tenants"])
     ]
-    weights = _zipf_weights(s["tenants"], s["zipf_exponent"])
+    weights = _zipf_weights(s["tenants"], s["zipf_exponent"], "prefixroute")
     arrivals = _poisson_arrivals(rng, s["num_requests"], s["rate_rps"])
     tenants = rng.choices(range(s["tenants"]), weights=weights, k=s["num_requests"])
     requests = [
@@ -558,7 +554,7 @@ def viral_workload(seed: int = 0, **overrides: Any) -> Workload:
         space.fresh(rng.randint(s["prefix_tokens_min"], s["prefix_tokens_max"])) for _ in range(s["tenants"])
     ]
     viral_prefix = space.fresh(s["viral_prefix_tokens"])
-    weights = _zipf_weights(s["tenants"], s["zipf_exponent"])
+    weights = _zipf_weights(s["tenants"], s["zipf_exponent"], "viral")
     requests = []
     t = 0.0
     while True:
@@ -584,7 +580,6 @@ TRACE_DEFAULTS: dict[str, Any] = {
     "limit": 0,  # first N requests; 0 = all
     "block_tokens": 512,  # tokens each hash id expands to (shrink to scale prompts down)
     "trace_block_tokens": 512,  # the block size the file was written with
-    "path": "",
 }
 # The Mooncake synthetic trace: 3,993 requests over 1,022 s, mean input 15.3k tokens, ~65% of tokens
 # reusable with an infinite cache (21.3M distinct tokens). 8 replicas × 1M-token caches hold ~40% of
@@ -656,17 +651,26 @@ def trace_file_problem(path: Path) -> str | None:
     return None
 
 
-def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
+def trace_workload(path: str, /, seed: int = 0, **overrides: Any) -> Workload:
     """Replay a Mooncake-format JSONL trace (timestamp ms, input_length, output_length, hash_ids).
 
     Each hash id expands to ``block_tokens`` deterministic token ids derived from the id (the last
     block truncated in proportion), so two requests share exactly as many tokens as their hash_ids
     agree from the start × ``block_tokens``. ``seed`` is unused: a trace is already one sample.
     """
-    s = _merge(TRACE_DEFAULTS, {**overrides, "path": path}, "trace")
-    _require_positive(s, "trace", "speedup", "block_tokens", "trace_block_tokens")
-    if s["limit"] < 0:
-        raise ValueError(f"workload 'trace' setting 'limit' must be >= 0, got {s['limit']}")
+    return replay_trace(path, overrides)
+
+
+def replay_trace(path: str, overrides: dict[str, Any], kind: str = "workload") -> Workload:
+    """:func:`trace_workload`, its refusals naming the ``kind`` ("workload", "scenario") and
+    ``trace:PATH`` as the user wrote it."""
+    name = f"trace:{path}"
+    if "path" in overrides:  # (it was silently replaced by the one in the name)
+        raise ValueError(
+            f"{kind} {name!r} takes its path from its name (trace:PATH), not from a setting 'path'"
+        )
+    s = {**_merge(TRACE_DEFAULTS, overrides, name, kind), "path": path}
+    _require_positive(s, name, "speedup", "block_tokens", "trace_block_tokens", kind=kind)
     file = Path(path)
     if (problem := trace_file_problem(file)) == "not found":
         raise ValueError(f"trace file not found: {path}")
@@ -708,7 +712,7 @@ def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
     # what the prompts will hold, counted before any is built: a larger block_tokens scales them all
     tokens = sum((len(row[3]) - 1) * block + last for row, last in zip(rows, lasts, strict=True))
     requests_read = f"{len(rows):,} request{'' if len(rows) == 1 else 's'}"
-    check_prompt_tokens(f"trace:{path}", tokens, f"the hash ids of {requests_read} × 'block_tokens'")
+    check_prompt_tokens(name, tokens, f"the hash ids of {requests_read} × 'block_tokens'", kind)
     t0 = rows[0][0]
     requests = []
     for (ts, _, n_out, ids), last_scaled in zip(rows, lasts, strict=True):
@@ -724,7 +728,7 @@ def trace_workload(path: str, seed: int = 0, **overrides: Any) -> Workload:
                 (ts - t0) / 1000.0 / s["speedup"], b"".join(parts), max(n_out, 1), f"root{ids[0]}"
             )
         )
-    return Workload(f"trace:{path}", requests, s, dict(TRACE_FLEET))
+    return Workload(name, requests, s, dict(TRACE_FLEET))
 
 
 # -- registry ---------------------------------------------------------------------------------------
@@ -744,7 +748,7 @@ def input_files(spec: str) -> list[str]:
     return [spec[len("trace:") :]] if spec.startswith("trace:") else []
 
 
-def build_workload(spec: str, *, seed: int = 0, **overrides: Any) -> Workload:
+def build_workload(spec: str, /, *, seed: int = 0, **overrides: Any) -> Workload:
     """Build a workload by name: ``prefixroute``, ``lab-burst``, ``gsp``, ``chat``, ``viral``, ``trace:PATH``.
 
     Raises ``ValueError`` with a one-line message for an unknown name or setting, a missing trace

@@ -31,7 +31,7 @@ SETTING = "prefixfleet sim: error: workload 'prefixroute' setting"
         ),
         (
             [*SCALE, "--set", "tenants=1e400"],
-            "prefixfleet sim-autoscale: error: workload 'viral' setting 'tenants' is too large, got '1e400'; "
+            "prefixfleet sim-autoscale: error: scenario 'viral' setting 'tenants' is too large, got '1e400'; "
             f"at most {MAX_PREFIXES:,} tenants",
         ),
         ([*SIM, "--set", "num_requests=-1e400"], f"{SETTING} 'num_requests' must be >= 0, got '-1e400'"),

@@ -68,9 +68,10 @@ TOO_MANY = [
 )
 def test_too_many_prefixes_is_one_line_not_a_hang(argv: list[str], setting: str, refusal: str) -> None:
     done = run_cli([*argv, "--set", setting])
-    workload = argv[argv.index("--workload" if argv[0] == "sim" else "--scenario") + 1]
+    kind = "workload" if argv[0] == "sim" else "scenario"
+    workload = argv[argv.index(f"--{kind}") + 1]
     separator = "" if refusal.startswith(":") else " "
-    line = f"prefixfleet {argv[0]}: error: workload {workload!r}{separator}{refusal}\n"
+    line = f"prefixfleet {argv[0]}: error: {kind} {workload!r}{separator}{refusal}\n"
     assert (done.returncode, done.stderr) == (2, line)
 
 

@@ -27,7 +27,7 @@ SCALE = ["sim-autoscale", "--scenario", "viral", "--scalers", "uniform", "--no-p
         ),
         (
             [*SCALE, "--set", "tenants=3.7"],
-            "prefixfleet sim-autoscale: error: workload 'viral' setting 'tenants' must be a whole number, "
+            "prefixfleet sim-autoscale: error: scenario 'viral' setting 'tenants' must be a whole number, "
             "got '3.7'",
         ),
         (

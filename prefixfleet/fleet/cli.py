@@ -231,7 +231,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
 
 def run_up_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload, workload_slice
-    from prefixfleet.sim.cli import parse_pairs, policy_names
+    from prefixfleet.sim.cli import parse_settings, policy_names
 
     policies = policy_names(args.policies)
     if args.requests < 0:
@@ -242,7 +242,7 @@ def run_up_command(args: argparse.Namespace) -> int:
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     run_dir = output_dir(args.run_dir, "--run-dir")
-    workload = _workload(args.workload, args.requests, args.seed, parse_pairs(args.set, "--set"))
+    workload = _workload(args.workload, args.requests, args.seed, parse_settings(args.set))
     # the requests run_up replays: a small --requests may need less room than the whole workload
     replayed = workload_slice(workload, args.requests, args.max_output_tokens)
     _check_cache_fits(replayed, args.cache_tokens)
@@ -490,7 +490,7 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
 def run_load_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.load import format_table, requests_from_workload, run_load
     from prefixfleet.router.cli import check_http_url
-    from prefixfleet.sim.cli import parse_pairs
+    from prefixfleet.sim.cli import parse_settings
 
     for url in args.target:
         check_http_url("--target", url)
@@ -503,7 +503,7 @@ def run_load_command(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise UsageError(f"--limit must be >= 0, got {args.limit}")
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
-    workload = _workload(args.workload, args.limit, args.seed, parse_pairs(args.set, "--set"))
+    workload = _workload(args.workload, args.limit, args.seed, parse_settings(args.set))
     requests = requests_from_workload(
         workload, limit=args.limit or None, max_output_tokens=args.max_output_tokens
     )
@@ -609,7 +609,7 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
 def run_compare_command(args: argparse.Namespace) -> int:
     from prefixfleet.fleet.compare import CompareOptions, default_trace_path, format_compare, run_compare
     from prefixfleet.fleet.local import engine_for_workload, workload_slice
-    from prefixfleet.sim.cli import parse_pairs
+    from prefixfleet.sim.cli import parse_settings
 
     for flag in ("requests", "replicas", "gateways", "repeats", "max_output_tokens"):
         check_positive(f"--{flag.replace('_', '-')}", getattr(args, flag))
@@ -628,7 +628,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     json_path = output_file(args.json, "--json", inputs=sources)
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=sources)
     run_dir = output_dir(args.run_dir, "--run-dir")
-    overrides: dict[str, Any] = parse_pairs(args.set, "--set")
+    overrides: dict[str, Any] = parse_settings(args.set)
     spec = args.workload
     if spec is None:
         from prefixfleet.sim.workloads import trace_file_problem

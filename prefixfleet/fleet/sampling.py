@@ -56,7 +56,7 @@ def sample_groups(workload: Any, target_requests: int, *, seed: int = 0) -> Any:
     return replace(workload, requests=scaled, settings=settings)
 
 
-def build_scaled_workload(spec: str, requests: int, *, seed: int = 0, **overrides: Any) -> Any:
+def build_scaled_workload(spec: str, requests: int, /, *, seed: int = 0, **overrides: Any) -> Any:
     """``build_workload`` sized to about ``requests`` requests (0: as defined).
 
     A trace is cut down with :func:`sample_groups`; a generator with a ``num_requests`` setting gets
