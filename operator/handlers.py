@@ -76,11 +76,14 @@ from .planner import (
     unavailable_while_invalid,
 )
 from .redis_permissions import (
+    AUTH_REFUSALS,
+    RedisRefused,
     acl_user,
-    denied_commands,
     fleet_commands,
     login,
     permission_problem,
+    probe_commands,
+    refusal_problem,
 )
 from .refusals import refusal_events, try_next_create, with_refusals
 
@@ -464,33 +467,47 @@ def redis_login(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRed
     reconcile, one round trip, on the URL's kept connection: the credentials are proven every round,
     so a password rotated on the server is said the same round (a PING alone is answered on a
     connection logged in before), whichever pooled connection it lands on."""
+    return redis_login_check(ctx, redis, chosen)[0]
+
+
+def redis_login_check(
+    ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRedis
+) -> tuple[str | None, str]:
+    """(:func:`redis_login`'s answer, why Redis refused the login's PING for a reason about neither
+    the credentials nor the ACL, "" when it did not): a PING refused for LOADING, BUSY or MISCONF
+    decides nothing about the credentials (None), and says what Redis answered."""
     try:
         login(ctx.sync_redis(chosen.dial_url))
+    except RedisRefused as exc:
+        return None, str(exc)
     except (RedisError, OSError) as exc:
         # The client stays open: its idle connections were dropped (login), and another fleet
         # dialling this URL (so with the same credentials) may be mid-call on another of its
         # connections, which closing the client would cut. It is closed once no fleet uses the URL
         # (a fixed password is another URL: dial_redis).
-        return auth_refusal(redis, chosen, exc) or None
-    return ""
+        return auth_refusal(redis, chosen, exc) or None, ""
+    return "", ""
 
 
 def redis_permission_problem(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> str | None:
     """Which commands the fleet runs (operator, sidecars, gateways) its Redis denies the ACL user it
     accepted, naming them and the user (never the password); "" when none; None when it does not
     answer (an outage: the round keeps the fleet's last verdict, planner.redis_verdict). One
-    queued-and-discarded transaction per reconcile: nothing is written."""
+    queued-and-aborted transaction per reconcile: nothing is written."""
+    return redis_permission_check(ctx, chosen, ref)[0]
+
+
+def redis_permission_check(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> tuple[str | None, str]:
+    """(:func:`redis_permission_problem`'s answer, which commands Redis refused for a reason other
+    than the ACL, with its errors (a read-only replica, out of memory, a proxy without MULTI); "" none)."""
     # the keys of its first replica: the same every round (one message, one Event), and matched by
     # per-fleet or per-replica key patterns alike
     commands = fleet_commands(FleetKeys(ref.redis_fleet), replica_name(ref, 0))
     try:
-        denied = denied_commands(ctx.sync_redis(chosen.dial_url), commands)
+        answer = probe_commands(ctx.sync_redis(chosen.dial_url), commands)
     except (RedisError, OSError):
-        return None
-    return permission_problem(acl_user(chosen.dial_url), denied)
-
-
-AUTH_REFUSALS = ("WRONGPASS", "NOAUTH")  # ResponseError prefixes redis-py may not have mapped
+        return None, ""
+    return permission_problem(acl_user(chosen.dial_url), answer.denied), refusal_problem(answer.refused)
 
 
 def auth_refusal(redis: Mapping[str, Any], chosen: FleetRedis, exc: BaseException) -> str:
@@ -591,10 +608,13 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # last verdict stands) when its URL or password cannot be read this round (RedisUnusable says
     # why), "" when the fleet has no Redis at all (nothing to refuse)
     not_asked = None if chosen_redis.problem else ""
-    login = redis_login(ctx, redis_spec, chosen_redis) if redis_url else not_asked
+    login, refused = redis_login_check(ctx, redis_spec, chosen_redis) if redis_url else (not_asked, "")
     # one that takes them (login "") but denies the user a command the fleet runs is said too
-    # (Degraded=RedisPermissionDenied); the round still dials it for what it may do
-    permissions = redis_permission_problem(ctx, chosen_redis, ref) if redis_url and login == "" else ""
+    # (Degraded=RedisPermissionDenied); the round still dials it for what it may do. Commands refused
+    # for another reason (a read-only replica, LOADING, MISCONF) are said apart (RedisCommandsRefused)
+    permissions: str | None = ""
+    if redis_url and login == "":
+        permissions, refused = redis_permission_check(ctx, chosen_redis, ref)
     # one that did not answer (None) leaves the fleet's last verdict as it is: no clearing during an
     # outage, no second Warning Event when it answers the same again
     auth_problem, permission_problem = redis_verdict(login, permissions, conditions)
@@ -617,6 +637,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         redis_problem=chosen_redis.problem,
         redis_auth_problem=auth_problem,
         redis_permission_problem=permission_problem,
+        redis_refused=refused,
         redis_password_warning=redis_password_warning(redis_spec, ctx.default_redis_url),
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,

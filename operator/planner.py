@@ -85,6 +85,11 @@ REDIS_AUTH_FAILED = "RedisAuthFailed"
 # ACL user a command, key or channel the fleet runs (ObservedState.redis_permission_problem): the fix is
 # the user's ACL rules, and PING alone does not show it.
 REDIS_PERMISSION_DENIED = "RedisPermissionDenied"
+# Degraded reason (and Event reason) of a fleet whose Redis answers commands the fleet runs with an
+# error about neither the credentials nor the ACL (ObservedState.redis_refused): a read-only replica,
+# out of memory, a dataset loading, a script running, writes stopped after a failed snapshot, a proxy
+# without MULTI. Not a verdict on the credentials: the fix is the server (or the URL naming it).
+REDIS_COMMANDS_REFUSED = "RedisCommandsRefused"
 # Condition type (present, True, only while it holds) and Warning Event reason of a fleet whose Redis
 # URL is written out with its password (ObservedState.redis_password_warning): the fleet works, so it
 # is not Degraded, but the password is in plain text in its pods' and gateway Deployment's env.
@@ -220,6 +225,9 @@ class ObservedState:
     # Which commands the fleet runs (operator, sidecars, gateways) Redis denies the ACL user it
     # accepted, naming them and the user; empty when none are; in an outage, as for the login.
     redis_permission_problem: str = ""
+    # Which commands the fleet runs Redis answered with an error about neither the credentials nor
+    # the ACL this round, with Redis's error (READONLY, OOM, LOADING, BUSY, MISCONF...); empty when none.
+    redis_refused: str = ""
     # Why the fleet's Redis password is in plain text in its pods and gateway Deployment
     # (redis_password_warning); empty when it is not. A warning: the fleet is not Degraded for it.
     redis_password_warning: str = ""
@@ -1235,6 +1243,9 @@ def plan_status(
     elif observed.redis_permission_problem:
         # likewise: some writes, reads or pushes of the fleet fail on every call
         degraded = (True, REDIS_PERMISSION_DENIED, observed.redis_permission_problem)
+    elif observed.redis_refused:
+        # likewise, whatever the ACL: the fleet's calls get the same errors
+        degraded = (True, REDIS_COMMANDS_REFUSED, observed.redis_refused)
     elif failed:
         degraded = (
             True,
@@ -1371,6 +1382,8 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
     events += verdict_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
     events += verdict_event(REDIS_PERMISSION_DENIED, observed.redis_permission_problem, observed.conditions)
+    if not (observed.redis_auth_problem or observed.redis_permission_problem):  # else not Degraded's
+        events += degraded_event(REDIS_COMMANDS_REFUSED, observed.redis_refused, observed.conditions)
     events += password_event(observed.redis_password_warning, observed.conditions, fleet.generation)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(

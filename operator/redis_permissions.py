@@ -4,12 +4,16 @@ A user may PING (so the operator's login check finds nothing) and still be denie
 channel the fleet needs: the operator's membership, the sidecars' load records, the gateways' pushes.
 Those fail one call at a time, each only logged by whichever process ran it. The operator asks Redis
 once per reconcile, with the same credentials as every pod of the fleet, by queueing each command in
-a transaction it then discards: Redis checks a queued command's ACL permissions (command, keys,
+a transaction it then aborts: Redis checks a queued command's ACL permissions (command, keys,
 channels) when it queues it, so a denial is answered without anything being written or published.
 
-``fleet_commands`` (which commands, on which keys, for whom), ``permission_problem`` (the message)
-and ``login_args`` are pure; ``denied_commands`` and ``login`` (the credentials proven each round,
-on the same kept connections) are the round trips.
+An error that is about neither the credentials nor the ACL (a read-only replica, out of memory, a
+dataset loading, a script running, a failed snapshot, a proxy without the command) is not a denial:
+it is said apart (``refusal_problem``), with Redis's own error, since the fleet's calls get it too.
+
+``fleet_commands`` (which commands, on which keys, for whom), ``permission_problem`` and
+``refusal_problem`` (the messages) and ``login_args`` are pure; ``probe_commands`` and ``login`` (the
+credentials proven each round, on the same kept connections) are the round trips.
 """
 
 from __future__ import annotations
@@ -26,7 +30,12 @@ from redis.credentials import UsernamePasswordCredentialProvider
 from redis.exceptions import (
     AuthenticationError,
     AuthenticationWrongNumberOfArgsError,
+    BusyLoadingError,
+    ExecAbortError,
     NoPermissionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
     ResponseError,
 )
 
@@ -45,6 +54,11 @@ class FleetCommand:
     @property
     def name(self) -> str:
         return " ".join(self.argv[:2]) if self.argv[0] == "PUBSUB" else self.argv[0]
+
+    @property
+    def described(self) -> str:
+        """``NAME on key K (who: what for)``, for a message."""
+        return f"{self.name}{' on ' + self.on if self.on else ''} ({self.needed_by})"
 
 
 def fleet_commands(keys: FleetKeys, worker: str) -> tuple[FleetCommand, ...]:
@@ -88,6 +102,60 @@ def fleet_commands(keys: FleetKeys, worker: str) -> tuple[FleetCommand, ...]:
 # The operator's membership writes are one MULTI/EXEC transaction.
 MULTI = FleetCommand(("MULTI",), "the operator: membership (a transaction)")
 EXEC = FleetCommand(("EXEC",), "the operator: membership (a transaction)")
+PING = FleetCommand(("PING",), "the operator, the sidecars and the gateways")
+# redis-py 8 opens every connection with HELLO 3 (RESP3), the fleet's pods' as the operator's
+HELLO = FleetCommand(("HELLO",), "every Redis client of the fleet, as it connects: Redis 6 or later")
+# What ends the probe's transaction: a command Redis refuses as it queues it whatever the user may
+# run (a GET without its key: the arity is checked before the ACL). Any refusal while queueing makes
+# EXEC discard the transaction ("EXECABORT ... previous errors") instead of running it, so EXEC
+# ends it, and the user needs no DISCARD, which the fleet never runs: a user denied it had its
+# connection left inside MULTI, closed and dialled again every round.
+ABORT = ("GET",)
+# ResponseError prefixes of a refused login that redis-py may not have mapped to AuthenticationError
+AUTH_REFUSALS = ("WRONGPASS", "NOAUTH")
+
+# A command and the error Redis answered it with.
+Refusal = tuple[FleetCommand, str]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeAnswer:
+    """What Redis answered the probe's commands: those it denies the ACL user (NOPERM), and those it
+    refused for another reason, each with Redis's error (a read-only replica, out of memory...)."""
+
+    denied: tuple[FleetCommand, ...] = ()
+    refused: tuple[Refusal, ...] = ()
+
+
+class RedisRefused(RedisError):
+    """Redis answered the login's PING with an error about neither the credentials nor the ACL (a
+    dataset loading, a script running, writes stopped after a failed snapshot): every call of the
+    fleet gets it too. ``refused`` has it; the message is :func:`refusal_problem`'s."""
+
+    def __init__(self, refused: Sequence[Refusal]) -> None:
+        self.refused = tuple(refused)
+        super().__init__(refusal_problem(self.refused))
+
+
+# The error codes redis-py drops from the text of the errors it maps to a class of its own.
+_ERROR_CODES: tuple[tuple[type[RedisError], str], ...] = (
+    (BusyLoadingError, "LOADING"),
+    (ReadOnlyError, "READONLY"),
+    (OutOfMemoryError, "OOM"),
+    (ExecAbortError, "EXECABORT"),
+    (NoPermissionError, "NOPERM"),
+)
+# A proxy's error could be any length; a condition's message need not be
+MAX_ERROR_CHARS = 400
+
+
+def server_error(exc: RedisError) -> str:
+    """Redis's error as it sent it (``READONLY You can't write...``): redis-py keeps the code of some
+    (``status_code``, redis-py >= 6) and drops it from the text of those it maps to a class."""
+    text = str(exc)
+    code = getattr(exc, "status_code", None) or next((c for t, c in _ERROR_CODES if isinstance(exc, t)), "")
+    said = text if not code or text.startswith(code) else f"{code} {text}"
+    return said if len(said) <= MAX_ERROR_CHARS else said[: MAX_ERROR_CHARS - 3] + "..."
 
 
 def acl_user(dial_url: str) -> str:
@@ -100,11 +168,25 @@ def permission_problem(user: str, denied: Sequence[FleetCommand]) -> str:
     """The Degraded message: which commands the ACL user may not run, on what, needed by whom."""
     if not denied:
         return ""
-    said = "; ".join(f"{c.name}{' on ' + c.on if c.on else ''} ({c.needed_by})" for c in denied)
+    said = "; ".join(c.described for c in denied)
     return (
         f"the fleet's Redis accepted ACL user {user!r} but denies it commands the fleet runs: {said}."
         " Grant them (ACL SETUSER; docs/operator.md)"
     )
+
+
+def refusal_problem(refused: Sequence[Refusal]) -> str:
+    """The Degraded message for commands the fleet runs that Redis answers with an error about
+    neither the credentials nor the ACL: each with Redis's error, those with the same error together."""
+    if not refused:
+        return ""
+    by_error: dict[str, list[FleetCommand]] = {}
+    for command, error in refused:
+        by_error.setdefault(error, []).append(command)
+    said = "; ".join(
+        f"{', '.join(c.described for c in commands)}: {error}" for error, commands in by_error.items()
+    )
+    return f"the fleet's Redis refuses commands the fleet runs, not for its credentials or ACL: {said}"
 
 
 def pooled_connection(pool: ConnectionPool) -> AbstractConnection:
@@ -117,57 +199,75 @@ def pooled_connection(pool: ConnectionPool) -> AbstractConnection:
     return pool.get_connection()
 
 
-def denied_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> list[FleetCommand]:
-    """Those of ``commands`` (and MULTI/EXEC) the server refuses with NOPERM, found without running
-    any: they are queued in a transaction that is discarded. Redis errors and timeouts propagate (an
-    outage, said elsewhere); a server that takes no MULTI for another reason, or does not queue after
-    it (a proxy), denies nothing we can tell.
+def probe_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> ProbeAnswer:
+    """Which of ``commands`` (and MULTI/EXEC) the server denies the user (NOPERM) or refuses for
+    another reason, found without running any: they are queued in a transaction that is then
+    aborted. Errors of the connection and timeouts propagate (an outage, said elsewhere); a server
+    that does not queue after MULTI (a proxy answering OK) tells nothing without running them.
+
+    The transaction ends with :data:`ABORT` then EXEC, which Redis answers EXECABORT without running
+    anything: so EXEC's own permission is found too (a refused EXEC answers EXECABORT quoting the
+    NOPERM, Redis >= 6.2), and no DISCARD is needed. Redis 6.0 leaves the transaction open when it
+    refuses EXEC; DISCARD ends it there.
 
     The connection comes from ``client``'s pool and goes back to it (the operator's per-URL client:
     no new connection per reconcile) only once every reply was read and it is known to be outside a
-    transaction; otherwise (an error, a timeout, a proxy, a DISCARD refused) it is closed first, so
-    the pool never hands out one left inside MULTI or with a reply still unread."""
+    transaction; otherwise (an error, a timeout, a proxy, a transaction not ended) it is closed
+    first, so the pool never hands out one left inside MULTI or with a reply still unread."""
     pool = client.connection_pool
     conn = pooled_connection(pool)
     reusable = False
     try:
         # MULTI and a harmless PING first, the fleet's commands only once PING was QUEUED: were MULTI
         # refused, or taken by a server that does not queue (a proxy answering OK), they would run
-        conn.send_packed_command(conn.pack_commands([MULTI.argv, ("PING",)]))
+        conn.send_packed_command(conn.pack_commands([MULTI.argv, PING.argv]))
         try:
             conn.read_response()
-        except NoPermissionError:
-            # no transaction: the PING ran on its own; its reply read, nothing is left pending
+        except ResponseError as exc:
+            # no transaction: the PING ran on its own (PONG) and its reply is read: nothing pending
             with contextlib.suppress(ResponseError):
-                conn.read_response()
-            reusable = True
-            return [MULTI]
-        except ResponseError:
-            return []  # e.g. a proxy without MULTI: its state is its own, not reused
+                reusable = conn.read_response() in (b"PONG", "PONG")
+            if isinstance(exc, NoPermissionError):
+                return ProbeAnswer(denied=(MULTI,))
+            return ProbeAnswer(refused=((MULTI, server_error(exc)),))  # e.g. a proxy without MULTI
         if conn.read_response() not in (b"QUEUED", "QUEUED"):
-            return []  # not a transaction: nothing we can tell without running the commands
-        conn.send_packed_command(conn.pack_commands([c.argv for c in commands] + [("DISCARD",)]))
-        denied = []
+            return ProbeAnswer()  # not a transaction: nothing we can tell without running the commands
+        conn.send_packed_command(conn.pack_commands([c.argv for c in commands] + [ABORT]))
+        denied: list[FleetCommand] = []
+        refused: list[Refusal] = []
         for command in commands:
             try:
                 conn.read_response()
             except NoPermissionError:
                 denied.append(command)
-            except ResponseError:
-                pass  # not about permissions
+            except ResponseError as exc:
+                refused.append((command, server_error(exc)))  # READONLY, OOM, MISCONF, unknown...
         try:
-            conn.read_response()  # DISCARD
+            conn.read_response()
         except ResponseError:
-            return denied  # still in the transaction: no EXEC on this connection, and it is closed
+            pass  # refused as it should be: EXEC discards the transaction
+        else:
+            # queued: this server would run it. DISCARD, or (refused) the connection is closed
+            conn.send_command("DISCARD")
+            with contextlib.suppress(ResponseError):
+                conn.read_response()
+                reusable = True
+            return ProbeAnswer(tuple(denied), tuple(refused))
         conn.send_command(*EXEC.argv)
         try:
-            conn.read_response()  # outside a transaction: "EXEC without MULTI" when allowed
-        except ResponseError as exc:
-            # a refused EXEC answers EXECABORT (redis-py's ExecAbortError) quoting the NOPERM
-            if isinstance(exc, NoPermissionError) or "NOPERM" in str(exc):
+            conn.read_response()  # not reached on a Redis: it answers EXECABORT
+            reusable = True
+        except ExecAbortError as exc:
+            if "NOPERM" in str(exc):  # EXEC refused, the transaction discarded with it
                 denied.append(EXEC)
-            reusable = True  # an error: no transaction was open (an EXEC that answered is not reused)
-        return denied
+            reusable = True
+        except NoPermissionError:
+            denied.append(EXEC)  # Redis 6.0: still inside the transaction
+            conn.send_command("DISCARD")
+            with contextlib.suppress(ResponseError):  # DISCARD refused too: closed below
+                conn.read_response()
+                reusable = True
+        return ProbeAnswer(tuple(denied), tuple(refused))
     finally:
         if not reusable:
             conn.disconnect()
@@ -191,12 +291,44 @@ def login_args(conn: AbstractConnection) -> tuple[str, ...]:
 NO_PASSWORD_PROBE = ("default", "prefixfleet-checks-that-no-password-is-needed")
 
 
+def handshake_unknown(exc: ResponseError) -> bool:
+    """Whether Redis answered the HELLO that redis-py >= 8 opens every connection with (RESP3) as
+    an unknown command: Redis before 6. Its text is not quoted anywhere: Redis echoes the command's
+    first arguments, and HELLO carries the password (``HELLO 3 AUTH user password``)."""
+    return str(exc).startswith(("unknown command", "ERR unknown command")) and "HELLO" in str(exc).upper()
+
+
+def about_login(exc: ResponseError) -> bool:
+    """Whether Redis's error is about the credentials (refused, none sent) or the ACL."""
+    return isinstance(exc, (AuthenticationError, NoPermissionError)) or str(exc).startswith(AUTH_REFUSALS)
+
+
+def login_answers(
+    conn: AbstractConnection, auth: tuple[str, ...]
+) -> tuple[ResponseError | None, ResponseError | None]:
+    """The errors Redis answers ``auth`` and a PING with, in one round trip (None: accepted). A
+    dataset still loading is RedisRefused: redis-py raises it as a ConnectionError (and drops the
+    connection), but Redis answered, and the fleet's calls get the same."""
+    conn.send_packed_command(conn.pack_commands([auth, PING.argv]))
+    answers: list[ResponseError | None] = []
+    for _ in range(2):
+        try:
+            conn.read_response()
+            answers.append(None)
+        except ResponseError as exc:
+            answers.append(exc)
+        except BusyLoadingError as exc:
+            raise RedisRefused(((PING, server_error(exc)),)) from exc
+    return answers[0], answers[1]
+
+
 def login(client: redis.Redis) -> None:
     """Prove ``client``'s credentials to its Redis now, and that they may PING: ``AUTH`` with them
     (without credentials: :data:`NO_PASSWORD_PROBE`, which only a default user that needs no
     password accepts) and ``PING``, one round trip, on a connection of ``client``'s pool.
     Returns when both are accepted; raises what Redis answers otherwise (AuthenticationError for
-    refused credentials, NoPermissionError for a denied PING) and errors and timeouts (an outage).
+    refused credentials, NoPermissionError for a denied PING, :class:`RedisRefused` for a PING
+    refused for another reason) and errors and timeouts (an outage).
 
     The pool keeps its connections across reconciles, each logged in when it was dialled, and Redis
     keeps a connection logged in when the user's password changes: a PING alone would go on being
@@ -215,27 +347,29 @@ def login(client: redis.Redis) -> None:
     except AuthenticationError:
         pool.disconnect(inuse_connections=False)
         raise
+    except ResponseError as exc:
+        if not handshake_unknown(exc):
+            raise
+        raise RedisRefused(((HELLO, "ERR unknown command (a Redis older than 6)"),)) from exc
     reusable = False
     try:
         auth = login_args(conn)
-        conn.send_packed_command(conn.pack_commands([("AUTH", *(auth or NO_PASSWORD_PROBE)), ("PING",)]))
-        refusals: list[ResponseError] = []
-        for _ in range(2):
-            try:
-                conn.read_response()
-            except ResponseError as exc:
-                refusals.append(exc)
-        wrong_number = bool(refusals) and isinstance(refusals[0], AuthenticationWrongNumberOfArgsError)
-        if wrong_number and not auth:
-            refusals = refusals[1:]  # older than 6, no credentials: the PING's answer is all there is
-        elif wrong_number and len(auth) == 2:
-            # a Redis older than 6 (no users: its PING was refused unauthenticated, or answered):
-            # the password alone, as redis-py's handshake does, so the fleet's pods log in the same way
-            conn.send_command("AUTH", auth[-1])
-            conn.read_response()
-            refusals = []
-        if refusals:
-            raise refusals[0]  # the AUTH's refusal before the PING's
+        auth_error, ping_error = login_answers(conn, ("AUTH", *(auth or NO_PASSWORD_PROBE)))
+        if isinstance(auth_error, AuthenticationWrongNumberOfArgsError) and not auth:
+            auth_error = None  # older than 6, no credentials: the PING's answer is all there is
+        elif isinstance(auth_error, AuthenticationWrongNumberOfArgsError) and len(auth) == 2:
+            # a Redis older than 6 (no users): the password alone, as redis-py's handshake does, so
+            # the fleet's pods log in the same way; its PING again (it was asked before that AUTH)
+            auth_error, ping_error = login_answers(conn, ("AUTH", auth[-1]))
+        if auth_error is not None:
+            raise auth_error  # the AUTH's refusal before the PING's
+        if ping_error is not None and not about_login(ping_error):
+            # logged in, both replies read: the connection is as good as before (no reconnect each
+            # round while, say, a snapshot keeps failing)
+            reusable = True
+            raise RedisRefused(((PING, server_error(ping_error)),)) from ping_error
+        if ping_error is not None:
+            raise ping_error
         reusable = True
     except AuthenticationError:
         pool.disconnect(inuse_connections=False)
