@@ -15,7 +15,7 @@ from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
 from .cli import add_service_arguments, parse_names, parse_settings, service_config
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
-from .workloads import SIZE_CAP_HELP, input_files
+from .workloads import input_files, settings_help
 
 MAX_CONTROL_ROUNDS = 10_000_000
 
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         dest="scenario_settings",
         metavar="KEY=VALUE",
-        help=f"scenario setting, repeatable (e.g. duration_s=300, speedup=8; {SIZE_CAP_HELP})",
+        help=settings_help("scenario", "duration_s=300, speedup=8"),
     )
     p.add_argument("--seed", type=int, default=0, help="scenario seed (default 0)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")

@@ -19,12 +19,12 @@ from .lab import reproduce_lab
 from .report import format_table, summarize, write_plot
 from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
 from .workloads import (
-    SIZE_CAP_HELP,
     WORKLOADS,
     Workload,
     build_workload,
     count_refusal,
     input_files,
+    settings_help,
     whole_number,
 )
 
@@ -57,8 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         dest="workload_settings",
         metavar="KEY=VALUE",
-        help="workload setting, repeatable (e.g. num_requests=500, limit=1000, speedup=2, block_tokens=32;"
-        f" {SIZE_CAP_HELP})",
+        help=settings_help("workload", "num_requests=500, limit=1000, speedup=2, block_tokens=32"),
     )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")

@@ -236,11 +236,23 @@ MAX_WORKLOAD_SPAN_S = 1e8
 # were 45 GB. 2e9 tokens is 8 GB; the largest shipped workload, the diurnal scenario, makes 214M
 # (about 37 s to build), the Mooncake trace 61M.
 MAX_WORKLOAD_TOKENS = 2_000_000_000
+# Every cap above, for the --set help of every command that builds a workload or scenario.
 SIZE_CAP_HELP = (
     f"at most {MAX_WORKLOAD_REQUESTS:,} requests, arriving within {MAX_WORKLOAD_SPAN_S:.0e} s,"
     f" {MAX_WORKLOAD_TOKENS:,} prompt tokens in all; at most {MAX_PREFIXES:,} tenants, system prompts"
-    " or groups"
+    f" or groups, their prefixes {MAX_PREFIX_TOKENS:,} tokens together; a token size at most"
+    f" {MAX_SETTING_TOKENS:,}"
 )
+
+
+def settings_help(kind: str, examples: str) -> str:
+    """The ``--set KEY=VALUE`` help of every command that builds a workload or scenario: where its
+    keys are and the caps they are held to (:data:`SIZE_CAP_HELP`, from the caps themselves)."""
+    described = "docs/autoscaling.md (Scenarios)" if kind == "scenario" else "docs/simulator.md (Workloads)"
+    return (
+        f"{kind} setting, repeatable (e.g. {examples}). An unknown KEY lists the {kind}'s keys;"
+        f" {described} describes them. Limits (docs/simulator.md): {SIZE_CAP_HELP}"
+    )
 
 
 def _check_size(name: str, expected: float, settings: str, what: str, cap: int, kind: str) -> None:
