@@ -128,11 +128,20 @@ class ObservedLabels:
 
     live: Mapping[str, str] = field(default_factory=dict)
     recorded: Mapping[str, Any] | None = None
+    # a Deployment's pod template's labels (None: not observed, or not a Deployment): the gateway
+    # pods carry the fleet's labels through it, so it can lack them while the Deployment's own labels
+    # are right (a Deployment written by an operator that kept them off its pods)
+    pod_template: Mapping[str, str] | None = None
 
 
 def observe_labels(body: Mapping[str, Any]) -> ObservedLabels:
     meta = body.get("metadata") or {}
-    return ObservedLabels(dict(meta.get("labels") or {}), recorded_labels(dict(body)))
+    spec = body.get("spec")
+    template = spec.get("template") if isinstance(spec, Mapping) else None  # a Deployment's
+    pod_template = None
+    if isinstance(template, Mapping):
+        pod_template = dict((template.get("metadata") or {}).get("labels") or {})
+    return ObservedLabels(dict(meta.get("labels") or {}), recorded_labels(dict(body)), pod_template)
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +264,12 @@ class PlannedEvent:
 
 @dataclass(frozen=True, slots=True)
 class ChildChange:
-    """Create a child that is missing, or replace one whose spec hash differs."""
+    """Create a child that is missing, or replace one whose spec hash or labels differ."""
 
     action: Literal["create", "replace"]
     manifest: JSON
+    # a replace whose spec hash is the same: only its labels (the fleet's) are written
+    labels_only: bool = False
 
     @property
     def key(self) -> str:
@@ -1347,20 +1358,21 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         replica_pod(fleet, template, template_hash, k, observed.fleet_labels) for k in pod_plan.create
     )
     children = []
+    relabelled: list[LabelWrite] = []  # every object whose labels change with the fleet's (the Event)
     for manifest in desired_children(fleet, spec, observed.redis_url):
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
         wanted = manifest["metadata"]["annotations"][ANNOTATION_SPEC_HASH]
-        labels = manifest["metadata"]["labels"]
-        labels.update(fleet_labels_of(observed.fleet_labels, labels))  # after the hash: no rollout
-        seen = observed.child_labels.get(key)
+        stale = with_fleet_labels(manifest, observed.fleet_labels, observed.child_labels.get(key))
         if key not in observed.children:
             children.append(ChildChange("create", manifest))
-        elif observed.children[key] != wanted or (seen is not None and labels_stale(labels, seen)):
-            # a label-only update leaves the Deployment's pod template as it is: no gateway rollout
-            children.append(ChildChange("replace", manifest))
-    relabel = relabel_replicas(
-        observed.pods, fleet_labels_of(observed.fleet_labels, replica_own_labels(template)), pod_plan.delete
+        elif observed.children[key] != wanted or stale:
+            children.append(ChildChange("replace", manifest, labels_only=observed.children[key] == wanted))
+            relabelled += stale
+    pod_labels = stale_replica_labels(
+        observed.pods, observed.fleet_labels, template_hash, replica_own_labels(template), pod_plan.delete
     )
+    relabelled += pod_labels
+    relabel = tuple((w.what, labels_patch(w.seen.recorded, w.desired)) for w in pod_labels)
     events: list[PlannedEvent] = []
     for pod in pods:
         events.append(PlannedEvent("Normal", "CreatingReplica", f"creating pod {pod['metadata']['name']}"))
@@ -1376,9 +1388,8 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     for lost in unhealthy.unavailable:
         if lost.first_seen:  # once per unready stretch: the mark written with it says it was seen
             events.append(PlannedEvent("Warning", "ReplicaUnavailable", lost.message))
-    for change in children:
-        verb = "creating" if change.action == "create" else "updating"
-        events.append(PlannedEvent("Normal", "RouterChanged", f"{verb} {change.key}"))
+    events += router_event(children)
+    events += labels_event(relabelled)
     events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
     events += verdict_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
     events += verdict_event(REDIS_PERMISSION_DENIED, observed.redis_permission_problem, observed.conditions)
@@ -1405,19 +1416,117 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     )
 
 
-def relabel_replicas(
-    pods: Sequence[ObservedPod], desired: Mapping[str, str], deleting: Sequence[PodDeletion]
-) -> tuple[tuple[str, JSON], ...]:
-    """(pod, merge patch) for each replica pod that stays and whose fleet labels are not ``desired``
-    (the fleet's labels it should carry): set in place, those the operator put there before and the
-    fleet dropped removed (its record), others' labels untouched. Not a new template, so no pod is
+@dataclass(frozen=True, slots=True)
+class LabelWrite:
+    """Labels the plan writes on one object because the fleet's labels changed: ``what`` names it
+    (a replica pod's name, or a router child's "Kind/name"), ``desired`` is what its labels of the
+    operator's should be, ``seen`` what they are and what its record says. ``part`` is "pod" for a
+    replica pod, "metadata" for a router child's own labels, "pod template" for the gateway
+    Deployment's pod template (its pods' labels)."""
+
+    what: str
+    desired: Mapping[str, str]
+    seen: ObservedLabels
+    part: Literal["pod", "metadata", "pod template"] = "pod"
+
+
+def with_fleet_labels(
+    manifest: JSON, fleet_labels: Mapping[str, str], seen: ObservedLabels | None
+) -> list[LabelWrite]:
+    """Give a router child ``manifest`` the fleet's labels besides its own (its own win), after its
+    spec hash was taken: a label change updates it in place. The gateway Deployment's pod template
+    gets them too, so the gateway pods carry them as the replica pods do (``kubectl get pods -l
+    team=x`` finds the whole fleet); its selector is not touched (immutable; the operator's own
+    labels only). Kubernetes rolls the gateway pods to relabel them: a template change is a new
+    ReplicaSet. Returns the parts whose labels ``seen`` (None: not observed) shows stale."""
+    key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+    labels = manifest["metadata"]["labels"]
+    labels.update(fleet_labels_of(fleet_labels, labels))
+    stale = []
+    if seen is not None and labels_stale(labels, seen):
+        stale.append(LabelWrite(key, labels, seen, "metadata"))
+    template = (manifest.get("spec") or {}).get("template")
+    if template is not None:
+        pod_labels = template["metadata"]["labels"]
+        extra = fleet_labels_of(fleet_labels, pod_labels)
+        pod_labels.update(extra)
+        # Only the fleet's labels missing or different count: the template's own (its
+        # spec.router.podTemplate's) are in the spec hash, and a label the fleet dropped is in the
+        # Deployment's own labels' record too (their update removes it from the template as well).
+        if seen is not None and seen.pod_template is not None:
+            live = ObservedLabels(seen.pod_template)
+            if labels_stale(extra, live):
+                stale.append(LabelWrite(key, extra, live, "pod template"))
+    return stale
+
+
+def replica_fleet_labels(
+    pod: ObservedPod, fleet_labels: Mapping[str, str], template_hash: str, own: Collection[str]
+) -> JSON:
+    """The fleet's labels replica ``pod`` should carry: all but those its own template sets.
+
+    ``own`` are the current template's label keys. A pod on an outdated template (a rolling update
+    in progress) has its own template's, which may differ (spec.engine.podTemplate's labels
+    changed): it is relabelled by its own, so a label its template set is not overwritten with the
+    fleet's, and a fleet label the new template sets itself is not taken off a pod whose template did
+    not. Its own keys are those it carries that the operator did not put there from the fleet (its
+    record); without a record every label it carries counts as its template's: it only gets the
+    fleet labels it lacks."""
+    if pod.template_hash == template_hash:
+        return fleet_labels_of(fleet_labels, own)
+    return fleet_labels_of(fleet_labels, set(pod.labels.live) - set(pod.labels.recorded or {}))
+
+
+def stale_replica_labels(
+    pods: Sequence[ObservedPod],
+    fleet_labels: Mapping[str, str],
+    template_hash: str,
+    own: Collection[str],
+    deleting: Sequence[PodDeletion],
+) -> list[LabelWrite]:
+    """The replica pods that stay and whose fleet labels are not those they should carry
+    (:func:`replica_fleet_labels`): set in place, those the operator put there before and the fleet
+    dropped removed (its record), others' labels untouched. Not a new template, so no pod is
     replaced: a pod on an outdated template is relabelled too (it may serve for a while yet)."""
     going = {d.name for d in deleting}
-    return tuple(
-        (p.name, labels_patch(p.labels.recorded, desired))
-        for p in pods
-        if p.alive and p.name not in going and labels_stale(desired, p.labels)
-    )
+    writes = []
+    for p in pods:
+        if p.alive and p.name not in going:
+            desired = replica_fleet_labels(p, fleet_labels, template_hash, own)
+            if labels_stale(desired, p.labels):
+                writes.append(LabelWrite(p.name, desired, p.labels, "pod"))
+    return writes
+
+
+def router_event(children: Sequence[ChildChange]) -> list[PlannedEvent]:
+    """One RouterChanged Event for the round's router children created or whose spec changed (not
+    one per child: a first reconcile, or a spec change, is one change of the fleet). Children
+    written only for their labels are said by :func:`labels_event`."""
+    created = [c.key for c in children if c.action == "create"]
+    updated = [c.key for c in children if c.action == "replace" and not c.labels_only]
+    groups = (("creating", created), ("updating", updated))
+    said = [f"{verb} {', '.join(keys)}" for verb, keys in groups if keys]
+    return [PlannedEvent("Normal", "RouterChanged", "; ".join(said))] if said else []
+
+
+def labels_event(writes: Sequence[LabelWrite]) -> list[PlannedEvent]:
+    """One LabelsChanged Event for a change of the fleet's labels: which labels are set (to what)
+    and removed, on which children (replica pods counted), and that the gateway pods roll."""
+    if not writes:
+        return []
+    set_to = {k: v for w in writes for k, v in w.desired.items() if w.seen.live.get(k) != v}
+    removed = {k for w in writes for k in w.seen.recorded or {} if k not in w.desired}
+    changes = [f"set {', '.join(f'{k}={v}' for k, v in sorted(set_to.items()))}"] if set_to else []
+    changes += [f"removed {', '.join(sorted(removed))}"] if removed else []
+    children = list(dict.fromkeys(w.what for w in writes if w.part != "pod"))  # a Deployment once
+    pods = len([w for w in writes if w.part == "pod"])
+    targets = [*children, *([f"{pods} replica pod{'s' if pods != 1 else ''}"] if pods else [])]
+    # (nothing set or removed: only a record differed, e.g. one edited by hand)
+    message = f"fleet labels changed ({'; '.join(changes) or 'record updated'}):"
+    message += f" relabelling {', '.join(targets)} in place"
+    if any(w.part == "pod template" for w in writes):
+        message += "; the gateway pods roll to carry them (the Deployment's pod template)"
+    return [PlannedEvent("Normal", "LabelsChanged", message)]
 
 
 def redis_verdict(

@@ -1,7 +1,8 @@
 """The fleet's own labels reach its children, and a change of them reaches the children it made.
 
-The operator gives every child (replica pods, the router ConfigMap, Deployment and Service) the
-PrefixCacheFleet's metadata.labels besides its own (its own win). Before, ``kopf.adopt`` added them at
+The operator gives every child (replica pods, the router ConfigMap, Deployment and Service, and the
+gateway pods through the Deployment's pod template) the PrefixCacheFleet's metadata.labels besides
+its own (its own win). Before, ``kopf.adopt`` added them at
 creation only: the labels were in no hash, so ``kubectl label prefixcachefleet f team=b`` (or an
 edited metadata.labels) reached no existing child. Now the planner compares each child's labels with
 the fleet's and patches them in place (a pod is never replaced for a label: its engine keeps its GPU
@@ -11,6 +12,7 @@ and its cache), a label the fleet dropped leaves the children that got it from t
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -84,9 +86,12 @@ def test_children_are_created_with_the_fleets_labels_and_the_operators_own_win()
     # a pod records the fleet labels it got, which a later update compares against
     record = json.loads(pods[0]["metadata"]["annotations"][ANNOTATION_LAST_APPLIED])
     assert record == {"metadata": {"labels": {"team": "a"}}}
-    # the gateway pods' template is the router's own: the fleet's labels stay off it, as before
+    # the gateway pods carry them too (their template), its own still winning; the selector is the
+    # operator's alone (immutable: a fleet label in it would make every later label change fail)
     (deployment,) = [c for c in children if c["kind"] == "Deployment"]
-    assert "team" not in deployment["spec"]["template"]["metadata"]["labels"]
+    gateway = deployment["spec"]["template"]["metadata"]["labels"]
+    assert (gateway["team"], gateway[LABEL_FLEET], gateway[LABEL_ROLE]) == ("a", "f", "router")
+    assert deployment["spec"]["selector"] == {"matchLabels": {LABEL_FLEET: "f", LABEL_ROLE: "router"}}
 
 
 def test_the_fleets_labels_are_in_no_hash() -> None:
@@ -99,7 +104,17 @@ def test_the_fleets_labels_are_in_no_hash() -> None:
     for a, b in zip(children_a, children_b, strict=True):
         hashes = [c["metadata"]["annotations"][ANNOTATION_SPEC_HASH] for c in (a, b)]
         assert hashes[0] == hashes[1], a["kind"]
-        assert a.get("spec") == b.get("spec") and a.get("data") == b.get("data")
+        # the gateway pods' labels aside (the fleet's are in their template), the same spec
+        assert without_pod_labels(a.get("spec")) == without_pod_labels(b.get("spec"))
+        assert a.get("data") == b.get("data")
+
+
+def without_pod_labels(spec: JSON | None) -> JSON | None:
+    if spec is None or "template" not in spec:
+        return spec
+    out = copy.deepcopy(spec)
+    del out["template"]["metadata"]["labels"]
+    return out
 
 
 def test_a_label_change_is_patched_in_place_and_rolls_nothing() -> None:
@@ -188,7 +203,7 @@ def test_a_fleet_label_change_reaches_every_child_in_place(kube: Kube) -> None: 
     before = children(kube)
     assert len(before) == 5
     assert all(c["metadata"]["labels"]["team"] == "a" for c in before.values())
-    deployment_spec = before["Deployment/f-router"]["spec"]
+    deployment_spec = copy.deepcopy(before["Deployment/f-router"]["spec"])
     # labels others put on the children: never the operator's to change or remove
     for key in before:
         kind, name = key.split("/")
@@ -205,11 +220,18 @@ def test_a_fleet_label_change_reaches_every_child_in_place(kube: Kube) -> None: 
         assert labels[FOREIGN] == "me", key
         assert labels[LABEL_FLEET] == "f", key
         assert child["metadata"]["uid"] == before[key]["metadata"]["uid"], key
-    # the replica pods' spec and the gateways' template are as they were: nothing restarts
+    # the replica pods' spec is as it was: no replica restarts
     for key, child in after.items():
         if key.startswith("Pod/"):
             assert child["spec"] == before[key]["spec"]
-    assert after["Deployment/f-router"]["spec"] == deployment_spec
+    # the gateway pods' template has the fleet's new labels (Kubernetes rolls the stateless
+    # gateways to relabel them), nothing else of the Deployment's spec changed, its selector least
+    gateway_spec = copy.deepcopy(after["Deployment/f-router"]["spec"])
+    gateway = gateway_spec["template"]["metadata"].pop("labels")
+    assert (gateway["team"], gateway.get("tier"), "cost-center" in gateway) == ("b", "gpu", False)
+    assert gateway[LABEL_FLEET] == "f" and FOREIGN not in gateway
+    del deployment_spec["template"]["metadata"]["labels"]
+    assert gateway_spec == deployment_spec
 
     # converged: the next round writes nothing
     settled = versions(kube)
@@ -223,6 +245,8 @@ def test_a_fleet_label_change_reaches_every_child_in_place(kube: Kube) -> None: 
         labels = child["metadata"]["labels"]
         assert "team" not in labels and "tier" not in labels, key
         assert labels[FOREIGN] == "me", key
+    gateway = children(kube)["Deployment/f-router"]["spec"]["template"]["metadata"]["labels"]
+    assert "team" not in gateway and "tier" not in gateway and gateway[LABEL_ROLE] == "router"
 
 
 def test_pods_made_before_the_record_get_one_with_their_first_label_change(kube: Kube) -> None:  # noqa: F811
