@@ -176,6 +176,11 @@ def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
             f"scenario 'diurnal' setting 'peak_rps' ({s['peak_rps']:g}) must be >= "
             f"'trough_rps' ({s['trough_rps']:g})"
         )
+    if not math.isfinite(s["drift"] * s["tenants"]):  # the rotation below, drift × tenants, as an int
+        raise ValueError(
+            f"scenario 'diurnal' setting 'drift' ({s['drift']:g}) is too large for {s['tenants']} tenants "
+            "(the ranking's rotation overflows a float)"
+        )
     check_request_count("diurnal", s["peak_rps"] * s["duration_s"], "'peak_rps' × 'duration_s'", "scenario")
     requests = (s["trough_rps"] + s["peak_rps"]) / 2 * s["duration_s"]  # the day's mean rate
     prompt = mean_size(s, "prefix_tokens") + mean_size(s, "unique_tokens")

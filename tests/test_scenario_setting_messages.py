@@ -67,6 +67,12 @@ def trace(tmp_path: Path) -> str:
             "scenario 'diurnal' setting 'peak_rps' (1) must be >= 'trough_rps' (6)",
         ),
         (
+            # a traceback before (OverflowError: the rotation drift × tenants as an int)
+            ["--scenario", "diurnal", "--set", "drift=1e308"],
+            "scenario 'diurnal' setting 'drift' (1e+308) is too large for 48 tenants "
+            "(the ranking's rotation overflows a float)",
+        ),
+        (
             ["--scenario", "viral", "--set", "seed=3"],
             "--set seed=3: the seed is no scenario setting; use --seed",
         ),
