@@ -63,6 +63,7 @@ from .planner import (
     ObservedState,
     PlannedEvent,
     UnhealthyReplica,
+    events_carried_out,
     observe_labels,
     observe_pod,
     plan_invalid_spec,
@@ -659,9 +660,11 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # others, the router or the status: the fleet says which and why (operator/refusals.py).
     refused: list[str] = []
     refused_relabels: list[str] = []
+    written: set[str] = set()  # the pods relabelled and router children written (the Events say them)
     for pod_name, patch in plan.relabel_pods:  # in place: the pod keeps running
         try:
             relabel_pod(kube, namespace, pod_name, patch)
+            written.add(pod_name)
         except ChildRefused as exc:
             # an admission policy on pod labels (a required label the fleet dropped): the pods share
             # the patch, so as for creates, the round's relabels end at the first refusal (the second
@@ -691,13 +694,14 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
             # None (created meanwhile by another round, or by an operator that kept no record):
             # nothing is removed this once, and the record is written
             kube.replace_spec(change.manifest, live_children.get(change.key))
+            written.add(change.key)
         except ChildRefused as exc:
             refused.append(str(exc))
     changes = status_changes(current_status, with_refusals(plan.status, refused, conditions))
     if changes:
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
     draining = bool(plan.drain_pods) or any(p.draining and p.alive for p in pods)
-    events = (*plan.events, *refusal_events(refused, conditions))
+    events = (*events_carried_out(plan, written), *refusal_events(refused, conditions))
     return ReconcileOutcome(
         fleet,
         events,

@@ -291,6 +291,9 @@ class ReconcilePlan:
     # (pod, merge patch): the fleet's labels changed; set in place on the pod's metadata (a pod is not
     # replaced for a label: its engine keeps its cache and its GPU)
     relabel_pods: tuple[tuple[str, JSON], ...] = ()
+    # every label write the fleet's labels cause (pods and router children): the LabelsChanged Event
+    # says them, and after execution only those carried out (events_carried_out)
+    label_writes: tuple[LabelWrite, ...] = ()
     replaced: tuple[UnhealthyReplica, ...] = ()  # in delete_pods because they are unhealthy
     recheck_after_s: float | None = None  # reconcile again this soon (UnhealthyPlan.recheck_after_s)
     # served, unready, nothing replaces them (UnhealthyPlan.unavailable): Degraded/ReplicaUnavailable
@@ -1410,6 +1413,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
             (p.name, unready_mark(observed.now, p.ready_changed)) for p in unhealthy.first_seen
         ),
         relabel_pods=relabel,
+        label_writes=tuple(relabelled),
         replaced=replaced,
         recheck_after_s=unhealthy.recheck_after_s,
         unavailable=unhealthy.unavailable,
@@ -1527,6 +1531,20 @@ def labels_event(writes: Sequence[LabelWrite]) -> list[PlannedEvent]:
     if any(w.part == "pod template" for w in writes):
         message += "; the gateway pods roll to carry them (the Deployment's pod template)"
     return [PlannedEvent("Normal", "LabelsChanged", message)]
+
+
+def events_carried_out(plan: ReconcilePlan, written: Collection[str]) -> tuple[PlannedEvent, ...]:
+    """The plan's Events once it ran, ``written`` being the replica pods and router children
+    ("Kind/name") the API server took: its LabelsChanged Event says only the label writes carried
+    out, and goes when none was. A relabel refused round after round (an admission policy) would
+    otherwise post the same Event every round; the refusal has its own (ChildRefused)."""
+    done = [w for w in plan.label_writes if w.what in written]
+    if len(done) == len(plan.label_writes):
+        return plan.events
+    out: list[PlannedEvent] = []
+    for event in plan.events:
+        out += labels_event(done) if event.reason == "LabelsChanged" else [event]
+    return tuple(out)
 
 
 def redis_verdict(

@@ -11,6 +11,7 @@ labels, and ``kubectl describe`` shows one Event for it.
 3. One label change posted three RouterChanged Events (one per router child), and nothing for the
    pods. Now it is one LabelsChanged Event naming the labels set and removed and what they reach, and
    RouterChanged is one Event per round for the router children created or whose spec changed.
+   Once the plan ran, the Event says only the writes the API server took (events_carried_out).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prefixfleet.operator.planner import (
     LABEL_ROLE,
     ObservedState,
     ReconcilePlan,
+    events_carried_out,
     observe_labels,
     observe_pod,
     plan_reconcile,
@@ -220,3 +222,16 @@ def test_a_router_spec_change_with_a_label_change_is_two_events() -> None:
     assert [e.reason for e in labels_only.events] == ["LabelsChanged"]
     spec_only = plan_reconcile(REF, spec(router={"replicas": 2}), state)
     assert [e.reason for e in spec_only.events] == ["RouterChanged"]
+
+
+def test_the_event_says_only_the_label_writes_carried_out() -> None:
+    # the handler passes the pods and children the API server took (an admission policy may refuse
+    # the others, round after round): the Event says those, and none when nothing was written
+    state = settled(spec(), {"team": "a"})
+    plan = plan_reconcile(REF, spec(), replace(state, fleet_labels={"team": "b"}))
+    pods = [name for name, _ in plan.relabel_pods]
+    everything = [*pods, *(c.key for c in plan.children)]
+    assert events_carried_out(plan, everything) == plan.events
+    assert events_carried_out(plan, []) == ()
+    (event,) = events_carried_out(plan, pods)
+    assert event.message == "fleet labels changed (set team=b): relabelling 2 replica pods in place"

@@ -78,7 +78,7 @@ def test_a_refused_pod_relabel_is_a_refused_child_and_the_round_goes_on(
     assert len(pods) == 2 and not server.refused_pods
 
     label_fleet(kube, {REQUIRED: None, "tier": "y"})
-    reconcile_in_cluster(ctx, NAMESPACE, "f")  # before: ApiException (403) out of the round
+    outcome = reconcile_in_cluster(ctx, NAMESPACE, "f")  # before: ApiException (403) out of the round
 
     # the webhook refused the pods' patch (the first, and the next: a webhook may judge pods one
     # by one; two refusals end the round's pod relabels)
@@ -96,6 +96,14 @@ def test_a_refused_pod_relabel_is_a_refused_child_and_the_round_goes_on(
         now = kube.get("Pod", NAMESPACE, name) or {}
         assert now["metadata"]["uid"] == pod["metadata"]["uid"]
         assert now["metadata"]["labels"] == pod["metadata"]["labels"]
+    # the fleet's Event says what was relabelled: the router children, not the refused pods
+    assert outcome is not None
+    (said,) = [e.message for e in outcome.events if e.reason == "LabelsChanged"]
+    assert "ConfigMap/f-router" in said and "replica pod" not in said
+    # the next round is refused the same: no second LabelsChanged Event (before: one per round, every
+    # 10 s while the webhook refuses, saying the pods were being relabelled)
+    again = reconcile_in_cluster(ctx, NAMESPACE, "f")
+    assert again is not None and not [e for e in again.events if e.reason == "LabelsChanged"]
 
     # the fleet's team label back (tier=y stays): the pods are relabelled and the refusal clears
     label_fleet(kube, {REQUIRED: "b"})
