@@ -11,7 +11,8 @@ machine), then observes them. Meanwhile the replicas it started and drained keep
   ``draining`` read after the awaits, the drained replica counted as a serving one (with
   ``maxReplicas`` reached: a second, real scale-down);
 * a replica the plan names may by then be another process under the same name (the observed one
-  reaped, its index reused): a drain must not stop that one.
+  reaped, its index reused): a drain must not stop that one, and the round observes the creation
+  time of the replica it counted, not the newcomer's.
 """
 
 from __future__ import annotations
@@ -110,6 +111,25 @@ async def test_a_drain_that_completes_mid_round_is_not_counted_as_a_serving_repl
     assert scaler.observed is not None
     phases = {r.replica_id: r.phase for r in scaler.observed.replicas}
     assert phases == {"replica-0": "ready", "replica-1": "ready", "replica-2": "draining"}, phases
+
+
+@pytest.mark.timeout(60)
+async def test_a_name_reused_mid_round_keeps_the_observed_replicas_creation_time(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fleet = fake_fleet(replica(0), replica(1))
+    scaler = LocalAutoscaler(fleet, ScalePolicy(min_replicas=1, max_replicas=3), interval_s=0.5)
+    scaler.created.update({"replica-0": 1000.0, "replica-1": 2000.0})
+
+    def replica_1_is_replaced() -> None:
+        # reaped, and a start ordered earlier came up under the freed index (as _add_replica does)
+        fleet.replicas[1] = replica(1, "http://127.0.0.1:9/new")
+        scaler.created["replica-1"] = 3000.0
+
+    await one_round(scaler, redis_server, monkeypatch, replica_1_is_replaced)
+    assert scaler.observed is not None
+    created = {r.replica_id: r.created_s for r in scaler.observed.replicas}
+    assert created == {"replica-0": 1000.0, "replica-1": 2000.0}, created
 
 
 @pytest.mark.timeout(60)

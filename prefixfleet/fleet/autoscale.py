@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,41 @@ class ScaleEvent:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    """What a round observes of the local fleet, read at one moment (no await in between): its
+    replicas, how many are still starting, and each one's state and creation time."""
+
+    replicas: tuple[Replica, ...]
+    starting: int
+    draining: frozenset[str]
+    warming: frozenset[str]
+    created: Mapping[str, float]
+
+    @property
+    def names(self) -> list[str]:
+        return [r.worker_id for r in self.replicas]
+
+    def wanted(self) -> int:
+        """The replicas the fleet is to have: those not draining, and those still starting."""
+        return sum(1 for n in self.names if n not in self.draining) + self.starting
+
+    def pods(self) -> list[ObservedPod]:
+        """The replicas as the operator's observation sees pods (all Running and Ready: a local
+        replica joins the fleet once its sidecar answers)."""
+        return [
+            ObservedPod(
+                n,
+                phase="Running",
+                ready=True,
+                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created.get(n, 0.0))),
+                state="draining" if n in self.draining else "warming" if n in self.warming else "ready",
+                draining_since="local" if n in self.draining else "",
+            )
+            for n in self.names
+        ]
+
+
 @dataclass
 class LocalAutoscaler:
     """Runs rounds every ``interval_s`` against ``fleet`` until cancelled or ``stop`` is set."""
@@ -219,48 +254,35 @@ class LocalAutoscaler:
         # completes meanwhile moves a replica from `starting` into the fleet (a later count of
         # `starting` missed it: a second scale-up), a drain that completes takes one out of the fleet
         # and out of `draining` (a later read of `draining` counted it as serving: a second scale-down).
-        replicas, starting = list(self.fleet.replicas), self.starting
-        draining, warming = frozenset(self.draining), frozenset(self.warming)
-        names = [r.worker_id for r in replicas]
+        view = self.view()
+        names = view.names
         loads, summaries = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
-        urls = {r.worker_id: r.sidecar_url for r in replicas if r.sidecar_url}
+        urls = {r.worker_id: r.sidecar_url for r in view.replicas if r.sidecar_url}
         reading = await self.read_engines(http, urls, prometheus)
         now = time.time()
         subtrees, self.hot = hot_subtrees(summaries, self.hot, now)
-        wanted = sum(1 for n in names if n not in draining) + starting
-        pods = self._pods(names, draining, warming)
         observed = observe_fleet(
-            now, wanted, pods, loads, reading.prefill_loads(loads), subtrees, reading.queues()
+            now, view.wanted(), view.pods(), loads, reading.prefill_loads(loads), subtrees, reading.queues()
         )
         plan = plan_scale(observed, self.policy, self.memory)
         self.memory, self.observed = plan.memory, observed
         await self.execute(plan, subtrees, urls, http, redis)
         return plan
 
-    def _pods(
-        self, names: Sequence[str], draining: Collection[str], warming: Collection[str]
-    ) -> list[ObservedPod]:
-        """The replicas as the operator's observation sees pods (all Running and Ready: a local
-        replica joins the fleet once its sidecar answers); ``draining`` and ``warming`` are read
-        with ``names``."""
-        return [
-            ObservedPod(
-                n,
-                phase="Running",
-                ready=True,
-                created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.created.get(n, 0.0))),
-                state="draining" if n in draining else "warming" if n in warming else "ready",
-                draining_since="local" if n in draining else "",
-            )
-            for n in names
-        ]
+    def view(self) -> FleetView:
+        """The fleet as it is now (copies: what the autoscaler's tasks change later is not in it)."""
+        return FleetView(
+            tuple(self.fleet.replicas),
+            self.starting,
+            frozenset(self.draining),
+            frozenset(self.warming),
+            dict(self.created),
+        )
 
     async def arrived_to(self, redis: aioredis.Redis) -> Sequence[ReplicaObservation]:
         """The replicas as a new one arrives (``autoscale_sources.replicas_now``)."""
-        names = [r.worker_id for r in self.fleet.replicas]
         keys = FleetKeys(self.fleet.spec.fleet_name)
-        pods = self._pods(names, self.draining, self.warming)  # (no await before this line)
-        return await replicas_now(redis, keys, pods, self.observed)
+        return await replicas_now(redis, keys, self.view().pods(), self.observed)
 
     def _observed_replica(self, name: str, urls: Mapping[str, str]) -> Replica | None:
         """The fleet's replica ``name`` if it is still the process the round observed (same sidecar
