@@ -42,6 +42,7 @@ from .proxying import (
     Answer,
     AnyRequest,
     answer_headers,
+    drain_refused_bodies,
     error_message,
     failure_text,
     forward_header_pairs,
@@ -193,6 +194,7 @@ class Gateway:
             client_max_size=self.config.max_body_bytes,
             middlewares=[
                 json_route_errors,
+                drain_refused_bodies(),  # outside body_deadline: its early 413 is sent, then drained
                 content_coding(self._body_error),
                 body_deadline(self.timeouts, self._body_error),
             ],

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestPayloadError
 from multidict import CIMultiDict
 from pydantic import ValidationError
 
@@ -431,19 +433,98 @@ class StreamedText:
         return "".join(self._parts) or None
 
 
-async def refuse_too_large(
-    request: web.Request, limit: int, *, drain_bytes: int = 8 * 1024 * 1024
-) -> web.Response:
-    """413 for a body above ``limit``. The rest of a moderately oversized body is read and dropped
-    first (bounded) so the client sees the answer instead of a reset while it is still sending."""
+@dataclass(frozen=True, slots=True)
+class DrainLimits:
+    """How much of a refused (413) body is read and dropped after its answer. A client that sends its
+    whole body before it reads (httpx, requests, most scripts) only sees the 413 if the server keeps
+    reading until it is done: closing with the upload still coming resets the connection, and the
+    client gets a ReadError with no message. So, like nginx's lingering close (lingering_timeout 5 s,
+    lingering_time 30 s), the rest is dropped for as long as the client keeps sending, bounded so a
+    hostile client cannot hold the connection: a pause above ``idle_s`` between pieces, more than
+    ``total_s`` in all or more than ``max_bytes`` past the limit, and the connection is closed."""
+
+    idle_s: float = 5.0
+    total_s: float = 30.0
+    max_bytes: int = 64 * 1024 * 1024
+
+
+DRAIN_LIMITS = DrainLimits()
+
+
+def worth_draining(declared_length: int | None, limit: int, limits: DrainLimits) -> bool:
+    """Whether to read the rest of a body refused for passing ``limit``: not when its declared
+    Content-Length is more than ``limits.max_bytes`` past it. Such a body cannot end within the cap,
+    so draining part of it would only delay the same reset, after spending the bandwidth; a client
+    declaring it knew its size before sending, and the 413 still goes out first for one that reads
+    while it sends. A chunked body (no declared length) is drained and cut at the cap."""
+    return declared_length is None or declared_length - limit <= limits.max_bytes
+
+
+async def drain_rest(content: StreamReader, limits: DrainLimits) -> bool:
+    """Read and drop what is left of a request body; True once it ended within ``limits``, False
+    when a limit cut it off or the connection failed (reset, broken framing)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.total_s
     drained = 0
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(1.0):
-            while drained < drain_bytes:
-                chunk = await request.content.readany()
-                if not chunk:
-                    break
-                drained += len(chunk)
-    response = json_error(413, f"request body exceeds {limit} bytes", param="body")
+    while drained <= limits.max_bytes:
+        wait = min(limits.idle_s, deadline - loop.time())
+        if wait <= 0:
+            return False
+        try:
+            async with asyncio.timeout(wait):
+                chunk = await content.readany()
+        except (TimeoutError, ConnectionError, HttpProcessingError, RequestPayloadError):
+            return False
+        if not chunk:
+            return True
+        drained += len(chunk)
+    return False
+
+
+async def answer_then_drain(
+    request: web.Request, response: web.Response, limit: int, limits: DrainLimits = DRAIN_LIMITS
+) -> None:
+    """Send ``response`` (a 413 for a body above ``limit``, answered before the body was read whole)
+    at once, then drop the body's rest within ``limits``. The connection then closes: cleanly (FIN)
+    when the body ended, so the client reads the answer; at once otherwise (aiohttp would linger
+    another ``lingering_time`` first)."""
     response.force_close()
+    try:
+        await answer_now(request, response)
+    except ConnectionError:  # the client left: nothing to drain (aiohttp's own write says so again)
+        return
+    if request.content.is_eof():
+        return
+    if worth_draining(request.content_length, limit, limits) and await drain_rest(request.content, limits):
+        return
+    request.protocol.force_close()
+
+
+async def refuse_too_large(
+    request: web.Request, limit: int, *, limits: DrainLimits = DRAIN_LIMITS
+) -> web.Response:
+    """413 for a body above ``limit``, already sent; the connection closes after the body's rest was
+    dropped (:func:`answer_then_drain`), so a client still sending reads the answer, not a reset."""
+    response = json_error(413, f"request body exceeds {limit} bytes", param="body")
+    await answer_then_drain(request, response, limit, limits)
     return response
+
+
+def drain_refused_bodies(limits: DrainLimits = DRAIN_LIMITS) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Middleware, outside :func:`~.slow_clients.body_deadline` (whose 413 is answered as soon as the
+    body passes the app's ``client_max_size``): a 413 answered before its body was read whole is
+    sent, then the body's rest dropped (:func:`answer_then_drain`)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        response = await handler(request)
+        if (
+            response.status == 413
+            and isinstance(response, web.Response)
+            and not response.prepared
+            and not request.content.is_eof()
+        ):
+            await answer_then_drain(request, response, request.client_max_size, limits)
+        return response
+
+    return middleware

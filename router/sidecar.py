@@ -45,6 +45,7 @@ from .proxying import (
     answer_now,
     answer_uncached_tokens,
     bad_request,
+    drain_refused_bodies,
     echoed_prompt,
     failure_text,
     find_cached_tokens,
@@ -274,6 +275,7 @@ class Sidecar:
             client_max_size=self.config.max_body_bytes,
             middlewares=[
                 json_route_errors,
+                drain_refused_bodies(),  # outside body_deadline: its early 413 is sent, then drained
                 content_coding(_body_error),
                 body_deadline(self.timeouts, _body_error),
             ],
