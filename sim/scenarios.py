@@ -28,11 +28,13 @@ from .workloads import (
     WorkloadRequest,
     _merge,
     _require_positive,
+    _require_share,
     _zipf_weights,
     check_prompt_tokens,
     check_request_count,
     mean_size,
     replay_trace,
+    typed,
     within_span,
 )
 
@@ -136,9 +138,8 @@ def _tenant_prompts(rng: random.Random, space: TokenSpace, s: dict[str, Any]) ->
 def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
     s = _merge(VIRAL_SCENARIO, overrides, "viral", "scenario")
     positive = ("duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
-    _require_positive(s, "viral", *positive, kind="scenario")
-    if not 0.0 <= s["viral_share"] <= 1.0:
-        raise ValueError(f"scenario 'viral' setting 'viral_share' must be in [0, 1], got {s['viral_share']}")
+    _require_positive(s, overrides, "viral", *positive, kind="scenario")
+    _require_share(s, overrides, "viral", "scenario")
     # thinning draws about peak rate × duration candidates, however few it keeps
     peak = s["rate_rps"] * max(s["surge"], 1.0)
     check_request_count("viral", peak * s["duration_s"], "'rate_rps' × 'surge' × 'duration_s'", "scenario")
@@ -149,7 +150,7 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)
     viral = space.fresh(s["viral_prefix_tokens"])
-    weights = _zipf_weights(s["tenants"], s["zipf_exponent"], "viral", "scenario")
+    weights = _zipf_weights(s, overrides, "viral", "scenario")
 
     def level(t: float) -> float:
         return _envelope(t, s["viral_start_s"], s["ramp_s"], s["hold_s"], s["fade_s"])
@@ -170,15 +171,17 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
 
 def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
     s = _merge(DIURNAL_SCENARIO, overrides, "diurnal", "scenario")
-    _require_positive(s, "diurnal", "duration_s", "tenants", "trough_rps", "peak_rps", kind="scenario")
+    positive = ("duration_s", "tenants", "trough_rps", "peak_rps")
+    _require_positive(s, overrides, "diurnal", *positive, kind="scenario")
     if s["peak_rps"] < s["trough_rps"]:
         raise ValueError(
-            f"scenario 'diurnal' setting 'peak_rps' ({s['peak_rps']:g}) must be >= "
-            f"'trough_rps' ({s['trough_rps']:g})"
+            f"scenario 'diurnal' setting 'peak_rps' ({typed(overrides, s, 'peak_rps')}) must be >= "
+            f"'trough_rps' ({typed(overrides, s, 'trough_rps')})"
         )
     if not math.isfinite(s["drift"] * s["tenants"]):  # the rotation below, drift × tenants, as an int
         raise ValueError(
-            f"scenario 'diurnal' setting 'drift' ({s['drift']:g}) is too large for {s['tenants']} tenants "
+            f"scenario 'diurnal' setting 'drift' ({typed(overrides, s, 'drift')}) is too large "
+            f"for {s['tenants']} tenants "
             "(the ranking's rotation overflows a float)"
         )
     check_request_count("diurnal", s["peak_rps"] * s["duration_s"], "'peak_rps' × 'duration_s'", "scenario")
@@ -189,7 +192,7 @@ def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
     space = TokenSpace()
     prefixes = _tenant_prompts(rng, space, s)
     n = s["tenants"]
-    base = _zipf_weights(n, s["zipf_exponent"], "diurnal", "scenario")
+    base = _zipf_weights(s, overrides, "diurnal", "scenario")
     order = list(range(n))
     rng.shuffle(order)  # which tenant is popular is not its creation order
     duration = s["duration_s"]

@@ -17,7 +17,7 @@ import os
 import random
 import stat
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,14 +86,26 @@ def _poisson_arrivals(rng: random.Random, count: int, rate_rps: float) -> list[f
     return out
 
 
-def _zipf_weights(n: int, exponent: float, name: str, kind: str = "workload") -> list[float]:
+def _zipf_weights(
+    settings: Mapping[str, Any], overrides: Mapping[str, Any], name: str, kind: str = "workload"
+) -> list[float]:
+    """Zipf weights over ``settings``' tenants by its 'zipf_exponent' (refused as ``overrides``
+    typed it)."""
+    n, exponent = settings["tenants"], settings["zipf_exponent"]
     try:
         return [1.0 / (rank**exponent) for rank in range(1, n + 1)]
     except (OverflowError, ZeroDivisionError):  # rank**exponent beyond a float, or rounded to 0
         raise ValueError(
-            f"{kind} {name!r} setting 'zipf_exponent' {exponent:g} is too far from 0 for {n} ranks "
-            "(weights overflow)"
+            f"{kind} {name!r} setting 'zipf_exponent' {typed(overrides, settings, 'zipf_exponent')} "
+            f"is too far from 0 for {n} ranks (weights overflow)"
         ) from None
+
+
+def typed(overrides: Mapping[str, Any], settings: Mapping[str, Any], key: str) -> str:
+    """``key``'s value as a refusal quotes it: as the user gave it (``--set speedup=0`` is '0',
+    not the 0.0 it was read as), or ``settings``' own value when they did not set it. Quoted
+    (repr): a quoted value is what was typed, like every other --set refusal's "got '-1'"."""
+    return repr(overrides[key] if key in overrides else settings[key])
 
 
 def whole_number(value: Any) -> int | None:
@@ -193,7 +205,10 @@ def _merge(
     for key in merged:
         upper = f"{key[: -len('_min')]}_max"
         if key.endswith("_min") and upper in merged and merged[key] > merged[upper]:
-            raise ValueError(f"{who} setting {key!r} ({merged[key]}) must be <= {upper!r} ({merged[upper]})")
+            raise ValueError(
+                f"{who} setting {key!r} ({typed(overrides, merged, key)}) must be <= "
+                f"{upper!r} ({typed(overrides, merged, upper)})"
+            )
     for key, (_, size_key) in PREFIX_COUNTS.items():
         if key in merged and size_key in merged:
             _check_prefix_tokens(who, key, size_key, merged[key] * merged[size_key])
@@ -289,10 +304,21 @@ def within_span(workload: Workload, kind: str = "workload") -> Workload:
     return workload
 
 
-def _require_positive(settings: dict[str, Any], workload: str, *keys: str, kind: str = "workload") -> None:
+def _require_positive(
+    settings: dict[str, Any], overrides: Mapping[str, Any], workload: str, *keys: str, kind: str = "workload"
+) -> None:
+    """Refuse a ``keys`` setting that is not > 0, quoting it as ``overrides`` (the user) gave it."""
     for key in keys:
         if not settings[key] > 0:
-            raise ValueError(f"{kind} {workload!r} setting {key!r} must be positive, got {settings[key]!r}")
+            shown = typed(overrides, settings, key)
+            raise ValueError(f"{kind} {workload!r} setting {key!r} must be positive, got {shown}")
+
+
+def _require_share(settings: dict[str, Any], overrides: Mapping[str, Any], workload: str, kind: str) -> None:
+    """Refuse a 'viral_share' outside [0, 1], quoting it as ``overrides`` (the user) gave it."""
+    if not 0.0 <= settings["viral_share"] <= 1.0:
+        shown = typed(overrides, settings, "viral_share")
+        raise ValueError(f"{kind} {workload!r} setting 'viral_share' must be in [0, 1], got {shown}")
 
 
 # -- prefixroute ------------------------------------------------------------------------------------
@@ -324,7 +350,7 @@ PREFIXROUTE_FLEET: dict[str, Any] = {
 def prefixroute_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Multi-tenant trace: Zipf tenant popularity, Poisson arrivals, per-tenant prefix + unique turn."""
     s = _merge(PREFIXROUTE_DEFAULTS, overrides, "prefixroute")
-    _require_positive(s, "prefixroute", "num_requests", "tenants", "rate_rps", "prefix_tokens_min")
+    _require_positive(s, overrides, "prefixroute", "num_requests", "tenants", "rate_rps", "prefix_tokens_min")
     check_request_count("prefixroute", s["num_requests"], "'num_requests'")
     prefix = mean_size(s, "prefix_tokens")
     prompts = s["num_requests"] * (prefix + mean_size(s, "turn_tokens")) + s["tenants"] * prefix
@@ -334,7 +360,7 @@ def prefixroute_workload(seed: int = 0, **overrides: Any) -> Workload:
     prefixes = [
         space.fresh(rng.randint(s["prefix_tokens_min"], s["prefix_tokens_max"])) for _ in range(s["tenants"])
     ]
-    weights = _zipf_weights(s["tenants"], s["zipf_exponent"], "prefixroute")
+    weights = _zipf_weights(s, overrides, "prefixroute")
     arrivals = _poisson_arrivals(rng, s["num_requests"], s["rate_rps"])
     tenants = rng.choices(range(s["tenants"]), weights=weights, k=s["num_requests"])
     requests = [
@@ -392,7 +418,7 @@ def lab_burst_workload(seed: int = 0, **overrides: Any) -> Workload:
     Deterministic regardless of ``seed`` (the lab's workload has no randomness).
     """
     s = _merge(LAB_BURST_DEFAULTS, overrides, "lab-burst")
-    _require_positive(s, "lab-burst", "prefix_tokens", "suffix_tokens", "interarrival_s")
+    _require_positive(s, overrides, "lab-burst", "prefix_tokens", "suffix_tokens", "interarrival_s")
     count = s["interleaved_requests"] + s["burst_requests"]
     check_request_count("lab-burst", count, "'interleaved_requests' + 'burst_requests'")
     prefix, suffix = s["prefix_tokens"], s["suffix_tokens"]
@@ -437,7 +463,7 @@ GSP_FLEET: dict[str, Any] = {
 def gsp_workload(seed: int = 0, **overrides: Any) -> Workload:
     """SGLang bench_serving's generated-shared-prefix: groups share a system prompt, unique questions."""
     s = _merge(GSP_DEFAULTS, overrides, "gsp")
-    _require_positive(s, "gsp", "groups", "prompts_per_group", "rate_rps")
+    _require_positive(s, overrides, "gsp", "groups", "prompts_per_group", "rate_rps")
     check_request_count("gsp", s["groups"] * s["prompts_per_group"], "'groups' × 'prompts_per_group'")
     system = s["system_prompt_tokens"]
     prompts = s["groups"] * (s["prompts_per_group"] * (system + s["question_tokens"]) + system)
@@ -498,7 +524,7 @@ def _chat_prompt_tokens(s: dict[str, Any]) -> float:
 def chat_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Interleaved multi-turn sessions; each turn's prompt = previous prompt + answer + new message."""
     s = _merge(CHAT_DEFAULTS, overrides, "chat")
-    _require_positive(s, "chat", "sessions", "system_prompts", "session_rate_rps", "turns_min")
+    _require_positive(s, overrides, "chat", "sessions", "system_prompts", "session_rate_rps", "turns_min")
     check_request_count("chat", s["sessions"] * s["turns_max"], "'sessions' × 'turns_max'")
     check_prompt_tokens("chat", _chat_prompt_tokens(s), "'sessions' × the turns' growing prompts")
     rng = random.Random(seed)
@@ -551,9 +577,9 @@ def viral_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Steady multi-tenant traffic until ``viral_start_s``; then a new prefix appears, takes
     ``viral_share`` of requests and total traffic grows ``surge``× — the hot-subtree scale-up case."""
     s = _merge(VIRAL_DEFAULTS, overrides, "viral")
-    _require_positive(s, "viral", "duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
-    if not 0.0 <= s["viral_share"] <= 1.0:
-        raise ValueError(f"workload 'viral' setting 'viral_share' must be in [0, 1], got {s['viral_share']}")
+    positive = ("duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
+    _require_positive(s, overrides, "viral", *positive)
+    _require_share(s, overrides, "viral", "workload")
     before = min(s["viral_start_s"], s["duration_s"])
     expected = s["rate_rps"] * (before + s["surge"] * (s["duration_s"] - before))
     check_request_count("viral", expected, "'rate_rps', 'surge' and 'duration_s'")
@@ -566,7 +592,7 @@ def viral_workload(seed: int = 0, **overrides: Any) -> Workload:
         space.fresh(rng.randint(s["prefix_tokens_min"], s["prefix_tokens_max"])) for _ in range(s["tenants"])
     ]
     viral_prefix = space.fresh(s["viral_prefix_tokens"])
-    weights = _zipf_weights(s["tenants"], s["zipf_exponent"], "viral")
+    weights = _zipf_weights(s, overrides, "viral")
     requests = []
     t = 0.0
     while True:
@@ -682,7 +708,7 @@ def replay_trace(path: str, overrides: dict[str, Any], kind: str = "workload") -
             f"{kind} {name!r} takes its path from its name (trace:PATH), not from a setting 'path'"
         )
     s = {**_merge(TRACE_DEFAULTS, overrides, name, kind), "path": path}
-    _require_positive(s, name, "speedup", "block_tokens", "trace_block_tokens", kind=kind)
+    _require_positive(s, overrides, name, "speedup", "block_tokens", "trace_block_tokens", kind=kind)
     file = Path(path)
     if (problem := trace_file_problem(file)) == "not found":
         raise ValueError(f"trace file not found: {path}")
