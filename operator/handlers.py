@@ -690,6 +690,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         try:
             # created with the record of what it holds, so a later update removes what is dropped
             if change.action == "create" and kube.create(with_last_applied(change.manifest)):
+                written.add(change.key)
                 continue
             # None (created meanwhile by another round, or by an operator that kept no record):
             # nothing is removed this once, and the record is written

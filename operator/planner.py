@@ -1536,14 +1536,22 @@ def labels_event(writes: Sequence[LabelWrite]) -> list[PlannedEvent]:
 def events_carried_out(plan: ReconcilePlan, written: Collection[str]) -> tuple[PlannedEvent, ...]:
     """The plan's Events once it ran, ``written`` being the replica pods and router children
     ("Kind/name") the API server took: its LabelsChanged Event says only the label writes carried
-    out, and goes when none was. A relabel refused round after round (an admission policy) would
-    otherwise post the same Event every round; the refusal has its own (ChildRefused)."""
+    out, its RouterChanged Event only the router children created or updated, and each goes when
+    none was. A relabel or a router update refused round after round (an admission policy, a
+    webhook) would otherwise post the same Event every round, saying it was being done; the refusal
+    has its own, once (ChildRefused)."""
     done = [w for w in plan.label_writes if w.what in written]
-    if len(done) == len(plan.label_writes):
+    changed = [c for c in plan.children if c.key in written]
+    if len(done) == len(plan.label_writes) and len(changed) == len(plan.children):
         return plan.events
     out: list[PlannedEvent] = []
     for event in plan.events:
-        out += labels_event(done) if event.reason == "LabelsChanged" else [event]
+        if event.reason == "LabelsChanged":
+            out += labels_event(done)
+        elif event.reason == "RouterChanged":
+            out += router_event(changed)
+        else:
+            out.append(event)
     return tuple(out)
 
 
