@@ -70,6 +70,7 @@ from .planner import (
     plan_reconcile,
     redis_password_warning,
     redis_verdict,
+    refused_verdict,
     replica_name,
     replica_selector,
     router_name,
@@ -619,6 +620,10 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # one that did not answer (None) leaves the fleet's last verdict as it is: no clearing during an
     # outage, no second Warning Event when it answers the same again
     auth_problem, permission_problem = redis_verdict(login, permissions, conditions)
+    # nor about the commands refused for another reason: Redis answered them only when it named a
+    # refusal (a refused PING says one) or the permission check got its answer
+    answered = bool(refused) or (login == "" and permissions is not None)
+    refused = refused_verdict(refused if answered else None, conditions)
     if auth_problem:
         redis_url = ""
     if redis_url and any(p.draining for p in pods):

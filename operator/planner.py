@@ -1580,6 +1580,21 @@ def redis_verdict(
     return "", permissions
 
 
+def refused_verdict(refused: str | None, previous: Sequence[Mapping[str, Any]]) -> str:
+    """``redis_refused`` of a round, for ObservedState: ``refused`` when Redis answered the checks
+    (which commands it refused for a reason about neither the credentials nor the ACL, "" none);
+    None when it did not (an outage, a timeout, a login refused or not asked): such a round decides
+    nothing, and the fleet's last verdict stands, as for RedisAccessDenied (:func:`redis_verdict`),
+    so a flaky link neither clears RedisCommandsRefused nor posts its Warning Event again when
+    Redis answers the same. That verdict is the fleet's Degraded condition while it shows it."""
+    if refused is not None:
+        return refused
+    shown = _true_condition(previous, "Degraded")
+    if shown is None or shown.get("reason") != REDIS_COMMANDS_REFUSED:
+        return ""
+    return str(shown.get("message") or "")
+
+
 def held_verdict(previous: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
     """(reason, message) of the fleet's last Redis verdict: its RedisAccessDenied condition, which no
     other cause takes over. A fleet without one (its status written by an operator that kept the
