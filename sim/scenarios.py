@@ -178,10 +178,13 @@ def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
             f"scenario 'diurnal' setting 'peak_rps' ({typed(overrides, s, 'peak_rps')}) must be >= "
             f"'trough_rps' ({typed(overrides, s, 'trough_rps')})"
         )
-    if not math.isfinite(s["drift"] * s["tenants"]):  # the rotation below, drift × tenants, as an int
+    # The rotation below is int(drift × tenants × t / duration), t up to the duration: drift × tenants
+    # finite is not enough (1e306 × 48 × t overflows once t > 4 s). Checked at t = duration, the
+    # product's largest value, computed in the same order.
+    if not math.isfinite(s["drift"] * s["tenants"] * s["duration_s"]):
         raise ValueError(
             f"scenario 'diurnal' setting 'drift' ({typed(overrides, s, 'drift')}) is too large "
-            f"for {s['tenants']} tenants "
+            f"for {s['tenants']} tenants over {s['duration_s']:g} s "
             "(the ranking's rotation overflows a float)"
         )
     check_request_count("diurnal", s["peak_rps"] * s["duration_s"], "'peak_rps' × 'duration_s'", "scenario")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from prefixfleet.cli import main
+from prefixfleet.sim.scenarios import build_scenario
 
 SCALE = ["sim-autoscale", "--scalers", "uniform", "--no-progress"]
 SIM = ["sim", "--policies", "round_robin", "--no-progress"]
@@ -69,7 +70,14 @@ def trace(tmp_path: Path) -> str:
         (
             # a traceback before (OverflowError: the rotation drift × tenants as an int)
             ["--scenario", "diurnal", "--set", "drift=1e308"],
-            "scenario 'diurnal' setting 'drift' ('1e308') is too large for 48 tenants "
+            "scenario 'diurnal' setting 'drift' ('1e308') is too large for 48 tenants over 1500 s "
+            "(the ranking's rotation overflows a float)",
+        ),
+        (
+            # drift × tenants finite, drift × tenants × t not (t > 4 s): still an OverflowError
+            # traceback after 38026ac, which checked drift × tenants only
+            ["--scenario", "diurnal", "--set", "drift=1e306"],
+            "scenario 'diurnal' setting 'drift' ('1e306') is too large for 48 tenants over 1500 s "
             "(the ranking's rotation overflows a float)",
         ),
         (
@@ -83,6 +91,12 @@ def test_a_scenario_setting_is_refused_as_the_scenarios(
 ) -> None:
     assert main([*SCALE, *argv]) == 2
     assert capsys.readouterr().err == f"prefixfleet sim-autoscale: error: {line}\n"
+
+
+def test_a_drift_the_rotation_can_hold_over_the_day_still_builds() -> None:
+    # the check is on drift × tenants × duration: the same drift over a short enough day is fine
+    workload = build_scenario("diurnal", drift="1e306", duration_s="2")
+    assert workload.requests and max(r.arrival_s for r in workload.requests) < 2
 
 
 @pytest.mark.parametrize(
