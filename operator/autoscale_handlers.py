@@ -84,6 +84,7 @@ from .hot_subtrees import HotState, hot_subtrees
 from .models import InvalidFleetSpec, validate_spec
 from .planner import ANNOTATION_STATE, FleetRef, ObservedPod, observe_pod, pod_url, replica_selector
 from .prometheus_source import PrometheusSource, fleet_scope, prometheus_url
+from .redis_permissions import redis_error_text
 
 TICK_S = 1.0  # the timer ticks this often; each fleet's round runs every intervalSeconds
 SCRAPE_TIMEOUT_S = 2.0
@@ -279,7 +280,7 @@ async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
     try:
         await autoscale_round(ctx, auto, state, fleet, ref, spec, logger)
     except (RedisError, OSError, kopf.TemporaryError) as exc:
-        logger.warning("autoscaler round for %s skipped: %s", key, exc)
+        logger.warning("autoscaler round for %s skipped: %s", key, redis_error_text(exc))
 
 
 async def autoscale_round(

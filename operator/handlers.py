@@ -85,6 +85,7 @@ from .redis_permissions import (
     login,
     permission_problem,
     probe_commands,
+    redis_error_text,
     refusal_problem,
 )
 from .refusals import refusal_events, try_next_create, with_refusals
@@ -313,7 +314,11 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
                 async with ctx.using_redis(redis_url) as client:
                     await client.delete(FleetKeys(ref.redis_fleet).members)
             except RedisError as exc:
-                logger.warning("could not clear the membership of %s in Redis: %s", ref.redis_fleet, exc)
+                logger.warning(
+                    "could not clear the membership of %s in Redis: %s",
+                    ref.redis_fleet,
+                    redis_error_text(exc),
+                )
         forget_unavailable(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
         ctx.dial_redis(f"{namespace}/{name}", "")
         await ctx.close_unused_redis()  # its URL's clients, unless another fleet uses it or a call is on
@@ -769,7 +774,9 @@ async def publish_membership(ctx: OperatorContext, outcome: ReconcileOutcome, lo
             await write_membership(client, keys, desired, logger)
     except (RedisError, OSError) as exc:
         logger.warning(
-            "membership of %s not published (Redis: %s); retrying on the next reconcile", keys.fleet, exc
+            "membership of %s not published (Redis: %s); retrying on the next reconcile",
+            keys.fleet,
+            redis_error_text(exc),
         )
 
 

@@ -298,6 +298,21 @@ def handshake_unknown(exc: ResponseError) -> bool:
     return str(exc).startswith(("unknown command", "ERR unknown command")) and "HELLO" in str(exc).upper()
 
 
+# What Redis before 6 answers redis-py >= 8's HELLO, as said here (never Redis's own text)
+OLDER_THAN_6 = "ERR unknown command (a Redis older than 6)"
+
+
+def redis_error_text(exc: BaseException) -> str:
+    """``exc`` as a log line or a message may repeat it: its text, except for the refusal of the HELLO
+    every connection of redis-py >= 8 opens with, which Redis before 6 answers quoting HELLO's
+    arguments, the password among them (:func:`handshake_unknown`). Every Redis call of the operator
+    (membership, the autoscaler's reads, a deletion's cleanup) fails with it on such a Redis, each
+    reconcile: its log line said the password every 10 s."""
+    if isinstance(exc, ResponseError) and handshake_unknown(exc):
+        return f"HELLO ({HELLO.needed_by}): {OLDER_THAN_6}"
+    return str(exc)
+
+
 def about_login(exc: ResponseError) -> bool:
     """Whether Redis's error is about the credentials (refused, none sent) or the ACL."""
     return isinstance(exc, (AuthenticationError, NoPermissionError)) or str(exc).startswith(AUTH_REFUSALS)
@@ -350,7 +365,7 @@ def login(client: redis.Redis) -> None:
     except ResponseError as exc:
         if not handshake_unknown(exc):
             raise
-        raise RedisRefused(((HELLO, "ERR unknown command (a Redis older than 6)"),)) from exc
+        raise RedisRefused(((HELLO, OLDER_THAN_6),)) from exc
     reusable = False
     try:
         auth = login_args(conn)
