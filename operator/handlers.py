@@ -712,7 +712,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     if changes:
         kube.patch_status("PrefixCacheFleet", namespace, name, changes)
     draining = bool(plan.drain_pods) or any(p.draining and p.alive for p in pods)
-    events = (*events_carried_out(plan, written), *refusal_events(refused, conditions))
+    events = (*events_carried_out(plan, written, bool(refused)), *refusal_events(refused, conditions))
     return ReconcileOutcome(
         fleet,
         events,

@@ -1533,19 +1533,32 @@ def labels_event(writes: Sequence[LabelWrite]) -> list[PlannedEvent]:
     return [PlannedEvent("Normal", "LabelsChanged", message)]
 
 
-def events_carried_out(plan: ReconcilePlan, written: Collection[str]) -> tuple[PlannedEvent, ...]:
+# The Degraded reasons whose Warning Event the plan posts when the Degraded condition turns to them
+# (degraded_event, which compares with the condition the fleet shows)
+DEGRADED_EVENTS = frozenset({REDIS_UNUSABLE, REDIS_COMMANDS_REFUSED})
+
+
+def events_carried_out(
+    plan: ReconcilePlan, written: Collection[str], degraded_taken: bool = False
+) -> tuple[PlannedEvent, ...]:
     """The plan's Events once it ran, ``written`` being the replica pods and router children
     ("Kind/name") the API server took: its LabelsChanged Event says only the label writes carried
     out, its RouterChanged Event only the router children created or updated, and each goes when
     none was. A relabel or a router update refused round after round (an admission policy, a
     webhook) would otherwise post the same Event every round, saying it was being done; the refusal
-    has its own, once (ChildRefused)."""
+    has its own, once (ChildRefused).
+
+    ``degraded_taken``: a refused child took the fleet's Degraded condition this round
+    (refusals.with_refusals), so the plan's own Degraded cause is not what the fleet shows: its
+    Event (:data:`DEGRADED_EVENTS`) goes, and is posted when Degraded turns to it. Compared round
+    after round with a Degraded condition showing ChildRefused, it would be posted every round."""
+    events = tuple(e for e in plan.events if not (degraded_taken and e.reason in DEGRADED_EVENTS))
     done = [w for w in plan.label_writes if w.what in written]
     changed = [c for c in plan.children if c.key in written]
     if len(done) == len(plan.label_writes) and len(changed) == len(plan.children):
-        return plan.events
+        return events
     out: list[PlannedEvent] = []
-    for event in plan.events:
+    for event in events:
         if event.reason == "LabelsChanged":
             out += labels_event(done)
         elif event.reason == "RouterChanged":
