@@ -616,8 +616,34 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_compare_command)
 
 
+def _compare_spec(workload: str | None, trace: str | None) -> str:
+    """The workload ``compare`` replays: ``--workload``, else ``trace:`` the ``--trace`` path or the
+    shipped Mooncake trace, named as the user types it (the shipped one as the docs do,
+    ``trace:traces/mooncake_synthetic_trace.jsonl``, not by its absolute path), as every refusal
+    and the report say it."""
+    from prefixfleet.fleet.compare import default_trace_path, path_as_typed
+    from prefixfleet.sim.workloads import trace_file_problem
+
+    if workload is not None:
+        if trace:
+            raise UsageError("use --trace only with the default workload (or --workload trace:PATH)")
+        return workload
+    if trace:
+        if (problem := trace_file_problem(Path(trace))) is not None:
+            problem = "the trace was not found (no such file)" if problem == "not found" else problem
+            raise UsageError(f"--trace {trace}: {problem}")
+        return f"trace:{trace}"
+    shipped = default_trace_path()
+    if shipped is None:
+        raise UsageError(
+            "the Mooncake trace was not found (looked for traces/mooncake_synthetic_trace.jsonl"
+            " in the repository); pass --trace PATH or --workload W"
+        )
+    return f"trace:{path_as_typed(shipped, Path.cwd())}"
+
+
 def run_compare_command(args: argparse.Namespace) -> int:
-    from prefixfleet.fleet.compare import CompareOptions, default_trace_path, format_compare, run_compare
+    from prefixfleet.fleet.compare import CompareOptions, format_compare, run_compare
     from prefixfleet.fleet.local import engine_for_workload, workload_slice
     from prefixfleet.sim.cli import parse_settings
 
@@ -634,27 +660,13 @@ def run_compare_command(args: argparse.Namespace) -> int:
             f"--latency-rate × --latency-seconds is {probes:.3g} requests per path; "
             f"at most {MAX_LATENCY_PROBES:,}"
         )
-    sources = [*input_files(args.workload or ""), *([args.trace] if args.trace else [])]
+    spec = _compare_spec(args.workload, args.trace)
+    # the default trace is read too: '--json traces/mooncake_synthetic_trace.jsonl' replaced it
+    sources = input_files(spec)
     json_path = output_file(args.json, "--json", inputs=sources)
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=sources)
     run_dir = output_dir(args.run_dir, "--run-dir")
     overrides: dict[str, Any] = parse_settings(args.set)
-    spec = args.workload
-    if spec is None:
-        from prefixfleet.sim.workloads import trace_file_problem
-
-        if args.trace and (problem := trace_file_problem(Path(args.trace))) is not None:
-            problem = "the trace was not found (no such file)" if problem == "not found" else problem
-            raise UsageError(f"--trace {args.trace}: {problem}")
-        trace = Path(args.trace) if args.trace else default_trace_path()
-        if trace is None or not trace.is_file():
-            raise UsageError(
-                "the Mooncake trace was not found (looked for traces/mooncake_synthetic_trace.jsonl"
-                " in the repository); pass --trace PATH or --workload W"
-            )
-        spec = f"trace:{trace}"
-    elif args.trace:
-        raise UsageError("use --trace only with the default workload (or --workload trace:PATH)")
     block_tokens = COMPARE_DEFAULTS["block_tokens"] if args.block_tokens is None else args.block_tokens
     if spec.startswith("trace:"):
         overrides.setdefault("block_tokens", block_tokens)

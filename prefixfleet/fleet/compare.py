@@ -78,6 +78,16 @@ def default_trace_path() -> Path | None:
     return None
 
 
+def path_as_typed(path: Path, cwd: Path) -> str:
+    """``path`` as a user working in ``cwd`` would type it: relative when it lies under ``cwd``
+    (the docs' ``trace:traces/mooncake_synthetic_trace.jsonl``), else absolute (a trace found
+    beside the package while working elsewhere is named where it really is)."""
+    try:
+        return str(path.relative_to(cwd))
+    except ValueError:
+        return str(path)
+
+
 def sglang_router_available() -> bool:
     return importlib.util.find_spec("sglang_router") is not None
 
