@@ -24,6 +24,7 @@ from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
 from prefixfleet.router.content_coding import content_coding
 from prefixfleet.router.front import fallback_runner, json_parse_error_connections
+from prefixfleet.router.proxying import drain_refused_bodies
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
@@ -424,8 +425,12 @@ def build_app(engine: EngineRunner) -> web.Application:
     # (its rest unread: aiohttp lingered reading it and logged the stored error as a traceback).
     # SGLang ignores the header and reads the bytes as they came (docs/emulator.md, differences).
     coding = content_coding(lambda _r, status, message: _json_error(message, "body", status))
+    # An error answered before the body was read whole (413, 415) is sent, then the body's rest
+    # dropped while the client sends, as the gateway and sidecar do (router/proxying.py): a client
+    # that writes its whole body before reading (httpx) reads the answer instead of a reset.
     app = web.Application(
-        middlewares=[_errors, coding, deadline], client_max_size=engine.config.max_body_bytes
+        middlewares=[_errors, drain_refused_bodies(), coding, deadline],
+        client_max_size=engine.config.max_body_bytes,
     )
     app[ENGINE_KEY] = engine
     app[SERVER_INFO_KEY] = _server_info_static(engine.config)

@@ -31,10 +31,15 @@ def unsupported_coding(values: Sequence[str]) -> str | None:
     """The Content-Encoding (its header lines joined) when the body arrives in a coding aiohttp did
     not decode; None when it is plain or was decoded. ``identity`` is no coding; a list of codings
     (``gzip, br``) or several header lines is one aiohttp leaves encoded, so it is unsupported."""
-    codings = [c.strip().lower() for value in values for c in value.split(",")]
-    if all(c in NO_CODING for c in codings) or decoded_by_aiohttp(values):
+    if names_no_coding(values) or decoded_by_aiohttp(values):
         return None
     return ", ".join(v.strip() for v in values)
+
+
+def names_no_coding(values: Sequence[str]) -> bool:
+    """Whether these Content-Encoding header lines (none, or only ``identity``) leave the body as
+    sent: its Content-Length is then its size as read."""
+    return all(c.strip().lower() in NO_CODING for value in values for c in value.split(","))
 
 
 def decoded_by_aiohttp(values: Sequence[str]) -> bool:
@@ -56,8 +61,10 @@ def coding_in_parser_error(message: str) -> str:
 
 
 def unsupported_answer(response: web.StreamResponse) -> web.StreamResponse:
-    """``response`` (a 415) with the Accept-Encoding RFC 9110 asks for; the connection closes (the
-    body is never read)."""
+    """``response`` (a 415) with the Accept-Encoding RFC 9110 asks for; the connection closes. In the
+    apps the body is not read, then dropped while the client sends (``drain_refused_bodies``, outside
+    this middleware), so a client still uploading reads the 415; a parser refusal (br, zstd) closes
+    at once: aiohttp cannot frame the rest."""
     response.headers["Accept-Encoding"] = ACCEPT_ENCODING
     response.force_close()
     return response

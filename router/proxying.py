@@ -435,13 +435,14 @@ class StreamedText:
 
 @dataclass(frozen=True, slots=True)
 class DrainLimits:
-    """How much of a refused (413) body is read and dropped after its answer. A client that sends its
-    whole body before it reads (httpx, requests, most scripts) only sees the 413 if the server keeps
-    reading until it is done: closing with the upload still coming resets the connection, and the
-    client gets a ReadError with no message. So, like nginx's lingering close (lingering_timeout 5 s,
-    lingering_time 30 s), the rest is dropped for as long as the client keeps sending, bounded so a
-    hostile client cannot hold the connection: a pause above ``idle_s`` between pieces, more than
-    ``total_s`` in all or more than ``max_bytes`` past the limit, and the connection is closed."""
+    """How much of a refused body (an error answered before it was read whole) is read and dropped
+    after its answer. A client that sends its whole body before it reads (httpx, requests, most
+    scripts) only sees the answer if the server keeps reading until it is done: closing with the
+    upload still coming resets the connection, and the client gets a ReadError with no message. So,
+    like nginx's lingering close (lingering_timeout 5 s, lingering_time 30 s), the rest is dropped for
+    as long as the client keeps sending, bounded so a hostile client cannot hold the connection: a
+    pause above ``idle_s`` between pieces, more than ``total_s`` in all or more than ``max_bytes``
+    dropped, and the connection is closed."""
 
     idle_s: float = 5.0
     total_s: float = 30.0
@@ -451,22 +452,35 @@ class DrainLimits:
 DRAIN_LIMITS = DrainLimits()
 
 
-def worth_draining(declared_length: int | None, limit: int, limits: DrainLimits) -> bool:
-    """Whether to read the rest of a body refused for passing ``limit``: not when its declared
-    Content-Length is more than ``limits.max_bytes`` past it. Such a body cannot end within the cap,
-    so draining part of it would only delay the same reset, after spending the bandwidth; a client
-    declaring it knew its size before sending, and the 413 still goes out first for one that reads
-    while it sends. A chunked body (no declared length) is drained and cut at the cap."""
-    return declared_length is None or declared_length - limit <= limits.max_bytes
+def worth_draining(declared_length: int | None, received: int, limits: DrainLimits) -> bool:
+    """Whether to read the rest of a refused body of which ``received`` bytes had arrived when it
+    was answered: not when its declared Content-Length is more than ``limits.max_bytes`` past that.
+    Such a body cannot end within the cap, so draining part of it would only delay the same reset,
+    after spending the bandwidth; a client declaring it knew its size before sending, and the answer
+    still goes out first for one that reads while it sends. A chunked body (no declared length) is
+    drained and cut at the cap. (``received`` counts decoded bytes for a gzip body, its length the
+    encoded ones: such a body may be drained and cut at the cap.)"""
+    return declared_length is None or declared_length - received <= limits.max_bytes
 
 
-async def drain_rest(content: StreamReader, limits: DrainLimits) -> bool:
-    """Read and drop what is left of a request body; True once it ended within ``limits``, False
-    when a limit cut it off or the connection failed (reset, broken framing)."""
+def drained_after(status: int) -> bool:
+    """Whether an answer with this status, sent before the request body was read whole, is followed
+    by draining the body: every error (413 too large, 415 unsupported coding, ...: the client is
+    still sending and would meet a reset instead of the answer) but 408. A 408 means the body did
+    not arrive within the body limit: the client stalled (nothing in flight to reset) or trickles,
+    and draining would hand a slow client the connection for another ``total_s``, the very thing
+    the 408 ends. A success answered before its body was read is aiohttp's own business."""
+    return status >= 400 and status != 408
+
+
+async def drain_rest(content: StreamReader, limits: DrainLimits, received: int) -> bool:
+    """Read and drop what is left of a request body of which ``received`` bytes had arrived (in the
+    stream's count, ``total_bytes``) when it was answered; True once it ended within ``limits``,
+    False when a limit cut it off or the connection failed (reset, broken framing). The byte cap
+    counts from ``received``, as :func:`worth_draining` does."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limits.total_s
-    drained = 0
-    while drained <= limits.max_bytes:
+    while content.total_bytes - received <= limits.max_bytes:
         wait = min(limits.idle_s, deadline - loop.time())
         if wait <= 0:
             return False
@@ -477,25 +491,28 @@ async def drain_rest(content: StreamReader, limits: DrainLimits) -> bool:
             return False
         if not chunk:
             return True
-        drained += len(chunk)
     return False
 
 
 async def answer_then_drain(
-    request: web.Request, response: web.Response, limit: int, limits: DrainLimits = DRAIN_LIMITS
+    request: web.Request, response: web.Response, limits: DrainLimits = DRAIN_LIMITS
 ) -> None:
-    """Send ``response`` (a 413 for a body above ``limit``, answered before the body was read whole)
-    at once, then drop the body's rest within ``limits``. The connection then closes: cleanly (FIN)
-    when the body ended, so the client reads the answer; at once otherwise (aiohttp would linger
-    another ``lingering_time`` first)."""
+    """Send ``response`` (an error answered before the body was read whole) at once, then drop the
+    body's rest within ``limits``. The connection then closes: cleanly (FIN) when the body ended, so
+    the client reads the answer; at once otherwise (aiohttp would linger another ``lingering_time``
+    first)."""
     response.force_close()
+    # read before answering: the bytes that arrive while the answer is written are part of the rest
+    received = request.content.total_bytes
     try:
         await answer_now(request, response)
     except ConnectionError:  # the client left: nothing to drain (aiohttp's own write says so again)
         return
     if request.content.is_eof():
         return
-    if worth_draining(request.content_length, limit, limits) and await drain_rest(request.content, limits):
+    if worth_draining(request.content_length, received, limits) and await drain_rest(
+        request.content, limits, received
+    ):
         return
     request.protocol.force_close()
 
@@ -506,25 +523,26 @@ async def refuse_too_large(
     """413 for a body above ``limit``, already sent; the connection closes after the body's rest was
     dropped (:func:`answer_then_drain`), so a client still sending reads the answer, not a reset."""
     response = json_error(413, f"request body exceeds {limit} bytes", param="body")
-    await answer_then_drain(request, response, limit, limits)
+    await answer_then_drain(request, response, limits)
     return response
 
 
 def drain_refused_bodies(limits: DrainLimits = DRAIN_LIMITS) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Middleware, outside :func:`~.slow_clients.body_deadline` (whose 413 is answered as soon as the
-    body passes the app's ``client_max_size``): a 413 answered before its body was read whole is
-    sent, then the body's rest dropped (:func:`answer_then_drain`)."""
+    """Middleware, outside the body middleware (:func:`~.content_coding.content_coding`'s 415 and
+    :func:`~.slow_clients.body_deadline`'s 413 are answered before the body was read whole): such an
+    error answer is sent, then the body's rest dropped (:func:`answer_then_drain`); which errors,
+    :func:`drained_after`."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
         if (
-            response.status == 413
+            drained_after(response.status)
             and isinstance(response, web.Response)
             and not response.prepared
             and not request.content.is_eof()
         ):
-            await answer_then_drain(request, response, request.client_max_size, limits)
+            await answer_then_drain(request, response, limits)
         return response
 
     return middleware

@@ -17,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
-from .content_coding import read_body
+from .content_coding import names_no_coding, read_body
 
 BODY_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_BODY_TIMEOUT_S"
 IDLE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_IDLE_TIMEOUT_S"
@@ -80,12 +80,16 @@ def body_deadline(
     timeouts: ClientTimeouts, respond: Responder
 ) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Middleware: read the body within ``timeouts.body_s`` (408) and within the app's
-    ``client_max_size`` (413); ``respond(request, status, message)`` shapes the error answer.
+    ``client_max_size`` (413; at once, before reading, when its declared length is above it:
+    :func:`declared_too_large`); ``respond(request, status, message)`` shapes the error answer.
     Handlers then get the buffered body from ``request.read()`` at no cost."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.body_exists:
+            codings = request.headers.getall("Content-Encoding", [])
+            if declared_too_large(request.content_length, request.client_max_size, codings):
+                return _too_large(request, respond)
             try:
                 if request.content.is_eof():
                     await read_body(request)  # already all here (the usual small body): no timer to arm
@@ -97,9 +101,22 @@ def body_deadline(
                 response.force_close()
                 return response
             except web.HTTPRequestEntityTooLarge:
-                response = respond(request, 413, f"request body exceeds {request.client_max_size} bytes")
-                response.force_close()  # the rest of the body is never read
-                return response
+                return _too_large(request, respond)
         return await handler(request)
 
     return middleware
+
+
+def declared_too_large(declared_length: int | None, limit: int, codings: Sequence[str]) -> bool:
+    """Whether a body is above ``limit`` (the app's ``client_max_size``, 0 for none) by its
+    Content-Length alone, so it can be refused before a byte of it is read. Only a body sent as is
+    (no Content-Encoding, or ``identity``): the limit counts decoded bytes, and a gzip body's length
+    says little about its decoded size (incompressible data grows a little when compressed)."""
+    too_long = limit > 0 and declared_length is not None and declared_length > limit
+    return too_long and names_no_coding(codings)
+
+
+def _too_large(request: web.Request, respond: Responder) -> web.StreamResponse:
+    response = respond(request, 413, f"request body exceeds {request.client_max_size} bytes")
+    response.force_close()  # the rest of the body is not read here (drain_refused_bodies may)
+    return response
