@@ -164,6 +164,13 @@ class FleetView:
         ]
 
 
+def present_only(created: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
+    """``created`` for the replicas ``names`` only: without forgetting the ones gone, a long
+    ``prefixfleet up --autoscale`` run kept the creation time of every replica it ever started."""
+    present = set(names)
+    return {name: at for name, at in created.items() if name in present}
+
+
 @dataclass
 class LocalAutoscaler:
     """Runs rounds every ``interval_s`` against ``fleet`` until cancelled or ``stop`` is set."""
@@ -184,7 +191,7 @@ class LocalAutoscaler:
     draining: set[str] = field(default_factory=set)
     warming: set[str] = field(default_factory=set)
     prewarming: set[str] = field(default_factory=set)  # existing replicas with a warm-up in flight
-    created: dict[str, float] = field(default_factory=dict)
+    created: dict[str, float] = field(default_factory=dict)  # of the fleet's replicas (pruned each round)
     observed: FleetObservation | None = None  # the last round's (whether a new one warms, if Redis fails)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -256,6 +263,11 @@ class LocalAutoscaler:
         # and out of `draining` (a later read of `draining` counted it as serving: a second scale-down).
         view = self.view()
         names = view.names
+        # Also at that moment (no await since view()): a replica's creation time is kept while it is
+        # in the fleet (_add_replica records it as the replica joins), so one not in the view is gone
+        # (drained, or reaped) and is forgotten; after the awaits, a replica that joined meanwhile
+        # would be missing from `names` and lose its own.
+        self.created = present_only(self.created, names)
         loads, summaries = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
         urls = {r.worker_id: r.sidecar_url for r in view.replicas if r.sidecar_url}
         reading = await self.read_engines(http, urls, prometheus)
