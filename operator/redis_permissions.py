@@ -4,8 +4,9 @@ A user may PING (so the operator's login check finds nothing) and still be denie
 channel the fleet needs: the operator's membership, the sidecars' load records, the gateways' pushes.
 Those fail one call at a time, each only logged by whichever process ran it. The operator asks Redis
 once per reconcile, with the same credentials as every pod of the fleet, by queueing each command in
-a transaction it then aborts: Redis checks a queued command's ACL permissions (command, keys,
-channels) when it queues it, so a denial is answered without anything being written or published.
+a transaction it then discards (DISCARD, never EXEC): Redis checks a queued command's ACL permissions
+(command, keys, channels) when it queues it, so a denial is answered without anything being written
+or published.
 
 An error that is about neither the credentials nor the ACL (a read-only replica, out of memory, a
 dataset loading, a script running, a failed snapshot, a proxy without the command) is not a denial:
@@ -105,12 +106,9 @@ EXEC = FleetCommand(("EXEC",), "the operator: membership (a transaction)")
 PING = FleetCommand(("PING",), "the operator, the sidecars and the gateways")
 # redis-py 8 opens every connection with HELLO 3 (RESP3), the fleet's pods' as the operator's
 HELLO = FleetCommand(("HELLO",), "every Redis client of the fleet, as it connects: Redis 6 or later")
-# What ends the probe's transaction: a command Redis refuses as it queues it whatever the user may
-# run (a GET without its key: the arity is checked before the ACL). Any refusal while queueing makes
-# EXEC discard the transaction ("EXECABORT ... previous errors") instead of running it, so EXEC
-# ends it, and the user needs no DISCARD, which the fleet never runs: a user denied it had its
-# connection left inside MULTI, closed and dialled again every round.
-ABORT = ("GET",)
+# What ends the probe's transaction: never EXEC, which would run the fleet's commands wherever the
+# transaction was not aborted (a proxy answering a command itself and forwarding the EXEC).
+DISCARD = ("DISCARD",)
 # ResponseError prefixes of a refused login that redis-py may not have mapped to AuthenticationError
 AUTH_REFUSALS = ("WRONGPASS", "NOAUTH")
 
@@ -201,26 +199,39 @@ def pooled_connection(pool: ConnectionPool) -> AbstractConnection:
 
 def probe_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> ProbeAnswer:
     """Which of ``commands`` (and MULTI/EXEC) the server denies the user (NOPERM) or refuses for
-    another reason, found without running any: they are queued in a transaction that is then
-    aborted. Errors of the connection and timeouts propagate (an outage, said elsewhere); a server
-    that does not queue after MULTI (a proxy answering OK) tells nothing without running them.
+    another reason, found without running any: they are queued in a transaction that DISCARD ends.
+    Errors of the connection and timeouts propagate (an outage, said elsewhere); a server that does
+    not queue after MULTI (a proxy answering OK) tells nothing without running them.
 
-    The transaction ends with :data:`ABORT` then EXEC, which Redis answers EXECABORT without running
-    anything: so EXEC's own permission is found too (a refused EXEC answers EXECABORT quoting the
-    NOPERM, Redis >= 6.2), and no DISCARD is needed. Redis 6.0 leaves the transaction open when it
-    refuses EXEC; DISCARD ends it there.
+    The transaction holding the fleet's commands is never followed by EXEC, whatever was answered:
+    an EXEC would run them wherever the transaction was not aborted as Redis aborts it (a proxy
+    answering a command itself, which then executes the rest upstream: ``DEL`` on the fleet's
+    membership every round). It ends with DISCARD, which runs nothing; when the user may not run
+    DISCARD the connection is closed, which ends the transaction on the server, running nothing (one
+    new connection per round for such a user). EXEC's own permission is asked before, outside any
+    transaction: ``EXEC`` alone answers ``EXEC without MULTI`` when allowed, NOPERM when denied (the
+    ACL is checked first), and leaves no transaction open on any Redis >= 6.
 
     The connection comes from ``client``'s pool and goes back to it (the operator's per-URL client:
     no new connection per reconcile) only once every reply was read and it is known to be outside a
-    transaction; otherwise (an error, a timeout, a proxy, a transaction not ended) it is closed
-    first, so the pool never hands out one left inside MULTI or with a reply still unread."""
+    transaction; otherwise (an error, a timeout, a proxy, DISCARD refused) it is closed first, so
+    the pool never hands out one left inside MULTI or with a reply still unread."""
     pool = client.connection_pool
     conn = pooled_connection(pool)
     reusable = False
     try:
-        # MULTI and a harmless PING first, the fleet's commands only once PING was QUEUED: were MULTI
-        # refused, or taken by a server that does not queue (a proxy answering OK), they would run
-        conn.send_packed_command(conn.pack_commands([MULTI.argv, PING.argv]))
+        # EXEC outside a transaction (the pool's connections are outside one), then MULTI and a
+        # harmless PING, the fleet's commands only once PING was QUEUED: were MULTI refused, or taken
+        # by a server that does not queue (a proxy answering OK), they would run
+        conn.send_packed_command(conn.pack_commands([EXEC.argv, MULTI.argv, PING.argv]))
+        exec_denied: tuple[FleetCommand, ...] = ()
+        try:
+            conn.read_response()  # a list only where EXEC ran an empty transaction (a proxy): nothing
+        except ResponseError as exc:
+            # allowed: "EXEC without MULTI". Denied: NOPERM (Redis 6.0), or EXECABORT quoting the
+            # NOPERM (6.2 and later answer a refused EXEC so, inside a transaction or not)
+            if isinstance(exc, NoPermissionError) or "NOPERM" in str(exc):
+                exec_denied = (EXEC,)
         try:
             conn.read_response()
         except ResponseError as exc:
@@ -232,7 +243,7 @@ def probe_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> Pro
             return ProbeAnswer(refused=((MULTI, server_error(exc)),))  # e.g. a proxy without MULTI
         if conn.read_response() not in (b"QUEUED", "QUEUED"):
             return ProbeAnswer()  # not a transaction: nothing we can tell without running the commands
-        conn.send_packed_command(conn.pack_commands([c.argv for c in commands] + [ABORT]))
+        conn.send_packed_command(conn.pack_commands([c.argv for c in commands] + [DISCARD]))
         denied: list[FleetCommand] = []
         refused: list[Refusal] = []
         for command in commands:
@@ -242,32 +253,11 @@ def probe_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> Pro
                 denied.append(command)
             except ResponseError as exc:
                 refused.append((command, server_error(exc)))  # READONLY, OOM, MISCONF, unknown...
-        try:
-            conn.read_response()
-        except ResponseError:
-            pass  # refused as it should be: EXEC discards the transaction
-        else:
-            # queued: this server would run it. DISCARD, or (refused) the connection is closed
-            conn.send_command("DISCARD")
-            with contextlib.suppress(ResponseError):
-                conn.read_response()
-                reusable = True
-            return ProbeAnswer(tuple(denied), tuple(refused))
-        conn.send_command(*EXEC.argv)
-        try:
-            conn.read_response()  # not reached on a Redis: it answers EXECABORT
-            reusable = True
-        except ExecAbortError as exc:
-            if "NOPERM" in str(exc):  # EXEC refused, the transaction discarded with it
-                denied.append(EXEC)
-            reusable = True
-        except NoPermissionError:
-            denied.append(EXEC)  # Redis 6.0: still inside the transaction
-            conn.send_command("DISCARD")
-            with contextlib.suppress(ResponseError):  # DISCARD refused too: closed below
-                conn.read_response()
-                reusable = True
-        return ProbeAnswer(tuple(denied), tuple(refused))
+        # DISCARD refused (the fleet never runs it): the connection, still inside the transaction,
+        # is closed below, and the server drops the transaction with it
+        with contextlib.suppress(ResponseError):
+            reusable = conn.read_response() in (b"OK", "OK", True)
+        return ProbeAnswer((*denied, *exec_denied), tuple(refused))
     finally:
         if not reusable:
             conn.disconnect()

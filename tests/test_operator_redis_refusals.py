@@ -15,14 +15,15 @@ running or a failed snapshot refused the PING and the round looked like an outag
 * a connection closed mid-check is an outage (nothing said), as before;
 * a Redis older than 6 (no ACL, no ``ACL`` command) has nothing to deny: a password-only login with
   every command allowed; the checks say nothing and run nothing;
-* the probe ends its transaction with EXEC (aborted by a command refused on purpose), so a user
-  denied DISCARD, which the fleet never runs, keeps one connection across rounds (before: a new
-  connection every round, the last one left inside MULTI and closed).
+* the probe ends the transaction holding the fleet's commands with DISCARD, never EXEC; a user
+  denied DISCARD has that connection closed (one new connection per round). 2870a24 ended it with
+  EXEC after a command refused on purpose, which a proxy answering that command itself turned into
+  running the fleet's writes (tests/test_operator_redis_probe_proxy.py).
 
 Real Valkey/Redis servers where they can produce the answer (READONLY, OOM, MISCONF, BUSY, an ACL);
 a small fake RESP server in this file for what a real one cannot easily be made to answer on demand
 (LOADING lasts only while a large dataset loads; a Redis 5 without ACLs; Redis 6.0's refused EXEC
-that leaves the transaction open; a proxy refusing MULTI; a connection closed mid-check).
+answered NOPERM; a proxy refusing MULTI; a connection closed mid-check).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def rounds(ctx: OperatorContext, url: str, n: int = 1) -> list[tuple[str | None,
     return found
 
 
-# ------------------------------------------------------------------ DISCARD is not needed
+# ------------------------------------------------------------------ DISCARD, never EXEC
 
 
 @pytest.mark.parametrize(
@@ -110,27 +111,32 @@ def rounds(ctx: OperatorContext, url: str, n: int = 1) -> list[tuple[str | None,
         ("no-discard-exec", ("-discard", "-exec"), "EXEC (the operator: membership (a transaction))"),
     ],
 )
-def test_a_user_denied_discard_keeps_one_connection_across_rounds(
+def test_a_user_denied_discard_has_the_probes_connection_closed_never_an_exec(
     acl_redis: AclRedis, ctx: OperatorContext, user: str, rules: tuple[str, ...], said: str
 ) -> None:
-    # before: DISCARD refused left the probe's connection inside MULTI, so it was closed and the next
-    # round's login dialled a new one: 6 connections in 6 rounds
+    # the transaction holding the fleet's commands is never ended by EXEC (a proxy answering a
+    # command itself would have it run: tests/test_operator_redis_probe_proxy.py); DISCARD refused,
+    # the connection is closed, which ends it on the server without running anything. The cost: one
+    # new connection per round (2870a24 kept one by ending the transaction with EXEC)
     url = acl_redis.user(user, *ALL_FLEET_KEYS, *rules)
     before = connections_received(acl_redis)
-    found = rounds(ctx, url, 6)
-    assert connections_received(acl_redis) - before == 1
-    assert in_transaction(acl_redis, user) == []
+    found = rounds(ctx, url, 3)
+    assert connections_received(acl_redis) - before == 3
+    wait_until(lambda: in_transaction(acl_redis, user) == [], 10, what="no connection left inside MULTI")
     assert len(set(found)) == 1, found
     login, permissions, refused = found[0]
     assert login == "" and refused == "", found[0]
     assert permissions is not None and said in permissions, permissions
-    assert "DISCARD" not in permissions  # the fleet never runs it: not asked of the user
+    assert "DISCARD" not in permissions  # the fleet never runs it: not a denial
     assert acl_redis.admin.dbsize() == 0  # the probe's writes never ran
 
 
-def test_the_minimal_user_needs_no_discard(acl_redis: AclRedis, ctx: OperatorContext) -> None:
+def test_the_minimal_user_keeps_one_connection(acl_redis: AclRedis, ctx: OperatorContext) -> None:
+    # +discard (docs/operator.md): the fleet never runs it, but the check ends its transaction with it
     fleet = f"{PREFIX}*"
-    commands = "ping hgetall hset hdel del get mget set pexpire publish subscribe pubsub|numsub multi exec"
+    commands = (
+        "ping hgetall hset hdel del get mget set pexpire publish subscribe pubsub|numsub multi exec discard"
+    )
     url = acl_redis.user("minimal", f"~{fleet}", f"&{fleet}", *(f"+{c}" for c in commands.split()))
     before = connections_received(acl_redis)
     assert rounds(ctx, url, 3) == [("", "", "")] * 3
@@ -443,10 +449,9 @@ def test_a_redis_older_than_6_that_wants_a_password_the_fleet_lacks_says_so(ctx:
     assert (permissions, refused) == (None, "")
 
 
-def test_redis_6_0_leaves_a_refused_exec_inside_the_transaction_and_discard_ends_it(
-    ctx: OperatorContext,
-) -> None:
-    # Redis 6.0 answers a refused EXEC with NOPERM alone, still inside MULTI (6.2 and later discard it)
+def test_redis_6_0_answering_a_refused_exec_with_noperm_alone_is_a_denial(ctx: OperatorContext) -> None:
+    # Redis 6.0 answers a refused EXEC with NOPERM alone (6.2 and later: EXECABORT quoting it); the
+    # probe asks EXEC outside any transaction, so none is left open either way
     nope = "NOPERM this user has no permissions to run the 'exec' command or its subcommand"
     with fake_redis(refuse={"EXEC": nope}) as fake:
         found = rounds(ctx, fake.url(), 3)
