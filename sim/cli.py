@@ -96,9 +96,12 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
             continue
         if field_type is int:  # a count (max_running, step_token_budget): 1e3 is one, 2.5 is not
             count = whole_number(value)
+            # max_running and step_token_budget must be positive (ServiceConfig's rule, refused here
+            # with the flag and the text typed: its own line said "got 0" of '0e0')
             if count is None:
-                # max_running and step_token_budget must be positive (ServiceConfig says so for -1)
                 raise UsageError(f"--engine {key} {count_refusal(value, floor='positive')}")
+            if count <= 0:
+                raise UsageError(f"--engine {key} must be positive, got {value!r}")
             values[key] = count
             continue
         try:
@@ -107,6 +110,8 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
             raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
         if not math.isfinite(values[key]):  # nan times never compare: the event loop starved
             raise UsageError(f"--engine {key} must be a finite number, got {value!r}")
+        if values[key] < 0:  # every float field is a duration or a cost (ServiceConfig's rule)
+            raise UsageError(f"--engine {key} must be >= 0, got {value!r}")
     try:
         return ServiceConfig(**values)
     except ValueError as exc:

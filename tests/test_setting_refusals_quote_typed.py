@@ -97,3 +97,22 @@ def test_a_value_passed_from_python_is_quoted_as_passed() -> None:
     # the library call has no text: its refusal shows the value it was given (0.0, not '0.0')
     with pytest.raises(ValueError, match=r"^workload 'gsp' setting 'rate_rps' must be positive, got 0\.0$"):
         build_workload("gsp", rate_rps=0.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        # ServiceConfig's own lines: "max_running must be positive, got 0" (of '0e0'), and a negative
+        # duration "decode_base_s must be >= 0" without the value or the flag
+        (["--engine", "max_running=0e0"], "--engine max_running must be positive, got '0e0'"),
+        (["--engine", "step_token_budget=-1e0"], "--engine step_token_budget must be positive, got '-1e0'"),
+        (["--engine", "decode_base_s=-1e0"], "--engine decode_base_s must be >= 0, got '-1e0'"),
+        (["--engine", "prefill_pass_s=-0.50"], "--engine prefill_pass_s must be >= 0, got '-0.50'"),
+    ],
+)
+@pytest.mark.parametrize("command", [[*SIM, "chat"], [*SCALE, "viral"]])
+def test_an_engine_parameter_is_quoted_as_typed(
+    command: list[str], argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--service", "batched", *argv]) == 2
+    assert capsys.readouterr().err == f"prefixfleet {command[0]}: error: {line}\n"

@@ -27,10 +27,13 @@ SIM = ["sim", "--workload", "prefixroute", "--set", "num_requests=5", "--policie
             "forward_delay_s, share_sends apply to the emulator service model only (--service emulator), "
             "not batched",
         ),
-        (["--service", "batched", "--engine", "max_running=0"], "max_running must be positive, got 0"),
+        (
+            ["--service", "batched", "--engine", "max_running=0"],
+            "--engine max_running must be positive, got '0'",
+        ),
         (
             ["--service", "batched", "--engine", "step_token_budget=-3"],
-            "step_token_budget must be positive, got -3",
+            "--engine step_token_budget must be positive, got '-3'",
         ),
     ],
 )

@@ -59,7 +59,7 @@ def test_a_float_setting_still_names_finiteness(capsys: pytest.CaptureFixture[st
     [
         ("2.5", "prefixfleet sim: error: --engine max_running must be a whole number, got '2.5'"),
         ("abc", "prefixfleet sim: error: --engine max_running must be a whole number, got 'abc'"),
-        ("0", "prefixfleet sim: error: max_running must be positive, got 0"),
+        ("0", "prefixfleet sim: error: --engine max_running must be positive, got '0'"),
     ],
 )
 def test_an_engine_count_names_the_rule_it_breaks(
