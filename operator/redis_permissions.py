@@ -40,7 +40,9 @@ from redis.exceptions import (
     ResponseError,
 )
 
+from prefixfleet.router import redis_conn
 from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.redis_conn import OLDER_THAN_6, handshake_unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,26 +283,13 @@ def login_args(conn: AbstractConnection) -> tuple[str, ...]:
 NO_PASSWORD_PROBE = ("default", "prefixfleet-checks-that-no-password-is-needed")
 
 
-def handshake_unknown(exc: ResponseError) -> bool:
-    """Whether Redis answered the HELLO that redis-py >= 8 opens every connection with (RESP3) as
-    an unknown command: Redis before 6. Its text is not quoted anywhere: Redis echoes the command's
-    first arguments, and HELLO carries the password (``HELLO 3 AUTH user password``)."""
-    return str(exc).startswith(("unknown command", "ERR unknown command")) and "HELLO" in str(exc).upper()
-
-
-# What Redis before 6 answers redis-py >= 8's HELLO, as said here (never Redis's own text)
-OLDER_THAN_6 = "ERR unknown command (a Redis older than 6)"
-
-
 def redis_error_text(exc: BaseException) -> str:
-    """``exc`` as a log line or a message may repeat it: its text, except for the refusal of the HELLO
-    every connection of redis-py >= 8 opens with, which Redis before 6 answers quoting HELLO's
-    arguments, the password among them (:func:`handshake_unknown`). Every Redis call of the operator
-    (membership, the autoscaler's reads, a deletion's cleanup) fails with it on such a Redis, each
-    reconcile: its log line said the password every 10 s."""
-    if isinstance(exc, ResponseError) and handshake_unknown(exc):
-        return f"HELLO ({HELLO.needed_by}): {OLDER_THAN_6}"
-    return str(exc)
+    """``exc`` as a log line or a message may repeat it (the router's :func:`redis_conn.redis_error_text`,
+    which the sidecars and gateways use too): its text, except for Redis before 6 refusing the HELLO
+    every connection of redis-py >= 8 opens with, quoting HELLO's arguments, the password among them.
+    Every Redis call of the operator (membership, the autoscaler's reads, a deletion's cleanup)
+    fails with it on such a Redis, each reconcile: its log line said the password every 10 s."""
+    return redis_conn.redis_error_text(exc, f"HELLO ({HELLO.needed_by})")
 
 
 def about_login(exc: ResponseError) -> bool:

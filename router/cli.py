@@ -428,7 +428,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from .inspect import fleet_report, format_report, report_json
     from .keys import FleetKeys
     from .records import split_member_fields
-    from .redis_conn import connect_redis, redacted
+    from .redis_conn import connect_redis, redacted, redis_error_text
 
     _check_redis_url(args.redis)
     json_path = output_file(args.json, "--json") if args.json != "-" else None
@@ -457,7 +457,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(read())
     except (aioredis.RedisError, OSError) as exc:
-        raise UsageError(f"cannot read {redacted(args.redis)}: {exc}") from None
+        raise UsageError(f"cannot read {redacted(args.redis)}: {redis_error_text(exc)}") from None
     for wid in invalid:
         print(f"prefixfleet router inspect: ignoring member {wid!r}: not a valid worker id", file=sys.stderr)
     if invalid:  # malformed like a bad record: the fleet is not healthy

@@ -66,7 +66,7 @@ from .records import (
     encode_withdraw,
     split_member_fields,
 )
-from .redis_conn import connect_redis
+from .redis_conn import connect_redis, redis_error_text
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -438,7 +438,7 @@ class Gateway:
                 "publishing on the sends channel failed (%s): %d send notices and %d withdrawals "
                 "lost; peers keep counting lost withdrawals' sends as hits until a summary or the "
                 "overlay TTL (%g s). Not logged again until publishing works",
-                exc,
+                redis_error_text(exc),
                 len(batch) - withdrawals,
                 withdrawals,
                 self.config.overlay_ttl_s,
@@ -459,7 +459,7 @@ class Gateway:
                 self.view.refresh_failed()
                 self.metrics.redis_up.set(0)
                 if self.redis_ok:
-                    log.warning("redis unavailable (%s): routing on the last view", exc)
+                    log.warning("redis unavailable (%s): routing on the last view", redis_error_text(exc))
                     self.redis_ok = False
             except Exception:  # a bug must not stop the refresh loop (nor log a traceback 5 times a second)
                 pause = max(pause, backoff)

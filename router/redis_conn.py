@@ -11,6 +11,7 @@ server against a private CA. A password already in the URL wins over the environ
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -82,3 +83,29 @@ def redacted(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return parts._replace(netloc=netloc).geturl()
+
+
+# What Redis before 6 answers redis-py >= 8's HELLO, as said here (never Redis's own text)
+OLDER_THAN_6 = "ERR unknown command (a Redis older than 6)"
+# The command it refused, for a log line of a process that is not the operator (which says whose)
+HANDSHAKE = "HELLO (redis-py >= 8 opens every connection with it: Redis 6 or later)"
+_UNKNOWN_HELLO = re.compile(r"unknown command\W{0,3}hello\b", re.IGNORECASE)
+
+
+def handshake_unknown(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis's answer to the ``HELLO 3 AUTH <user> <password>`` that redis-py >= 8
+    opens every connection with, as an unknown command: Redis before 6. Redis 5 words it ``unknown
+    command `HELLO`, with args beginning with: `3`, `AUTH`, `<user>`, `<password>`,``: its text must
+    never be repeated. Matched on the text whatever the exception's class (a wrapper keeps it), and
+    Redis 4's ``unknown command 'HELLO'`` or a proxy's lowercase name alike."""
+    return _UNKNOWN_HELLO.search(str(exc)) is not None
+
+
+def redis_error_text(exc: BaseException, handshake: str = HANDSHAKE) -> str:
+    """``exc`` as a log line, a message or an error shown to a user may repeat it: its text, except
+    for Redis before 6 refusing the HELLO (:func:`handshake_unknown`), said as ``handshake``:
+    :data:`OLDER_THAN_6`. Every Redis call of a sidecar, a gateway or the operator fails with it on
+    such a Redis, its log line repeated with each outage warning: it said the password."""
+    if handshake_unknown(exc):
+        return f"{handshake}: {OLDER_THAN_6}"
+    return str(exc)

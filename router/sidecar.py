@@ -73,7 +73,7 @@ from .records import (
     validate_state,
     validate_worker_id,
 )
-from .redis_conn import connect_redis
+from .redis_conn import connect_redis, redis_error_text
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -608,7 +608,9 @@ class Sidecar:
                 failed = False
             except (aioredis.RedisError, OSError, TimeoutError) as exc:
                 if self.s.redis_ok:
-                    log.warning("redis unavailable (%s): still proxying, retrying with backoff", exc)
+                    log.warning(
+                        "redis unavailable (%s): still proxying, retrying with backoff", redis_error_text(exc)
+                    )
                     self.s.redis_ok = False
                 failed = True
             except Exception:  # a bug must not end the heartbeat: gateways would take us for dead
