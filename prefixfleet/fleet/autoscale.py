@@ -164,6 +164,13 @@ class FleetView:
         ]
 
 
+def in_flight(status: Any) -> bool:
+    """Whether a sidecar's ``/prefixfleet/status`` answer says requests are still in flight. An answer
+    of another shape tells nothing to wait for (as an unreachable sidecar): the drain goes on."""
+    load = status.get("load") if isinstance(status, dict) else None
+    return bool(load.get("in_flight")) if isinstance(load, dict) else False
+
+
 def present_only(created: Mapping[str, float], names: Sequence[str]) -> dict[str, float]:
     """``created`` for the replicas ``names`` only: without forgetting the ones gone, a long
     ``prefixfleet up --autoscale`` run kept the creation time of every replica it ever started."""
@@ -360,11 +367,12 @@ class LocalAutoscaler:
                 await self._warm(replica.worker_id, url, subtree_ids, subtrees, http, new=True)
             elif subtree_ids:
                 self._event("prewarm", f"{replica.worker_id}: skipped, a ready replica waits past saturation")
-            self.warming.discard(replica.worker_id)
         finally:
             self.reserved.discard(index)
             if counted:
                 self.starting -= 1
+            else:  # (a failed warm-up too: else it would be observed as warming for good)
+                self.warming.discard(replica.worker_id)
 
     async def _warm(
         self,
@@ -391,10 +399,10 @@ class LocalAutoscaler:
             )  # fmt: skip
         finally:
             self.prewarming.discard(name)
-        if new:
-            with contextlib.suppress(httpx.HTTPError):
-                await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
-            self.warming.discard(name)
+            if new:  # warmed or not, it serves from here on (a failed warm-up is said by the caller)
+                with contextlib.suppress(httpx.HTTPError):
+                    await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
+                self.warming.discard(name)
         self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
 
     async def _drain(self, replica: Replica, http: httpx.AsyncClient) -> None:
@@ -415,13 +423,15 @@ class LocalAutoscaler:
                     status = (await http.get(f"{url}/prefixfleet/status")).json()
                 except (httpx.HTTPError, ValueError):
                     break
-                if not status.get("load", {}).get("in_flight"):
+                if not in_flight(status):
                     break
             if replica in self.fleet.replicas:
                 await self.fleet.stop_replica(replica)
                 with contextlib.suppress(ValueError):  # (the reaper may have taken it out meanwhile)
                     self.fleet.replicas.remove(replica)
         finally:
+            # also when the stop fails: a name left in `draining` would be observed as draining for
+            # good, and so would a later replica of the same name
             self.reserved.discard(replica.index)
-        self.draining.discard(name)
+            self.draining.discard(name)
         self._event("removed", name)

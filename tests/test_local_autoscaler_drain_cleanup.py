@@ -1,0 +1,113 @@
+"""A local drain or warm-up that goes wrong still ends: the replica is not left "draining" or
+"warming" for good (it would be observed so by every later round, as would a later replica of the
+same name), and a sidecar status of an unexpected shape does not stop the drain halfway."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from prefixfleet.fleet import autoscale
+from prefixfleet.fleet.autoscale import LocalAutoscaler, in_flight
+from prefixfleet.operator.autoscale import ScalePolicy
+
+
+class FakeFleet:
+    def __init__(self, *, stop_fails: bool = False) -> None:
+        self.replicas: list[Any] = []
+        self.spec = SimpleNamespace(fleet_name="cleanup")
+        self.stopped: list[str] = []
+        self.stop_fails = stop_fails
+
+    async def stop_replica(self, replica: Any) -> None:
+        if self.stop_fails:
+            raise RuntimeError("the process would not stop")
+        self.stopped.append(replica.worker_id)
+
+
+def sidecar(status: Any) -> httpx.AsyncClient:
+    """An HTTP client whose sidecar answers every status poll with ``status`` (state posts: 200)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/prefixfleet/status":
+            return httpx.Response(200, content=json.dumps(status).encode())
+        return httpx.Response(200, json={})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(answer))
+
+
+def draining_scaler(fleet: FakeFleet) -> tuple[LocalAutoscaler, Any]:
+    replica = SimpleNamespace(index=0, worker_id="replica-0", sidecar_url="http://sidecar")
+    fleet.replicas.append(replica)
+    scaler = LocalAutoscaler(fleet, ScalePolicy(min_replicas=0, max_replicas=2), interval_s=0.5)  # type: ignore[arg-type]
+    scaler.draining.add(replica.worker_id)
+    scaler.reserved.add(replica.index)
+    return scaler, replica
+
+
+@pytest.fixture(autouse=True)
+def no_minimum_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the 2 s a real drain waits for the gateways' views is not what these tests are about
+    monkeypatch.setattr(autoscale, "MIN_DRAIN_S", 0.0)
+
+
+@pytest.mark.parametrize("status", [[], "busy", {"load": []}, {"load": {"in_flight": 0}}])
+async def test_a_status_of_any_shape_ends_the_drain_and_stops_the_replica(status: Any) -> None:
+    fleet = FakeFleet()
+    scaler, replica = draining_scaler(fleet)
+    async with sidecar(status) as http:
+        await scaler._drain(replica, http)
+    assert fleet.stopped == ["replica-0"]
+    assert fleet.replicas == []
+    assert "replica-0" not in scaler.draining
+    assert replica.index not in scaler.reserved
+
+
+async def test_a_stop_that_fails_leaves_nothing_marked_draining() -> None:
+    fleet = FakeFleet(stop_fails=True)
+    scaler, replica = draining_scaler(fleet)
+    async with sidecar({"load": {"in_flight": 0}}) as http:
+        with pytest.raises(RuntimeError, match="would not stop"):
+            await scaler._drain(replica, http)
+    assert "replica-0" not in scaler.draining
+    assert replica.index not in scaler.reserved
+
+
+async def test_a_warm_up_that_fails_leaves_nothing_marked_warming(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken_warm_replica(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the holder answered garbage")
+
+    monkeypatch.setattr(autoscale, "warm_replica", broken_warm_replica)
+    fleet = FakeFleet()
+    scaler = LocalAutoscaler(fleet, ScalePolicy(min_replicas=0, max_replicas=2), interval_s=0.5)  # type: ignore[arg-type]
+    posted: list[Any] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        posted.append(json.loads(request.content))
+        return httpx.Response(200, json={})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        with pytest.raises(RuntimeError, match="garbage"):
+            await scaler._warm("replica-1", "http://sidecar", ["s"], [], http, new=True)
+    assert "replica-1" not in scaler.warming
+    assert posted == [{"state": "warming"}, {"state": "ready"}]  # it takes traffic again
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"load": {"in_flight": 2}}, True),
+        ({"load": {"in_flight": 0}}, False),
+        ({"load": {}}, False),
+        ({}, False),
+        ([], False),
+        (None, False),
+        ({"load": "x"}, False),
+    ],
+)
+def test_in_flight_reads_only_a_status_of_the_sidecars_shape(status: Any, expected: bool) -> None:
+    assert in_flight(status) is expected
