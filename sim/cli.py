@@ -14,7 +14,7 @@ from prefixfleet.outputs import output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
 from prefixfleet.sglang_fields import lax_bool
 
-from .engine import SERVICE_MODELS, ServiceConfig
+from .engine import SERVICE_MODELS, FieldRuleError, ServiceConfig, field_floor
 from .lab import reproduce_lab
 from .report import format_table, summarize, write_plot
 from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
@@ -82,6 +82,7 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
     values = {k: v for k, v in base.items() if k in SERVICE_KEYS or k == "service"}
     if args.service:
         values["service"] = args.service
+    typed: dict[str, str] = {}  # --engine numbers as written, to quote in ServiceConfig's refusals
     for key, value in parse_pairs(args.engine, "--engine").items():
         if key not in SERVICE_KEYS:
             raise UsageError(
@@ -96,13 +97,10 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
             continue
         if field_type is int:  # a count (max_running, step_token_budget): 1e3 is one, 2.5 is not
             count = whole_number(value)
-            # max_running and step_token_budget must be positive (ServiceConfig's rule, refused here
-            # with the flag and the text typed: its own line said "got 0" of '0e0')
             if count is None:
-                raise UsageError(f"--engine {key} {count_refusal(value, floor='positive')}")
-            if count <= 0:
-                raise UsageError(f"--engine {key} must be positive, got {value!r}")
+                raise UsageError(f"--engine {key} {count_refusal(value, floor=field_floor(key))}")
             values[key] = count
+            typed[key] = value
             continue
         try:
             values[key] = field_type(value)
@@ -110,10 +108,15 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
             raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
         if not math.isfinite(values[key]):  # nan times never compare: the event loop starved
             raise UsageError(f"--engine {key} must be a finite number, got {value!r}")
-        if values[key] < 0:  # every float field is a duration or a cost (ServiceConfig's rule)
-            raise UsageError(f"--engine {key} must be >= 0, got {value!r}")
+        typed[key] = value
     try:
         return ServiceConfig(**values)
+    except FieldRuleError as exc:
+        # ServiceConfig's rule in its own words; the flag and the text typed added here (its own
+        # line said "got 0" of '0e0'). A field not typed came from the workload's recommendation.
+        if exc.field in typed:
+            raise UsageError(f"--engine {exc.field} {exc.rule}, got {typed[exc.field]!r}") from None
+        raise UsageError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -80,6 +80,27 @@ def _float_fields(config: ServiceConfig) -> list[str]:
     return [f.name for f in fields(config) if f.type in ("float", float)]
 
 
+# The counts of a batched engine: at least one request running and one token per step.
+_COUNT_FIELDS = ("max_running", "step_token_budget")
+
+
+def field_floor(name: str) -> str:
+    """The lower bound of a numeric :class:`ServiceConfig` field, as its refusal words it ("must be
+    positive"): the one place these rules live, so the CLI's refusals say what the dataclass says."""
+    # every float field is a duration or a cost per token; a count of zero runs nothing
+    return "positive" if name in _COUNT_FIELDS else ">= 0"
+
+
+class FieldRuleError(ValueError):
+    """A numeric :class:`ServiceConfig` field below its floor. ``field`` and ``rule`` ("must be
+    positive") are kept apart so a caller that read the value from text quotes that text instead."""
+
+    def __init__(self, field: str, rule: str, value: float) -> None:
+        super().__init__(f"{field} {rule}, got {value}")
+        self.field = field
+        self.rule = rule
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceConfig:
     """Engine timing and scheduling parameters shared by every replica of a simulated fleet."""
@@ -121,13 +142,11 @@ class ServiceConfig:
             raise ValueError(
                 f"unknown service model {self.service!r}; choose from {', '.join(SERVICE_MODELS)}"
             )
-        # Every duration and per-token cost is a float field: none may be negative.
-        for name in _float_fields(self):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
-        for name in ("max_running", "step_token_budget"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in [*_float_fields(self), *_COUNT_FIELDS]:
+            value = getattr(self, name)
+            floor = field_floor(name)
+            if value < 0 or (floor == "positive" and value == 0):
+                raise FieldRuleError(name, f"must be {floor}", value)
         if self.service == "emulator":
             if self.prefill_s_per_token <= 0:
                 raise ValueError("the emulator service model needs prefill_s_per_token > 0")
