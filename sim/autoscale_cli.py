@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         dest="scenario_settings",
         metavar="KEY=VALUE",
-        help=settings_help("scenario", "duration_s=300, speedup=8"),
+        help=settings_help("scenario", {"viral": "duration_s=300, surge=5", "trace:PATH": "speedup=8"}),
     )
     p.add_argument("--seed", type=int, default=0, help="scenario seed (default 0)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")

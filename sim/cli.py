@@ -57,7 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         dest="workload_settings",
         metavar="KEY=VALUE",
-        help=settings_help("workload", "num_requests=500, limit=1000, speedup=2, block_tokens=32"),
+        help=settings_help(
+            "workload",
+            {
+                "prefixroute": "num_requests=500, tenants=24",
+                "trace:PATH": "limit=1000, speedup=2, block_tokens=32",
+            },
+        ),
     )
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="write the TTFT CDF and hit-rate chart")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .workloads import (
+    TRACE_DEFAULTS,
     TokenSpace,
     Workload,
     WorkloadRequest,
@@ -97,6 +98,12 @@ DIURNAL_SCENARIO: dict[str, Any] = {
 TRACE_SCENARIO: dict[str, Any] = {"speedup": 4.0, "block_tokens": 128, "limit": 0}
 
 SCENARIOS: tuple[str, ...] = ("viral", "diurnal", "trace:PATH")
+# Each scenario's settings (a trace takes every trace workload setting, TRACE_SCENARIO's defaults first).
+SCENARIO_SETTINGS: dict[str, dict[str, Any]] = {
+    "viral": VIRAL_SCENARIO,
+    "diurnal": DIURNAL_SCENARIO,
+    "trace:PATH": {**TRACE_DEFAULTS, **TRACE_SCENARIO},
+}
 
 
 def _arrivals(

@@ -260,12 +260,24 @@ SIZE_CAP_HELP = (
 )
 
 
-def settings_help(kind: str, examples: str) -> str:
-    """The ``--set KEY=VALUE`` help of every command that builds a workload or scenario: where its
-    keys are and the caps they are held to (:data:`SIZE_CAP_HELP`, from the caps themselves)."""
+def settings_help(kind: str, examples: Mapping[str, str]) -> str:
+    """The ``--set KEY=VALUE`` help of every command that builds a workload or scenario: examples
+    (``{spec: "key=value, ..."}``, each naming the workload or scenario it applies to: a trace's keys
+    are no generator's), where the keys are and the caps they are held to (:data:`SIZE_CAP_HELP`,
+    from the caps themselves). An example key that ``spec`` does not have is refused here, when the
+    parser is built, so a renamed setting cannot leave a help example behind."""
+    if kind == "scenario":
+        from .scenarios import SCENARIO_SETTINGS as known  # scenarios imports this module
+    else:
+        known = WORKLOAD_SETTINGS
+    for spec, pairs in examples.items():
+        keys = [pair.partition("=")[0].strip() for pair in pairs.split(",")]
+        if missing := [key for key in keys if key not in known[spec]]:
+            raise ValueError(f"--set help example: {kind} {spec!r} has no setting {missing[0]!r}")
+    shown = "; ".join(f"for {spec}: {pairs}" for spec, pairs in examples.items())
     described = "docs/autoscaling.md (Scenarios)" if kind == "scenario" else "docs/simulator.md (Workloads)"
     return (
-        f"{kind} setting, repeatable (e.g. {examples}). An unknown KEY lists the {kind}'s keys;"
+        f"{kind} setting, repeatable (e.g. {shown}). An unknown KEY lists the {kind}'s keys;"
         f" {described} describes them. Limits (docs/simulator.md): {SIZE_CAP_HELP}"
     )
 
@@ -779,6 +791,15 @@ GENERATORS: dict[str, Callable[..., Workload]] = {
     "viral": viral_workload,
 }
 WORKLOADS: list[str] = [*GENERATORS, "trace:PATH"]
+# Each workload's settings and their defaults: the keys ``--set`` takes for it.
+WORKLOAD_SETTINGS: dict[str, dict[str, Any]] = {
+    "prefixroute": PREFIXROUTE_DEFAULTS,
+    "lab-burst": LAB_BURST_DEFAULTS,
+    "gsp": GSP_DEFAULTS,
+    "chat": CHAT_DEFAULTS,
+    "viral": VIRAL_DEFAULTS,
+    "trace:PATH": TRACE_DEFAULTS,
+}
 
 
 def input_files(spec: str) -> list[str]:

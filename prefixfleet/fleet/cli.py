@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 # -- argument helpers --------------------------------------------------------------------------------
 
 
-def add_settings_argument(p: argparse.ArgumentParser, examples: str) -> None:
+def add_settings_argument(p: argparse.ArgumentParser, examples: dict[str, str]) -> None:
     """``--set KEY=VALUE``, its help naming where the keys are and the caps (imported here: registering
     the CLI imports nothing heavy)."""
     from prefixfleet.sim.workloads import settings_help
@@ -178,7 +178,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--workload", default=DEFAULT_UP_WORKLOAD, help="prefixroute, lab-burst, gsp, chat, viral, trace:PATH"
     )
-    add_settings_argument(p, "tenants=24, rate_rps=40")
+    add_settings_argument(p, {DEFAULT_UP_WORKLOAD: "tenants=24, rate_rps=40"})
     p.add_argument(
         "--policies", default=DEFAULT_UP_POLICIES, help="'default', 'all' or a comma list of policy names"
     )
@@ -475,7 +475,9 @@ def _register_load(subparsers: argparse._SubParsersAction) -> None:
         "--target", action="append", required=True, metavar="URL", help="repeatable: requests alternate"
     )
     p.add_argument("--workload", required=True, help="prefixroute, lab-burst, gsp, chat, viral, trace:PATH")
-    add_settings_argument(p, "limit=1000, block_tokens=64")
+    add_settings_argument(
+        p, {"prefixroute": "tenants=24, rate_rps=40", "trace:PATH": "limit=1000, block_tokens=64"}
+    )
     p.add_argument(
         "--api", choices=["openai", "sglang"], default="openai", help="/v1/completions or /generate"
     )
@@ -574,7 +576,7 @@ def _register_compare(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--trace", default=None, metavar="PATH", help="Mooncake-format trace for the default workload"
     )
-    add_settings_argument(p, "limit=1000, block_tokens=64")
+    add_settings_argument(p, {"trace:PATH": "limit=1000, block_tokens=64"})
     p.add_argument("--requests", type=int, default=d.requests, help="requests (traces: whole prefix groups)")
     p.add_argument("--replicas", type=int, default=d.replicas, help="engines (each with a sidecar)")
     p.add_argument("--gateways", type=int, default=1, help="our gateway processes (sglang-router is one)")
