@@ -28,7 +28,6 @@ from .workloads import (
     Workload,
     WorkloadRequest,
     _merge,
-    _require_positive,
     _require_share,
     _zipf_weights,
     check_prompt_tokens,
@@ -143,9 +142,8 @@ def _tenant_prompts(rng: random.Random, space: TokenSpace, s: dict[str, Any]) ->
 
 
 def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
-    s = _merge(VIRAL_SCENARIO, overrides, "viral", "scenario")
     positive = ("duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
-    _require_positive(s, overrides, "viral", *positive, kind="scenario")
+    s = _merge(VIRAL_SCENARIO, overrides, "viral", "scenario", positive=positive)
     _require_share(s, overrides, "viral", "scenario")
     # thinning draws about peak rate × duration candidates, however few it keeps
     peak = s["rate_rps"] * max(s["surge"], 1.0)
@@ -177,9 +175,8 @@ def viral_scenario(seed: int = 0, **overrides: Any) -> Workload:
 
 
 def diurnal_scenario(seed: int = 0, **overrides: Any) -> Workload:
-    s = _merge(DIURNAL_SCENARIO, overrides, "diurnal", "scenario")
     positive = ("duration_s", "tenants", "trough_rps", "peak_rps")
-    _require_positive(s, overrides, "diurnal", *positive, kind="scenario")
+    s = _merge(DIURNAL_SCENARIO, overrides, "diurnal", "scenario", positive=positive)
     if s["peak_rps"] < s["trough_rps"]:
         raise ValueError(
             f"scenario 'diurnal' setting 'peak_rps' ({typed(overrides, s, 'peak_rps')}) must be >= "

@@ -17,7 +17,7 @@ import os
 import random
 import stat
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,10 +157,17 @@ def _count_limit(key: str) -> str | None:
 
 
 def _merge(
-    base: dict[str, Any], overrides: dict[str, Any], workload: str, kind: str = "workload"
+    base: dict[str, Any],
+    overrides: dict[str, Any],
+    workload: str,
+    kind: str = "workload",
+    *,
+    positive: Collection[str] = (),
 ) -> dict[str, Any]:
-    """``base`` with ``overrides`` (strings from ``--set``) read as its values' types and checked.
-    Refusals name the ``kind`` ("workload", "scenario") and the ``workload`` as the user wrote them."""
+    """``base`` with ``overrides`` (strings from ``--set``) read as its values' types and checked:
+    numbers >= 0, the ``positive`` ones > 0 (one check, so 'sessions=-1' names the rule 'sessions=0'
+    is also held to). Refusals name the ``kind`` ("workload", "scenario") and the ``workload`` as
+    the user wrote them."""
     who = f"{kind} {workload!r}"
     unknown = sorted(set(overrides) - set(base))
     if unknown:
@@ -168,6 +175,7 @@ def _merge(
     merged = dict(base)
     for key, value in overrides.items():
         default = base[key]
+        floor = "positive" if key in positive else ">= 0"
         if isinstance(default, bool):
             flag = lax_bool(value.strip() if isinstance(value, str) else value)
             if flag is None:
@@ -179,7 +187,7 @@ def _merge(
             # not finite before)
             count = whole_number(value)
             if count is None:
-                refusal = count_refusal(value, limit=_count_limit(key))
+                refusal = count_refusal(value, floor=floor, limit=_count_limit(key))
                 raise ValueError(f"{who} setting {key!r} {refusal}")
             merged[key] = count
         elif isinstance(default, float):
@@ -191,8 +199,10 @@ def _merge(
                 raise ValueError(f"{who} setting {key!r} must be a finite number, got {value!r}")
         else:
             merged[key] = value
-        if isinstance(merged[key], int | float) and merged[key] < 0:  # counts, sizes, rates, durations
-            raise ValueError(f"{who} setting {key!r} must be >= 0, got {value!r}")
+        number = merged[key]
+        if isinstance(number, int | float) and (number <= 0 if key in positive else number < 0):
+            # counts, sizes, rates, durations; a positive one divides or sizes something
+            raise ValueError(f"{who} setting {key!r} must be {floor}, got {value!r}")
         if "tokens" in key and isinstance(merged[key], int) and merged[key] > MAX_SETTING_TOKENS:
             raise ValueError(
                 f"{who} setting {key!r} must be at most {MAX_SETTING_TOKENS:,} tokens "
@@ -316,16 +326,6 @@ def within_span(workload: Workload, kind: str = "workload") -> Workload:
     return workload
 
 
-def _require_positive(
-    settings: dict[str, Any], overrides: Mapping[str, Any], workload: str, *keys: str, kind: str = "workload"
-) -> None:
-    """Refuse a ``keys`` setting that is not > 0, quoting it as ``overrides`` (the user) gave it."""
-    for key in keys:
-        if not settings[key] > 0:
-            shown = typed(overrides, settings, key)
-            raise ValueError(f"{kind} {workload!r} setting {key!r} must be positive, got {shown}")
-
-
 def _require_share(settings: dict[str, Any], overrides: Mapping[str, Any], workload: str, kind: str) -> None:
     """Refuse a 'viral_share' outside [0, 1], quoting it as ``overrides`` (the user) gave it."""
     if not 0.0 <= settings["viral_share"] <= 1.0:
@@ -361,8 +361,8 @@ PREFIXROUTE_FLEET: dict[str, Any] = {
 
 def prefixroute_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Multi-tenant trace: Zipf tenant popularity, Poisson arrivals, per-tenant prefix + unique turn."""
-    s = _merge(PREFIXROUTE_DEFAULTS, overrides, "prefixroute")
-    _require_positive(s, overrides, "prefixroute", "num_requests", "tenants", "rate_rps", "prefix_tokens_min")
+    positive = ("num_requests", "tenants", "rate_rps", "prefix_tokens_min")
+    s = _merge(PREFIXROUTE_DEFAULTS, overrides, "prefixroute", positive=positive)
     check_request_count("prefixroute", s["num_requests"], "'num_requests'")
     prefix = mean_size(s, "prefix_tokens")
     prompts = s["num_requests"] * (prefix + mean_size(s, "turn_tokens")) + s["tenants"] * prefix
@@ -429,8 +429,8 @@ def lab_burst_workload(seed: int = 0, **overrides: Any) -> Workload:
 
     Deterministic regardless of ``seed`` (the lab's workload has no randomness).
     """
-    s = _merge(LAB_BURST_DEFAULTS, overrides, "lab-burst")
-    _require_positive(s, overrides, "lab-burst", "prefix_tokens", "suffix_tokens", "interarrival_s")
+    positive = ("prefix_tokens", "suffix_tokens", "interarrival_s")
+    s = _merge(LAB_BURST_DEFAULTS, overrides, "lab-burst", positive=positive)
     count = s["interleaved_requests"] + s["burst_requests"]
     check_request_count("lab-burst", count, "'interleaved_requests' + 'burst_requests'")
     prefix, suffix = s["prefix_tokens"], s["suffix_tokens"]
@@ -474,8 +474,7 @@ GSP_FLEET: dict[str, Any] = {
 
 def gsp_workload(seed: int = 0, **overrides: Any) -> Workload:
     """SGLang bench_serving's generated-shared-prefix: groups share a system prompt, unique questions."""
-    s = _merge(GSP_DEFAULTS, overrides, "gsp")
-    _require_positive(s, overrides, "gsp", "groups", "prompts_per_group", "rate_rps")
+    s = _merge(GSP_DEFAULTS, overrides, "gsp", positive=("groups", "prompts_per_group", "rate_rps"))
     check_request_count("gsp", s["groups"] * s["prompts_per_group"], "'groups' × 'prompts_per_group'")
     system = s["system_prompt_tokens"]
     prompts = s["groups"] * (s["prompts_per_group"] * (system + s["question_tokens"]) + system)
@@ -535,8 +534,8 @@ def _chat_prompt_tokens(s: dict[str, Any]) -> float:
 
 def chat_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Interleaved multi-turn sessions; each turn's prompt = previous prompt + answer + new message."""
-    s = _merge(CHAT_DEFAULTS, overrides, "chat")
-    _require_positive(s, overrides, "chat", "sessions", "system_prompts", "session_rate_rps", "turns_min")
+    positive = ("sessions", "system_prompts", "session_rate_rps", "turns_min")
+    s = _merge(CHAT_DEFAULTS, overrides, "chat", positive=positive)
     check_request_count("chat", s["sessions"] * s["turns_max"], "'sessions' × 'turns_max'")
     check_prompt_tokens("chat", _chat_prompt_tokens(s), "'sessions' × the turns' growing prompts")
     rng = random.Random(seed)
@@ -588,9 +587,8 @@ VIRAL_FLEET: dict[str, Any] = {
 def viral_workload(seed: int = 0, **overrides: Any) -> Workload:
     """Steady multi-tenant traffic until ``viral_start_s``; then a new prefix appears, takes
     ``viral_share`` of requests and total traffic grows ``surge``× — the hot-subtree scale-up case."""
-    s = _merge(VIRAL_DEFAULTS, overrides, "viral")
     positive = ("duration_s", "tenants", "rate_rps", "viral_prefix_tokens", "surge")
-    _require_positive(s, overrides, "viral", *positive)
+    s = _merge(VIRAL_DEFAULTS, overrides, "viral", positive=positive)
     _require_share(s, overrides, "viral", "workload")
     before = min(s["viral_start_s"], s["duration_s"])
     expected = s["rate_rps"] * (before + s["surge"] * (s["duration_s"] - before))
@@ -719,8 +717,8 @@ def replay_trace(path: str, overrides: dict[str, Any], kind: str = "workload") -
         raise ValueError(
             f"{kind} {name!r} takes its path from its name (trace:PATH), not from a setting 'path'"
         )
-    s = {**_merge(TRACE_DEFAULTS, overrides, name, kind), "path": path}
-    _require_positive(s, overrides, name, "speedup", "block_tokens", "trace_block_tokens", kind=kind)
+    positive = ("speedup", "block_tokens", "trace_block_tokens")
+    s = {**_merge(TRACE_DEFAULTS, overrides, name, kind, positive=positive), "path": path}
     file = Path(path)
     if (problem := trace_file_problem(file)) == "not found":
         raise ValueError(f"trace file not found: {path}")

@@ -34,7 +34,7 @@ SETTING = "prefixfleet sim: error: workload 'prefixroute' setting"
             "prefixfleet sim-autoscale: error: scenario 'viral' setting 'tenants' is too large, got '1e400'; "
             f"at most {MAX_PREFIXES:,} tenants",
         ),
-        ([*SIM, "--set", "num_requests=-1e400"], f"{SETTING} 'num_requests' must be >= 0, got '-1e400'"),
+        ([*SIM, "--set", "num_requests=-1e400"], f"{SETTING} 'num_requests' must be positive, got '-1e400'"),
         ([*SIM, "--set", "num_requests=nan"], f"{SETTING} 'num_requests' must be a whole number, got 'nan'"),
         (
             # a finite count past the cap keeps naming the cap it breaks

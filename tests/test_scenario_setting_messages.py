@@ -47,7 +47,7 @@ def trace(tmp_path: Path) -> str:
         ),
         (
             ["--scenario", "diurnal", "--set", "duration_s=-5"],
-            "scenario 'diurnal' setting 'duration_s' must be >= 0, got '-5'",
+            "scenario 'diurnal' setting 'duration_s' must be positive, got '-5'",
         ),
         (
             ["--scenario", "viral", "--set", "tenants=1e9"],
