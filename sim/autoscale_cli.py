@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -104,8 +105,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"scenario {args.scenario!r} has no requests with these settings")
     rounds = workload.requests[-1].arrival_s / args.control_interval_s
     if rounds > MAX_CONTROL_ROUNDS:  # 1e-300 s never finished: a control round per interval
+        # 1e-320 s overflows the count: "makes inf control rounds" named no number
+        many = f"{rounds:.3g} control rounds" if math.isfinite(rounds) else "too many control rounds to count"
         raise UsageError(
-            f"--control-interval-s {args.control_interval_s:g} makes {rounds:.3g} control rounds over "
+            f"--control-interval-s {args.control_interval_s:g} makes {many} over "
             f"the scenario's {workload.requests[-1].arrival_s:g} s; at most {MAX_CONTROL_ROUNDS:,}"
         )
 

@@ -294,9 +294,9 @@ def settings_help(kind: str, examples: Mapping[str, str]) -> str:
 
 def _check_size(name: str, expected: float, settings: str, what: str, cap: int, kind: str) -> None:
     if not expected <= cap:  # also refuses nan
-        raise ValueError(
-            f"{kind} {name!r}: {settings} would make about {expected:.3g} {what}; at most {cap:,}"
-        )
+        # settings whose product overflows a float: "about inf requests" named no number
+        amount = f"about {expected:.3g} {what}" if math.isfinite(expected) else f"too many {what} to count"
+        raise ValueError(f"{kind} {name!r}: {settings} would make {amount}; at most {cap:,}")
 
 
 def check_request_count(name: str, expected: float, settings: str, kind: str = "workload") -> None:
@@ -319,8 +319,10 @@ def within_span(workload: Workload, kind: str = "workload") -> Workload:
     """``workload`` if its last arrival is at most :data:`MAX_WORKLOAD_SPAN_S`; ValueError otherwise."""
     last = workload.requests[-1].arrival_s if workload.requests else 0.0
     if not last <= MAX_WORKLOAD_SPAN_S:
+        # a rate of 1e-308 puts the second arrival at infinity: "spans inf s" named no time
+        span = f"spans {last:.3g} s of arrivals" if math.isfinite(last) else "spans too long to count"
         raise ValueError(
-            f"{kind} {workload.name!r} spans {last:.3g} s of arrivals with these settings; at most "
+            f"{kind} {workload.name!r} {span} with these settings; at most "
             f"{MAX_WORKLOAD_SPAN_S:.0e} s (raise a rate or speedup, or shorten a gap)"
         )
     return workload

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import re
 import sys
 from pathlib import Path
@@ -123,9 +124,12 @@ def _check_replay_length(requests: list[Any], speedup: float, flag: str) -> None
         return
     arrivals = [r.arrival_s for r in requests]
     span = max(arrivals) - min(arrivals)  # the replay starts at the first arrival
-    if not span / speedup <= MAX_REPLAY_S:
+    wall_s = span / speedup
+    if not wall_s <= MAX_REPLAY_S:
+        # a speedup of 1e-320 overflows the division: "would take inf s" named no time
+        took = f"{wall_s:.3g} s of wall clock" if math.isfinite(wall_s) else "too long to count"
         raise UsageError(
-            f"the replay would take {span / speedup:.3g} s of wall clock ({span:.3g} s of arrivals at "
+            f"the replay would take {took} ({span:.3g} s of arrivals at "
             f"{flag} {speedup:g}); at most {MAX_REPLAY_S:,} s (7 days): raise {flag} or replay fewer requests"
         )
 
@@ -658,9 +662,9 @@ def run_compare_command(args: argparse.Namespace) -> int:
     check_positive("--cache-tokens", args.cache_tokens, allow_none=True)
     probes = args.latency_rate * args.latency_seconds
     if probes > MAX_LATENCY_PROBES:  # the probe sends rate × seconds requests down each path, all of them
+        many = f"{probes:.3g} requests" if math.isfinite(probes) else "too many requests to count"
         raise UsageError(
-            f"--latency-rate × --latency-seconds is {probes:.3g} requests per path; "
-            f"at most {MAX_LATENCY_PROBES:,}"
+            f"--latency-rate × --latency-seconds is {many} per path; at most {MAX_LATENCY_PROBES:,}"
         )
     spec = _compare_spec(args.workload, args.trace)
     # the default trace is read too: '--json traces/mooncake_synthetic_trace.jsonl' replaced it
