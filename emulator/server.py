@@ -24,7 +24,7 @@ from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
 from prefixfleet.router.content_coding import content_coding
 from prefixfleet.router.front import fallback_runner, json_parse_error_connections
-from prefixfleet.router.proxying import drain_refused_bodies
+from prefixfleet.router.proxying import DRAIN_LIMITS, drain_refused_bodies
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
@@ -417,9 +417,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def build_app(engine: EngineRunner) -> web.Application:
-    deadline = body_deadline(
-        ClientTimeouts.from_env(), lambda _r, status, message: _json_error(message, "body", status)
-    )
+    timeouts = ClientTimeouts.from_env()
+    deadline = body_deadline(timeouts, lambda _r, status, message: _json_error(message, "body", status))
     # Content-Encoding is judged as the gateway and the sidecar judge it (router/content_coding.py):
     # gzip/deflate decoded, another coding a 415, a body that does not decode as its coding a 400
     # (its rest unread: aiohttp lingered reading it and logged the stored error as a traceback).
@@ -429,7 +428,7 @@ def build_app(engine: EngineRunner) -> web.Application:
     # dropped while the client sends, as the gateway and sidecar do (router/proxying.py): a client
     # that writes its whole body before reading (httpx) reads the answer instead of a reset.
     app = web.Application(
-        middlewares=[_errors, drain_refused_bodies(), coding, deadline],
+        middlewares=[_errors, drain_refused_bodies(DRAIN_LIMITS.within(timeouts.body_s)), coding, deadline],
         client_max_size=engine.config.max_body_bytes,
     )
     app[ENGINE_KEY] = engine

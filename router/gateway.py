@@ -37,6 +37,7 @@ from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .policies import DEFAULT_POLICY, CostModel, NoReplicaError, RouteRequest, RoutingPolicy, make_policy
 from .proxying import (
+    DRAIN_LIMITS,
     RETRYABLE_HEADER,
     WORKER_HEADER,
     Answer,
@@ -194,7 +195,8 @@ class Gateway:
             client_max_size=self.config.max_body_bytes,
             middlewares=[
                 json_route_errors,
-                drain_refused_bodies(),  # outside body_deadline: its early 413 is sent, then drained
+                # outside body_deadline: its early 413 is sent, then drained (within the body timeout)
+                drain_refused_bodies(DRAIN_LIMITS.within(self.timeouts.body_s)),
                 content_coding(self._body_error),
                 body_deadline(self.timeouts, self._body_error),
             ],

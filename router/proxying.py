@@ -7,7 +7,7 @@ import functools
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import StreamReader, web
@@ -447,6 +447,14 @@ class DrainLimits:
     idle_s: float = 5.0
     total_s: float = 30.0
     max_bytes: int = 64 * 1024 * 1024
+
+    def within(self, body_s: float) -> DrainLimits:
+        """These limits held to the body timeout (``ClientTimeouts.body_s``, the time a whole body may
+        take to arrive): a deployment that shortens it against slow clients keeps that bound for a
+        refused upload too, as it did for aiohttp's lingering close (``runner_kwargs``). Else a
+        client declaring a length above the limit, or a coding we refuse, then trickling a byte every
+        few seconds, held the connection ``total_s`` whatever the body timeout."""
+        return replace(self, idle_s=min(self.idle_s, body_s), total_s=min(self.total_s, body_s))
 
 
 DRAIN_LIMITS = DrainLimits()

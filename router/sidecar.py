@@ -37,6 +37,7 @@ from .mirror import Admission, CacheMirror
 from .prewarm import SIDECAR_KEY
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
+    DRAIN_LIMITS,
     Answer,
     AnyRequest,
     StreamedText,
@@ -275,7 +276,8 @@ class Sidecar:
             client_max_size=self.config.max_body_bytes,
             middlewares=[
                 json_route_errors,
-                drain_refused_bodies(),  # outside body_deadline: its early 413 is sent, then drained
+                # outside body_deadline: its early 413 is sent, then drained (within the body timeout)
+                drain_refused_bodies(DRAIN_LIMITS.within(self.timeouts.body_s)),
                 content_coding(_body_error),
                 body_deadline(self.timeouts, _body_error),
             ],
