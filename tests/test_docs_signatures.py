@@ -43,7 +43,9 @@ def bare_signature(function: Callable[..., Any]) -> str:
     kinds = inspect.Parameter
     params = list(inspect.signature(function).parameters.values())
     for i, p in enumerate(params):
-        if p.kind is kinds.KEYWORD_ONLY and (i == 0 or params[i - 1].kind is not kinds.KEYWORD_ONLY):
+        # a bare '*' before the first keyword-only parameter, unless '*args' already marks it
+        before = params[i - 1].kind if i else None
+        if p.kind is kinds.KEYWORD_ONLY and before not in (kinds.KEYWORD_ONLY, kinds.VAR_POSITIONAL):
             parts.append("*")
         if p.kind is kinds.VAR_POSITIONAL:
             parts.append(f"*{p.name}")
@@ -75,6 +77,10 @@ def test_the_renderer_writes_markers_and_defaults() -> None:
     def example(a: int, b: str = "x", /, c: float = 1.0, *, d: int = 0, **kw: Any) -> None: ...
 
     assert bare_signature(example) == "a, b='x', /, c=1.0, *, d=0, **"
+
+    def with_args(a: int, *args: int, d: int = 0, **kw: Any) -> None: ...
+
+    assert bare_signature(with_args) == "a, *args, d=0, **"  # no '*' after '*args' (was 'a, *args, *, d=0')
     assert bare_signature(workloads.build_workload) == "spec, /, *, seed=0, **"
 
 
