@@ -29,12 +29,15 @@ class FakeFleet:
         self.stopped.append(replica.worker_id)
 
 
-def sidecar(status: Any) -> httpx.AsyncClient:
-    """An HTTP client whose sidecar answers every status poll with ``status`` (state posts: 200)."""
+def sidecar(status: Any, posted: list[Any] | None = None) -> httpx.AsyncClient:
+    """An HTTP client whose sidecar answers every status poll with ``status`` (state posts: 200,
+    their bodies appended to ``posted``)."""
 
     def answer(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/prefixfleet/status":
             return httpx.Response(200, content=json.dumps(status).encode())
+        if posted is not None:
+            posted.append(json.loads(request.content))
         return httpx.Response(200, json={})
 
     return httpx.AsyncClient(transport=httpx.MockTransport(answer))
@@ -67,14 +70,18 @@ async def test_a_status_of_any_shape_ends_the_drain_and_stops_the_replica(status
     assert replica.index not in scaler.reserved
 
 
-async def test_a_stop_that_fails_leaves_nothing_marked_draining() -> None:
+async def test_a_stop_that_fails_leaves_a_serving_replica_not_one_marked_draining() -> None:
     fleet = FakeFleet(stop_fails=True)
     scaler, replica = draining_scaler(fleet)
-    async with sidecar({"load": {"in_flight": 0}}) as http:
+    posted: list[Any] = []
+    async with sidecar({"load": {"in_flight": 0}}, posted) as http:
         with pytest.raises(RuntimeError, match="would not stop"):
             await scaler._drain(replica, http)
     assert "replica-0" not in scaler.draining
     assert replica.index not in scaler.reserved
+    # still in the fleet, so observed as serving: its sidecar takes traffic again
+    assert fleet.replicas == [replica]
+    assert posted == [{"state": "draining"}, {"state": "ready"}]
 
 
 async def test_a_warm_up_that_fails_leaves_nothing_marked_warming(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -426,7 +426,14 @@ class LocalAutoscaler:
                 if not in_flight(status):
                     break
             if replica in self.fleet.replicas:
-                await self.fleet.stop_replica(replica)
+                try:
+                    await self.fleet.stop_replica(replica)
+                except Exception:
+                    # still in the fleet, so counted as serving from now on: it serves again too
+                    # (gateways skip a draining sidecar); a later round may choose it again
+                    with contextlib.suppress(httpx.HTTPError):
+                        await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
+                    raise
                 with contextlib.suppress(ValueError):  # (the reaper may have taken it out meanwhile)
                     self.fleet.replicas.remove(replica)
         finally:
