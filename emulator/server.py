@@ -24,7 +24,7 @@ from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
 from prefixfleet.router.content_coding import content_coding
 from prefixfleet.router.front import fallback_runner, json_parse_error_connections
-from prefixfleet.router.proxying import DRAIN_LIMITS, drain_refused_bodies
+from prefixfleet.router.proxying import DRAIN_LIMITS, drain_refused_bodies, expect_within_limit
 from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
 
 from .config import EmulatorConfig
@@ -418,19 +418,26 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 def build_app(engine: EngineRunner) -> web.Application:
     timeouts = ClientTimeouts.from_env()
-    deadline = body_deadline(timeouts, lambda _r, status, message: _json_error(message, "body", status))
+
+    def body_error(_request: web.Request, status: int, message: str) -> web.Response:
+        return _json_error(message, "body", status)
+
+    deadline = body_deadline(timeouts, body_error)
     # Content-Encoding is judged as the gateway and the sidecar judge it (router/content_coding.py):
     # gzip/deflate decoded, another coding a 415, a body that does not decode as its coding a 400
     # (its rest unread: aiohttp lingered reading it and logged the stored error as a traceback).
     # SGLang ignores the header and reads the bytes as they came (docs/emulator.md, differences).
-    coding = content_coding(lambda _r, status, message: _json_error(message, "body", status))
+    coding = content_coding(body_error)
     # An error answered before the body was read whole (413, 415) is sent, then the body's rest
     # dropped while the client sends, as the gateway and sidecar do (router/proxying.py): a client
     # that writes its whole body before reading (httpx) reads the answer instead of a reset.
+    drain = DRAIN_LIMITS.within(timeouts.body_s)
     app = web.Application(
-        middlewares=[_errors, drain_refused_bodies(DRAIN_LIMITS.within(timeouts.body_s)), coding, deadline],
+        middlewares=[_errors, drain_refused_bodies(drain), coding, deadline],
         client_max_size=engine.config.max_body_bytes,
     )
+    # Expect: 100-continue with a declared length above the limit: the 413 instead of the 100
+    expect = expect_within_limit(body_error, drain)
     app[ENGINE_KEY] = engine
     app[SERVER_INFO_KEY] = _server_info_static(engine.config)
     r = app.router
@@ -443,11 +450,11 @@ def build_app(engine: EngineRunner) -> web.Application:
     r.add_get("/get_load", get_load)
     r.add_get("/metrics", metrics)
     r.add_get("/v1/models", list_models)
-    r.add_post("/generate", generate)
-    r.add_post("/v1/completions", completions)
-    r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/generate", generate, expect_handler=expect)
+    r.add_post("/v1/completions", completions, expect_handler=expect)
+    r.add_post("/v1/chat/completions", chat_completions, expect_handler=expect)
     r.add_route("GET", "/flush_cache", flush_cache)
-    r.add_route("POST", "/flush_cache", flush_cache)
+    r.add_route("POST", "/flush_cache", flush_cache, expect_handler=expect)
     return app
 
 

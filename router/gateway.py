@@ -45,6 +45,7 @@ from .proxying import (
     answer_headers,
     drain_refused_bodies,
     error_message,
+    expect_within_limit,
     failure_text,
     forward_header_pairs,
     is_error_event,
@@ -191,18 +192,21 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
+        drain = DRAIN_LIMITS.within(self.timeouts.body_s)
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
             middlewares=[
                 json_route_errors,
                 # outside body_deadline: its early 413 is sent, then drained (within the body timeout)
-                drain_refused_bodies(DRAIN_LIMITS.within(self.timeouts.body_s)),
+                drain_refused_bodies(drain),
                 content_coding(self._body_error),
                 body_deadline(self.timeouts, self._body_error),
             ],
         )
+        # Expect: 100-continue with a declared length above the limit: the 413 instead of the 100
+        expect = expect_within_limit(self._body_error, drain)
         for path in GENERATE_PATHS:
-            app.router.add_post(path, self.handle_generate)
+            app.router.add_post(path, self.handle_generate, expect_handler=expect)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/livez", self.handle_livez)

@@ -39,7 +39,7 @@ from aiohttp import web
 from prefixfleet.operator.hot_subtrees import find_prefix, parse_subtree_id
 
 from .addresses import local_url
-from .proxying import bad_request, find_cached_tokens, json_error, read_json_object
+from .proxying import ExpectHandler, bad_request, find_cached_tokens, json_error, read_json_object
 from .requests import BadRequest
 from .summary import HotPrefix
 
@@ -212,10 +212,11 @@ async def _warm_one(
     return {"status": "ok", "tokens": len(ids), "cached_before": find_cached_tokens(data) or 0}
 
 
-def add_routes(app: web.Application) -> None:
-    """Register the pre-warm endpoints (before the sidecar's catch-all proxy route)."""
+def add_routes(app: web.Application, expect_handler: ExpectHandler | None = None) -> None:
+    """Register the pre-warm endpoints (before the sidecar's catch-all proxy route); the POST with
+    the sidecar's ``expect_handler`` (:func:`~.proxying.expect_within_limit`)."""
     app.router.add_get("/prefixfleet/prefix/{hash}", handle_prefix)
-    app.router.add_post("/prefixfleet/warm", handle_warm)
+    app.router.add_post("/prefixfleet/warm", handle_warm, expect_handler=expect_handler)
 
 
 def warm_sources(

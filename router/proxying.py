@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aiohttp import StreamReader, web
+from aiohttp import StreamReader, hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
+from aiohttp.web_urldispatcher import _default_expect_handler
 from multidict import CIMultiDict
 from pydantic import ValidationError
 
@@ -21,6 +22,7 @@ from prefixfleet.sglang_fields import AS_BOOL
 
 from .front import ClientStalled, HotRequest, HotStream, StallWatch
 from .requests import BadRequest, load_json_object
+from .slow_clients import Responder, declared_too_large, too_large
 from .upstream import UpstreamClosed
 
 AnyRequest = web.Request | HotRequest
@@ -554,3 +556,31 @@ def drain_refused_bodies(limits: DrainLimits = DRAIN_LIMITS) -> Callable[..., Aw
         return response
 
     return middleware
+
+
+ExpectHandler = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
+
+
+def expect_within_limit(respond: Responder, limits: DrainLimits = DRAIN_LIMITS) -> ExpectHandler:
+    """Expect handler (``expect_handler=`` of ``add_route``) for every route that takes a body: a
+    request asking ``Expect: 100-continue`` for a body whose declared length is already above the
+    limit (:func:`~.slow_clients.declared_too_large`) gets the final 413 at once, in place of
+    ``100 Continue`` (RFC 9110 section 10.1.1), so the client does not upload what would be dropped.
+    Any other request gets aiohttp's default: ``100 Continue``, or 417 for another expectation.
+    aiohttp returns this answer as is, without the middlewares (they run after the expect handler),
+    so it is built with the services' ``respond`` and sent as :func:`drain_refused_bodies` sends
+    theirs: a client that sends its body without waiting for the 100 reads the 413, not a reset."""
+
+    async def expect_handler(request: web.Request) -> web.StreamResponse | None:
+        expects_continue = request.headers.get(hdrs.EXPECT, "").lower() == "100-continue"
+        codings = request.headers.getall(hdrs.CONTENT_ENCODING, [])
+        if expects_continue and declared_too_large(request.content_length, request.client_max_size, codings):
+            response = too_large(request, respond)
+            if isinstance(response, web.Response):
+                await answer_then_drain(request, response, limits)
+            return response
+        # aiohttp's own (private, the documented default of add_route): no copy to drift from it
+        await _default_expect_handler(request)
+        return None
+
+    return expect_handler

@@ -48,6 +48,7 @@ from .proxying import (
     bad_request,
     drain_refused_bodies,
     echoed_prompt,
+    expect_within_limit,
     failure_text,
     find_cached_tokens,
     find_uncached_tokens,
@@ -272,27 +273,30 @@ class Sidecar:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
+        drain = DRAIN_LIMITS.within(self.timeouts.body_s)
         app = web.Application(
             client_max_size=self.config.max_body_bytes,
             middlewares=[
                 json_route_errors,
                 # outside body_deadline: its early 413 is sent, then drained (within the body timeout)
-                drain_refused_bodies(DRAIN_LIMITS.within(self.timeouts.body_s)),
+                drain_refused_bodies(drain),
                 content_coding(_body_error),
                 body_deadline(self.timeouts, _body_error),
             ],
         )
         app[SIDECAR_KEY] = self
-        app.router.add_post("/prefixfleet/state", self.handle_set_state)
+        # Expect: 100-continue with a declared length above the limit: the 413 instead of the 100
+        expect = expect_within_limit(_body_error, drain)
+        app.router.add_post("/prefixfleet/state", self.handle_set_state, expect_handler=expect)
         app.router.add_get("/prefixfleet/status", self.handle_status)
         app.router.add_get("/prefixfleet/hot", self.handle_hot)
-        add_prewarm_routes(app)
+        add_prewarm_routes(app, expect)
         for path in GENERATE_PATHS:
-            app.router.add_post(path, self.handle_generate)
+            app.router.add_post(path, self.handle_generate, expect_handler=expect)
         app.router.add_get("/metrics", self.handle_metrics)
         # Everything else goes to the engine, but not the sidecar's own /prefixfleet/ paths: a wrong
         # method or an unknown one there is answered here (405 with Allow, 404), not by the engine.
-        app.router.add_route("*", "/{tail:(?!prefixfleet/).*}", self.handle_proxy)
+        app.router.add_route("*", "/{tail:(?!prefixfleet/).*}", self.handle_proxy, expect_handler=expect)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app

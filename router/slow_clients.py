@@ -89,7 +89,7 @@ def body_deadline(
         if request.body_exists:
             codings = request.headers.getall("Content-Encoding", [])
             if declared_too_large(request.content_length, request.client_max_size, codings):
-                return _too_large(request, respond)
+                return too_large(request, respond)
             try:
                 if request.content.is_eof():
                     await read_body(request)  # already all here (the usual small body): no timer to arm
@@ -101,7 +101,7 @@ def body_deadline(
                 response.force_close()
                 return response
             except web.HTTPRequestEntityTooLarge:
-                return _too_large(request, respond)
+                return too_large(request, respond)
         return await handler(request)
 
     return middleware
@@ -116,7 +116,8 @@ def declared_too_large(declared_length: int | None, limit: int, codings: Sequenc
     return too_long and names_no_coding(codings)
 
 
-def _too_large(request: web.Request, respond: Responder) -> web.StreamResponse:
+def too_large(request: web.Request, respond: Responder) -> web.StreamResponse:
+    """The 413 for a body above the app's ``client_max_size``, closing the connection after it."""
     response = respond(request, 413, f"request body exceeds {request.client_max_size} bytes")
     response.force_close()  # the rest of the body is not read here (drain_refused_bodies may)
     return response
