@@ -130,11 +130,29 @@ class ProbeAnswer:
 class RedisRefused(RedisError):
     """Redis answered the login's PING with an error about neither the credentials nor the ACL (a
     dataset loading, a script running, writes stopped after a failed snapshot): every call of the
-    fleet gets it too. ``refused`` has it; the message is :func:`refusal_problem`'s."""
+    fleet gets it too; or refused the connection itself (``message``, :data:`MAX_CLIENTS_REFUSED`).
+    ``refused`` has the commands it refused; the message is :func:`refusal_problem`'s otherwise."""
 
-    def __init__(self, refused: Sequence[Refusal]) -> None:
+    def __init__(self, refused: Sequence[Refusal], message: str = "") -> None:
         self.refused = tuple(refused)
-        super().__init__(refusal_problem(self.refused))
+        super().__init__(message or refusal_problem(self.refused))
+
+
+# What Redis answers a new connection beyond its maxclients limit (``-ERR max number of clients
+# reached``, then it closes it). redis-py raises it as a ConnectionError, as if Redis were
+# unreachable, but Redis answered, and every new connection of the fleet's pods gets the same.
+MAX_CLIENTS = "max number of clients reached"
+# Said from this constant, never from the exception's text: nothing of the URL or the password
+MAX_CLIENTS_REFUSED = (
+    "the fleet's Redis refuses new connections: max number of clients reached (maxclients), not for"
+    " the fleet's credentials or ACL: new connections of its pods are refused too. Raise maxclients"
+    " (CONFIG SET maxclients) or find what holds its connections (CLIENT LIST)"
+)
+
+
+def max_clients_reached(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis refusing a new connection for its maxclients limit."""
+    return isinstance(exc, redis.ConnectionError) and MAX_CLIENTS in str(exc)
 
 
 # The error codes redis-py drops from the text of the errors it maps to a class of its own.
@@ -313,6 +331,12 @@ def login_answers(
             answers.append(exc)
         except BusyLoadingError as exc:
             raise RedisRefused(((PING, server_error(exc)),)) from exc
+        except redis.ConnectionError as exc:
+            if not max_clients_reached(exc):
+                raise
+            # a client that sends nothing as it connects (redis-py < 8 without credentials) reads
+            # the refusal here, as the AUTH's answer
+            raise RedisRefused((), MAX_CLIENTS_REFUSED) from exc
     return answers[0], answers[1]
 
 
@@ -322,7 +346,8 @@ def login(client: redis.Redis) -> None:
     password accepts) and ``PING``, one round trip, on a connection of ``client``'s pool.
     Returns when both are accepted; raises what Redis answers otherwise (AuthenticationError for
     refused credentials, NoPermissionError for a denied PING, :class:`RedisRefused` for a PING
-    refused for another reason) and errors and timeouts (an outage).
+    refused for another reason or a new connection refused for maxclients) and errors and timeouts
+    (an outage).
 
     The pool keeps its connections across reconciles, each logged in when it was dialled, and Redis
     keeps a connection logged in when the user's password changes: a PING alone would go on being
@@ -345,6 +370,10 @@ def login(client: redis.Redis) -> None:
         if not handshake_unknown(exc):
             raise
         raise RedisRefused(((HELLO, OLDER_THAN_6),)) from exc
+    except redis.ConnectionError as exc:
+        if not max_clients_reached(exc):
+            raise  # unreachable, reset, timed out: an outage
+        raise RedisRefused((), MAX_CLIENTS_REFUSED) from exc
     reusable = False
     try:
         auth = login_args(conn)
