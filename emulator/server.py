@@ -22,10 +22,9 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
-from prefixfleet.router.content_coding import content_coding
 from prefixfleet.router.front import fallback_runner, json_parse_error_connections
-from prefixfleet.router.proxying import DRAIN_LIMITS, drain_refused_bodies, expect_within_limit
-from prefixfleet.router.slow_clients import ClientTimeouts, body_deadline
+from prefixfleet.router.proxying import body_guards
+from prefixfleet.router.slow_clients import ClientTimeouts
 
 from .config import EmulatorConfig
 from .engine import RequestRejected
@@ -88,14 +87,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _read_json(request: web.Request) -> Any:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise BadRequest(
-            f"request body exceeds the limit of {request.app[ENGINE_KEY].config.max_body_bytes} bytes",
-            "body",
-            413,
-        ) from None
+    raw = await request.read()  # within the limit: body_deadline read it
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object", "body")
     try:
@@ -422,22 +414,17 @@ def build_app(engine: EngineRunner) -> web.Application:
     def body_error(_request: web.Request, status: int, message: str) -> web.Response:
         return _json_error(message, "body", status)
 
-    deadline = body_deadline(timeouts, body_error)
-    # Content-Encoding is judged as the gateway and the sidecar judge it (router/content_coding.py):
-    # gzip/deflate decoded, another coding a 415, a body that does not decode as its coding a 400
-    # (its rest unread: aiohttp lingered reading it and logged the stored error as a traceback).
-    # SGLang ignores the header and reads the bytes as they came (docs/emulator.md, differences).
-    coding = content_coding(body_error)
-    # An error answered before the body was read whole (413, 415) is sent, then the body's rest
-    # dropped while the client sends, as the gateway and sidecar do (router/proxying.py): a client
-    # that writes its whole body before reading (httpx) reads the answer instead of a reset.
-    drain = DRAIN_LIMITS.within(timeouts.body_s)
+    # Bodies are taken as the gateway and the sidecar take them (router/proxying.py body_guards):
+    # Content-Encoding gzip/deflate decoded, another coding a 415, a body that does not decode as its
+    # coding a 400; an error answered before the body was read whole is sent, then the body's rest
+    # dropped while the client sends (a client that writes its whole body before reading, httpx,
+    # reads the answer, not a reset). SGLang ignores the header and reads the bytes as they came
+    # (docs/emulator.md, differences).
+    guards = body_guards(timeouts, body_error)
     app = web.Application(
-        middlewares=[_errors, drain_refused_bodies(drain), coding, deadline],
-        client_max_size=engine.config.max_body_bytes,
+        middlewares=[_errors, *guards.middlewares], client_max_size=engine.config.max_body_bytes
     )
-    # Expect: 100-continue with a declared length above the limit: the 413 instead of the 100
-    expect = expect_within_limit(body_error, drain)
+    expect = guards.expect_handler
     app[ENGINE_KEY] = engine
     app[SERVER_INFO_KEY] = _server_info_static(engine.config)
     r = app.router

@@ -29,7 +29,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
-from .content_coding import content_coding
 from .front import ClientStalled, FrontServing, serving_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
@@ -37,15 +36,13 @@ from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .policies import DEFAULT_POLICY, CostModel, NoReplicaError, RouteRequest, RoutingPolicy, make_policy
 from .proxying import (
-    DRAIN_LIMITS,
     RETRYABLE_HEADER,
     WORKER_HEADER,
     Answer,
     AnyRequest,
     answer_headers,
-    drain_refused_bodies,
+    body_guards,
     error_message,
-    expect_within_limit,
     failure_text,
     forward_header_pairs,
     is_error_event,
@@ -79,7 +76,7 @@ from .requests import (
     load_json_body,
     parse_inference_request,
 )
-from .slow_clients import ClientTimeouts, body_deadline
+from .slow_clients import ClientTimeouts
 from .tenancy import checked_tenant, salted_body
 from .upstream import Origin, UpstreamPool, UpstreamResponse, split_url
 from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, SUSPECT_S, FleetView, WorkerView
@@ -192,19 +189,11 @@ class Gateway:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        drain = DRAIN_LIMITS.within(self.timeouts.body_s)
+        guards = body_guards(self.timeouts, self._body_error)
         app = web.Application(
-            client_max_size=self.config.max_body_bytes,
-            middlewares=[
-                json_route_errors,
-                # outside body_deadline: its early 413 is sent, then drained (within the body timeout)
-                drain_refused_bodies(drain),
-                content_coding(self._body_error),
-                body_deadline(self.timeouts, self._body_error),
-            ],
+            client_max_size=self.config.max_body_bytes, middlewares=[json_route_errors, *guards.middlewares]
         )
-        # Expect: 100-continue with a declared length above the limit: the 413 instead of the 100
-        expect = expect_within_limit(self._body_error, drain)
+        expect = guards.expect_handler
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate, expect_handler=expect)
         app.router.add_get("/v1/models", self.handle_models)
@@ -507,15 +496,7 @@ class Gateway:
     async def handle_generate(self, request: AnyRequest) -> Answer:
         started = time.perf_counter()
         endpoint = request.path
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            self.metrics.errors.labels("bad_request").inc()
-            return self._answer(
-                endpoint,
-                json_error(413, f"request body exceeds {self.config.max_body_bytes} bytes", param="body"),
-                started,
-            )
+        body = await request.read()  # within the limit: body_deadline read it (or the front did)
         try:
             if self.config.tenant_header:
                 header = self.config.tenant_header

@@ -20,9 +20,10 @@ from pydantic import ValidationError
 
 from prefixfleet.sglang_fields import AS_BOOL
 
+from .content_coding import content_coding
 from .front import ClientStalled, HotRequest, HotStream, StallWatch
 from .requests import BadRequest, load_json_object
-from .slow_clients import Responder, declared_too_large, too_large
+from .slow_clients import ClientTimeouts, Responder, body_deadline, declared_too_large, too_large
 from .upstream import UpstreamClosed
 
 AnyRequest = web.Request | HotRequest
@@ -527,16 +528,6 @@ async def answer_then_drain(
     request.protocol.force_close()
 
 
-async def refuse_too_large(
-    request: web.Request, limit: int, *, limits: DrainLimits = DRAIN_LIMITS
-) -> web.Response:
-    """413 for a body above ``limit``, already sent; the connection closes after the body's rest was
-    dropped (:func:`answer_then_drain`), so a client still sending reads the answer, not a reset."""
-    response = json_error(413, f"request body exceeds {limit} bytes", param="body")
-    await answer_then_drain(request, response, limits)
-    return response
-
-
 def drain_refused_bodies(limits: DrainLimits = DRAIN_LIMITS) -> Callable[..., Awaitable[web.StreamResponse]]:
     """Middleware, outside the body middleware (:func:`~.content_coding.content_coding`'s 415 and
     :func:`~.slow_clients.body_deadline`'s 413 are answered before the body was read whole): such an
@@ -584,3 +575,23 @@ def expect_within_limit(respond: Responder, limits: DrainLimits = DRAIN_LIMITS) 
         return None
 
     return expect_handler
+
+
+@dataclass(frozen=True, slots=True)
+class BodyGuards:
+    """How a service (gateway, sidecar, emulator) takes request bodies, in one place: its middlewares,
+    outermost first (a refused body's rest drained, then the Content-Encoding judged, then the body
+    read within the time and size limits), and the ``expect_handler`` of every route taking a body."""
+
+    middlewares: tuple[Callable[..., Awaitable[web.StreamResponse]], ...]
+    expect_handler: ExpectHandler
+
+
+def body_guards(timeouts: ClientTimeouts, respond: Responder) -> BodyGuards:
+    """The :class:`BodyGuards` of a service whose body errors ``respond`` shapes; the drain is held to
+    the body timeout (:meth:`DrainLimits.within`)."""
+    drain = DRAIN_LIMITS.within(timeouts.body_s)
+    return BodyGuards(
+        (drain_refused_bodies(drain), content_coding(respond), body_deadline(timeouts, respond)),
+        expect_within_limit(respond, drain),
+    )

@@ -29,7 +29,6 @@ from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
 from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
-from .content_coding import content_coding
 from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
@@ -37,7 +36,6 @@ from .mirror import Admission, CacheMirror
 from .prewarm import SIDECAR_KEY
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
-    DRAIN_LIMITS,
     Answer,
     AnyRequest,
     StreamedText,
@@ -46,9 +44,8 @@ from .proxying import (
     answer_now,
     answer_uncached_tokens,
     bad_request,
-    drain_refused_bodies,
+    body_guards,
     echoed_prompt,
-    expect_within_limit,
     failure_text,
     find_cached_tokens,
     find_uncached_tokens,
@@ -59,7 +56,6 @@ from .proxying import (
     open_stream,
     output_text,
     read_json_object,
-    refuse_too_large,
     request_target,
     sse_error_event,
     stream_writer,
@@ -85,7 +81,7 @@ from .requests import (
     parse_inference_request,
 )
 from .sidecar_metrics import exposition, fetch_engine_metrics, sidecar_registry
-from .slow_clients import ClientTimeouts, body_deadline
+from .slow_clients import ClientTimeouts
 from .summary import DEFAULT_MAX_BLOCKS, encode_summary
 from .upstream import Exchange, UpstreamPool, UpstreamResponse, split_url
 
@@ -273,20 +269,12 @@ class Sidecar:
     # -- lifecycle -------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
-        drain = DRAIN_LIMITS.within(self.timeouts.body_s)
+        guards = body_guards(self.timeouts, _body_error)
         app = web.Application(
-            client_max_size=self.config.max_body_bytes,
-            middlewares=[
-                json_route_errors,
-                # outside body_deadline: its early 413 is sent, then drained (within the body timeout)
-                drain_refused_bodies(drain),
-                content_coding(_body_error),
-                body_deadline(self.timeouts, _body_error),
-            ],
+            client_max_size=self.config.max_body_bytes, middlewares=[json_route_errors, *guards.middlewares]
         )
         app[SIDECAR_KEY] = self
-        # Expect: 100-continue with a declared length above the limit: the 413 instead of the 100
-        expect = expect_within_limit(_body_error, drain)
+        expect = guards.expect_handler
         app.router.add_post("/prefixfleet/state", self.handle_set_state, expect_handler=expect)
         app.router.add_get("/prefixfleet/status", self.handle_status)
         app.router.add_get("/prefixfleet/hot", self.handle_hot)
@@ -695,10 +683,7 @@ class Sidecar:
     # -- proxying --------------------------------------------------------------------------------
 
     async def handle_generate(self, request: AnyRequest) -> Answer:
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return await refuse_too_large(request, self.config.max_body_bytes)
+        body = await request.read()  # within the limit: body_deadline read it (or the front did)
         return await self._forward(request, body, track=True)
 
     def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, Admission, int] | None:
@@ -717,10 +702,7 @@ class Sidecar:
         return parsed, admission, handle
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return await refuse_too_large(request, self.config.max_body_bytes)
+        body = await request.read()  # within the limit: body_deadline read it
         if request.path != "/flush_cache":
             return await self._forward(request, body)
         # Once sent, the engine may empty its cache even if the client leaves (aiohttp then cancels
