@@ -615,20 +615,20 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # last verdict stands) when its URL or password cannot be read this round (RedisUnusable says
     # why), "" when the fleet has no Redis at all (nothing to refuse)
     not_asked = None if chosen_redis.problem else ""
-    login, refused = redis_login_check(ctx, redis_spec, chosen_redis) if redis_url else (not_asked, "")
+    login, redis_refused = redis_login_check(ctx, redis_spec, chosen_redis) if redis_url else (not_asked, "")
     # one that takes them (login "") but denies the user a command the fleet runs is said too
     # (Degraded=RedisPermissionDenied); the round still dials it for what it may do. Commands refused
     # for another reason (a read-only replica, LOADING, MISCONF) are said apart (RedisCommandsRefused)
     permissions: str | None = ""
     if redis_url and login == "":
-        permissions, refused = redis_permission_check(ctx, chosen_redis, ref)
+        permissions, redis_refused = redis_permission_check(ctx, chosen_redis, ref)
     # one that did not answer (None) leaves the fleet's last verdict as it is: no clearing during an
     # outage, no second Warning Event when it answers the same again
     auth_problem, permission_problem = redis_verdict(login, permissions, conditions)
     # nor about the commands refused for another reason: Redis answered them only when it named a
     # refusal (a refused PING says one) or the permission check got its answer
-    answered = bool(refused) or (login == "" and permissions is not None)
-    refused = refused_verdict(refused if answered else None, conditions)
+    answered = bool(redis_refused) or (login == "" and permissions is not None)
+    redis_refused = refused_verdict(redis_refused if answered else None, conditions)
     if auth_problem:
         redis_url = ""
     if redis_url and any(p.draining for p in pods):
@@ -648,7 +648,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         redis_problem=chosen_redis.problem,
         redis_auth_problem=auth_problem,
         redis_permission_problem=permission_problem,
-        redis_refused=refused,
+        redis_refused=redis_refused,
         redis_password_warning=redis_password_warning(redis_spec, ctx.default_redis_url),
         project_image=os.environ.get("PREFIXFLEET_IMAGE", ""),
         drain_seconds=DRAIN_SECONDS,

@@ -23,6 +23,7 @@ import contextlib
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 from urllib.parse import unquote, urlsplit
 
 import redis
@@ -153,6 +154,14 @@ MAX_CLIENTS_REFUSED = (
 def max_clients_reached(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a new connection for its maxclients limit."""
     return isinstance(exc, redis.ConnectionError) and MAX_CLIENTS in str(exc)
+
+
+def raise_refused_for_max_clients(exc: redis.ConnectionError) -> NoReturn:
+    """Raise ``exc`` as :class:`RedisRefused` when it is a maxclients refusal; else as it is (the
+    connection unreachable, reset or timed out: an outage)."""
+    if max_clients_reached(exc):
+        raise RedisRefused((), MAX_CLIENTS_REFUSED) from exc
+    raise exc
 
 
 # The error codes redis-py drops from the text of the errors it maps to a class of its own.
@@ -332,11 +341,10 @@ def login_answers(
         except BusyLoadingError as exc:
             raise RedisRefused(((PING, server_error(exc)),)) from exc
         except redis.ConnectionError as exc:
-            if not max_clients_reached(exc):
-                raise
-            # a client that sends nothing as it connects (redis-py < 8 without credentials) reads
-            # the refusal here, as the AUTH's answer
-            raise RedisRefused((), MAX_CLIENTS_REFUSED) from exc
+            # a client that sends nothing as it connects (redis-py < 8 without credentials) may read
+            # a maxclients refusal here, as the AUTH's answer (when it comes before the pool's check,
+            # redis-py says "Connection not ready": an outage, as before; not tested, a race)
+            raise_refused_for_max_clients(exc)
     return answers[0], answers[1]
 
 
@@ -371,9 +379,7 @@ def login(client: redis.Redis) -> None:
             raise
         raise RedisRefused(((HELLO, OLDER_THAN_6),)) from exc
     except redis.ConnectionError as exc:
-        if not max_clients_reached(exc):
-            raise  # unreachable, reset, timed out: an outage
-        raise RedisRefused((), MAX_CLIENTS_REFUSED) from exc
+        raise_refused_for_max_clients(exc)
     reusable = False
     try:
         auth = login_args(conn)

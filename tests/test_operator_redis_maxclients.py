@@ -25,7 +25,6 @@ import pytest
 import redis
 from fleet_fixtures import free_port, redis_server_binary, wait_until
 
-from prefixfleet.operator import redis_permissions
 from prefixfleet.operator.handlers import FleetRedis, OperatorContext, redis_login_check
 from prefixfleet.operator.kube import Kube
 from prefixfleet.operator.planner import REDIS_COMMANDS_REFUSED
@@ -107,20 +106,6 @@ def test_the_login_check_names_maxclients_not_an_outage_nor_a_denial(
     assert login is None
     assert names_maxclients(refused), refused
     assert PASSWORD not in refused and "credentials or ACL" in refused
-
-
-# lib_name/lib_version: deprecated by redis-py 8 (driver_info), the only way since redis-py 5
-@pytest.mark.filterwarnings("ignore:Call to '__init__' function with deprecated usage:DeprecationWarning")
-def test_a_client_that_sends_nothing_as_it_connects_reads_it_at_the_login(full_redis: FullRedis) -> None:
-    # nothing sent as it connects (RESP2, no CLIENT SETINFO, no credentials: as redis-py < 8
-    # connects): the refusal is read as the AUTH's answer, not while connecting
-    quiet = redis.Redis(host="127.0.0.1", port=full_redis.port, protocol=2, lib_name=None, lib_version=None)
-    try:
-        with pytest.raises(redis_permissions.RedisRefused) as refused:
-            redis_permissions.login(quiet)
-    finally:
-        quiet.close()
-    assert names_maxclients(str(refused.value)), refused.value
 
 
 @pytest.fixture
