@@ -88,8 +88,8 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
     values = {k: v for k, v in base.items() if k in SERVICE_KEYS or k == "service"}
     if args.service:
         values["service"] = args.service
-    typed: dict[str, str] = {}  # --engine numbers as written, to quote in ServiceConfig's refusals
-    for key, value in parse_pairs(args.engine, "--engine").items():
+    typed = parse_pairs(args.engine, "--engine")  # as written, to quote in ServiceConfig's refusals
+    for key, value in typed.items():
         if key not in SERVICE_KEYS:
             raise UsageError(
                 f"unknown --engine parameter {key!r}; choose from {', '.join(sorted(SERVICE_KEYS))}"
@@ -106,7 +106,6 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
             if count is None:
                 raise UsageError(f"--engine {key} {count_refusal(value, floor=field_floor(key))}")
             values[key] = count
-            typed[key] = value
             continue
         try:
             values[key] = field_type(value)
@@ -114,7 +113,6 @@ def service_config(base: dict[str, Any], args: argparse.Namespace) -> ServiceCon
             raise UsageError(f"--engine {key} must be a number, got {value!r}") from None
         if not math.isfinite(values[key]):  # nan times never compare: the event loop starved
             raise UsageError(f"--engine {key} must be a finite number, got {value!r}")
-        typed[key] = value
     try:
         return ServiceConfig(**values)
     except FieldRuleError as exc:

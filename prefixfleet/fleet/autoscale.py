@@ -130,7 +130,7 @@ class ScaleEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class FleetView:
+class FleetSnapshot:
     """What a round observes of the local fleet, read at one moment (no await in between): its
     replicas, how many are still starting, and each one's state and creation time."""
 
@@ -288,9 +288,9 @@ class LocalAutoscaler:
         await self.execute(plan, subtrees, urls, http, redis)
         return plan
 
-    def view(self) -> FleetView:
+    def view(self) -> FleetSnapshot:
         """The fleet as it is now (copies: what the autoscaler's tasks change later is not in it)."""
-        return FleetView(
+        return FleetSnapshot(
             tuple(self.fleet.replicas),
             self.starting,
             frozenset(self.draining),
