@@ -30,6 +30,9 @@ class Admission:
     matched_tokens: int  # of the prompt, already in the mirror before it
     added: RadixNode | None  # the leaf holding the prompt's new tokens; None: nothing was new
     stamp: int  # that leaf's recency right after the insert
+    # the tree admitted to: the sidecar replaces its whole mirror when the engine names another cache
+    # identity, and a request admitted before that must not take its leaf off the new tree
+    tree: RadixTree
 
 
 class CacheMirror:
@@ -85,7 +88,7 @@ class CacheMirror:
             if added_tokens:
                 added = node  # the insert's new leaf: it ends exactly at the prompt's end
         self._ticks.append((node.last_access, self._clock()))
-        return Admission(matched, added, node.last_access)
+        return Admission(matched, added, node.last_access, self.tree)
 
     def withdraw(self, admission: Admission) -> int:
         """Take back the tokens ``admission`` added: its request ended before the engine's first
@@ -93,8 +96,8 @@ class CacheMirror:
         engine may hold of a partial prefill is not claimed, and tokens another request has used
         since (matched into, extended, pinned) stay, as that request is prefilling them. Returns
         the tokens removed."""
-        if admission.added is None:
-            return 0
+        if admission.added is None or admission.tree is not self.tree:
+            return 0  # nothing added, or added to a mirror this one replaced (that tree is dropped)
         # the tree checks the leaf is still there (not evicted, not flushed) and untouched
         removed = self.tree.remove_leaf(admission.added, if_untouched_since=admission.stamp)
         if removed:
