@@ -3,6 +3,11 @@
 This is the structure SGLang's cache-aware router keeps (there over characters, here over tokens):
 it never holds KV, only the router's belief of what each worker has cached, refreshed by the
 router's own decisions and trimmed per worker by periodic LRU eviction.
+
+Prefixes are kept per *namespace* (the request's tenant salt, ``RouteRequest.namespace``), each under
+its own root, as the engines and the sidecars' mirrors keep them: two tenants sending the same tokens
+never share a node, so one tenant's prefixes cannot change where another's requests go. A worker's
+size for the LRU trim counts its tokens over every namespace.
 """
 
 from __future__ import annotations
@@ -25,11 +30,18 @@ class _TenantNode:
 
 class TenantTree:
     def __init__(self) -> None:
-        self.root = _TenantNode(b"", None)
+        self.roots: dict[Hashable, _TenantNode] = {None: _TenantNode(b"", None)}
         self.tenant_tokens: dict[Hashable, int] = {}
 
-    def insert(self, key: bytes, tenant: Hashable, now: float) -> None:
-        node = self.root
+    @property
+    def root(self) -> _TenantNode:
+        """The root of the unsalted namespace (requests without a tenant salt)."""
+        return self.roots[None]
+
+    def insert(self, key: bytes, tenant: Hashable, now: float, namespace: Hashable = None) -> None:
+        node = self.roots.get(namespace)
+        if node is None:
+            node = self.roots[namespace] = _TenantNode(b"", None)
         pos = 0
         node.tenants[tenant] = now
         while pos < len(key):
@@ -64,9 +76,13 @@ class TenantTree:
         upper.children[node.edge[:TOKEN_BYTES]] = node
         return upper
 
-    def prefix_match(self, key: bytes, live: set[Hashable] | None = None) -> tuple[int, Hashable | None]:
-        """(matched tokens, most recent tenant owning the deepest matched node)."""
-        node = self.root
+    def prefix_match(
+        self, key: bytes, live: set[Hashable] | None = None, namespace: Hashable = None
+    ) -> tuple[int, Hashable | None]:
+        """(matched tokens, most recent tenant owning the deepest matched node) in ``namespace``."""
+        node = self.roots.get(namespace)
+        if node is None:
+            return 0, None
         pos = 0
         matched_node: _TenantNode | None = None
         while pos < len(key):
@@ -94,11 +110,11 @@ class TenantTree:
             if size <= max_tokens:
                 continue
             heap: list[tuple[float, int, _TenantNode]] = []
-            stack = [self.root]
+            stack = list(self.roots.values())
             while stack:
                 node = stack.pop()
                 stack.extend(node.children.values())
-                if node is not self.root and tenant in node.tenants and self._is_tenant_leaf(node, tenant):
+                if node.parent is not None and self._is_tenant_leaf(node, tenant):
                     heap.append((node.tenants[tenant], id(node), node))
             heapq.heapify(heap)
             while size > max_tokens and heap:
@@ -108,22 +124,35 @@ class TenantTree:
                 parent = node.parent
                 if not node.tenants and not node.children and parent is not None:
                     del parent.children[node.edge[:TOKEN_BYTES]]
-                if parent is not None and parent is not self.root and self._is_tenant_leaf(parent, tenant):
+                if parent is not None and parent.parent is not None and self._is_tenant_leaf(parent, tenant):
                     heapq.heappush(heap, (parent.tenants[tenant], id(parent), parent))
             self.tenant_tokens[tenant] = size
+        self._drop_empty_namespaces()
 
     @staticmethod
     def _is_tenant_leaf(node: _TenantNode, tenant: Hashable) -> bool:
         return tenant in node.tenants and not any(tenant in c.tenants for c in node.children.values())
 
     def remove_tenant(self, tenant: Hashable) -> None:
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            node.tenants.pop(tenant, None)
-            for key, child in list(node.children.items()):
-                if tenant in child.tenants and len(child.tenants) == 1 and not child.children:
-                    del node.children[key]
-                else:
-                    stack.append(child)
+        for root in self.roots.values():
+            root.tenants.pop(tenant, None)
+            # depth first, children before their parent, so a node left with neither tenants nor
+            # children goes too (a worker that left must not leave its unique paths behind)
+            stack: list[tuple[_TenantNode, bool]] = [(c, False) for c in root.children.values()]
+            while stack:
+                node, expanded = stack.pop()
+                if not expanded:
+                    stack.append((node, True))
+                    stack.extend((c, False) for c in node.children.values())
+                    continue
+                node.tenants.pop(tenant, None)
+                if not node.tenants and not node.children:
+                    assert node.parent is not None
+                    del node.parent.children[node.edge[:TOKEN_BYTES]]
         self.tenant_tokens.pop(tenant, None)
+        self._drop_empty_namespaces()
+
+    def _drop_empty_namespaces(self) -> None:
+        """Forget a tenant salt's root once nothing is left under it (memory stays bounded)."""
+        for namespace in [ns for ns, r in self.roots.items() if ns is not None and not r.children]:
+            del self.roots[namespace]

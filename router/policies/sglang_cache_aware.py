@@ -6,6 +6,8 @@ then the least-loaded worker wins. Otherwise ``match_rate = matched / input`` ov
 approximate tree; above ``cache_threshold`` the worker owning the matched node wins, else the least
 loaded. The text is inserted under the chosen worker either way, and every
 ``eviction_interval_s`` each worker's share of the tree is trimmed to ``max_tree_size`` by LRU.
+Unlike sgl-router, which knows no tenants, the tree keeps each tenant salt's prefixes apart (the
+engines do too): a tenant's requests never follow another tenant's identical prefix.
 Defaults are the ones users get from the CLI.
 """
 
@@ -63,14 +65,14 @@ class SGLangCacheAware(RoutingPolicy):
         if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
             return Decision(least.replica_id, "imbalanced", least.matched_tokens)
         by_id = {r.replica_id: r for r in live}
-        matched, owner = self.tree.prefix_match(request.tokens, live=set(by_id))
+        matched, owner = self.tree.prefix_match(request.tokens, set(by_id), request.namespace)
         rate = matched / request.num_tokens if request.num_tokens else 0.0
         if owner is not None and rate > self.cache_threshold:
             return Decision(owner, "cache_hit", by_id[owner].matched_tokens)
         return Decision(least.replica_id, "low_match", least.matched_tokens)
 
     def on_routed(self, request: RouteRequest, decision: Decision) -> None:
-        self.tree.insert(request.tokens, decision.replica_id, request.now)
+        self.tree.insert(request.tokens, decision.replica_id, request.now, request.namespace)
 
     def on_replica_removed(self, replica_id: ReplicaId) -> None:
         self.tree.remove_tenant(replica_id)
