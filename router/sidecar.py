@@ -467,6 +467,9 @@ class Sidecar:
                 block_tokens=self.config.block_tokens,
                 clock=time.time,
             )
+            # Its change count starts again at 0, maybe the count the old mirror's summary was
+            # published at: publish this one whatever its count, so Redis names the new identity.
+            self.s.published_changes = -1
         log.info(
             "engine %s: model=%r revision=%r capacity=%s tokens",
             self.config.engine_url,
