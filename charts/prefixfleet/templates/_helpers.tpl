@@ -77,3 +77,14 @@ capabilities:
 seccompProfile:
   type: RuntimeDefault
 {{- end }}
+
+{{/* A duration as values.schema.json admits it (1m30s, 500ms: numbers with ms, s, m or h), in
+     milliseconds, to compare two of them (Helm has no duration parser). */}}
+{{- define "prefixfleet.durationMs" -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 }}
+{{- $total := 0 }}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 }}
+{{- $total = add $total (mul (regexFind "^[0-9]+" . | atoi) (get $units (regexReplaceAll "^[0-9]+" . ""))) }}
+{{- end }}
+{{- $total }}
+{{- end }}
