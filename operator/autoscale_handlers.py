@@ -318,6 +318,14 @@ async def autoscale_round(
     policy = scale_policy(spec, len(unavailable))
     plan = with_unavailable(plan_scale(observed, policy, state.memory), unavailable)
     state.observed, state.policy, state.redis_url = observed, policy, redis_url
+    if plan.add or plan.drain:
+        # Observing took a while (Redis, each sidecar's /metrics, Prometheus): a user who raised
+        # minReplicas, switched autoscaling off with replicas of their own, or deleted the fleet
+        # meanwhile must not be overruled by a plan made from the fleet as it was.
+        changed = await asyncio.to_thread(fleet_changed, ctx, fleet)
+        if changed:
+            logger.info("autoscaler: %s, so this round's plan is not carried out (%s)", changed, plan.reason)
+            return None
     status: dict[str, Any] = {}
     memory = encode_memory(plan.memory, now)
     refresh = refresh_period(spec.autoscaling.interval_seconds)
@@ -458,6 +466,24 @@ async def _clear_stale_victims(
         await asyncio.to_thread(
             ctx.kube.annotate, "PrefixCacheFleet", meta["namespace"], meta["name"], {ANNOTATION_VICTIMS: None}
         )
+
+
+def fleet_changed(ctx: OperatorContext, fleet: Mapping[str, Any]) -> str:
+    """Why the fleet a round planned from is not the one in the API server now ("" when it is): gone,
+    being deleted, recreated, or its spec edited (a new ``metadata.generation``; status and
+    annotation patches leave it alone)."""
+    meta = fleet.get("metadata") or {}
+    live = ctx.kube.get("PrefixCacheFleet", meta.get("namespace") or "default", meta.get("name") or "")
+    now = (live or {}).get("metadata") or {}
+    if live is None:
+        return "the fleet was deleted during the round"
+    if now.get("deletionTimestamp"):
+        return "the fleet is being deleted"
+    if now.get("uid") != meta.get("uid"):
+        return "the fleet was deleted and created again during the round"
+    if now.get("generation") != meta.get("generation"):
+        return "the fleet's spec changed during the round"
+    return ""
 
 
 def scale_fleet(ctx: OperatorContext, namespace: str, name: str, replicas: int) -> None:
