@@ -14,8 +14,9 @@ import contextlib
 import logging
 import uuid
 from array import array
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any, Literal
 
 from prefixfleet.router.radix import as_token_bytes
 
@@ -53,10 +54,15 @@ class Snapshot:
 class RequestHandle:
     """One submitted request as its HTTP handler sees it."""
 
-    def __init__(self, runner: EngineRunner, request: EngineRequest, words: list[str]) -> None:
+    def __init__(
+        self, runner: EngineRunner, request: EngineRequest, words: list[str], log_metrics: bool = True
+    ) -> None:
         self._runner = runner
         self.request = request
         self.words = words
+        # False for health probes: SGLang sends them with log_metrics=False, so its request counters
+        # and latency histograms never see them (its scheduler's gauges still do)
+        self.log_metrics = log_metrics
         self._changed = asyncio.Event()
         self.error: str | None = None
         self.last_token_at: float | None = None
@@ -123,6 +129,8 @@ class EngineRunner:
         self._task: asyncio.Task[None] | None = None
         self._t0 = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        # set (and replaced) whenever the scheduler commits an iteration: proof of life for probes
+        self._committed = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -166,6 +174,7 @@ class EngineRunner:
         rid: str | None = None,
         *,
         namespace: str | None = None,
+        log_metrics: bool = True,
     ) -> RequestHandle:
         """Queue a request. Raises :class:`RequestRejected` when it can never run here."""
         if not self.running:
@@ -179,20 +188,25 @@ class EngineRunner:
         if request.rid in self._handles:
             raise RequestRejected(f"request id {request.rid!r} is already in use")
         self.model.submit(request)
-        handle = RequestHandle(self, request, words)
+        handle = RequestHandle(self, request, words, log_metrics)
         self._handles[request.rid] = handle
         self._wake.set()
         return handle
 
     def abort(self, rid: str) -> None:
         handle = self._handles.pop(rid, None)
-        if self.model.abort(rid):
+        if self.model.abort(rid) and (handle is None or handle.log_metrics):
             self.metrics.on_aborted()
         if handle is not None:
             handle._fail("aborted")
 
     def flush(self) -> bool:
         return self.model.flush()
+
+    def next_iteration(self) -> Coroutine[Any, Any, Literal[True]]:
+        """Awaitable done once the scheduler commits an iteration (one in flight at this call counts):
+        SGLang's health check takes any output of its scheduler after the probe began as alive."""
+        return self._committed.wait()  # bound to the current event now, not when first awaited
 
     def stats(self) -> EngineStats:
         return self.model.stats(self.now())
@@ -229,6 +243,8 @@ class EngineRunner:
                 log.exception("scheduler commit failed")
                 self._fail_all("internal scheduler error")
                 continue
+            committed, self._committed = self._committed, asyncio.Event()
+            committed.set()
             self._deliver(progress, now)
 
     def _fail_all(self, message: str) -> None:
@@ -248,6 +264,11 @@ class EngineRunner:
             request = p.request
             handle = self._handles.get(request.rid)
             if handle is None:
+                continue
+            if not handle.log_metrics:
+                if p.finished:
+                    self._handles.pop(request.rid, None)
+                handle._notify()
                 continue
             if p.first:
                 metrics.on_prefilled(request.prompt_tokens, request.cached_tokens, now - request.arrival)

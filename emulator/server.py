@@ -209,16 +209,33 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(text="")
 
 
+async def _finishes(handle: RequestHandle) -> bool:
+    try:
+        await handle.result()
+    except EngineStopped:
+        return False
+    return True
+
+
 async def health_generate(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     if not engine.running:
         return web.Response(status=503, text="engine not running")
-    handle = engine.submit([0], 1)
+    # As SGLang: a 1-token probe kept out of the request metrics, and the engine is healthy once its
+    # scheduler completes any iteration after this began. A busy engine answers at its next step
+    # instead of after the probe's turn in the queue; an idle one runs the probe.
+    handle = engine.submit([0], 1, log_metrics=False)
+    progressed = asyncio.ensure_future(engine.next_iteration())  # no await since submit: none missed
+    finished = asyncio.ensure_future(_finishes(handle))
     try:
-        await asyncio.wait_for(handle.result(), HEALTH_GENERATE_TIMEOUT_S)
-    except (TimeoutError, EngineStopped):
-        return web.Response(status=503, text="engine did not generate in time")
+        done, _ = await asyncio.wait(
+            (progressed, finished), timeout=HEALTH_GENERATE_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        if progressed not in done and not (finished in done and finished.result()):
+            return web.Response(status=503, text="engine did not generate in time")
     finally:
+        for task in (progressed, finished):
+            task.cancel()
         _abort_unfinished([handle])
     return web.Response(text="")
 
