@@ -140,8 +140,11 @@ async def handle_warm(request: web.Request) -> web.Response:
             await announce_state(sidecar)  # gateways know before the first prefill starts
             results = await warm_prefixes(sidecar, warm.source, warm.hashes)
         finally:
-            # a draining replica stays draining: warming never overrides the operator's removal
-            set_state(sidecar, "draining" if previous == "draining" else "ready")
+            # a draining replica stays draining: warming never overrides the operator's removal,
+            # neither one from before the warm-up nor one set while it ran (only its own 'warming'
+            # is lifted here; a drain undone here put a replica being removed back into rotation)
+            if sidecar.s.state == "warming":
+                set_state(sidecar, "draining" if previous == "draining" else "ready")
     return web.json_response(
         {
             "worker_id": sidecar.s.worker_id,
