@@ -156,10 +156,13 @@ def _name_leaves(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=argv[0] if argv else None)
-    args = parser.parse_args(argv)
-    name = getattr(args, "command_prog", f"prefixfleet {args.command}")
+    name = f"prefixfleet {argv[0]}" if argv and argv[0] in COMMAND_OWNERS else "prefixfleet"
     try:
+        # Building the parser imports the command's module (numpy, aiohttp, the simulator...): seconds
+        # on a busy machine, long enough for a Ctrl-C that would otherwise print an import traceback.
+        parser = build_parser(only=argv[0] if argv else None)
+        args = parser.parse_args(argv)
+        name = getattr(args, "command_prog", f"prefixfleet {args.command}")
         result = args.func(args)
     except UsageError as exc:
         print(f"{name}: error: {exc}", file=sys.stderr)
