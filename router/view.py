@@ -31,6 +31,10 @@ OVERLAY_SUMMARY_SLACK_S = 1.0  # a summary generated this long after a send sure
 SUSPECT_S = 2.0  # a worker that refused a connection sits out this long
 MAX_RECENT_DONE = 256  # per worker: ended sends remembered to correct not-yet-updated reports
 MAX_OVERLAY_PER_WORKER = 16384  # ~260k tokens of recent sends; summaries normally prune it first
+# A wait no honest report gives (a day): a foreign load record's figures (2**63 pending tokens at
+# 1e-300 tokens/s) overflow to an infinite wait, which makes queue_aware's score NaN (0 x inf) and
+# min() then picks that replica first; capped, the replica is just the last choice.
+MAX_WAIT_S = 86400.0
 _RESTRICTIVENESS = {"ready": 0, "warming": 1, "draining": 2}
 
 
@@ -183,6 +187,17 @@ class FleetView:
         current = w.load
         if current is not None and load.seq <= current.seq and load.ts <= current.ts:
             return  # not newer than what a push already delivered (or the same record again)
+        summary = w.summary
+        if current is not None and (
+            load.seq < current.seq or (summary is not None and load.summary_version == 0)
+        ):
+            # A newer record with a lower seq, or one of a sidecar that has published no summary
+            # while we hold one: a new sidecar under the same id (restarted, with its engine or
+            # not). Its mirror starts empty, so the old summary, and what this gateway sent before
+            # the old sidecar's last heartbeat, no longer describe the cache it will route on.
+            w.summary = None
+            for h in [h for h, sent_at in w.overlay.items() if sent_at <= current.ts]:
+                del w.overlay[h]
         w.load_changed_at = now
         w.load = load
         w.healthy = load.engine_ok
@@ -316,7 +331,7 @@ class FleetView:
                     queued=(load.queued if load else 0) + len(unreported),
                     pending_prefill_tokens=pending,
                     # + the engine's fixed per-step latency, which a lone request waits too
-                    wait_s=pending / rate + (load.fixed_latency_s if load else 0.0),
+                    wait_s=min(pending / rate + (load.fixed_latency_s if load else 0.0), MAX_WAIT_S),
                     healthy=True,
                 )
             )
