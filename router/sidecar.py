@@ -493,16 +493,17 @@ class Sidecar:
         )
 
     def load_report(self) -> LoadReport:
-        now = time.time()
         load = self.s.load
         return LoadReport(
             seq=self.s.load_seq,
-            ts=now,
+            ts=time.time(),
             state=self.s.state,
             engine_ok=self.s.engine_ok,
             in_flight=load.in_flight,
             queued=load.queued,
-            pending_prefill_tokens=load.pending_prefill_tokens(now),
+            # the tracker's clock (arrivals are stamped with it): at the wall clock every request
+            # without a first byte to wait for read as drained decades ago
+            pending_prefill_tokens=load.pending_prefill_tokens(time.monotonic()),
             prefill_tokens_per_s=round(load.prefill_tokens_per_s, 1),
             cached_tokens=self.s.mirror.tree.cached_tokens,
             capacity_tokens=self.s.mirror.tree.capacity_tokens,
