@@ -88,7 +88,12 @@ from .redis_permissions import redis_error_text
 
 TICK_S = 1.0  # the timer ticks this often; each fleet's round runs every intervalSeconds
 SCRAPE_TIMEOUT_S = 2.0
-WARM_TIMEOUT_S = 180.0  # pod start + sidecar ready + prefills
+# A new pod may need minutes to be Ready (a node to provision, a large image, a model to load): it
+# stays marked warming (it serves nothing yet anyway) and is warmed once its sidecar answers. Before,
+# one 180 s deadline from the scale-up covered the start too, and a slower pod was never warmed.
+START_TIMEOUT_S = 3600.0
+WARM_TIMEOUT_S = 180.0  # for the pod to appear, and then for its warm requests
+START_POLL_S = 0.3  # how often a starting pod is read the first 30 s; then every 2 s (minutes to go)
 DEFAULT_METRICS_PORT = 8081
 ENGINE_SOURCES = ("prometheus", "scrape", "mixed", "none")
 
@@ -521,11 +526,10 @@ async def prewarm_replica(
     warming as soon as it exists and held out of rotation until warmed, unless it arrives to a
     saturated fleet (:func:`skipped_on_arrival`); an existing one keeps serving while it warms."""
     namespace = ref.namespace
-    deadline = time.monotonic() + WARM_TIMEOUT_S
     new = target.startswith("new-")
     pod_name: str | None = None
     try:
-        pod_name = await _target_pod(ctx, ref, target, known, deadline)
+        pod_name = await _target_pod(ctx, ref, target, known, time.monotonic() + WARM_TIMEOUT_S)
         if pod_name is None:
             logger.warning("pre-warm of %s: no pod appeared in time", target)
             return
@@ -540,12 +544,15 @@ async def prewarm_replica(
             await asyncio.to_thread(
                 ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: "warming"}
             )
-        url, urls = await _wait_sidecar(ctx, auto.http, ref, pod_name, sidecar_port, deadline)
+        wait_s = START_TIMEOUT_S if new else WARM_TIMEOUT_S  # an existing pod is up already
+        up_by = time.monotonic() + wait_s
+        url, urls = await _wait_sidecar(ctx, auto.http, ref, pod_name, sidecar_port, up_by)
         if url is None:
-            logger.warning("pre-warm of %s: its sidecar did not become ready in time", pod_name)
+            logger.warning("pre-warm of %s: the pod is gone, or not serving within %.0f s", pod_name, wait_s)
             return
         if new and await skipped_on_arrival(ctx, state, fleet, ref, pod_name):
             return
+        deadline = time.monotonic() + WARM_TIMEOUT_S  # the warm requests' own budget
         outcome = await warm_replica(
             auto.http,
             url,
@@ -632,7 +639,9 @@ async def _target_pod(
 async def _wait_sidecar(
     ctx: OperatorContext, http: httpx.AsyncClient, ref: FleetRef, pod_name: str, port: int, deadline: float
 ) -> tuple[str | None, dict[str, str]]:
-    """The pod's sidecar URL once the pod is Ready and its engine answers, with every ready pod's URL."""
+    """The pod's sidecar URL once the pod is Ready and its engine answers, with every ready pod's URL;
+    (None, ...) when the pod is gone or the deadline passed."""
+    slower_after = time.monotonic() + 30.0
     while time.monotonic() < deadline:
         pods = await _list_pods(ctx, ref)
         urls = {p.name: u for p in pods if p.ready and not p.draining and (u := pod_url(p, port)) is not None}
@@ -644,5 +653,5 @@ async def _wait_sidecar(
                 resp = await http.get(f"{url}/prefixfleet/status")
                 if resp.status_code == 200 and resp.json().get("engine_ok"):
                     return url, urls
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(START_POLL_S if time.monotonic() < slower_after else 2.0)
     return None, {}
