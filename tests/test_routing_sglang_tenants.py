@@ -38,6 +38,8 @@ def test_tenant_b_does_not_follow_tenant_a_s_identical_prefix():
     # while A itself still gets its cache hit, and unsalted requests stay in their own namespace
     assert _route(policy, [*prefix, 4], "tenant-a", 4.0, {"w0": 0, "w1": 2, "w2": 1}) == "w1"
     assert _route(policy, [*prefix, 5], None, 5.0, {"w0": 1, "w1": 2, "w2": 0}) == "w2"
+    # an empty salt is no salt, as the block hashes have it: it shares the unsalted namespace
+    assert _route(policy, [*prefix, 6], "", 6.0, {"w0": 0, "w1": 2, "w2": 1}) == "w2"
 
 
 @settings(max_examples=60, deadline=None)

@@ -65,14 +65,14 @@ class SGLangCacheAware(RoutingPolicy):
         if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
             return Decision(least.replica_id, "imbalanced", least.matched_tokens)
         by_id = {r.replica_id: r for r in live}
-        matched, owner = self.tree.prefix_match(request.tokens, set(by_id), request.namespace)
+        matched, owner = self.tree.prefix_match(request.tokens, set(by_id), _namespace(request))
         rate = matched / request.num_tokens if request.num_tokens else 0.0
         if owner is not None and rate > self.cache_threshold:
             return Decision(owner, "cache_hit", by_id[owner].matched_tokens)
         return Decision(least.replica_id, "low_match", least.matched_tokens)
 
     def on_routed(self, request: RouteRequest, decision: Decision) -> None:
-        self.tree.insert(request.tokens, decision.replica_id, request.now, request.namespace)
+        self.tree.insert(request.tokens, decision.replica_id, request.now, _namespace(request))
 
     def on_replica_removed(self, replica_id: ReplicaId) -> None:
         self.tree.remove_tenant(replica_id)
@@ -83,3 +83,8 @@ class SGLangCacheAware(RoutingPolicy):
         elif now >= self._next_eviction:
             self.tree.evict_tenant_by_size(self.max_tree_size)
             self._next_eviction = now + self.eviction_interval_s
+
+
+def _namespace(request: RouteRequest) -> object:
+    """The request's tenant salt, an empty one being no salt (as ``blockhash.salted_seed`` has it)."""
+    return request.namespace or None
