@@ -3,7 +3,13 @@ exit status 130, never a traceback, and no process left."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+from fleet_fixtures import wait_until
 
 import prefixfleet.cli as cli
 
@@ -26,3 +32,52 @@ def test_ctrl_c_before_a_command_is_known_names_the_program_only(argv, monkeypat
     monkeypatch.setattr(cli, "build_parser", lambda only=None: (_ for _ in ()).throw(KeyboardInterrupt()))
     assert cli.main(argv) == 130
     assert capsys.readouterr().err == "prefixfleet: interrupted\n"
+
+
+# A stand-in for the sim check that says it started, then computes "for ever": a Ctrl-C must end it.
+_SIM_BLOCKS = """
+import sys, time
+from pathlib import Path
+import prefixfleet.fleet.local as local
+
+def simulate_policies(*args, **kwargs):
+    Path(sys.argv[1]).write_text("started")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # CPU-bound, no await: as the real simulator
+        sum(range(10_000))
+    raise SystemExit("the simulation was not interrupted")
+
+local.simulate_policies = simulate_policies
+from prefixfleet.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_sim_check_stops_up_at_once(tmp_path: Path) -> None:
+    # The sim check took 14 s of `up --policies all` on a busy machine, run inside the event loop:
+    # a Ctrl-C only cancelled the task, which waited for the simulation to end, then for Valkey.
+    marker = tmp_path / "sim-started"
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-c", _SIM_BLOCKS, str(marker),
+            "up", "--requests", "10", "--replicas", "1", "--gateways", "1", "--policies", "round_robin",
+            "--no-progress", "--run-dir", str(tmp_path / "run"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: marker.exists() or proc.poll() is not None, 120, "the sim check to start")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)  # before the fix: the fake simulation's 300 s
+        assert proc.returncode == 130, err
+        assert err == "prefixfleet up: interrupted\n"
+        assert out == ""
+        assert not (tmp_path / "run" / "redis.log").exists()  # nothing was started after the Ctrl-C
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -244,7 +244,7 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_up_command(args: argparse.Namespace) -> int:
-    from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload, workload_slice
+    from prefixfleet.fleet.local import FleetSpec, UpOptions, engine_for_workload, up_sim, workload_slice
     from prefixfleet.sim.cli import parse_settings, policy_names
 
     policies = policy_names(args.policies)
@@ -303,8 +303,9 @@ def run_up_command(args: argparse.Namespace) -> int:
                 )
 
     keep_running = args.keep_running or scaling is not None
+    sim = up_sim(workload, spec, options)  # before the event loop: a Ctrl-C stops it at once
     report, _ = _run_async(
-        lambda: _up_main(workload, spec, options, keep_running, scaling, write_results), "prefixfleet up"
+        lambda: _up_main(workload, spec, options, keep_running, scaling, write_results, sim), "prefixfleet up"
     )
     print(format_up(report))
     return 0
@@ -363,6 +364,7 @@ async def _up_main(
     keep_running: bool,
     scaling: tuple[Any, float, str | None] | None = None,
     on_results: Any = None,
+    sim: Any = None,
 ) -> Any:
     from prefixfleet.fleet.local import LocalFleet, run_up
 
@@ -382,7 +384,7 @@ async def _up_main(
             await asyncio.sleep(1.0)
             fleet.sup.check_alive()
 
-    return await run_up(workload, spec, options, hold if keep_running else None, on_results)
+    return await run_up(workload, spec, options, hold if keep_running else None, on_results, sim)
 
 
 async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheus: str | None = None) -> None:

@@ -665,21 +665,34 @@ def machine_load() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "loadavg_1m": load1}
 
 
+def up_sim(workload: Any, spec: FleetSpec, options: UpOptions) -> dict[str, dict[str, Any]] | None:
+    """The simulator's run of the requests :func:`run_up` replays (None without ``options.sim_check``).
+
+    Seconds to tens of seconds of CPU with no await in them: run it before the event loop starts,
+    where a Ctrl-C interrupts it at once (inside the loop, Ctrl-C only cancels the task, which waits
+    for the simulation's end)."""
+    if not options.sim_check:
+        return None
+    chosen = workload_slice(workload, options.requests, options.max_output_tokens)
+    return simulate_policies(chosen, options.policies, spec)
+
+
 async def run_up(
     workload: Any,
     spec: FleetSpec,
     options: UpOptions,
     hold: Callable[[LocalFleet, dict[str, Any]], Awaitable[None]] | None = None,
     on_results: Callable[[dict[str, Any], list[PolicyRun]], None] | None = None,
+    sim: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], list[PolicyRun]]:
-    """Start the fleet, run every policy, simulate the same requests; ``hold`` runs before teardown,
-    with replicas that die meanwhile reaped (:class:`~prefixfleet.fleet.reaper.ReplicaReaper`).
+    """Start the fleet and run every policy; ``hold`` runs before teardown, with replicas that die
+    meanwhile reaped (:class:`~prefixfleet.fleet.reaper.ReplicaReaper`). ``sim`` is :func:`up_sim`'s
+    result, compared with the live runs in the report (None: no comparison).
 
     ``on_results`` gets the report and runs as soon as they exist, before ``hold``: a hold ends only
     by Ctrl-C or SIGTERM, which never return them to the caller."""
     chosen = workload_slice(workload, options.requests, options.max_output_tokens)
     requests = requests_from_workload(replace(workload, requests=chosen))
-    sim = simulate_policies(chosen, options.policies, spec) if options.sim_check else None
     before = machine_load()
     async with Supervisor(options.run_dir) as sup:
         fleet = LocalFleet(sup, spec)
