@@ -184,6 +184,8 @@ class AutoscaleContext:
     fleets: dict[str, FleetAutoscale] = field(default_factory=dict)
     default_prometheus_url: str = ""  # `operator run --prometheus` / PREFIXFLEET_PROMETHEUS_URL
     prometheus: dict[str, PrometheusSource] = field(default_factory=dict)  # one client per URL
+    # fleets seen not autoscaled whose pods' leftover warming marks this process has cleared
+    unmarked: set[str] = field(default_factory=set)
 
     def prometheus_source(self, url: str) -> PrometheusSource:
         if url not in self.prometheus:
@@ -236,8 +238,24 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
     if auto is None:
         return
     gone = kwargs.get("type") == "DELETED" or bool(body.metadata.get("deletionTimestamp"))
+    namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
     if gone or not _autoscaled(body.spec):
-        _forget_fleet(auto, body.metadata.namespace or "default", body.metadata.name or "")
+        _forget_fleet(auto, namespace, name)
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    key = f"{namespace}/{name}"
+    if not gone and not _autoscaled(body.spec) and ctx is not None and key not in auto.unmarked:
+        # A warming mark left by an operator that died mid warm-up: with no rounds for this fleet
+        # nothing else removes it, and the pod would be published as warming (no traffic) for ever.
+        # The marks of this process' own warm-ups went with their tasks (_forget_fleet).
+        ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
+        for pod in await _list_pods(ctx, ref):
+            if pod.state == "warming":
+                await _unmark(ctx, namespace, pod.name)
+                logger: logging.Logger = kwargs.get("logger") or logging.getLogger(__name__)
+                logger.info("pod %s: warming mark of an earlier operator removed (not autoscaled)", pod.name)
+        auto.unmarked.add(key)
+    elif _autoscaled(body.spec):
+        auto.unmarked.discard(key)  # switched off again later: checked again then
 
 
 def _forget_fleet(auto: AutoscaleContext, namespace: str, name: str) -> None:
@@ -303,7 +321,7 @@ async def autoscale_round(
     for pod in pods:
         # marked warming by an operator that died mid-warm: nobody will finish it, put it back
         if pod.state == "warming" and pod.ready and pod.name not in state.warming_pods:
-            await asyncio.to_thread(ctx.kube.annotate, "Pod", namespace, pod.name, {ANNOTATION_STATE: None})
+            await _unmark(ctx, namespace, pod.name)
     urls = {p.name: u for p in pods if p.alive and (u := pod_url(p, spec.sidecar.port)) is not None}
     redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(fleet.get("spec") or {}))
     if not redis_url:
@@ -580,9 +598,7 @@ async def prewarm_replica(
             state.warming_pods.discard(pod_name)
         if new and pod_name is not None:  # never leave a replica out of rotation
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(
-                    ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: None}
-                )
+                await _unmark(ctx, namespace, pod_name)
 
 
 async def skipped_on_arrival(
@@ -612,6 +628,11 @@ async def _arrived_to(
     pods = await _list_pods(ctx, ref)
     async with ctx.using_redis(state.redis_url) as client:
         return await replicas_now(client, FleetKeys(ref.redis_fleet), pods, last)
+
+
+async def _unmark(ctx: OperatorContext, namespace: str, pod_name: str) -> None:
+    """Remove a pod's warming mark: membership publishes it as ready (a vanished pod is fine)."""
+    await asyncio.to_thread(ctx.kube.annotate, "Pod", namespace, pod_name, {ANNOTATION_STATE: None})
 
 
 async def _list_pods(ctx: OperatorContext, ref: FleetRef) -> list[ObservedPod]:

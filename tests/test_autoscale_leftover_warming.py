@@ -1,0 +1,78 @@
+"""A pod left marked ``warming`` by an operator that died mid warm-up, on a fleet that is no longer
+autoscaled by the time an operator runs again (in-process: the autoscaler's fleet event handler
+against the emulated API server).
+
+Specification: only the autoscaler's warm-up task marks a pod ``warming`` and only it (or the next
+round of an autoscaled fleet) removes the mark. A fleet whose autoscaling was switched off has no
+rounds, so nothing removed a leftover mark: the pod was published as ``warming`` to the gateways
+for ever and served nothing. Now the first event of a fleet that is not autoscaled clears the
+leftover marks of its pods (and only ``warming`` marks: a draining pod stays draining), once per
+process and fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import kopf
+import kubernetes
+import pytest
+
+from prefixfleet.operator.autoscale_handlers import AutoscaleContext, OperatorMetrics, autoscale_forget
+from prefixfleet.operator.handlers import OperatorContext
+from prefixfleet.operator.kube import Kube
+from prefixfleet.operator.planner import ANNOTATION_STATE
+from tests.k8s.apiserver import ApiServerThread
+from tests.test_autoscale_e2e import FLEET, replica_pod
+
+WARMING, DRAINING, PLAIN = (f"{FLEET}-replica-{i}" for i in range(3))
+
+
+@pytest.fixture
+def kube() -> Iterator[Kube]:
+    api = ApiServerThread().start()
+    try:
+        yield Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
+    finally:
+        api.stop()
+
+
+def fleet_body(autoscaled: bool) -> kopf.Body:
+    return kopf.Body({
+        "apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet",
+        "metadata": {"name": FLEET, "namespace": "default", "uid": "fleet-uid"},
+        "spec": {"replicas": 3, "autoscaling": {"enabled": autoscaled}},
+    })  # fmt: skip
+
+
+def state_of(kube: Kube, name: str) -> str | None:
+    pod: dict[str, Any] = kube.get("Pod", "default", name) or {}
+    return (pod.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_STATE)
+
+
+async def test_a_warming_mark_left_on_a_fleet_no_longer_autoscaled_is_cleared(kube: Kube) -> None:
+    for i, (name, mark) in enumerate(((WARMING, "warming"), (DRAINING, "draining"), (PLAIN, None))):
+        kube.create(replica_pod(name, f"http://127.0.0.1:{41000 + i}"))
+        if mark:
+            kube.annotate("Pod", "default", name, {ANNOTATION_STATE: mark})
+    memo = kopf.Memo()
+    memo.ctx = OperatorContext(kube=kube)
+    memo.autoscale = AutoscaleContext(OperatorMetrics(), httpx.AsyncClient())
+    try:
+        # an autoscaled fleet's marks are its rounds' business (a warm-up may be under way)
+        await autoscale_forget(body=fleet_body(True), memo=memo, type=None)
+        assert state_of(kube, WARMING) == "warming"
+        # the fleet as the restarted operator first sees it: autoscaling off
+        await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
+        assert state_of(kube, WARMING) is None  # published as ready again: it serves
+        assert state_of(kube, DRAINING) == "draining" and state_of(kube, PLAIN) is None
+        # once per fleet: later events of the same fleet list no pods
+        kube.annotate("Pod", "default", PLAIN, {ANNOTATION_STATE: "warming"})
+        await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
+        assert state_of(kube, PLAIN) == "warming"
+    finally:
+        await memo.autoscale.http.aclose()
+        await asyncio.sleep(0)
