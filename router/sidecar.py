@@ -868,7 +868,10 @@ class Sidecar:
             if uncached is not None:
                 self.s.load.report_uncached(handle, uncached)
             self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
-        output = after_echo(collected.text, echoed) if complete and collected is not None else None
+        # no text at all (a stream of nothing but an error event or usage, nothing generated):
+        # nothing to learn, and the stream still ends properly below
+        text = collected.text if complete and collected is not None else None
+        output = after_echo(text, echoed) if text else None
         if parsed is not None and output:
             self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(output)), parsed.tenant_salt)
         with contextlib.suppress(ConnectionError):
