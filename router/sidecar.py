@@ -753,7 +753,6 @@ class Sidecar:
                 parsed, admission, handle = tracked
                 predicted = admission.matched_tokens
                 echoed = echoed_prompt(request.path, body)
-        ok = False
         try:
             try:
                 if exchange is None:
@@ -782,7 +781,6 @@ class Sidecar:
                         retryable=True,
                     )
                 exchange.close()  # the connection goes back to the pool before the client is answered
-                ok = upstream.status < 500
                 response = web.Response(status=upstream.status, body=data, headers=headers)
                 if handle is None:
                     return response
@@ -798,7 +796,6 @@ class Sidecar:
                     if parsed is not None and upstream.status == 200:
                         self._learn(parsed, data, predicted or 0, handle, echoed)
                 return response
-            ok = upstream.status < 500
             return await self._stream(
                 request, upstream, headers, parsed, handle, predicted or 0, prefilled, echoed
             )
@@ -808,7 +805,10 @@ class Sidecar:
             if admission is not None and not prefilled[0]:
                 self.s.mirror.withdraw(admission)  # the next summary leaves the prompt out again
             if handle is not None:
-                load.finish(handle, time.monotonic(), ok=ok)
+                # ok only if the engine prefilled it: an error answer (a 4xx refusal comes at once)
+                # timed as a prefill read as millions of tokens a second, and gateways then sent
+                # everything to the replica that refuses
+                load.finish(handle, time.monotonic(), ok=prefilled[0])
                 self.load_changed()
 
     async def _stream(

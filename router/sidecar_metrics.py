@@ -92,7 +92,10 @@ class SidecarCollector(Collector):
             p + "summaries_published", "Cache summaries built (the summary version).", value=s.summary_version
         )
         requests = CounterMetricFamily(
-            p + "tracked_requests", "Generation requests finished, by outcome.", labels=["outcome"]
+            p + "tracked_requests",
+            "Generation requests finished, by outcome (ok: the engine prefilled it; failed: an error "
+            "answer, the engine failing, or the client leaving before the first token).",
+            labels=["outcome"],
         )
         requests.add_metric(["ok"], s.load.completed)
         requests.add_metric(["failed"], s.load.failed)
