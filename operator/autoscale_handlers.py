@@ -391,7 +391,13 @@ async def autoscale_round(
         await asyncio.to_thread(ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, status)
     if plan.prewarm:
         known = {p.name for p in pods}
+        started = 0
         for warm in plan.prewarm:
+            if warm.target in state.warming_pods:
+                # an existing replica keeps serving while it warms, so the planner asks again for the
+                # warm-up under way until it ends: neither a second one nor another Event
+                continue
+            started += 1
             task = asyncio.create_task(
                 prewarm_replica(ctx, auto, state, fleet, ref, spec.sidecar.port, warm.target,
                                 warm.subtree_ids, subtrees, known, logger)
@@ -399,7 +405,7 @@ async def autoscale_round(
             state.warming.add(task)
             task.add_done_callback(state.warming.discard)
             task.add_done_callback(functools.partial(log_failed_warm_up, logger, warm.target))
-        if not plan.add:
+        if started and not plan.add:
             kopf.event(fleet, type="Normal", reason="Prewarming", message=plan.reason)
     return plan
 
