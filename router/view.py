@@ -407,8 +407,11 @@ class FleetView:
 
 def _add_to_overlay(overlay: dict[int, float], hashes: Iterable[int], sent_at: float) -> None:
     for h in hashes:
-        overlay.pop(h, None)  # re-insert: dict order stays (roughly) oldest-first for trimming
-        overlay[h] = sent_at
+        # A peer's notice may arrive after a newer send of the same blocks: keep the newer stamp, so
+        # a parent's is never older than its child's (matched_tokens' binary search needs the
+        # overlay prefix-closed above any floor) and the older send's withdrawal leaves them be.
+        old = overlay.pop(h, None)  # re-insert: dict order stays (roughly) oldest-first for trimming
+        overlay[h] = sent_at if old is None or old < sent_at else old
     excess = len(overlay) - MAX_OVERLAY_PER_WORKER
     if excess > 0:
         for h in list(itertools.islice(overlay, excess)):

@@ -19,7 +19,7 @@ from prefixfleet.router.policies import POLICIES, RouteRequest, make_policy
 from prefixfleet.router.radix import as_token_bytes
 from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
 from prefixfleet.router.summary import MAX_RECORD_INT, encode_summary, make_summary
-from prefixfleet.router.view import FleetView
+from prefixfleet.router.view import FleetView, WorkerView
 
 B = 4
 SEED = CacheIdentity("m", "r").seed()
@@ -133,3 +133,63 @@ def test_a_foreign_load_record_never_wins_over_an_idle_replica(pending, rate, fi
     decision = make_policy(policy).choose(RouteRequest(PROMPT, 40, now=100.0), rows)
     assert decision.replica_id == "idle"
     assert not any(math.isnan(s) for s in decision.scores.values())
+
+
+def linear_walk(w: WorkerView, chain: list[int], floor: float) -> int:
+    """Leading blocks of ``chain`` in the summary or stamped at or after ``floor`` (no search)."""
+    blocks = 0
+    for h in chain:
+        if not ((w.summary is not None and w.summary.has_block(h)) or w.overlay.get(h, -math.inf) >= floor):
+            break
+        blocks += 1
+    return blocks
+
+
+def test_a_late_peer_notice_does_not_make_a_hit_of_a_gap_in_the_chain():
+    """Peer notices arrive out of order with own sends: an older stamp written over a newer one left
+    a parent older than its child, and the binary search over summary ∪ overlay (which needs them
+    prefix-closed) counted blocks past a gap as cached."""
+    view = FleetView(block_tokens=B, overlay_ttl_s=30.0)
+    view.apply_snapshot({"a": member()}, {"a": load(1, 100.0, 0)}, 0.0)
+    w = view.workers["a"]
+    chain = view.request_hashes(PROMPT, None, [w])[(SEED, B)][:3]
+    view.record_send("a", chain, 12, wall_now=105.0)  # own send: the whole chain
+    view.record_peer_send("a", chain[:2], sent_at=104.9)  # a peer's, sent just before, arrives now
+    # the summary generated 0.95 s after the own send shows only the first block (the rest evicted)
+    summary = make_summary(
+        worker="a", version=1, generated_at=105.95, block_tokens=B, identity_seed=SEED,
+        cached_tokens=4, capacity_tokens=100, blocks=chain[:1],
+    )  # fmt: skip
+    assert view.apply_summary("a", encode_summary(summary)) is None
+    assert view.matched_tokens(w, chain, B, wall_now=106.0) == linear_walk(w, chain, 105.95 - 1.0) * B
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    sends=st.lists(
+        st.tuples(st.integers(1, 6), st.floats(0, 60), st.booleans()),  # blocks, time, peer's
+        max_size=8,
+    ),
+    summary_blocks=st.integers(0, 6),
+    generated_at=st.floats(0, 60),
+    now=st.floats(0, 90),
+)
+def test_matched_tokens_equal_a_linear_walk_whatever_order_sends_arrive_in(
+    sends, summary_blocks, generated_at, now
+):
+    view = FleetView(block_tokens=B, overlay_ttl_s=30.0)
+    view.apply_snapshot({"a": member()}, {"a": load(1, 100.0, 0)}, 0.0)
+    w = view.workers["a"]
+    chain = view.request_hashes(PROMPT, None, [w])[(SEED, B)][:6]
+    for blocks, t, peer in sends:  # in arrival order, not time order
+        if peer:
+            view.record_peer_send("a", chain[:blocks], sent_at=t)
+        else:
+            view.record_send("a", chain[:blocks], 0, wall_now=t)
+    summary = make_summary(
+        worker="a", version=1, generated_at=generated_at, block_tokens=B, identity_seed=SEED,
+        cached_tokens=0, capacity_tokens=100, blocks=chain[:summary_blocks],
+    )  # fmt: skip
+    assert view.apply_summary("a", encode_summary(summary)) is None
+    floor = max(now - 30.0, generated_at - 1.0)
+    assert view.matched_tokens(w, chain, B, wall_now=now) == linear_walk(w, chain, floor) * B
