@@ -626,8 +626,9 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # outage, no second Warning Event when it answers the same again
     auth_problem, permission_problem = redis_verdict(login, permissions, conditions)
     # nor about the commands refused for another reason: Redis answered them only when it named a
-    # refusal (a refused PING says one) or the permission check got its answer
-    answered = bool(redis_refused) or (login == "" and permissions is not None)
+    # refusal (a refused PING says one) or the permission check got its answer. A login it refused
+    # clears that verdict: what the fleet's calls get now is the refusal of its credentials
+    answered = bool(redis_refused) or (login == "" and permissions is not None) or bool(login)
     redis_refused = refused_verdict(redis_refused if answered else None, conditions)
     if auth_problem:
         redis_url = ""

@@ -1079,10 +1079,12 @@ class FleetSpec(CamelModel):
 
 # ---------------------------------------------------------------- status
 
-# Ready, Progressing and Degraded always; RedisPasswordExposed and RedisAccessDenied only while they
-# hold (planner.REDIS_PASSWORD_EXPOSED, REDIS_ACCESS_DENIED). The CRD's enum: an API server refuses a
-# status update naming any other type.
-ConditionType = Literal["Ready", "Progressing", "Degraded", "RedisPasswordExposed", "RedisAccessDenied"]
+# Ready, Progressing and Degraded always; RedisPasswordExposed, RedisAccessDenied and
+# RedisCommandsRefused only while they hold (planner.REDIS_PASSWORD_EXPOSED, REDIS_ACCESS_DENIED,
+# REDIS_REFUSING). The CRD's enum: an API server refuses a status update naming any other type.
+ConditionType = Literal[
+    "Ready", "Progressing", "Degraded", "RedisPasswordExposed", "RedisAccessDenied", "RedisCommandsRefused"
+]
 CONDITION_TYPES: tuple[str, ...] = get_args(ConditionType)
 
 
@@ -1180,8 +1182,8 @@ class FleetStatus(CamelModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
-        description="Ready, Progressing and Degraded, each with a CamelCase reason; RedisPasswordExposed"
-        " and RedisAccessDenied while they hold.",
+        description="Ready, Progressing and Degraded, each with a CamelCase reason; RedisPasswordExposed,"
+        " RedisAccessDenied and RedisCommandsRefused while they hold.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     router_endpoint: str | None = Field(default=None, description="URL of the fleet's gateway Service.")

@@ -95,6 +95,11 @@ REDIS_COMMANDS_REFUSED = "RedisCommandsRefused"
 # is not Degraded, but the password is in plain text in its pods' and gateway Deployment's env.
 REDIS_PASSWORD_EXPOSED = "RedisPasswordExposed"
 REDIS_PASSWORD_IN_SPEC = "RedisPasswordInSpec"
+# Condition type (present, True, only while it holds) keeping the verdict RedisCommandsRefused, reason
+# and message the same as Degraded has for it: as for RedisAccessDenied (below), another cause
+# (ChildRefused, RedisUnusable, InvalidSpec) may take Degraded while Redis does not answer, and the
+# verdict, and whether its Warning Event was posted, must outlast that (refused_verdict).
+REDIS_REFUSING = REDIS_COMMANDS_REFUSED
 # Condition type (present, True, only while it holds) keeping the fleet's Redis verdict: reason
 # RedisAuthFailed or RedisPermissionDenied, the same message as Degraded had for it. Degraded shows one
 # cause at a time, and another (RedisUnusable, ChildRefused, InvalidSpec) may take it while Redis does
@@ -1296,6 +1301,7 @@ def plan_status(
     exposed = observed.redis_password_warning
     warnings = [condition(prev, REDIS_PASSWORD_EXPOSED, True, REDIS_PASSWORD_IN_SPEC, exposed, now, g)]
     verdict = redis_verdict_condition(observed, now, g)
+    verdict += refused_condition(observed.redis_refused, prev, now, g)
     return {
         "observedGeneration": fleet.generation,
         "replicas": len(alive),
@@ -1323,6 +1329,16 @@ def redis_verdict_condition(observed: ObservedState, now: datetime, generation: 
     else:
         return []
     return [condition(observed.conditions, REDIS_ACCESS_DENIED, True, reason, message, now, generation)]
+
+
+def refused_condition(
+    refused: str, previous: Sequence[Mapping[str, Any]], now: datetime, generation: int
+) -> list[JSON]:
+    """The RedisCommandsRefused condition of the verdict ``refused`` (ObservedState.redis_refused);
+    none while Redis refuses nothing."""
+    if not refused:
+        return []
+    return [condition(previous, REDIS_REFUSING, True, REDIS_COMMANDS_REFUSED, refused, now, generation)]
 
 
 def with_project_image(spec: FleetSpec, image: str) -> FleetSpec:
@@ -1396,8 +1412,7 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
     events += degraded_event(REDIS_UNUSABLE, observed.redis_problem, observed.conditions)
     events += verdict_event(REDIS_AUTH_FAILED, observed.redis_auth_problem, observed.conditions)
     events += verdict_event(REDIS_PERMISSION_DENIED, observed.redis_permission_problem, observed.conditions)
-    if not (observed.redis_auth_problem or observed.redis_permission_problem):  # else not Degraded's
-        events += degraded_event(REDIS_COMMANDS_REFUSED, observed.redis_refused, observed.conditions)
+    events += refused_event(observed.redis_refused, observed.conditions)
     events += password_event(observed.redis_password_warning, observed.conditions, fleet.generation)
     status = plan_status(fleet, spec, observed, template_hash, len(pods), pod_plan.delete, unhealthy)
     return ReconcilePlan(
@@ -1534,8 +1549,9 @@ def labels_event(writes: Sequence[LabelWrite]) -> list[PlannedEvent]:
 
 
 # The Degraded reasons whose Warning Event the plan posts when the Degraded condition turns to them
-# (degraded_event, which compares with the condition the fleet shows)
-DEGRADED_EVENTS = frozenset({REDIS_UNUSABLE, REDIS_COMMANDS_REFUSED})
+# (degraded_event, which compares with the condition the fleet shows). Not RedisCommandsRefused: its
+# Event follows its own condition (refused_event), whichever cause Degraded shows.
+DEGRADED_EVENTS = frozenset({REDIS_UNUSABLE})
 
 
 def events_carried_out(
@@ -1596,16 +1612,19 @@ def redis_verdict(
 def refused_verdict(refused: str | None, previous: Sequence[Mapping[str, Any]]) -> str:
     """``redis_refused`` of a round, for ObservedState: ``refused`` when Redis answered the checks
     (which commands it refused for a reason about neither the credentials nor the ACL, "" none);
-    None when it did not (an outage, a timeout, a login refused or not asked): such a round decides
-    nothing, and the fleet's last verdict stands, as for RedisAccessDenied (:func:`redis_verdict`),
-    so a flaky link neither clears RedisCommandsRefused nor posts its Warning Event again when
-    Redis answers the same. That verdict is the fleet's Degraded condition while it shows it."""
+    None when it did not (an outage, a timeout, not asked): such a round decides nothing, and the
+    fleet's last verdict stands, as for RedisAccessDenied (:func:`redis_verdict`), so a flaky link
+    neither clears RedisCommandsRefused nor posts its Warning Event again when Redis answers the
+    same. That verdict is the fleet's RedisCommandsRefused condition, which no other cause takes
+    over; a fleet without one (its status written by an operator that kept the verdict only in
+    Degraded) has it in a Degraded condition that is True."""
     if refused is not None:
         return refused
-    shown = _true_condition(previous, "Degraded")
-    if shown is None or shown.get("reason") != REDIS_COMMANDS_REFUSED:
-        return ""
-    return str(shown.get("message") or "")
+    for type_ in (REDIS_REFUSING, "Degraded"):
+        shown = _true_condition(previous, type_)
+        if shown is not None and shown.get("reason") == REDIS_COMMANDS_REFUSED:
+            return str(shown.get("message") or "")
+    return ""
 
 
 def held_verdict(previous: Sequence[Mapping[str, Any]]) -> tuple[str | None, str]:
@@ -1628,6 +1647,15 @@ def verdict_event(reason: str, message: str, previous: Sequence[Mapping[str, Any
     if not message or held_verdict(previous) == (reason, message):
         return []
     return [PlannedEvent("Warning", reason, message)]
+
+
+def refused_event(refused: str, previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
+    """One Warning Event RedisCommandsRefused when the verdict ``refused`` starts or changes: none
+    while the fleet's last one (:func:`refused_verdict`) already says so, whichever cause Degraded
+    shows meanwhile (a refused child, an unusable Redis, an invalid spec)."""
+    if not refused or refused_verdict(None, previous) == refused:
+        return []
+    return [PlannedEvent("Warning", REDIS_COMMANDS_REFUSED, refused)]
 
 
 def degraded_event(reason: str, message: str, previous: Sequence[Mapping[str, Any]]) -> list[PlannedEvent]:
@@ -1712,6 +1740,12 @@ def plan_invalid_spec(fleet: FleetRef, problems: Sequence[str], observed: Observ
         verdict = [dict(kept)]
     else:
         verdict = [condition(prev, REDIS_ACCESS_DENIED, True, reason, held, now, g)] if reason else []
+    # likewise the verdict RedisCommandsRefused (kept as it is: same message, same observedGeneration)
+    refusing = _true_condition(prev, REDIS_REFUSING)
+    if refusing is not None:
+        verdict.append(dict(refusing))
+    else:
+        verdict += refused_condition(refused_verdict(None, prev), prev, now, g)
     return {
         "observedGeneration": fleet.generation,
         "conditions": [

@@ -1,14 +1,17 @@
 """While a refused child takes the Degraded condition, the planner's own Degraded Event is not repeated.
 
 ``Degraded`` shows one cause at a time; a child the API server refuses (ChildRefused,
-operator/refusals.py) overrides the planner's. Two of the planner's causes post their Warning Event
-when Degraded turns to them, by comparing with the Degraded condition the fleet shows
-(``planner.degraded_event``): ``RedisUnusable`` and ``RedisCommandsRefused``. While a child was
-refused, the fleet showed ChildRefused, so that comparison never matched and the planner's Event was
-posted again every 10 s round (a read-only Redis plus a webhook refusing the gateway Deployment: a
-``RedisCommandsRefused`` Warning every round). Now a round whose Degraded a refused child took posts
-none of them (``events_carried_out(..., degraded_taken=True)``); the Event comes when Degraded
-turns to that cause, once the refusal is gone.
+operator/refusals.py) overrides the planner's. ``RedisUnusable`` posts its Warning Event when
+Degraded turns to it, by comparing with the Degraded condition the fleet shows
+(``planner.degraded_event``). While a child was refused, the fleet showed ChildRefused, so that
+comparison never matched and the planner's Event was posted again every 10 s round. Now a round
+whose Degraded a refused child took posts none (``events_carried_out(..., degraded_taken=True)``);
+the Event comes when Degraded turns to that cause, once the refusal is gone.
+
+``RedisCommandsRefused`` had the same fault (a read-only Redis plus a webhook refusing the gateway
+Deployment: its Warning every round). Its verdict now has a condition of its own, which its Event
+follows (``planner.refused_event``): posted once when the refusal starts, whatever Degraded shows,
+and not again when Degraded turns back to it (tests/test_operator_redis_refusals_kept.py).
 """
 
 from __future__ import annotations
@@ -48,22 +51,26 @@ CHILD_REFUSED = {
 # ------------------------------------------------------------------ the plan (plain data)
 
 
-@pytest.mark.parametrize(
-    ("observed", "reason"),
-    [
-        (ObservedState(redis_url="redis://r/0", redis_refused="refused: READONLY"), REDIS_COMMANDS_REFUSED),
-        (ObservedState(redis_problem="spec.redis.secretRef: Secret s not found"), REDIS_UNUSABLE),
-    ],
-)
-def test_the_plans_degraded_event_goes_while_a_refused_child_takes_degraded(
-    observed: ObservedState, reason: str
-) -> None:
+def test_the_plans_degraded_event_goes_while_a_refused_child_takes_degraded() -> None:
+    observed = ObservedState(redis_problem="spec.redis.secretRef: Secret s not found")
     plan = plan_reconcile(REF, SPEC, replace(observed, conditions=[CHILD_REFUSED]))
     # the plan alone cannot tell: the fleet shows ChildRefused, not its cause, every round
-    assert reason in [e.reason for e in plan.events]
+    assert REDIS_UNUSABLE in [e.reason for e in plan.events]
     everything = [c.key for c in plan.children]
-    assert reason not in [e.reason for e in events_carried_out(plan, everything, degraded_taken=True)]
+    assert REDIS_UNUSABLE not in [e.reason for e in events_carried_out(plan, everything, degraded_taken=True)]
     assert events_carried_out(plan, everything) == plan.events  # nothing refused: as planned
+
+
+def test_a_redis_refusal_is_said_once_whatever_degraded_shows() -> None:
+    observed = ObservedState(redis_url="redis://r/0", redis_refused="refused: READONLY")
+    plan = plan_reconcile(REF, SPEC, replace(observed, conditions=[CHILD_REFUSED]))
+    everything = [c.key for c in plan.children]
+    # a new refusal: said even though a refused child holds Degraded, in its own condition
+    assert REDIS_COMMANDS_REFUSED in [e.reason for e in events_carried_out(plan, everything, True)]
+    kept = [c for c in plan.status["conditions"] if c["type"] == REDIS_COMMANDS_REFUSED]
+    # the next rounds: that condition says it already
+    again = plan_reconcile(REF, SPEC, replace(observed, conditions=[CHILD_REFUSED, *kept]))
+    assert REDIS_COMMANDS_REFUSED not in [e.reason for e in again.events]
 
 
 # ------------------------------------------------------------------ the round, as the operator runs it
@@ -94,7 +101,8 @@ def test_a_refused_gateway_update_on_a_read_only_redis_posts_each_warning_once(
     assert warnings(ctx) == ["ChildRefused"]
     # the fleet shows ChildRefused now: before, RedisCommandsRefused again in each of these rounds
     assert warnings(ctx) == [] and warnings(ctx) == []
-    # the update taken: Degraded turns back to the Redis refusal, which is said then, once
+    # the update taken: Degraded turns back to the Redis refusal, said already (its own condition
+    # kept it meanwhile; before, its Event came a second time now)
     server.refusing = False
-    assert warnings(ctx) == [REDIS_COMMANDS_REFUSED]
+    assert warnings(ctx) == []
     assert warnings(ctx) == []
