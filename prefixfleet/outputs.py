@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,26 @@ def output_dir(value: str | Path | None, flag: str) -> Path | None:
         raise UsageError(f"{flag} {path} is not a directory")
     _check_creatable(path, flag)
     return path
+
+
+def distinct_outputs(files: Mapping[str, Path | None], directories: Mapping[str, Path | None]) -> None:
+    """The files and directories a command writes (``{flag: path}``; None: not given) are different
+    paths, and no file is where another output goes in. The same file for ``--json`` and ``--plot``
+    kept only the plot, written over the results; a ``--json`` naming the ``--run-dir`` (or a
+    directory above it) was refused only after the run, once the run had made that directory."""
+    seen: dict[Path, str] = {}
+    for flag, path in [*files.items(), *directories.items()]:
+        if path is None:
+            continue
+        where = path.resolve()  # 'out/x.png' and './out/../out/x.png', or a symlink to it, are one file
+        if where in seen:
+            raise UsageError(f"{seen[where]} and {flag} both name {path}; give each its own path")
+        seen[where] = flag
+    file_flags = {where: flag for where, flag in seen.items() if flag in files}
+    for where, flag in seen.items():
+        above = next((file_flags[p] for p in where.parents if p in file_flags), None)
+        if above is not None:
+            raise UsageError(f"{flag} {where} is inside the file {above} names; give {above} another path")
 
 
 @contextmanager

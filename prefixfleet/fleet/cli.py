@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive, counted
 from prefixfleet.emulator.cli import PREFILL_RATE_RANGE, TIME_SCALE_RANGE, check_range
-from prefixfleet.outputs import output_dir, output_file, write_json, writing
+from prefixfleet.outputs import distinct_outputs, output_dir, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY
 
 if TYPE_CHECKING:
@@ -256,6 +256,7 @@ def run_up_command(args: argparse.Namespace) -> int:
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
     run_dir = output_dir(args.run_dir, "--run-dir")
+    distinct_outputs({"--json": json_path, "--plot": plot_path}, {"--run-dir": run_dir})
     workload = _workload(args.workload, args.requests, args.seed, parse_settings(args.set))
     # the requests run_up replays: a small --requests may need less room than the whole workload
     replayed = workload_slice(workload, args.requests, args.max_output_tokens)
@@ -674,6 +675,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
     json_path = output_file(args.json, "--json", inputs=sources)
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=sources)
     run_dir = output_dir(args.run_dir, "--run-dir")
+    distinct_outputs({"--json": json_path, "--plot": plot_path}, {"--run-dir": run_dir})
     overrides: dict[str, Any] = parse_settings(args.set)
     block_tokens = COMPARE_DEFAULTS["block_tokens"] if args.block_tokens is None else args.block_tokens
     if spec.startswith("trace:"):
