@@ -224,8 +224,11 @@ class EngineModel:
     def _try_admit(self, request: EngineRequest, now: float) -> bool:
         tree, cap = self.tree, self.config.cache_tokens
         ns = request.namespace
-        matched = tree.matched_tokens(request.prompt, ns)
-        new_tokens = request.prompt_tokens - matched
+        in_tree = tree.matched_tokens(request.prompt, ns)
+        new_tokens = request.prompt_tokens - in_tree  # what inserting the prompt adds to the tree
+        # SGLang matches at most the prompt less its last token, which it always computes (the
+        # logits of the first output; adjust_max_prefix_ids): an exact repeat reports prompt - 1
+        matched = min(in_tree, request.prompt_tokens - 1)
         reserved = self.reserved_prefill_tokens + self.reserved_decode_tokens + request.max_new_tokens
         need_free = tree.cached_tokens + new_tokens + reserved - cap
         if need_free > 0:
@@ -235,7 +238,7 @@ class EngineModel:
             if need_free > evictable:
                 return False  # the pool is held by running requests: wait for one to finish
         # cache_on_compute pins only what is cached already; the rest joins the tree as it is computed
-        pinned = matched if self.config.cache_on_compute else request.prompt_tokens
+        pinned = in_tree if self.config.cache_on_compute else request.prompt_tokens
         key = request.prompt[: pinned * TOKEN_BYTES]
         if pinned:
             try:

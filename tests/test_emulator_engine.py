@@ -55,14 +55,28 @@ def test_repeated_prompt_is_served_from_cache_and_its_first_token_comes_sooner()
     assert ttft(warm) < ttft(cold)
 
 
-def test_fully_repeated_prompt_counts_every_prompt_token_as_cached():
-    model = EngineModel(config())
+@pytest.mark.parametrize("cache_on_compute", [False, True])
+@pytest.mark.parametrize("max_new_tokens", [0, 2])
+def test_fully_repeated_prompt_computes_its_last_token_as_sglang_does(
+    cache_on_compute: bool, max_new_tokens: int
+):
+    # SGLang matches at most the prompt less its last token (Req.adjust_max_prefix_ids), prefill-only
+    # requests included: an exact repeat reports prompt - 1 cached tokens and prefills one
+    cfg = config(cache_on_compute=cache_on_compute)
+    model = EngineModel(cfg)
     prompt = list(range(100, 600))
     submit(model, "a", prompt, 2)
     now, _ = run_until_idle(model, 0.0)
-    again = submit(model, "b", prompt, 2, now)
-    run_until_idle(model, now)
-    assert again.cached_tokens == len(prompt)
+    again = submit(model, "b", prompt, max_new_tokens, now)
+    end, _ = run_until_idle(model, now)
+    assert again.cached_tokens == len(prompt) - 1 and again.computed_tokens == 1
+    # the pass that admits it computes that one token (it runs alone: no decode step in it)
+    assert again.first_token_at - now == pytest.approx(cfg.prefill_seconds(1, len(prompt) - 1))
+    assert model.tree.pinned_tokens == 0
+    assert model.tree.matched_tokens(prompt) == len(prompt)  # still cached whole for the next one
+    single = submit(model, "c", [42], 1, end)
+    run_until_idle(model, end)
+    assert single.cached_tokens == 0  # a 1-token prompt never hits
 
 
 def test_generated_tokens_extend_the_cache_so_the_next_turn_hits_them():
@@ -223,7 +237,8 @@ def test_stats_report_queue_usage_and_hit_rate():
     now, _ = run_until_idle(model, it.duration)
     stats = model.stats(now)
     assert (stats.num_running, stats.num_waiting) == (0, 0)
-    assert stats.cache_hit_rate == pytest.approx(0.5)  # second request fully cached, first cold
+    # second request cached but for its last token (as SGLang), first cold
+    assert stats.cache_hit_rate == pytest.approx((len(SHARED) - 1) / (2 * len(SHARED)))
     assert stats.gen_throughput > 0
 
 
