@@ -590,13 +590,18 @@ async def prewarm_replica(
         for source, error in outcome.errors:
             logger.warning("pre-warm of %s from %s failed: %s", pod_name, source, error)
         auto.metrics.scale_events.labels(namespace, ref.name, "prewarm").inc()
+        # a subtree no ready pod holds any more (its holder hung, drained or gone) had nothing to copy
+        # from: not warmed either (before, "0 of 0 hot prefix(es) warmed, 0 failed", a Normal Event)
+        unsourced = max(len(set(subtree_ids)) - outcome.ok - outcome.failed, 0)
+        failed = outcome.failed + unsourced
         kopf.event(
             fleet,
-            type="Normal" if not outcome.failed else "Warning",
+            type="Normal" if not failed else "Warning",
             reason="Prewarmed",
             message=(
                 f"pod {pod_name}: {outcome.warmed_tokens} tokens of {outcome.ok} hot prefix(es) warmed, "
-                f"{outcome.failed} failed"
+                f"{failed} failed"
+                + (f" ({unsourced} with no ready holder to copy from)" if unsourced else "")
             ),
         )
     finally:

@@ -91,21 +91,26 @@ class Harness:
         pod = self.kube.get("Pod", "default", NEW) or {}
         return (pod.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_STATE)
 
-    def prewarm(self) -> asyncio.Task[None]:
+    def prewarm(
+        self, target: str = "new-0", holders: frozenset[str] = frozenset({HOLDER})
+    ) -> asyncio.Task[None]:
         ref = FleetRef(name=FLEET, namespace="default", uid="fleet-uid")
         body = {"apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet",
                 "metadata": {"name": FLEET, "namespace": "default", "uid": ref.uid}}  # fmt: skip
-        subtrees = [SubtreeObservation(SID, tokens=64, rate_rps=1.0, holders=frozenset({HOLDER}))]
+        subtrees = [SubtreeObservation(SID, tokens=64, rate_rps=1.0, holders=holders)]
         return asyncio.create_task(
             prewarm_replica(OperatorContext(kube=self.kube), self.auto, FleetAutoscale(), body, ref,
-                            SIDECAR_PORT, "new-0", [SID], subtrees, {HOLDER}, logging.getLogger("test"))
+                            SIDECAR_PORT, target, [SID], subtrees, {HOLDER}, logging.getLogger("test"))
         )  # fmt: skip
 
-    def reasons(self) -> list[str]:
+    def posted(self) -> list[posting.K8sEvent]:
         out = []
         while not self.events.empty():
-            out.append(self.events.get_nowait().reason)
+            out.append(self.events.get_nowait())
         return out
+
+    def reasons(self) -> list[str]:
+        return [event.reason for event in self.posted()]
 
 
 @pytest.fixture
@@ -157,3 +162,15 @@ async def test_a_pod_never_ready_is_given_up_after_the_start_timeout(
     await asyncio.wait_for(task, 30)
     assert harness.sidecars.warm_requests == []
     assert harness.mark() is None  # no mark left behind: once Ready it serves, cold
+
+
+@pytest.mark.timeout(60)
+async def test_a_prefix_no_ready_pod_holds_is_reported_not_warmed(harness: Harness) -> None:
+    # the subtree's only holder is gone (hung, drained): nothing to copy it from, no warm request
+    await asyncio.wait_for(harness.prewarm(target=HOLDER, holders=frozenset({"gone-replica"})), 30)
+    assert harness.sidecars.warm_requests == []
+    [event] = harness.posted()
+    assert (event.reason, event.type) == ("Prewarmed", "Warning"), event
+    assert event.message == (
+        f"pod {HOLDER}: 0 tokens of 0 hot prefix(es) warmed, 1 failed (1 with no ready holder to copy from)"
+    )
