@@ -59,6 +59,7 @@ from prefixfleet.operator.planner import ObservedPod
 from prefixfleet.operator.prometheus_source import PrometheusScope, PrometheusSource
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.prewarm import warm_replica
+from prefixfleet.router.redis_conn import redis_error_text
 
 LOCAL_NAMESPACE = "local"  # the namespace label local_prometheus gives a local fleet's series
 MIN_DRAIN_S = 2.0  # every gateway has refreshed its view (0.2 s polls) before the process goes
@@ -213,7 +214,7 @@ class LocalAutoscaler:
                         try:
                             await self.round(redis, http, prometheus)
                         except (RedisError, OSError, httpx.HTTPError) as exc:
-                            self._event("error", f"round skipped: {exc}")
+                            self._event("error", f"round skipped: {redis_error_text(exc)}")
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(stop.wait(), self.interval_s)
                 finally:
@@ -239,7 +240,7 @@ class LocalAutoscaler:
         # A replica that failed to start (or a drain that broke) is a decision not carried out: say so.
         if not task.cancelled() and (exc := task.exception()) is not None:
             what = getattr(task.get_coro(), "__name__", task.get_name())
-            self._event("error", f"{what}: {exc.__class__.__name__}: {exc}")
+            self._event("error", f"{what}: {exc.__class__.__name__}: {redis_error_text(exc)}")
 
     def prometheus_scope(self) -> PrometheusScope:
         labels = (("fleet", self.fleet.spec.fleet_name), ("namespace", LOCAL_NAMESPACE))

@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 from prefixfleet.cancellation import cancel_and_wait
 from prefixfleet.fleet.processes import Child, ChildFailedError
 from prefixfleet.router.keys import FleetKeys, deregister_worker
+from prefixfleet.router.redis_conn import redis_error_text
 
 if TYPE_CHECKING:
     from prefixfleet.fleet.local import LocalFleet, Replica
@@ -174,7 +175,7 @@ class ReplicaReaper:
                     await self.sweep(redis)
                     pause = self.interval_s
                 except Exception as exc:  # a bug must not end the reaping: the dead would stay members
-                    self._event("error", f"sweep failed: {exc.__class__.__name__}: {exc}")
+                    self._event("error", f"sweep failed: {exc.__class__.__name__}: {redis_error_text(exc)}")
                     pause = min(max(pause * 2, 1.0), 5.0)  # bounded backoff while it persists
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), pause)
@@ -203,7 +204,9 @@ class ReplicaReaper:
             keys = FleetKeys(self.fleet.spec.fleet_name)
             await asyncio.wait_for(deregister_worker(redis, keys, replica.worker_id), REDIS_TIMEOUT_S)
         except (RedisError, OSError, TimeoutError) as exc:
-            self._event("error", f"{replica.worker_id}: could not remove its member from Redis: {exc}")
+            self._event(
+                "error", f"{replica.worker_id}: could not remove its member from Redis: {redis_error_text(exc)}"
+            )
         # Only now: while it is in the list its index is taken, so the autoscaler cannot start a new
         # replica under its name whose member entry the deregistration above would then delete.
         if replica in self.fleet.replicas:  # (the autoscaler may have let go of it meanwhile)
