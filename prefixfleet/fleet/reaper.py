@@ -204,9 +204,8 @@ class ReplicaReaper:
             keys = FleetKeys(self.fleet.spec.fleet_name)
             await asyncio.wait_for(deregister_worker(redis, keys, replica.worker_id), REDIS_TIMEOUT_S)
         except (RedisError, OSError, TimeoutError) as exc:
-            self._event(
-                "error", f"{replica.worker_id}: could not remove its member from Redis: {redis_error_text(exc)}"
-            )
+            said = redis_error_text(exc)
+            self._event("error", f"{replica.worker_id}: could not remove its member from Redis: {said}")
         # Only now: while it is in the list its index is taken, so the autoscaler cannot start a new
         # replica under its name whose member entry the deregistration above would then delete.
         if replica in self.fleet.replicas:  # (the autoscaler may have let go of it meanwhile)
