@@ -519,6 +519,7 @@ class Sidecar:
         pipe = self.redis.pipeline(transaction=False)
         mirror = self.s.mirror
         now = time.monotonic()
+        refreshed = False  # the pipeline's first command refreshes the summary's TTL
         if periodic:
             if mirror.changes != self.s.published_changes and now >= self.s.next_summary_at:
                 self.s.summary_version += 1
@@ -535,6 +536,7 @@ class Sidecar:
                 self.s.published_changes = mirror.changes
             else:
                 pipe.pexpire(self.keys.summary(self.s.worker_id), ttl_ms)
+                refreshed = True
         self.s.load_seq += 1
         report = self.load_report()
         load = encode_record(report)
@@ -545,7 +547,12 @@ class Sidecar:
             pipe.publish(self.keys.loads, encode_load_push(self.s.worker_id, load))
         if register and self.config.self_register:
             pipe.hset(self.keys.members, self.s.worker_id, encode_record(self.member_record()))
-        await pipe.execute()
+        results = await pipe.execute()
+        if refreshed and not results[0]:
+            # The key is gone though Redis stayed up (evicted under maxmemory: volatile-* policies
+            # pick keys with a TTL; deleted by hand): write the summary again next round, or it
+            # stays missing while this mirror does not change.
+            self.s.published_changes = -1
         self.s.pushed_load = self._queue_figures(report)
         return report
 
