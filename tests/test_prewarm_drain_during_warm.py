@@ -19,14 +19,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 from fleet_fixtures import LOOPBACK, serve_aiohttp, standalone_sidecar
+from stand_in_engine import stand_in_engine
 
 from prefixfleet.router.sidecar import listening
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def health(_request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
 
 
 @pytest.mark.parametrize("meanwhile", ["draining", "ready"])
@@ -40,11 +37,9 @@ async def test_a_state_set_while_warming_is_the_state_after_the_warm_up(meanwhil
 
     source_app = web.Application()
     source_app.router.add_get("/prefixfleet/prefix/{hash}", prefix)
-    engine_app = web.Application()
-    engine_app.router.add_get("/health", health)
     async with (
         serve_aiohttp(source_app) as source,
-        serve_aiohttp(engine_app) as engine,
+        serve_aiohttp(stand_in_engine()) as engine,
         listening(standalone_sidecar(engine)) as served,
         aiohttp.ClientSession() as http,
     ):

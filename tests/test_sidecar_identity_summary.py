@@ -20,6 +20,7 @@ import asyncio
 import pytest
 from aiohttp import web
 from fleet_fixtures import RedisServer, eventually, serve_aiohttp, standalone_sidecar
+from stand_in_engine import stand_in_engine
 
 from prefixfleet.router.blockhash import CacheIdentity
 from prefixfleet.router.keys import FleetKeys
@@ -38,12 +39,7 @@ async def test_the_engines_identity_reaches_the_published_summary(redis_server: 
         info = {"served_model_name": "m2", "revision": "r2", "max_total_num_tokens": 50_000}
         return web.json_response(info)
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_get("/get_server_info", server_info)
-    app.router.add_get("/health", health)
+    app = stand_in_engine(get={"/get_server_info": server_info})
     client = redis_server.client()
     key = FleetKeys(FLEET).summary("w0")
 

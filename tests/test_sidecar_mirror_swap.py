@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from fleet_fixtures import LOOPBACK, eventually, serve_aiohttp, standalone_sidecar
+from stand_in_engine import stand_in_engine
 
 from prefixfleet.router.records import decode_load, encode_record
 from prefixfleet.router.sidecar import listening
@@ -41,13 +42,7 @@ async def test_a_request_admitted_before_the_mirror_was_replaced_withdraws_from_
         await generate_gate.wait()
         return web.json_response({"error": {"message": "engine overloaded"}}, status=503)
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_get("/get_server_info", server_info)
-    app.router.add_post("/generate", generate)
-    app.router.add_get("/health", health)
+    app = stand_in_engine({"/generate": generate}, {"/get_server_info": server_info})
     async with serve_aiohttp(app) as engine:
         config = standalone_sidecar(engine, model=None, revision=None, cache_tokens=None)
         async with listening(config) as served, aiohttp.ClientSession() as http:

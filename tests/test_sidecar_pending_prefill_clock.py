@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from fleet_fixtures import LOOPBACK, eventually, serve_aiohttp, standalone_sidecar
+from stand_in_engine import stand_in_engine
 
 from prefixfleet.router.sidecar import listening
 
@@ -35,14 +36,8 @@ async def test_a_non_streamed_request_in_prefill_is_pending_in_the_load_record()
         await answer.wait()
         return web.json_response({"text": "", "meta_info": {}})
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/generate", generate)
-    app.router.add_get("/health", health)
     async with (
-        serve_aiohttp(app) as engine,
+        serve_aiohttp(stand_in_engine({"/generate": generate})) as engine,
         listening(standalone_sidecar(engine, prefill_tokens_per_s=1.0)) as served,
         aiohttp.ClientSession() as http,
     ):

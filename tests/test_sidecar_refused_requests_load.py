@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from fleet_fixtures import LOOPBACK, serve_aiohttp, standalone_sidecar
+from stand_in_engine import stand_in_engine
 
 from prefixfleet.router.sidecar import listening
 
@@ -38,17 +39,10 @@ async def refusing_engine(request: web.Request) -> web.StreamResponse:
     return web.json_response({"error": {"message": "context length exceeded"}}, status=400)
 
 
-async def health(_request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
 @pytest.mark.parametrize("refusal", ["status", "event"])
 async def test_refused_requests_leave_the_measured_rate_alone(refusal: str) -> None:
-    app = web.Application()
-    app.router.add_post("/generate", refusing_engine)
-    app.router.add_get("/health", health)
     async with (
-        serve_aiohttp(app) as engine,
+        serve_aiohttp(stand_in_engine({"/generate": refusing_engine})) as engine,
         listening(standalone_sidecar(engine, prefill_tokens_per_s=RATE)) as served,
         aiohttp.ClientSession() as http,
     ):

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from fleet_fixtures import LOOPBACK, eventually, serve_aiohttp, standalone_sidecar
+from stand_in_engine import stand_in_engine
 
 from prefixfleet.router.sidecar import listening
 
@@ -44,14 +45,7 @@ def streaming_engine(events: list[dict]) -> web.Application:
         await response.write_eof(b"data: [DONE]\n\n")
         return response
 
-    async def health(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    for path in ("/generate", "/v1/chat/completions"):
-        app.router.add_post(path, answer)
-    app.router.add_get("/health", health)
-    return app
+    return stand_in_engine(dict.fromkeys(("/generate", "/v1/chat/completions"), answer))
 
 
 @pytest.mark.parametrize("name", list(STREAMS))
