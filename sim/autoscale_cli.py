@@ -14,7 +14,7 @@ from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
 from .autoscale_report import format_table, run_details, scaler_metrics, write_plot
-from .cli import add_service_arguments, parse_names, parse_settings, service_config
+from .cli import add_service_arguments, check_kv_pool, parse_names, parse_settings, service_config
 from .scenarios import SCENARIO_FLEET, SCENARIOS, build_scenario
 from .workloads import input_files, settings_help
 
@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not workload.requests:
         raise UsageError(f"scenario {args.scenario!r} has no requests with these settings")
+    check_kv_pool(workload.requests, cache, service)
     rounds = workload.requests[-1].arrival_s / args.control_interval_s
     if rounds > MAX_CONTROL_ROUNDS:  # 1e-300 s never finished: a control round per interval
         # 1e-320 s overflows the count: "makes inf control rounds" named no number

@@ -21,6 +21,7 @@ from .simulator import FleetConfig, RunResult, simulate, simulate_ideal
 from .workloads import (
     WORKLOADS,
     Workload,
+    WorkloadRequest,
     build_workload,
     count_refusal,
     input_files,
@@ -181,6 +182,24 @@ def _fleet(args: argparse.Namespace, workload: Workload) -> FleetConfig:
     return FleetConfig(replicas, cache, service_config(rec, args))
 
 
+def check_kv_pool(requests: Sequence[WorkloadRequest], cache_tokens: int, service: ServiceConfig) -> None:
+    """An emulated engine refuses a request its KV pool cannot hold (prompt + output tokens): refuse
+    the run before it starts, not with a traceback at the first such request part-way through."""
+    if service.service != "emulator" or not requests:
+        return
+    # a Job generates at least one token (sim/engine.py), so the pool must hold that one too
+    needs = [r.num_tokens + max(1, r.output_tokens) for r in requests]
+    need = max(needs)
+    if need > cache_tokens:
+        index = needs.index(need)
+        raise UsageError(
+            f"a {cache_tokens}-token cache (--cache-tokens) is too small for the emulator service model: "
+            f"request #{index} needs {need} tokens ({requests[index].num_tokens} prompt + "
+            f"{need - requests[index].num_tokens} output), and an emulated engine refuses a request its "
+            "KV pool cannot hold"
+        )
+
+
 def run_reproduce(args: argparse.Namespace) -> int:
     json_path = output_file(args.json, "--json")
     report = reproduce_lab()
@@ -238,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
     if not workload.requests:
         raise UsageError(f"workload {workload.name!r} has no requests with these settings")
     fleet = _fleet(args, workload)
+    check_kv_pool(workload.requests, fleet.cache_tokens, fleet.service)
     cost = fleet.service.cost
     runs: list[RunResult] = []
     metrics: dict[str, dict[str, Any]] = {}
