@@ -168,6 +168,7 @@ class FleetAutoscale:
     counters: dict[str, TokenCounters] = field(default_factory=dict)
     rates: dict[str, EngineRates] = field(default_factory=dict)  # last round's, whatever the source
     metrics_degraded: bool = False  # the configured Prometheus is out: warned once, until it is back
+    round_failing: bool = False  # the last round failed (Redis down...): warned once, until one runs
     last_round: float = 0.0
     warming: set[asyncio.Task[None]] = field(default_factory=set)
     warming_pods: set[str] = field(default_factory=set)  # pods (new or existing) a task here is warming
@@ -303,7 +304,15 @@ async def autoscale_timer(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger,
     try:
         await autoscale_round(ctx, auto, state, fleet, ref, spec, logger)
     except (RedisError, OSError, kopf.TemporaryError) as exc:
-        logger.warning("autoscaler round for %s skipped: %s", key, redis_error_text(exc))
+        # the next round is the retry; an outage is one warning, not one every intervalSeconds
+        if not state.round_failing:
+            text = redis_error_text(exc)
+            logger.warning("autoscaler rounds for %s skipped: %s (warned once, until one runs)", key, text)
+        state.round_failing = True
+        return
+    if state.round_failing:
+        logger.info("autoscaler rounds for %s run again", key)
+        state.round_failing = False
 
 
 async def autoscale_round(
