@@ -88,3 +88,33 @@ seccompProfile:
 {{- end }}
 {{- $total }}
 {{- end }}
+
+{{- /* The operator's environment: the chart's variables, then operator.extraEnv, which replaces the
+       chart's of a name it sets (Helm 4's server-side apply refuses a name listed twice). */}}
+{{- define "prefixfleet.operatorEnv" -}}
+{{- $extra := dict }}
+{{- range .Values.operator.extraEnv }}
+{{- if hasKey $extra .name }}
+{{- fail (printf "operator.extraEnv: %q is set twice; give each variable once" .name) }}
+{{- end }}
+{{- $_ := set $extra .name true }}
+{{- end }}
+{{- $own := list
+  (dict "name" "PYTHONDONTWRITEBYTECODE" "value" "1")
+  (dict "name" "PYTHONUNBUFFERED" "value" "1")
+  (dict "name" "POD_NAMESPACE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace")))
+  (dict "name" "PREFIXFLEET_IMAGE" "value" (include "prefixfleet.image" .)) }}
+{{- with (include "prefixfleet.defaultRedisUrl" .) }}
+{{- $own = append $own (dict "name" "PREFIXFLEET_REDIS_URL" "value" .) }}
+{{- end }}
+{{- with .Values.operator.defaultPrometheusUrl }}
+{{- $own = append $own (dict "name" "PREFIXFLEET_PROMETHEUS_URL" "value" .) }}
+{{- end }}
+{{- $env := list }}
+{{- range $own }}
+{{- if not (hasKey $extra .name) }}
+{{- $env = append $env . }}
+{{- end }}
+{{- end }}
+{{- toYaml (dict "env" (concat $env (.Values.operator.extraEnv | default list))) }}
+{{- end }}
