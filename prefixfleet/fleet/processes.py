@@ -247,6 +247,9 @@ class Supervisor:
                     child.log_tail(),
                     child.log_path,
                 )
+            # A child it needs may have died meanwhile (Valkey under a gateway that waits for it):
+            # name that one now, not this one after the whole timeout.
+            self.check_alive()
             if await probe():
                 return
             if time.monotonic() > deadline:
