@@ -11,7 +11,7 @@ from __future__ import annotations
 import helm_python
 import pytest
 import redis
-from fleet_fixtures import RedisServer, redis_server  # noqa: F401 (the fixture)
+from fleet_fixtures import RedisServer
 from test_chart_notes import CHART
 from test_observability_chart import render
 
@@ -36,7 +36,7 @@ def valkey_takes(client: redis.Redis, value: str) -> bool:
     return int(client.config_get("maxmemory")["maxmemory"]) > 0
 
 
-def test_the_chart_takes_what_valkey_takes(redis_server: RedisServer) -> None:  # noqa: F811
+def test_the_chart_takes_what_valkey_takes(redis_server: RedisServer) -> None:
     client = redis.Redis.from_url(redis_server.url)
     with helm_python.Chart.load(CHART) as chart:
         verdicts = {value: (renders(chart, value), valkey_takes(client, value)) for value in VALUES}
