@@ -250,7 +250,8 @@ def test_real_sglang_router_routes_to_emulators(tmp_path: Path):
             status, raw = http("POST", base + "/generate", body)
             assert status == 200, raw[:300]
             repeats.append(json.loads(raw)["meta_info"]["cached_tokens"])
-        assert first["meta_info"]["prompt_tokens"] in repeats, (repeats, registered_workers())
+        # a full hit is all but the last prompt token, which SGLang (and the emulator) always computes
+        assert first["meta_info"]["prompt_tokens"] - 1 in repeats, (repeats, registered_workers())
 
         status, raw = http(
             "POST", base + "/v1/completions", {"model": "emulated-llm", "prompt": "hi there", "max_tokens": 3}
