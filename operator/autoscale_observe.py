@@ -36,6 +36,7 @@ scales up to make up for them within minReplicas and maxReplicas.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -145,10 +146,16 @@ def parse_token_counters(
     try:
         for family in text_string_to_metric_families(exposition):
             for sample in family.samples:
+                # A non-finite value is no reading (as Prometheus' are dropped): a NaN reached int()
+                # and math.ceil() downstream and every round raised ValueError. A counter's makes
+                # the whole sample none: read as 0 it would look like an engine restart, then a spike.
+                finite = math.isfinite(sample.value)
                 if sample.name in totals:
+                    if not finite:
+                        return None
                     totals[sample.name] += float(sample.value)
                     seen = True
-                elif sample.name == names.queue_reqs:
+                elif sample.name == names.queue_reqs and finite:
                     queue = (queue or 0.0) + float(sample.value)
     except (ValueError, TypeError):
         return None
