@@ -79,6 +79,7 @@ from .planner import (
 )
 from .redis_permissions import (
     AUTH_REFUSALS,
+    NoPasswordSet,
     RedisRefused,
     acl_user,
     fleet_commands,
@@ -485,6 +486,8 @@ def redis_login_check(
     decides nothing about the credentials (None), and says what Redis answered."""
     try:
         login(ctx.sync_redis(chosen.dial_url))
+    except NoPasswordSet:
+        return None, no_password_problem(redis, chosen)
     except RedisRefused as exc:
         return None, str(exc)
     except (RedisError, OSError) as exc:
@@ -517,15 +520,9 @@ def redis_permission_check(ctx: OperatorContext, chosen: FleetRedis, ref: FleetR
     return permission_problem(acl_user(chosen.dial_url), answer.denied), refusal_problem(answer.refused)
 
 
-def auth_refusal(redis: Mapping[str, Any], chosen: FleetRedis, exc: BaseException) -> str:
-    """What ``exc`` says about the fleet's Redis credentials (``redis`` is the spec's ``redis``), or
-    "" when it is not about them. Never the server's text, the URL or the password: only which field
-    and Secret hold the credentials Redis refused."""
-    auth_error = isinstance(exc, AuthenticationError) or (
-        isinstance(exc, ResponseError) and str(exc).startswith(AUTH_REFUSALS)
-    )
-    if not isinstance(exc, (AuthenticationWrongNumberOfArgsError, NoPermissionError)) and not auth_error:
-        return ""
+def credentials_where(redis: Mapping[str, Any]) -> tuple[str, str]:
+    """(where the fleet's Redis URL comes from, where its passwordSecretRef's password does, "" when
+    it has none), naming the field and Secret (``redis`` is the spec's ``redis``), for a message."""
     url_ref, password_ref = redis.get("secretRef") or {}, redis.get("passwordSecretRef") or {}
     if redis.get("url"):
         url_where = "spec.redis.url: the URL"
@@ -535,6 +532,38 @@ def auth_refusal(redis: Mapping[str, Any], chosen: FleetRedis, exc: BaseExceptio
         )
     else:
         url_where = "the operator's default Redis (--redis, PREFIXFLEET_REDIS_URL): its URL"
+    password_where = (
+        f"spec.redis.passwordSecretRef: the password in Secret {password_ref.get('name')!r}"
+        f" key {password_ref.get('key')!r}"
+        if password_ref
+        else ""
+    )
+    return url_where, password_where
+
+
+def no_password_problem(redis: Mapping[str, Any], chosen: FleetRedis) -> str:
+    """Why a Redis without a password refusing the fleet's (NoPasswordSet) must be fixed, naming the
+    field that holds it (never the password)."""
+    url_where, password_where = credentials_where(redis)
+    where = url_where if urlsplit(chosen.url).password else password_where  # as in auth_refusal
+    return (
+        f"{where}: the fleet gives its Redis a password, but that Redis has none set: it refuses the AUTH"
+        " a client logs in with (redis-py 8's HELLO still connects: a default user without a password"
+        " takes any), and the password protects nothing. Set it on Redis (CONFIG SET requirepass, or"
+        " ACL SETUSER default on >PASSWORD) or take the password out of the fleet"
+    )
+
+
+def auth_refusal(redis: Mapping[str, Any], chosen: FleetRedis, exc: BaseException) -> str:
+    """What ``exc`` says about the fleet's Redis credentials (``redis`` is the spec's ``redis``), or
+    "" when it is not about them. Never the server's text, the URL or the password: only which field
+    and Secret hold the credentials Redis refused."""
+    auth_error = isinstance(exc, AuthenticationError) or (
+        isinstance(exc, ResponseError) and str(exc).startswith(AUTH_REFUSALS)
+    )
+    if not isinstance(exc, (AuthenticationWrongNumberOfArgsError, NoPermissionError)) and not auth_error:
+        return ""
+    url_where, password_where = credentials_where(redis)
     if isinstance(exc, AuthenticationWrongNumberOfArgsError):
         return (
             f"{url_where} names a user, but the fleet's Redis takes none (older than Redis 6):"
@@ -542,12 +571,8 @@ def auth_refusal(redis: Mapping[str, Any], chosen: FleetRedis, exc: BaseExceptio
         )
     if urlsplit(chosen.url).password:  # it wins over passwordSecretRef (with_credentials)
         where, what = url_where, "its user and password"
-    elif password_ref:
-        where = (
-            f"spec.redis.passwordSecretRef: the password in Secret {password_ref.get('name')!r}"
-            f" key {password_ref.get('key')!r}"
-        )
-        what = "it"
+    elif password_where:
+        where, what = password_where, "it"
     else:
         return (
             "spec.redis.passwordSecretRef: the fleet's Redis requires a password and the fleet sets none"

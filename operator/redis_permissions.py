@@ -109,6 +109,8 @@ EXEC = FleetCommand(("EXEC",), "the operator: membership (a transaction)")
 PING = FleetCommand(("PING",), "the operator, the sidecars and the gateways")
 # redis-py 8 opens every connection with HELLO 3 (RESP3), the fleet's pods' as the operator's
 HELLO = FleetCommand(("HELLO",), "every Redis client of the fleet, as it connects: Redis 6 or later")
+# The explicit AUTH of the login check (login): what a client of the fleet logging in with AUTH sends
+AUTH = FleetCommand(("AUTH",), "the operator's login check, and each client of the fleet logging in with it")
 # What ends the probe's transaction: never EXEC, which would run the fleet's commands wherever the
 # transaction was not aborted (a proxy answering a command itself and forwarding the EXEC).
 DISCARD = ("DISCARD",)
@@ -149,6 +151,36 @@ MAX_CLIENTS_REFUSED = (
     " the fleet's credentials or ACL: new connections of its pods are refused too. Raise maxclients"
     " (CONFIG SET maxclients) or find what holds its connections (CLIENT LIST)"
 )
+
+
+class NoPasswordSet(RedisRefused):
+    """Redis refused the login's ``AUTH <password>`` because it has no password set (Redis 6+:
+    ``AUTH <password> called without any password configured...``, Redis 5: ``Client sent AUTH, but
+    no password is set``; redis-py raises both as an AuthenticationError). Not a wrong password: the
+    fleet gives a password to a Redis that takes none, which the user must fix (the handler names the
+    field that holds it). A default user without a password takes any in ``HELLO 3 AUTH default
+    <password>`` (redis-py 8's handshake), so the fleet's clients connect meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__(((AUTH, "no password is set"),))
+
+
+# How Redis words NoPasswordSet (6 and later, 5)
+_NO_PASSWORD_SET = ("without any password configured", "no password is set")
+
+
+def no_password_set(exc: RedisError) -> bool:
+    """Whether ``exc`` is Redis refusing an AUTH because it has no password set (NoPasswordSet)."""
+    return any(said in str(exc) for said in _NO_PASSWORD_SET)
+
+
+def auth_error_text(exc: ResponseError) -> str:
+    """An AUTH's error as a message may say it: never Redis's text, which may quote the command's
+    arguments (Redis 5's ``unknown command `AUTH`, with args beginning with: `<password>`,``)."""
+    code = server_error(exc).split(" ", 1)[0]
+    if "unknown command" in str(exc).lower():
+        return f"{code} unknown command (a proxy or server without AUTH)"
+    return f"{code} (its text is not repeated: it may quote the password)"
 
 
 def max_clients_reached(exc: BaseException) -> bool:
@@ -329,7 +361,8 @@ def login_answers(
 ) -> tuple[ResponseError | None, ResponseError | None]:
     """The errors Redis answers ``auth`` and a PING with, in one round trip (None: accepted). A
     dataset still loading is RedisRefused: redis-py raises it as a ConnectionError (and drops the
-    connection), but Redis answered, and the fleet's calls get the same."""
+    connection), but Redis answered, and the fleet's calls get the same. So is an AUTH refused
+    because Redis has no password set: NoPasswordSet (redis-py drops the connection there too)."""
     conn.send_packed_command(conn.pack_commands([auth, PING.argv]))
     answers: list[ResponseError | None] = []
     for _ in range(2):
@@ -340,6 +373,10 @@ def login_answers(
             answers.append(exc)
         except BusyLoadingError as exc:
             raise RedisRefused(((PING, server_error(exc)),)) from exc
+        except AuthenticationError as exc:
+            if no_password_set(exc):
+                raise NoPasswordSet() from exc
+            raise
         except redis.ConnectionError as exc:
             # a client that sends nothing as it connects (redis-py < 8 without credentials) may read
             # a maxclients refusal here, as the AUTH's answer (when it comes before the pool's check,
@@ -354,8 +391,11 @@ def login(client: redis.Redis) -> None:
     password accepts) and ``PING``, one round trip, on a connection of ``client``'s pool.
     Returns when both are accepted; raises what Redis answers otherwise (AuthenticationError for
     refused credentials, NoPermissionError for a denied PING, :class:`RedisRefused` for a PING
-    refused for another reason or a new connection refused for maxclients) and errors and timeouts
-    (an outage).
+    refused for another reason, a new connection refused for maxclients or an AUTH with credentials
+    answered with an error about neither them nor the ACL (a proxy without AUTH;
+    :class:`NoPasswordSet`: a password given to a Redis that has none set) and errors and timeouts
+    (an outage). Without credentials the AUTH is the operator's own: an error of that kind to it
+    leaves the PING to answer.
 
     The pool keeps its connections across reconciles, each logged in when it was dialled, and Redis
     keeps a connection logged in when the user's password changes: a PING alone would go on being
@@ -390,6 +430,14 @@ def login(client: redis.Redis) -> None:
             # a Redis older than 6 (no users): the password alone, as redis-py's handshake does, so
             # the fleet's pods log in the same way; its PING again (it was asked before that AUTH)
             auth_error, ping_error = login_answers(conn, ("AUTH", auth[-1]))
+        if auth_error is not None and not about_login(auth_error) and not auth:
+            # no AUTH of the fleet's (it has no credentials): the probe's is the operator's own, and
+            # an AUTH unknown here (a proxy) says nothing of it: the PING's answer is all there is
+            auth_error = None
+        elif auth_error is not None and not about_login(auth_error):
+            # not a verdict on the credentials (a proxy without AUTH): Redis answered, said apart
+            reusable = True
+            raise RedisRefused(((AUTH, auth_error_text(auth_error)),)) from auth_error
         if auth_error is not None:
             raise auth_error  # the AUTH's refusal before the PING's
         if ping_error is not None and not about_login(ping_error):
