@@ -121,8 +121,22 @@ def unavailable(message: str) -> web.Response:
     return response
 
 
+def worker_refused(status: int, headers: CIMultiDict[str]) -> bool:
+    """Whether a worker's whole answer says it did not take the request, so that re-sending it
+    elsewhere is safe: a sidecar's retryable 502/503 (its engine failed before answering), or any
+    503 (an engine refusing work: SGLang's full request queue, an engine not running; before, it
+    went to the client while other workers were free). A 500 or 502 from an engine may follow work
+    done, or fail the same way everywhere: passed on."""
+    return status == 503 or (status == 502 and bool(headers.get(RETRYABLE_HEADER)))
+
+
 class _Retryable(Exception):
-    """The worker failed before the client saw anything: safe to send the request elsewhere."""
+    """The worker failed before the client saw anything: safe to send the request elsewhere.
+    ``answer``: the worker's own answer (a 503), what the client gets if no other worker is left."""
+
+    def __init__(self, message: str, answer: web.Response | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 class _StreamAbandoned(Exception):
@@ -577,6 +591,7 @@ class Gateway:
     ) -> Answer:
         excluded: set[str] = set()
         last_error = "no worker is available"
+        refused: web.Response | None = None  # the latest worker's own 503, if one answered so
         for attempt in range(self.config.max_retries + 1):
             picked = self._decide(parsed, excluded)
             if picked is None:
@@ -599,7 +614,13 @@ class Gateway:
             except _Retryable as exc:
                 last_error = f"worker {worker.worker_id} failed: {exc}"
                 log.info("%s; retrying elsewhere", last_error)
-                self.view.mark_failed(worker.worker_id, time.monotonic())
+                if exc.answer is None:
+                    self.view.mark_failed(worker.worker_id, time.monotonic())
+                else:
+                    # It answered (busy, not gone): the others first for a while, but it is not
+                    # dropped, so a fleet of one still gets its engine's answer, not "no worker".
+                    refused = exc.answer
+                    worker.suspect_until = max(worker.suspect_until, time.monotonic() + SUSPECT_S)
                 for h in chain:
                     worker.overlay.pop(h, None)
                 excluded.add(worker.worker_id)
@@ -610,7 +631,7 @@ class Gateway:
                 self.view.record_done(worker.worker_id, handle, time.time())
         kind = "no_worker" if not excluded else "upstream"
         self.metrics.errors.labels(kind).inc()
-        return unavailable(last_error)
+        return unavailable(last_error) if refused is None else refused
 
     def _origin(self, url: str) -> tuple[Origin, str]:
         found = self._origins.get(url)
@@ -668,11 +689,16 @@ class Gateway:
                     data = await upstream.read()
                 except _RETRY_ERRORS as exc:
                     raise _Retryable(failure_text(exc)) from exc
-                if upstream.status in (502, 503) and upstream.headers.get(RETRYABLE_HEADER):
+                if worker_refused(upstream.status, upstream.headers):
                     why = error_message(data)
-                    raise _Retryable(
-                        f"HTTP {upstream.status} from its sidecar" + (f" ({why})" if why else "")
+                    # a sidecar's retryable answer speaks of its engine's failure: the gateway's own
+                    # 503 names it; an engine's 503 (its Retry-After, its error) goes out as it came
+                    own = (
+                        None
+                        if upstream.headers.get(RETRYABLE_HEADER)
+                        else web.Response(status=upstream.status, body=data, headers=headers)
                     )
+                    raise _Retryable(f"HTTP {upstream.status}" + (f" ({why})" if why else ""), own)
                 prefilled[0] = upstream.status == 200
                 if upstream.status >= 500:
                     self.metrics.errors.labels("upstream").inc()
