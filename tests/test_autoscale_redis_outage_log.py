@@ -49,7 +49,7 @@ async def test_a_redis_outage_is_one_warning_not_one_per_round(
     dead = f"redis://127.0.0.1:{free_port()}/0"
     kube.request("POST", FLEET_PATH, body=fleet_manifest(dead))
     for i in range(2):
-        kube.create(replica_pod(f"{FLEET}-replica-{i}", f"http://127.0.0.1:{41000 + i}"))
+        kube.create(replica_pod(f"{FLEET}-replica-{i}", f"http://127.0.0.1:{free_port()}"))  # no sidecar
     posting.settings_var.set(kopf.OperatorSettings())  # the rounds post Events (a scale-down here)
     posting.event_queue_var.set(asyncio.Queue())
     posting.event_queue_loop_var.set(asyncio.get_running_loop())
