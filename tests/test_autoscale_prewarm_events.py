@@ -102,7 +102,6 @@ async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Kube, str]]:
         api.stop()
 
 
-@pytest.mark.timeout(60)
 async def test_a_warm_up_under_way_is_not_started_again_nor_announced_every_round(
     fleet: tuple[Kube, str],
 ) -> None:

@@ -125,7 +125,6 @@ async def harness(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
         api.stop()
 
 
-@pytest.mark.timeout(60)
 async def test_a_pod_ready_after_the_warm_budget_is_still_warmed_before_it_serves(harness: Harness) -> None:
     task = harness.prewarm()
     harness.start_new_pod()
@@ -142,7 +141,6 @@ async def test_a_pod_ready_after_the_warm_budget_is_still_warmed_before_it_serve
     assert harness.mark() is None  # then serves
 
 
-@pytest.mark.timeout(60)
 async def test_a_pod_deleted_while_it_starts_ends_the_warm_up(harness: Harness) -> None:
     task = harness.prewarm()
     harness.start_new_pod()
@@ -152,7 +150,6 @@ async def test_a_pod_deleted_while_it_starts_ends_the_warm_up(harness: Harness) 
     assert harness.sidecars.warm_requests == [] and harness.reasons() == []
 
 
-@pytest.mark.timeout(60)
 async def test_a_pod_never_ready_is_given_up_after_the_start_timeout(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,7 +161,6 @@ async def test_a_pod_never_ready_is_given_up_after_the_start_timeout(
     assert harness.mark() is None  # no mark left behind: once Ready it serves, cold
 
 
-@pytest.mark.timeout(60)
 async def test_a_prefix_no_ready_pod_holds_is_reported_not_warmed(harness: Harness) -> None:
     # the subtree's only holder is gone (hung, drained): nothing to copy it from, no warm request
     await asyncio.wait_for(harness.prewarm(target=HOLDER, holders=frozenset({"gone-replica"})), 30)
