@@ -80,8 +80,10 @@ from .planner import (
 from .redis_permissions import (
     AUTH_REFUSALS,
     NoPasswordSet,
+    ProbeAnswer,
     RedisRefused,
     acl_user,
+    discard_hint,
     fleet_commands,
     login,
     permission_problem,
@@ -124,6 +126,9 @@ class OperatorContext:
     # mid-command on a URL no fleet records any more: its client is closed after their last call.
     redis_calls: dict[str, int] = field(default_factory=dict, repr=False)
     redis_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # the fleets ("namespace/name") whose Redis ACL user was last found denied DISCARD: the hint is
+    # logged on the round that finds it, not on every round while it lasts (discard_hint)
+    discard_denied: set[str] = field(default_factory=set)
     reconciles: int = 0
     last_reconcile: float = 0.0
     # prefixfleet_operator_unhealthy_replacements_total, in the operator's metrics registry (set by
@@ -208,6 +213,9 @@ class ReconcileOutcome:
     replaced: tuple[UnhealthyReplica, ...] = ()  # unhealthy replicas deleted by this reconcile
     recheck_after_s: float | None = None  # an unready replica's allowance runs out then
     unavailable: int | None = None  # replicas served, unready, nothing replaces; None: not planned
+    # what the reconcile logs as a warning on the fleet, apart from its status (said once: see
+    # OperatorContext.discard_denied)
+    notices: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,6 +368,8 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
             await publish_membership(ctx, outcome, logger)
         for event in outcome.events:
             kopf.event(outcome.fleet, type=event.type, reason=event.reason, message=event.message)
+        for notice in outcome.notices:
+            logger.warning("%s", notice)
         for unhealthy in outcome.replaced:
             logger.warning("replacing an unhealthy replica: %s", unhealthy.message)
             if ctx.unhealthy_replacements is not None:
@@ -510,14 +520,41 @@ def redis_permission_problem(ctx: OperatorContext, chosen: FleetRedis, ref: Flee
 def redis_permission_check(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> tuple[str | None, str]:
     """(:func:`redis_permission_problem`'s answer, which commands Redis refused for a reason other
     than the ACL, with its errors (a read-only replica, out of memory, a proxy without MULTI); "" none)."""
+    return probe_verdicts(chosen, redis_probe(ctx, chosen, ref))
+
+
+def probe_verdicts(chosen: FleetRedis, answer: ProbeAnswer | None) -> tuple[str | None, str]:
+    """:func:`redis_permission_check`'s answer from the probe's (None: Redis did not answer)."""
+    if answer is None:
+        return None, ""
+    return permission_problem(acl_user(chosen.dial_url), answer.denied), refusal_problem(answer.refused)
+
+
+def redis_probe(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> ProbeAnswer | None:
+    """What the fleet's Redis answered the permission probe; None when it did not answer."""
     # the keys of its first replica: the same every round (one message, one Event), and matched by
     # per-fleet or per-replica key patterns alike
     commands = fleet_commands(FleetKeys(ref.redis_fleet), replica_name(ref, 0))
     try:
-        answer = probe_commands(ctx.sync_redis(chosen.dial_url), commands)
+        return probe_commands(ctx.sync_redis(chosen.dial_url), commands)
     except (RedisError, OSError):
-        return None, ""
-    return permission_problem(acl_user(chosen.dial_url), answer.denied), refusal_problem(answer.refused)
+        return None
+
+
+def discard_notice(
+    ctx: OperatorContext, fleet: str, answer: ProbeAnswer | None, user: str
+) -> tuple[str, ...]:
+    """The DISCARD hint (redis_permissions.discard_hint) for the round of ``fleet`` that finds it
+    denied, none on the rounds after while it stays so; a round without an answer changes nothing."""
+    if answer is None:
+        return ()
+    if not answer.discard_denied:
+        ctx.discard_denied.discard(fleet)
+        return ()
+    if fleet in ctx.discard_denied:
+        return ()
+    ctx.discard_denied.add(fleet)
+    return (discard_hint(user),)
 
 
 def credentials_where(redis: Mapping[str, Any]) -> tuple[str, str]:
@@ -590,6 +627,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     fleet = kube.get("PrefixCacheFleet", namespace, name)
     if fleet is None or fleet["metadata"].get("deletionTimestamp"):
         ctx.dial_redis(f"{namespace}/{name}", "")
+        ctx.discard_denied.discard(f"{namespace}/{name}")
         return None
     meta = fleet["metadata"]
     ref = FleetRef(
@@ -645,8 +683,11 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
     # (Degraded=RedisPermissionDenied); the round still dials it for what it may do. Commands refused
     # for another reason (a read-only replica, LOADING, MISCONF) are said apart (RedisCommandsRefused)
     permissions: str | None = ""
+    notices: tuple[str, ...] = ()
     if redis_url and login == "":
-        permissions, redis_refused = redis_permission_check(ctx, chosen_redis, ref)
+        answer = redis_probe(ctx, chosen_redis, ref)
+        permissions, redis_refused = probe_verdicts(chosen_redis, answer)
+        notices = discard_notice(ctx, f"{namespace}/{name}", answer, acl_user(chosen_redis.dial_url))
     # one that did not answer (None) leaves the fleet's last verdict as it is: no clearing during an
     # outage, no second Warning Event when it answers the same again
     auth_problem, permission_problem = redis_verdict(login, permissions, conditions)
@@ -750,6 +791,7 @@ def reconcile_in_cluster(ctx: OperatorContext, namespace: str, name: str) -> Rec
         plan.replaced,
         plan.recheck_after_s,
         len(plan.unavailable),
+        notices,
     )
 
 

@@ -128,6 +128,9 @@ class ProbeAnswer:
 
     denied: tuple[FleetCommand, ...] = ()
     refused: tuple[Refusal, ...] = ()
+    # DISCARD, which ends the probe's transaction, denied (the fleet never runs it: no verdict, but
+    # the probe's connection is closed and a new one dialled every round; discard_hint)
+    discard_denied: bool = False
 
 
 class RedisRefused(RedisError):
@@ -234,6 +237,15 @@ def permission_problem(user: str, denied: Sequence[FleetCommand]) -> str:
     )
 
 
+def discard_hint(user: str) -> str:
+    """What to tell once about an ACL user denied DISCARD (ProbeAnswer.discard_denied)."""
+    return (
+        f"the fleet's Redis denies ACL user {user!r} DISCARD: the fleet never runs it, but the operator's"
+        " permission check ends its transaction with it, so it closes that connection and dials a new"
+        " connection every round instead. Grant it +discard (the minimal user: docs/operator.md)"
+    )
+
+
 def refusal_problem(refused: Sequence[Refusal]) -> str:
     """The Degraded message for commands the fleet runs that Redis answers with an error about
     neither the credentials nor the ACL: each with Redis's error, those with the same error together."""
@@ -316,9 +328,14 @@ def probe_commands(client: redis.Redis, commands: Sequence[FleetCommand]) -> Pro
                 refused.append((command, server_error(exc)))  # READONLY, OOM, MISCONF, unknown...
         # DISCARD refused (the fleet never runs it): the connection, still inside the transaction,
         # is closed below, and the server drops the transaction with it
-        with contextlib.suppress(ResponseError):
+        discard_denied = False
+        try:
             reusable = conn.read_response() in (b"OK", "OK", True)
-        return ProbeAnswer((*denied, *exec_denied), tuple(refused))
+        except NoPermissionError:
+            discard_denied = True
+        except ResponseError:
+            pass
+        return ProbeAnswer((*denied, *exec_denied), tuple(refused), discard_denied)
     finally:
         if not reusable:
             conn.disconnect()
