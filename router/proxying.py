@@ -15,7 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_urldispatcher import _default_expect_handler
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 from pydantic import ValidationError
 
 from prefixfleet.sglang_fields import AS_BOOL
@@ -36,6 +36,7 @@ HOP_BY_HOP = frozenset(
         "keep-alive",
         "proxy-authenticate",
         "proxy-authorization",
+        "proxy-connection",  # not standard, but sent by some clients as Connection's old name
         "te",
         "trailer",
         "trailers",
@@ -53,14 +54,25 @@ _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 
 
-def forward_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+def hop_by_hop(headers: MultiMapping[str]) -> frozenset[str]:
+    """The lower-cased names of a message's headers not to pass on: :data:`HOP_BY_HOP` and those
+    its ``Connection`` header lists (RFC 9110 §7.6.1: meant for that connection only)."""
+    listed = headers.getall("Connection", ())
+    if not listed:
+        return HOP_BY_HOP
+    return HOP_BY_HOP.union(name.strip().lower() for line in listed for name in line.split(","))
+
+
+def forward_header_pairs(headers: MultiMapping[str]) -> list[tuple[str, str]]:
     """The end-to-end request headers (repeats kept) as pairs, for :class:`~.upstream.UpstreamPool`."""
-    return [(k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP]
+    dropped = hop_by_hop(headers)
+    return [(k, v) for k, v in headers.items() if k.lower() not in dropped]
 
 
-def answer_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+def answer_headers(headers: MultiMapping[str]) -> CIMultiDict[str]:
     """An upstream response's end-to-end headers, to answer the client with."""
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+    dropped = hop_by_hop(headers)
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
 
 
 def request_target(request: AnyRequest) -> str:
