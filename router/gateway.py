@@ -613,7 +613,6 @@ class Gateway:
                 return await self._forward(request, body, parsed, worker, started, prefilled)
             except _Retryable as exc:
                 last_error = f"worker {worker.worker_id} failed: {exc}"
-                log.info("%s; retrying elsewhere", last_error)
                 if exc.answer is None:
                     self.view.mark_failed(worker.worker_id, time.monotonic())
                 else:
@@ -624,6 +623,12 @@ class Gateway:
                 for h in chain:
                     worker.overlay.pop(h, None)
                 excluded.add(worker.worker_id)
+                if exc.answer is not None and not self._unsuspected_left(excluded):
+                    # every other worker failed or refused work lately: re-sending would only add
+                    # load to a busy fleet (each request asking every engine), so its 503 goes out
+                    log.info("%s; no other worker is free", last_error)
+                    break
+                log.info("%s; retrying elsewhere", last_error)
             finally:
                 # failed and retried, client left, or an error answer (or a timeout) before the first token
                 if not prefilled[0]:
@@ -632,6 +637,11 @@ class Gateway:
         kind = "no_worker" if not excluded else "upstream"
         self.metrics.errors.labels(kind).inc()
         return unavailable(last_error) if refused is None else refused
+
+    def _unsuspected_left(self, excluded: set[str]) -> bool:
+        """Whether a routable worker not tried yet has not failed nor refused work lately."""
+        now = time.monotonic()
+        return any(w.suspect_until <= now and w.worker_id not in excluded for w in self.view.routable(now))
 
     def _origin(self, url: str) -> tuple[Origin, str]:
         found = self._origins.get(url)

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 from fleet_fixtures import serve_aiohttp
 
+from prefixfleet.router import gateway as gateway_module
 from prefixfleet.router.gateway import GatewayConfig, listening
 
 pytestmark = pytest.mark.timeout(60)
@@ -103,3 +104,19 @@ async def test_a_500_is_not_sent_again() -> None:
         assert sorted(statuses) == [200, 500]
         assert broken.calls == 1 and good.calls == 1
         assert await retries_counted(session, gateway) == 0
+
+
+async def test_a_fleet_refusing_work_is_asked_once_per_request_not_once_per_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the sit-out outlasts the test whatever the machine's load (the rule holds within it)
+    monkeypatch.setattr(gateway_module, "SUSPECT_S", 600.0)
+    engines = [Engine(f"busy{i}", 503) for i in range(3)]
+    async with gateway_over(*engines) as gateway, aiohttp.ClientSession() as session:
+        for i in range(3):
+            async with session.post(f"{gateway}/v1/completions", json={"prompt": f"p{i}"}) as resp:
+                assert resp.status == 503
+        # the first request asked each engine once; the next ones only one each (every engine had
+        # just refused): re-sending would multiply the load on an overloaded fleet
+        assert sum(e.calls for e in engines) == 3 + 2
+        assert all(e.calls >= 1 for e in engines)
