@@ -293,16 +293,23 @@ class ReconcilePlan:
     mark_ready: tuple[str, ...] = ()  # Ready for the first time: annotate first-ready=now
     # (pod, value): unready, first seen so by the operator: annotate unready-seen=value
     mark_unready: tuple[tuple[str, str], ...] = ()
-    # (pod, merge patch): the fleet's labels changed; set in place on the pod's metadata (a pod is not
-    # replaced for a label: its engine keeps its cache and its GPU)
-    relabel_pods: tuple[tuple[str, JSON], ...] = ()
     # every label write the fleet's labels cause (pods and router children): the LabelsChanged Event
-    # says them, and after execution only those carried out (events_carried_out)
+    # says them, and after execution only those carried out (events_carried_out); the pods' are
+    # relabel_pods
     label_writes: tuple[LabelWrite, ...] = ()
     replaced: tuple[UnhealthyReplica, ...] = ()  # in delete_pods because they are unhealthy
     recheck_after_s: float | None = None  # reconcile again this soon (UnhealthyPlan.recheck_after_s)
     # served, unready, nothing replaces them (UnhealthyPlan.unavailable): Degraded/ReplicaUnavailable
     unavailable: tuple[UnavailableReplica, ...] = ()
+
+    @property
+    def relabel_pods(self) -> tuple[tuple[str, JSON], ...]:
+        """(pod, merge patch) of each replica pod in ``label_writes``: the fleet's labels changed; set
+        in place on the pod's metadata (a pod is not replaced for a label: its engine keeps its cache
+        and its GPU). Derived, so the pods relabelled and those the Event says are one list."""
+        return tuple(
+            (w.what, labels_patch(w.seen.recorded, w.desired)) for w in self.label_writes if w.part == "pod"
+        )
 
     @property
     def is_noop(self) -> bool:
@@ -1391,7 +1398,6 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         observed.pods, observed.fleet_labels, template_hash, replica_own_labels(template), pod_plan.delete
     )
     relabelled += pod_labels
-    relabel = tuple((w.what, labels_patch(w.seen.recorded, w.desired)) for w in pod_labels)
     events: list[PlannedEvent] = []
     for pod in pods:
         events.append(PlannedEvent("Normal", "CreatingReplica", f"creating pod {pod['metadata']['name']}"))
@@ -1427,7 +1433,6 @@ def plan_reconcile(fleet: FleetRef, spec: FleetSpec, observed: ObservedState) ->
         mark_unready=tuple(
             (p.name, unready_mark(observed.now, p.ready_changed)) for p in unhealthy.first_seen
         ),
-        relabel_pods=relabel,
         label_writes=tuple(relabelled),
         replaced=replaced,
         recheck_after_s=unhealthy.recheck_after_s,
