@@ -22,23 +22,23 @@
 {{- end }}
 
 {{- define "prefixfleet.labels" -}}
-helm.sh/chart: {{ include "prefixfleet.chart" . }}
-app.kubernetes.io/name: {{ include "prefixfleet.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ include "prefixfleet.chart" . | quote }}
+app.kubernetes.io/name: {{ include "prefixfleet.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
 {{- end }}
 
 {{/* Selector of the operator pod (component keeps it apart from Redis and the fleets' pods). */}}
 {{- define "prefixfleet.operatorSelectorLabels" -}}
-app.kubernetes.io/name: {{ include "prefixfleet.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "prefixfleet.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/component: operator
 {{- end }}
 
 {{- define "prefixfleet.redisSelectorLabels" -}}
-app.kubernetes.io/name: {{ include "prefixfleet.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "prefixfleet.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
 app.kubernetes.io/component: redis
 {{- end }}
 
