@@ -45,8 +45,12 @@ app.kubernetes.io/component: redis
 {{- define "prefixfleet.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "prefixfleet.fullname" .) .Values.serviceAccount.name }}
+{{- else if .Values.serviceAccount.name }}
+{{- .Values.serviceAccount.name }}
 {{- else }}
-{{- default "default" .Values.serviceAccount.name }}
+{{- /* Not the namespace's "default" ServiceAccount: every pod of the namespace that names none runs
+       as it, and would get the operator's rights (cluster-wide pods, Secrets) with it. */}}
+{{- fail "serviceAccount.create=false needs serviceAccount.name: the ServiceAccount you made for the operator (the chart binds its roles to it; falling back to the namespace's default ServiceAccount would give them to every pod there)" }}
 {{- end }}
 {{- end }}
 
