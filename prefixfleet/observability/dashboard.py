@@ -353,8 +353,11 @@ PANELS: tuple[Panel, ...] = (
     ),
 )
 
-# Events as annotations. The operator exports no scale-decision metric yet: scale events are read off
-# the gateways' view size, pre-warm and drain off the workers' states.
+# Events as annotations, read off the gateways: scale events off their view size, pre-warm and drain
+# off the workers' states. The operator does export its decisions (prefixfleet_operator_scale_events_total
+# by action, prefixfleet_operator_replicas: operator/autoscale_handlers.py), but Prometheus has them only
+# where the chart's operator.metricsPodMonitor scrapes the operator, and the live-Prometheus test's
+# scenario runs none (every query here must return data there), so the gateways' series stay the source.
 ANNOTATIONS: tuple[Annotation, ...] = (
     Annotation(
         "Scale events",
