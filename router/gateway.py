@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import redis.asyncio as aioredis
+import yarl
 from aiohttp import web
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -112,6 +113,18 @@ class GatewayConfig:
     upstream_timeout_s: float | None = None  # whole-request limit; None = unlimited (long generations)
     tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
     client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
+
+
+# OpenAI's model list and model (``client.models.retrieve``), SGLang's model and server information
+# (its frontend's RuntimeEndpoint reads /get_model_info when created; /model_info is the newer name)
+INFO_PATHS = (
+    "/v1/models",
+    "/v1/models/{model:.+}",
+    "/get_model_info",
+    "/model_info",
+    "/get_server_info",
+    "/server_info",
+)
 
 
 def unavailable(message: str) -> web.Response:
@@ -210,7 +223,9 @@ class Gateway:
         expect = guards.expect_handler
         for path in GENERATE_PATHS:
             app.router.add_post(path, self.handle_generate, expect_handler=expect)
-        app.router.add_get("/v1/models", self.handle_models)
+        # read-only engine information, from any live worker: what clients ask before generating
+        for path in INFO_PATHS:
+            app.router.add_get(path, self.handle_models)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/livez", self.handle_livez)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -764,27 +779,33 @@ class Gateway:
         return response
 
     async def handle_models(self, request: web.Request) -> web.StreamResponse:
+        """One of :data:`INFO_PATHS`, answered by the first live worker that answers below 500."""
         started = time.perf_counter()
         assert self.session is not None
+        # labelled by its route's template: a model named in the path is no label value
+        resource = request.match_info.route.resource
+        endpoint = resource.canonical if resource is not None else "other"
         # the client's headers (an engine's API key) as for generation; identity, since the answer's
         # Content-Encoding is not passed on
         sent = [*forward_header_pairs(request.headers), ("Accept-Encoding", "identity")]
         for w in self.view.routable(time.monotonic()):
             try:
                 async with self.session.get(
-                    f"{w.url}/v1/models", headers=sent, timeout=aiohttp.ClientTimeout(total=5)
+                    yarl.URL(w.url + request_target(request), encoded=True),
+                    headers=sent,
+                    timeout=aiohttp.ClientTimeout(total=5),
                 ) as up:
                     data = await up.read()
                     if up.status < 500:
                         headers = answer_headers(up.headers)
                         headers[WORKER_HEADER] = w.worker_id
                         return self._answer(
-                            "/v1/models", web.Response(status=up.status, body=data, headers=headers), started
+                            endpoint, web.Response(status=up.status, body=data, headers=headers), started
                         )
             except (aiohttp.ClientError, OSError, TimeoutError):
                 continue
         self.metrics.errors.labels("no_worker").inc()
-        return self._answer("/v1/models", unavailable("no worker is available"), started)
+        return self._answer(endpoint, unavailable("no worker is available"), started)
 
     async def handle_health(self, _request: web.Request) -> web.Response:
         routable = len(self.view.routable(time.monotonic()))
