@@ -123,6 +123,8 @@ class RadixTree:
             raise ValueError(f"capacity_tokens must be a positive integer, got {capacity_tokens!r}")
         self.capacity_tokens = capacity_tokens
         self._roots: dict[object, RadixNode] = {}
+        # each root's namespace, so a root left without children can go (see _detach_leaf)
+        self._root_namespaces: dict[RadixNode, object] = {}
         self._clock = 0
         self._cleared_at = 0  # the recency clock's value at the last clear()
         self._heap: list[tuple[int, int, RadixNode]] = []
@@ -141,6 +143,7 @@ class RadixTree:
         if root is None:
             root = RadixNode(b"", None, 0)
             self._roots[namespace] = root
+            self._root_namespaces[root] = namespace
         return root
 
     def _walk(
@@ -251,6 +254,9 @@ class RadixTree:
                 self._unpin_node(tip)
         elif overflow > 0:
             evicted = self._evict(overflow)
+            # nothing matched, so ``node`` is the namespace's root, which the eviction may have
+            # emptied and dropped: hang the new leaf under the live root
+            node = self.root(namespace)
         for p in path:
             p.last_access = now
             p.hits += 1
@@ -371,7 +377,14 @@ class RadixTree:
         self.node_count -= 1
         self.evicted_tokens_total += size
         self.evictions_total += 1
-        self._push_if_leaf(parent)  # left childless: a leaf to evict in turn (a root never is)
+        if parent.parent is not None:
+            self._push_if_leaf(parent)  # left childless: a leaf to evict in turn
+        elif not parent.children:
+            # A namespace (tenant salt) holding nothing more: its root goes, or every salt ever
+            # seen kept one (clients may salt each request) and the namespace lists grew forever.
+            namespace = self._root_namespaces.pop(parent, None)
+            if self._roots.get(namespace) is parent:
+                del self._roots[namespace]
         return size
 
     def evict(self, tokens: int) -> int:
@@ -408,6 +421,7 @@ class RadixTree:
         """Drop everything, pins included (a flush: the engine's cache identity changed)."""
         self._cleared_at = self._clock
         self._roots.clear()
+        self._root_namespaces.clear()
         self._heap.clear()
         self._pins.clear()
         self.cached_tokens = 0
