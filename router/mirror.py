@@ -21,6 +21,7 @@ from .radix import CacheFullError, RadixNode, RadixTree
 from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, BlockIndex, HotPrefix, Summary
 
 _TICK_SAMPLES = 4096
+_PRUNE_MIN_EVICTIONS = 1024  # see CacheMirror._prune
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class CacheMirror:
         self.hot_prefixes: dict[int, HotPrefix] = {}
         # the summary's block hashes, kept as prompts come and go: publishing never walks the tree
         self.index = BlockIndex(self.tree, block_tokens, self.namespace_seed)
+        self._pruned_at = self.tree.evictions_total  # the tree's evictions the index has forgotten
         # prediction quality: what the mirror said was cached vs what the engine reported
         self.compared_requests = 0
         self.predicted_tokens_total = 0
@@ -85,10 +87,21 @@ class CacheMirror:
             self.changes += 1
             node = self.tree.match_prefix(token_bytes, namespace, touch=False).node
             self.index.track_path(node)
+            self._prune()
             if added_tokens:
                 added = node  # the insert's new leaf: it ends exactly at the prompt's end
         self._ticks.append((node.last_access, self._clock()))
         return Admission(matched, added, node.last_access, self.tree)
+
+    def _prune(self) -> None:
+        """Let the index forget the nodes the tree evicted, once there are many. A summary does
+        that too, but a sidecar without Redis never builds one: its index kept every node ever
+        evicted (memory growing with every request served). Pruning only when the evictions
+        outnumber the tree's nodes keeps the index's scan amortised O(1) per eviction."""
+        evicted = self.tree.evictions_total - self._pruned_at
+        if evicted > max(_PRUNE_MIN_EVICTIONS, self.tree.node_count):
+            self.index.drop_detached()
+            self._pruned_at = self.tree.evictions_total
 
     def withdraw(self, admission: Admission) -> int:
         """Take back the tokens ``admission`` added: its request ended before the engine's first
@@ -127,6 +140,7 @@ class CacheMirror:
     def flush(self) -> None:
         self.tree.clear()
         self.index.clear()
+        self._pruned_at = self.tree.evictions_total
         self.hot_prefixes = {}
         self.changes += 1
 
@@ -174,4 +188,5 @@ class CacheMirror:
             hot_k=hot_k,
         )
         self.hot_prefixes = hot
+        self._pruned_at = self.tree.evictions_total  # the summary dropped the detached nodes
         return summary
