@@ -317,6 +317,8 @@ async def run_compare(
                 model=engine.model,  # sglang-router rejects completions without one (422)
             )
         )
+        # a process that died during the replay made it invalid: name it now, as `up` does
+        fleet.sup.check_alive()
         after = await scrape(fleet.engine_urls, "sglang:num_requests_total")
         counts = [a - b for a, b in zip(after, before, strict=True)]
         served[name] = [x + y for x, y in zip(served.get(name, [0.0] * len(counts)), counts, strict=True)]

@@ -303,9 +303,13 @@ class LocalFleet:
         and, on success, empties its own mirror and republishes its (now empty) summary.
         """
         await self.stop_gateways()
-        targets = [r.sidecar_url or r.engine_url for r in self.replicas]
+        targets = [
+            (r.sidecar, r.sidecar_url) if r.sidecar and r.sidecar_url else (r.engine, r.engine_url)
+            for r in self.replicas
+        ]
         async with aiohttp.ClientSession() as session:
-            await asyncio.gather(*(_flush(session, url) for url in targets))
+            check = self.sup.check_alive
+            await asyncio.gather(*(_flush(session, child, url, check) for child, url in targets))
 
 
 async def _gateway_worker_count(session: aiohttp.ClientSession, url: str) -> int | None:
@@ -326,16 +330,26 @@ async def _gateway_worker_count(session: aiohttp.ClientSession, url: str) -> int
     return None
 
 
-async def _flush(session: aiohttp.ClientSession, url: str) -> None:
+async def _flush(
+    session: aiohttp.ClientSession, child: Child, url: str, check_alive: Callable[[], None]
+) -> None:
+    """Empty the cache of ``child`` (a sidecar, or an engine without one) at ``url``."""
     for _ in range(100):  # an engine refuses (400) while requests are still running
         try:
             async with session.post(f"{url}/flush_cache", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status == 200:
                     return
         except (aiohttp.ClientError, TimeoutError):
-            pass  # retried below; a dead child is reported by the supervisor's liveness check
+            pass  # retried below
+        # A dead process of the fleet is named now, with its log (not as this refusal 10 s later);
+        # a dead replica someone else handles (the reaper, while the fleet is held) has nothing to flush.
+        check_alive()
+        if not child.running:
+            return
         await asyncio.sleep(0.1)
-    raise ChildFailedError("engine", f"{url} kept refusing /flush_cache for 10 s")
+    raise ChildFailedError(
+        child.name, f"{url} kept refusing /flush_cache for 10 s", child.log_tail(), child.log_path
+    )
 
 
 # -- the `up` benchmark ------------------------------------------------------------------------------
