@@ -14,6 +14,7 @@ _ROW_KEYS = (
     ("streams_cut_with_error_event", "streams cut (error event)"),
     ("streams_truncated_silently", "streams cut silently"),
     ("hangs", "hangs"),
+    ("connection_errors", "connection errors"),
     ("http_5xx", "5xx"),
     ("http_4xx", "4xx"),
     ("client_retried", "client retries"),

@@ -115,29 +115,33 @@ def _usage(outcome: Outcome, payload: Any) -> None:
         outcome.cached_tokens = details["cached_tokens"]
 
 
+# How a started stream can end; the result is kept up to date while reading, so a connection that
+# dies mid-stream leaves the classification of what the client had seen by then.
+STREAM_ENDINGS = ("ok", "stream_error_event", "stream_truncated")
+
+
 async def _read_stream(resp: aiohttp.ClientResponse, outcome: Outcome, t_send: float) -> None:
     """Read SSE events to the end and classify how the stream ended."""
-    ended = "stream_truncated"
+    outcome.result = "stream_truncated"  # until [DONE] or an error event arrives
     async for line in resp.content:
         if not line.startswith(b"data: "):
             continue
         data = line[6:].strip()
         if data == b"[DONE]":
-            ended = "ok"
+            outcome.result = "ok"
             continue
         try:
             event = json.loads(data)
         except ValueError:
             continue
         if isinstance(event, dict) and "error" in event:
-            ended = "stream_error_event"
+            outcome.result = "stream_error_event"
             err = event["error"]
             outcome.error_message = str(err.get("message") if isinstance(err, dict) else err)[:200]
             continue
         if outcome.ttft_s is None:
             outcome.ttft_s = time.monotonic() - t_send
         _usage(outcome, event)
-    outcome.result = ended
 
 
 async def send(
@@ -156,7 +160,8 @@ async def send(
         target = targets[(index + attempt) % len(targets)]
         outcome.attempts = attempt + 1
         outcome.gateway = target
-        outcome.ttft_s = None
+        outcome.ttft_s = outcome.latency_s = outcome.status = None
+        outcome.result = "connection"  # until this attempt gets further
         try:
             async with session.post(
                 f"{target}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=plan.timeout_s)
@@ -180,8 +185,17 @@ async def send(
             outcome.result = "timeout"
             return
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError) as exc:
-            outcome.result = "connection"
-            outcome.error_message = type(exc).__name__
+            if outcome.result in STREAM_ENDINGS:
+                # the stream had started: a connection dying now is a cut stream as the client saw
+                # it (silent unless an error event came first), not a connection that never served
+                outcome.latency_s = time.monotonic() - t_send
+                if outcome.result == "ok":  # [DONE] had arrived: the answer was whole
+                    return
+                if outcome.result == "stream_truncated":
+                    outcome.error_message = type(exc).__name__
+            else:
+                outcome.result = "connection"
+                outcome.error_message = type(exc).__name__
             continue  # the next target, if a retry is left
 
 
@@ -262,6 +276,8 @@ def tally(outcomes: Sequence[Outcome]) -> dict[str, Any]:
         "streams_cut_with_error_event": sum(1 for o in streams if o.result == "stream_error_event"),
         "streams_truncated_silently": sum(1 for o in streams if o.result == "stream_truncated"),
         "hangs": results.get("timeout", 0),
+        # no answer at all: refused, reset or dropped before a stream began, after any retries
+        "connection_errors": results.get("connection", 0),
         "http_5xx": sum(n for r, n in results.items() if r.startswith("http_5")),
         "http_4xx": sum(n for r, n in results.items() if r.startswith("http_4")),
         "client_retried": sum(1 for o in outcomes if o.attempts > 1),
