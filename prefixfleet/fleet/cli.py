@@ -345,6 +345,13 @@ def _autoscale_policy(args: argparse.Namespace) -> tuple[Any, float, str | None]
                 "--prometheus must be an http(s)://HOST[:PORT][/PATH] URL or 'local',"
                 f" got {args.prometheus!r}"
             )
+        if args.prometheus == "local":  # it starts after the benchmark: a missing binary said now
+            from prefixfleet.observability.local_prometheus import PrometheusNotFound, prometheus_binary
+
+            try:
+                prometheus_binary()
+            except PrometheusNotFound as exc:
+                raise UsageError(f"--prometheus local: {exc}") from None
     from prefixfleet.sim.scenarios import SCENARIO_FLEET
 
     # A local fleet runs for minutes, not days: its timers are compressed as the scenarios' are
@@ -391,12 +398,16 @@ async def _up_main(
 async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheus: str | None = None) -> None:
     """Run the autoscaler until cancelled, printing each decision it executes."""
     from prefixfleet.fleet.autoscale import FleetPrometheus, LocalAutoscaler
-    from prefixfleet.fleet.processes import free_port
+    from prefixfleet.fleet.processes import ChildFailedError, free_port
 
     local = None
     if prometheus == "local":  # a Prometheus of our own whose targets follow the fleet
         local = FleetPrometheus(fleet, fleet.sup.run_dir / "prometheus", free_port())
-        await local.start()
+        try:
+            await local.start()
+        except RuntimeError as exc:  # it exited or never became ready: the CLI's one-line error
+            first, _, log = str(exc).partition("\n")
+            raise ChildFailedError("prometheus", first.rstrip(":"), log.strip()) from None
         prometheus = local.url
         print(f"prometheus on {prometheus} (scraping the fleet every second)", flush=True)
     autoscaler = LocalAutoscaler(fleet, policy, interval_s=interval_s, prometheus_url=prometheus)
@@ -404,12 +415,13 @@ async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheu
     print(f"autoscaler on: {bounds} replicas, a round every {interval_s:g}s", flush=True)
     task = asyncio.create_task(autoscaler.run())
     shown = 0
+    unfollowed = False
     try:
         while True:
             await asyncio.sleep(1.0)
             fleet.sup.check_alive()
             if local is not None:
-                await local.follow()
+                unfollowed = await follow_fleet(local, unfollowed)
             for event in autoscaler.events[shown:]:
                 print(f"autoscaler {event.action}: {event.detail}", flush=True)
             shown = len(autoscaler.events)
@@ -421,6 +433,29 @@ async def _hold_autoscaled(fleet: Any, policy: Any, interval_s: float, prometheu
         await cancel_and_wait([task])  # its start/drain tasks end before the fleet is torn down
         if local is not None:
             await local.stop()
+
+
+async def follow_fleet(local: Any, failing: bool) -> bool:
+    """Have the local Prometheus follow the fleet's processes; whether it fails to now. A dead or
+    refusing Prometheus is said once when it starts failing and once when it follows again: the
+    autoscaler reads the sidecars' /metrics meanwhile, so it does not end the fleet (it did, with a
+    traceback, at the first scale-down after Prometheus died)."""
+    import httpx
+
+    try:
+        await local.follow()
+    except (httpx.HTTPError, RuntimeError, OSError) as exc:
+        if not failing:
+            why = str(exc).splitlines()[0] if str(exc) else exc.__class__.__name__
+            print(
+                f"prometheus {local.url} cannot follow the fleet ({why}); the autoscaler reads the"
+                " sidecars' /metrics for the replicas it does not scrape",
+                flush=True,
+            )
+        return True
+    if failing:
+        print(f"prometheus {local.url} follows the fleet again", flush=True)
+    return False
 
 
 def format_up(report: dict[str, Any]) -> str:
