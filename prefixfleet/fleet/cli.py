@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -152,6 +154,22 @@ def _run_async(main: Any, command: str) -> Any:
     except processes.ChildFailedError as exc:
         print(fleet_failure(command, exc), file=sys.stderr)
         raise SystemExit(1) from None
+
+
+@contextlib.contextmanager
+def claimed(run_dir: Path | None) -> Iterator[None]:
+    """The run's ``--run-dir`` held for the run (:func:`~prefixfleet.fleet.processes.claim_run_dir`):
+    a second ``up`` or ``compare`` there at the same time is refused in one line."""
+    from prefixfleet.fleet.processes import RunDirInUse, claim_run_dir
+
+    if run_dir is None:
+        yield
+        return
+    try:
+        with claim_run_dir(run_dir):
+            yield
+    except RunDirInUse as exc:
+        raise UsageError(f"--run-dir {exc}; give this run its own --run-dir") from None
 
 
 def fleet_failure(command: str, exc: ChildFailedError) -> str:
@@ -304,10 +322,12 @@ def run_up_command(args: argparse.Namespace) -> int:
                 )
 
     keep_running = args.keep_running or scaling is not None
-    sim = up_sim(workload, spec, options)  # before the event loop: a Ctrl-C stops it at once
-    report, _ = _run_async(
-        lambda: _up_main(workload, spec, options, keep_running, scaling, write_results, sim), "prefixfleet up"
-    )
+    with claimed(run_dir):
+        sim = up_sim(workload, spec, options)  # before the event loop: a Ctrl-C stops it at once
+        report, _ = _run_async(
+            lambda: _up_main(workload, spec, options, keep_running, scaling, write_results, sim),
+            "prefixfleet up",
+        )
     print(format_up(report))
     return 0
 
@@ -739,7 +759,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
         run_dir=run_dir,
         progress=_progress_default(args.progress),
     )
-    report, ttfts = _run_async(lambda: run_compare(workload, options), "prefixfleet compare")
+    with claimed(run_dir):
+        report, ttfts = _run_async(lambda: run_compare(workload, options), "prefixfleet compare")
     print(format_compare(report))
     assert json_path is not None  # required flag
     write_json(json_path, report)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TypeVar
@@ -87,6 +88,37 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+RUN_DIR_LOCK = ".lock"
+
+
+class RunDirInUse(RuntimeError):
+    """Another live process holds the run directory (:func:`claim_run_dir`)."""
+
+    def __init__(self, run_dir: Path, holder: str) -> None:
+        self.run_dir = run_dir
+        self.holder = holder  # its pid as it wrote it ("" if it had not yet)
+        super().__init__(f"{run_dir} is in use by another run" + (f" (pid {holder})" if holder else ""))
+
+
+@contextlib.contextmanager
+def claim_run_dir(run_dir: Path) -> Iterator[Path]:
+    """Hold ``run_dir`` for the block: two fleets writing there appended to the same ``<name>.log``
+    files, so each one's lines, and the log tail an error shows, mixed in the other fleet's. An
+    exclusive flock on ``run_dir/.lock``, which the kernel releases when the process ends, however
+    it ends (no stale lock after a SIGKILL). Raises :class:`RunDirInUse` if another process holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / RUN_DIR_LOCK, "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise RunDirInUse(run_dir, lock.read().strip()) from None
+        lock.truncate(0)
+        lock.write(f"{os.getpid()}\n")
+        lock.flush()
+        yield run_dir
 
 
 def redis_server_binary() -> Path:
