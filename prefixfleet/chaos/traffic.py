@@ -68,6 +68,9 @@ class Outcome:
     index: int
     stream: bool
     sent_at: float  # seconds after the traffic started (scheduled send time)
+    # seconds after the traffic started when it really went out (None: never did); later than
+    # sent_at when the client fell behind or waited for a free slot (plan.max_in_flight)
+    started_s: float | None = None
     result: str = "connection"
     status: int | None = None
     latency_s: float | None = None
@@ -220,6 +223,7 @@ async def drive(
 
         async def one(outcome: Outcome) -> None:
             async with limit:
+                outcome.started_s = time.monotonic() - t0
                 await send(session, targets, plan, outcome.index, outcome)
 
         for i in range(plan.total_requests):
@@ -246,6 +250,16 @@ async def drive(
                     await maybe
         run.wall_s = time.monotonic() - t0
     return run
+
+
+def achieved_rate(outcomes: Sequence[Outcome]) -> float | None:
+    """Requests per second as they really went out: (n - 1) over the span of the start times (a
+    perfectly kept plan gives its rate back); None below two started requests."""
+    starts = [o.started_s for o in outcomes]
+    if len(starts) < 2 or None in starts:
+        return None
+    span = max(starts) - min(starts)  # type: ignore[type-var]
+    return (len(starts) - 1) / span if span > 0 else None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
