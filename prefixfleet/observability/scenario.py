@@ -33,7 +33,13 @@ from prefixfleet.fleet.local import EngineSettings, FleetSpec, LocalFleet
 from prefixfleet.fleet.processes import Supervisor
 
 from .dashboard import ALERTS
-from .local_prometheus import LocalPrometheus, ScrapeTarget, scrape_config
+from .local_prometheus import (
+    LocalPrometheus,
+    PrometheusNotFound,
+    ScrapeTarget,
+    prometheus_binary,
+    scrape_config,
+)
 
 NAMESPACE = "local"
 
@@ -126,6 +132,7 @@ async def run_scenario(
     )
     fleet_spec = FleetSpec(replicas=2, gateways=1, engine=engine, fleet_name=spec.fleet)
     requests = tenant_requests(spec)
+    prometheus_binary()  # PrometheusNotFound now, not once the fleet has started
     cut_a, cut_b = int(len(requests) * 0.4), int(len(requests) * 0.7)
     prometheus: LocalPrometheus | None = None
     async with Supervisor(run_dir / "fleet") as sup:
@@ -198,6 +205,17 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-prometheus", action="store_true", help="leave Prometheus up (its data: the run) until Ctrl-C"
     )
     args = parser.parse_args(argv)
+    # refused before anything starts: a bad number used to surface as a traceback (or after the fleet)
+    if args.requests < 1:
+        parser.error(f"--requests must be at least 1, got {args.requests}")
+    for flag, value in (("--rate", args.rate), ("--time-scale", args.time_scale), ("--hold", args.hold)):
+        if not (math.isfinite(value) and value > 0):
+            parser.error(f"{flag} must be a positive number, got {value:g}")
+    try:
+        prometheus_binary()  # before the fleet's ~20 s of start-up, not after them
+    except PrometheusNotFound as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     spec = ScenarioSpec(
         requests=args.requests, rate_rps=args.rate, time_scale=args.time_scale, event_hold_s=args.hold
     )
