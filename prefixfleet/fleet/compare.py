@@ -304,21 +304,19 @@ async def run_compare(
 
     async def replay(name: str, targets: Sequence[str]) -> None:
         before = await scrape(fleet.engine_urls, "sglang:num_requests_total")
-        runs[name].append(
-            await run_load(
-                requests,
-                targets,
-                api="openai",
-                speedup=options.time_scale,
-                concurrency=options.concurrency,
-                timeout_s=options.timeout_s,
-                progress=options.progress,
-                desc=name,
-                model=engine.model,  # sglang-router rejects completions without one (422)
-            )
+        replayed = run_load(
+            requests,
+            targets,
+            api="openai",
+            speedup=options.time_scale,
+            concurrency=options.concurrency,
+            timeout_s=options.timeout_s,
+            progress=options.progress,
+            desc=name,
+            model=engine.model,  # sglang-router rejects completions without one (422)
         )
-        # a process that died during the replay made it invalid: name it now, as `up` does
-        fleet.sup.check_alive()
+        # a process that dies during the replay makes it invalid: named at once, as `up` does
+        runs[name].append(await fleet.sup.while_alive(replayed))
         after = await scrape(fleet.engine_urls, "sglang:num_requests_total")
         counts = [a - b for a, b in zip(after, before, strict=True)]
         served[name] = [x + y for x, y in zip(served.get(name, [0.0] * len(counts)), counts, strict=True)]

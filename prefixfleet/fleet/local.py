@@ -98,7 +98,11 @@ def _cli(*args: str) -> list[str]:
 
 
 def emulator_argv(port: int, engine: EngineSettings) -> list[str]:
-    argv = _cli("emulator", "--host", LOOPBACK, "--port", str(port), "--model", engine.model)
+    # --enable-cache-report: OpenAI answers then report cached tokens (as SGLang with the flag), which
+    # the sidecar's mirror corrects itself from.
+    argv = _cli(
+        "emulator", "--host", LOOPBACK, "--port", str(port), "--model", engine.model, "--enable-cache-report"
+    )
     optional = {
         "--cache-tokens": engine.cache_tokens,
         "--prefill-tokens-per-s": engine.prefill_tokens_per_s,
@@ -503,7 +507,7 @@ async def run_policies(
     for policy in policies:
         await fleet.reset()
         await fleet.start_gateways(policy)
-        run = await run_load(
+        replay = run_load(
             requests,
             fleet.gateway_urls,
             api="openai",
@@ -513,7 +517,7 @@ async def run_policies(
             progress=options.progress,
             desc=f"up {policy}",
         )
-        fleet.sup.check_alive()
+        run = await fleet.sup.while_alive(replay)
         out.append(PolicyRun(policy, run))
     return out
 

@@ -303,6 +303,22 @@ class Supervisor:
                     child.log_path,
                 )
 
+    async def while_alive(self, work: Awaitable[_T], interval_s: float = 0.25) -> _T:
+        """``work``'s result, or :class:`ChildFailedError` as soon as a child exits unasked meanwhile
+        (:meth:`check_alive`, every ``interval_s``), ``work`` then cancelled: a replay through a fleet
+        that lost a process is no measurement, and it ran on to its end (minutes of a long trace)."""
+        from prefixfleet.cancellation import cancel_and_wait
+
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=interval_s)
+                if done:
+                    return task.result()
+                self.check_alive()
+        finally:
+            await cancel_and_wait([task])
+
     async def stop(self, child: Child) -> None:
         """SIGTERM the child's process group, SIGKILL it after the timeout, reap it."""
         await self._stop_many([child])
