@@ -116,11 +116,26 @@ class LocalPrometheus:
                 contextlib.suppress(OSError, urllib.error.URLError),
                 urllib.request.urlopen(f"{self.url}/-/ready", timeout=1.0) as r,
             ):
-                if r.status == 200:
+                if r.status == 200 and self._answering_is_ours():
                     return
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"prometheus not ready within {timeout_s} s:\n{self.log()[-3000:]}")
+
+    def _answering_is_ours(self) -> bool:
+        """Whether the server that answered on our port runs our config; raises (after stopping
+        ours) when another one holds the port: its answers would pass for ours."""
+        try:
+            running = self.api("status/flags").get("data", {}).get("config.file")
+        except (OSError, urllib.error.URLError, ValueError):
+            return False  # not answering its API yet: poll again
+        if running == str(self.config_path):
+            return True
+        self.stop()
+        raise RuntimeError(
+            f"port {self.port} on {LOOPBACK} is already served by another Prometheus "
+            f"(config {running!r}): stop it or choose another port"
+        )
 
     def api(self, path: str, **params: str) -> dict[str, Any]:
         """``GET /api/v1/<path>`` as JSON; a 400/422 (a PromQL error) is returned as its JSON too."""
