@@ -433,6 +433,16 @@ class RadixTree:
     def namespaces(self) -> list[object]:
         return list(self._roots)
 
+    def namespace_of(self, root: RadixNode) -> object:
+        """The namespace whose live root ``root`` is, in O(1) (followers of the tree, such as the
+        summary's block index, find a top node's namespace so; a scan of :meth:`namespaces` cost
+        time linear in the live tenants per insert). KeyError when ``root`` is no live root: not a
+        root, or one dropped with its namespace's last node or by :meth:`clear`."""
+        namespace = self._root_namespaces[root]
+        if self._roots.get(namespace) is not root:
+            raise KeyError(root)
+        return namespace
+
     def iter_nodes(self, namespace: object = None) -> Iterator[tuple[int, RadixNode]]:
         """Depth-first (prefix length at node end, node) pairs under one namespace."""
         root = self._roots.get(namespace)

@@ -491,7 +491,7 @@ class BlockIndex:
         assert parent is not None
         above = self._nodes.get(parent)
         if above is None:  # a namespace root: the chain starts from the namespace's seed
-            namespace = next(ns for ns in self.tree.namespaces() if self.tree.root(ns) is parent)
+            namespace = self.tree.namespace_of(parent)
             start, prev_hash, leftover = 0, self.namespace_seed(namespace), b""
         else:
             namespace, start, prev_hash, leftover = above.namespace, above.end, above.last_hash, above.rest
