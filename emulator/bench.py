@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 import statistics
 import sys
@@ -57,9 +58,22 @@ async def http_run(
     try:
         async with aiohttp.ClientSession() as http:
             await _wait_healthy(http, url, proc)
-            return await _closed_loop(http, url, config, requests, concurrency, max_new)
+            report = await _closed_loop(http, url, config, requests, concurrency, max_new)
+        if report["errors"]:  # a process that died fails every request after: name it, not the count
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), timeout=1.0)
+        if proc.returncode is not None:
+            from prefixfleet.cli import UsageError
+
+            raise UsageError(
+                f"the emulator (--time-scale {config.time_scale:g}) exited with {proc.returncode} during "
+                f"the run; {report['errors']} of {requests} requests failed"
+            )
+        return report
     finally:
-        proc.terminate()
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # it may have died since
+                proc.terminate()
         await proc.wait()
 
 
@@ -115,13 +129,18 @@ async def _closed_loop(
                 return
             body = {"text": f"{system} question {i}", "sampling_params": {"max_new_tokens": max_new}}
             t0 = time.perf_counter()
-            async with http.post(url + "/generate", json=body) as r:
-                data = await r.json()
-            if r.status != 200:
+            try:
+                async with http.post(url + "/generate", json=body) as r:
+                    # an error answer need not be JSON (a proxy's or aiohttp's plain-text 500)
+                    data = await r.json() if r.status == 200 else None
+                latency = data["meta_info"]["e2e_latency"] if data is not None else None
+            except (aiohttp.ClientError, OSError, ValueError, KeyError, TypeError):
+                latency = None  # reset, refused, or not the emulator's answer: a failed request
+            if latency is None:
                 errors += 1
             else:
                 wall.append(time.perf_counter() - t0)
-                modelled.append(data["meta_info"]["e2e_latency"] / config.time_scale)
+                modelled.append(latency / config.time_scale)
             bar.update(1)
 
     t_start = time.perf_counter()
