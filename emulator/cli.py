@@ -93,6 +93,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "prefill pass computing them completes (default: the whole prompt at admission, optimistic)",
     )
     p.add_argument(
+        "--enable-cache-report",
+        action="store_true",
+        help="as SGLang's flag: /v1/completions and /v1/chat/completions usage carries prompt_tokens_details."
+        "cached_tokens (when > 0; null otherwise); without it never. /generate reports it always",
+    )
+    p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
     )
     p.set_defaults(func=run)
@@ -125,6 +131,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
             max_prompt_tokens=args.max_prompt_tokens,
             max_new_tokens_limit=args.max_new_tokens_limit,
             cache_on_compute=args.cache_on_compute,
+            enable_cache_report=args.enable_cache_report,
         )
     except ValueError as exc:
         raise UsageError(_as_flags(str(exc), args)) from None

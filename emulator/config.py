@@ -35,6 +35,9 @@ class EmulatorConfig:
     # running request's tokens chunk by chunk; a request sharing an uncomputed prefix with one
     # admitted in the same pass waits for the next pass (SGLang's in-batch prefix check).
     cache_on_compute: bool = False
+    # SGLang's --enable-cache-report: OpenAI answers carry usage.prompt_tokens_details.cached_tokens
+    # (when > 0). Off by default, as in SGLang; /generate's meta_info.cached_tokens is always there.
+    enable_cache_report: bool = False
 
     def __post_init__(self) -> None:
         if self.max_prompt_tokens is None and isinstance(self.cache_tokens, int):
@@ -65,8 +68,10 @@ class EmulatorConfig:
             value = getattr(self, name)
             if not _finite(value) or value < 0:
                 out.append(f"{name} must be a non-negative number, got {value!r}")
-        if not isinstance(self.cache_on_compute, bool):
-            out.append(f"cache_on_compute must be true or false, got {self.cache_on_compute!r}")
+        for name in ("cache_on_compute", "enable_cache_report"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                out.append(f"{name} must be true or false, got {value!r}")
         if not out and self.max_prompt_tokens >= self.cache_tokens:
             out.append(
                 f"max_prompt_tokens ({self.max_prompt_tokens}) must be smaller than cache_tokens "

@@ -475,19 +475,24 @@ def parse_chat(body: object, limits: Limits) -> Call:
     return Call((prompt,), (max_new,), (None,), stream, False, usage, model, _cache_salts(body, 1, False))
 
 
-def usage_object(snaps: list[Snapshot]) -> dict[str, object]:
+def usage_object(snaps: list[Snapshot], *, cache_report: bool) -> dict[str, object]:
+    """OpenAI usage as SGLang builds it (usage_processor.py): ``prompt_tokens_details`` holds the
+    cached tokens only when the engine runs with --enable-cache-report (``cache_report``), and
+    then only when there are any (SGLang: ``_details_if_cached``); ``null`` otherwise. A client
+    (the sidecar too) must read it as optional."""
     prompt = sum(s.prompt_tokens for s in snaps)
     completion = sum(s.completion_tokens for s in snaps)
+    cached = sum(s.cached_tokens for s in snaps)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in snaps)},
+        "prompt_tokens_details": {"cached_tokens": cached} if cache_report and cached > 0 else None,
     }
 
 
 def completion_response(
-    response_id: str, model: str, created: int, snaps: list[Snapshot], texts: list[str]
+    response_id: str, model: str, created: int, snaps: list[Snapshot], texts: list[str], *, cache_report: bool
 ) -> dict[str, object]:
     return {
         "id": response_id,
@@ -498,7 +503,7 @@ def completion_response(
             {"index": i, "text": t, "logprobs": None, "finish_reason": s.finish_reason}
             for i, (s, t) in enumerate(zip(snaps, texts, strict=True))
         ],
-        "usage": usage_object(snaps),
+        "usage": usage_object(snaps, cache_report=cache_report),
     }
 
 
@@ -514,7 +519,9 @@ def completion_chunk(
     }
 
 
-def chat_response(response_id: str, model: str, created: int, snap: Snapshot, text: str) -> dict[str, object]:
+def chat_response(
+    response_id: str, model: str, created: int, snap: Snapshot, text: str, *, cache_report: bool
+) -> dict[str, object]:
     return {
         "id": response_id,
         "object": "chat.completion",
@@ -528,7 +535,7 @@ def chat_response(response_id: str, model: str, created: int, snap: Snapshot, te
                 "finish_reason": snap.finish_reason,
             }
         ],
-        "usage": usage_object([snap]),
+        "usage": usage_object([snap], cache_report=cache_report),
     }
 
 
@@ -545,7 +552,7 @@ def chat_chunk(
 
 
 def usage_chunk(
-    response_id: str, model: str, created: int, obj: str, snaps: list[Snapshot]
+    response_id: str, model: str, created: int, obj: str, snaps: list[Snapshot], *, cache_report: bool
 ) -> dict[str, object]:
     return {
         "id": response_id,
@@ -553,7 +560,7 @@ def usage_chunk(
         "created": created,
         "model": model,
         "choices": [],
-        "usage": usage_object(snaps),
+        "usage": usage_object(snaps, cache_report=cache_report),
     }
 
 

@@ -258,6 +258,7 @@ def _server_info_static(cfg: EmulatorConfig) -> dict[str, object]:
         "dp_size": 1,
         "schedule_policy": "fcfs",
         "disable_radix_cache": False,
+        "enable_cache_report": cfg.enable_cache_report,
         "is_embedding": False,
         "version": f"prefixfleet-emulator-{prefixfleet_version}",
         "prefixfleet_version": prefixfleet_version,
@@ -358,14 +359,16 @@ async def list_models(request: web.Request) -> web.Response:
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     call = parse_completion(await _read_json(request), _limits(engine))
-    model, created = engine.config.model, unix_now()
+    model, created, report = engine.config.model, unix_now(), engine.config.enable_cache_report
     handles = _submit(engine, call)
     response_id = "cmpl-" + handles[0].rid
     try:
         if not call.stream:
             snaps = list(await asyncio.gather(*(h.result() for h in handles)))
             texts = [h.text(s.completion_tokens) for s, h in zip(snaps, handles, strict=True)]
-            return web.json_response(completion_response(response_id, model, created, snaps, texts))
+            return web.json_response(
+                completion_response(response_id, model, created, snaps, texts, cache_report=report)
+            )
         response = await _sse_response(request)
         sent = [0] * len(handles)
         finals: dict[int, Snapshot] = {}
@@ -380,7 +383,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
                 )
             if call.include_usage:
                 ordered = [finals[i] for i in sorted(finals)]
-                await _send(response, usage_chunk(response_id, model, created, "text_completion", ordered))
+                await _send(
+                    response,
+                    usage_chunk(response_id, model, created, "text_completion", ordered, cache_report=report),
+                )
         except EngineStopped as exc:
             await _send(response, error_body(str(exc), None, 503))
         await _send_done(response)
@@ -392,7 +398,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     call = parse_chat(await _read_json(request), _limits(engine))
-    model, created = engine.config.model, unix_now()
+    model, created, report = engine.config.model, unix_now(), engine.config.enable_cache_report
     handles = _submit(engine, call)
     handle = handles[0]
     response_id = "chatcmpl-" + handle.rid
@@ -400,7 +406,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         if not call.stream:
             snap = await handle.result()
             content = handle.text(snap.completion_tokens)[1:]  # a message has no leading space
-            return web.json_response(chat_response(response_id, model, created, snap, content))
+            return web.json_response(
+                chat_response(response_id, model, created, snap, content, cache_report=report)
+            )
         response = await _sse_response(request)
         sent = 0
         try:
@@ -412,7 +420,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 await _send(response, chat_chunk(response_id, model, created, delta, snap.finish_reason))
                 if snap.finished and call.include_usage:
                     await _send(
-                        response, usage_chunk(response_id, model, created, "chat.completion.chunk", [snap])
+                        response,
+                        usage_chunk(
+                            response_id, model, created, "chat.completion.chunk", [snap], cache_report=report
+                        ),
                     )
         except EngineStopped as exc:
             await _send(response, error_body(str(exc), None, 503))

@@ -518,6 +518,8 @@ def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
             "--model-revision",
             model.revision,
         ]
+        # Like SGLang (below), the emulator reports OpenAI usage.prompt_tokens_details only when asked.
+        args += _unless_given(engine.args, "--enable-cache-report")
     elif engine.kind == "sglang":
         command = ["python3", "-m", "sglang.launch_server"]
         args = [
@@ -532,16 +534,30 @@ def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
         ]
         if model.adapter:
             args += ["--lora-paths", model.adapter]
-        if "--enable-metrics" not in engine.args:
-            # SGLang serves no /metrics without it: the sglang:* series the sidecar re-exposes, the
-            # autoscaler, the dashboard and the alerts read would all be missing.
-            args.append("--enable-metrics")
+        # --enable-metrics: SGLang serves no /metrics without it: the sglang:* series the sidecar
+        # re-exposes, the autoscaler, the dashboard and the alerts read would all be missing.
+        # --enable-cache-report: without it SGLang's /v1/completions and /v1/chat/completions answers
+        # carry no usage.prompt_tokens_details.cached_tokens, and the sidecar could correct its cache
+        # mirror from /generate traffic only.
+        args += _unless_given(engine.args, "--enable-metrics")
+        args += _unless_given(engine.args, "--enable-cache-report")
     else:  # vllm
         command = ["vllm", "serve"]
         args = [model.name, "--revision", model.revision, "--host", "127.0.0.1", "--port", port]
         if model.adapter:
             args += ["--enable-lora", "--lora-modules", model.adapter]
+        # vLLM's counterpart of --enable-cache-report (its OpenAI usage has no cached_tokens without
+        # it); a spec's --no-enable-prompt-tokens-details opts out.
+        args += _unless_given(
+            engine.args, "--enable-prompt-tokens-details", "--no-enable-prompt-tokens-details"
+        )
     return command, args + list(engine.args)
+
+
+def _unless_given(given: list[str], flag: str, *instead: str) -> list[str]:
+    """``[flag]`` unless spec.engine.args already holds it (or one of ``instead``): the pod gets it
+    once. Each is a store_true flag, which argparse would take twice anyway; once reads better."""
+    return [] if any(a in given for a in (flag, *instead)) else [flag]
 
 
 def _probe(port: str, initial_delay: int = 0) -> JSON:

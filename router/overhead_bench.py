@@ -86,7 +86,8 @@ def _processes(tmp: Path, time_scale: float, tenant_header: str | None = None) -
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         start("redis", [_redis_binary(), "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                         "--appendonly", "no", "--dir", str(tmp)], redis_url)  # fmt: skip
-        start("engine", [*cli, "emulator", "--port", str(engine_port), "--time-scale", str(time_scale)],
+        start("engine", [*cli, "emulator", "--port", str(engine_port), "--time-scale", str(time_scale),
+                         "--enable-cache-report"],
               f"http://127.0.0.1:{engine_port}")  # fmt: skip
         start("sidecar", [*cli, "router", "sidecar", "--engine", f"http://127.0.0.1:{engine_port}", "--redis",
                           redis_url, "--port", str(sidecar_port), "--worker-id", "bench", "--fleet", "bench"],

@@ -286,15 +286,24 @@ def is_error_event(chunk: bytes) -> bool:
     return chunk.startswith(b'data: {"error"')
 
 
-def find_cached_tokens(data: bytes) -> int | None:
-    """The engine's ``cached_tokens`` (SGLang meta_info or OpenAI usage details) if the bytes hold one."""
+def find_cached_tokens(data: bytes, *, absent_is_zero: bool = False) -> int | None:
+    """The engine's ``cached_tokens`` (SGLang meta_info or OpenAI usage details) if the bytes hold
+    one; None: unknown. SGLang's OpenAI usage has ``prompt_tokens_details`` only when started with
+    --enable-cache-report, and then only when N > 0 (vLLM's only with --enable-prompt-tokens-details,
+    likewise): an OpenAI usage report (``prompt_tokens``) without it is 0 only for an engine known to
+    report them (``absent_is_zero``: its server info says enable_cache_report), else unknown, never
+    a 0 that would make the mirror evict what the engine may well hold."""
     found = _CACHED_TOKENS.findall(data)
-    return int(found[-1]) if found else None
+    if found:
+        return int(found[-1])
+    return 0 if absent_is_zero and _PROMPT_TOKENS.search(data) else None
 
 
-def find_uncached_tokens(data: bytes, fallback_prompt_tokens: int) -> int | None:
+def find_uncached_tokens(
+    data: bytes, fallback_prompt_tokens: int, *, absent_is_zero: bool = False
+) -> int | None:
     """Prompt tokens the engine actually prefilled, from its own usage report (None if absent)."""
-    cached = find_cached_tokens(data)
+    cached = find_cached_tokens(data, absent_is_zero=absent_is_zero)
     if cached is None:
         return None
     prompts = _PROMPT_TOKENS.findall(data)
@@ -302,7 +311,9 @@ def find_uncached_tokens(data: bytes, fallback_prompt_tokens: int) -> int | None
     return max(prompt - cached, 0)
 
 
-def answer_uncached_tokens(path: str, body: bytes, fallback_prompt_tokens: int) -> int | None:
+def answer_uncached_tokens(
+    path: str, body: bytes, fallback_prompt_tokens: int, *, absent_is_zero: bool = False
+) -> int | None:
     """Prompt tokens the engine prefilled for a whole (not streamed) answer, by its own counts: the
     whole request's, as completions' usage already sums a batch's prompts. A /generate batch answers
     a list, each item with its own prompt's counts: they are summed (the last item alone is one
@@ -320,7 +331,7 @@ def answer_uncached_tokens(path: str, body: bytes, fallback_prompt_tokens: int) 
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
             return None
         return total
-    return find_uncached_tokens(body, fallback_prompt_tokens)
+    return find_uncached_tokens(body, fallback_prompt_tokens, absent_is_zero=absent_is_zero)
 
 
 def output_text(path: str, body: bytes) -> str | None:

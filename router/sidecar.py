@@ -197,6 +197,9 @@ class _EngineInfo:
     revision: str = ""
     capacity_tokens: int | None = None
     known: bool = False
+    # Its server info says enable_cache_report (SGLang's flag, the emulator's): an OpenAI usage
+    # report without prompt_tokens_details then means 0 cached tokens, not "not reported".
+    cache_report: bool = False
 
 
 class _LinkedEvent(asyncio.Event):
@@ -427,6 +430,7 @@ class Sidecar:
         capacity = info.get("max_total_num_tokens")
         e = self.s.engine
         e.model, e.revision, e.known = model, revision, True
+        e.cache_report = info.get("enable_cache_report") is True
         if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
             if capacity > MAX_RECORD_INT:  # the load record could not carry it: gateways would refuse it
                 log.warning(
@@ -837,6 +841,8 @@ class Sidecar:
         # another prompt's, so only a single prompt's stream teaches the mirror (a batch's first
         # prompt was admitted when sent).
         learn = parsed is not None and parsed.prompts == 1
+        # an OpenAI usage event without cached_tokens: 0 if the engine reports them (find_cached_tokens)
+        zero = self.s.engine.cache_report
         collected = StreamedText(parsed.path) if learn and upstream.status == 200 else None
         complete = False
         first = True
@@ -849,9 +855,9 @@ class Sidecar:
                         self.load_changed()
                         # an engine's error event before any token (a refused prompt): no prefill
                         prefilled[0] = upstream.status == 200 and not is_error_event(chunk)
-                    if learn and b"cached_tokens" in chunk:
+                    if learn and (b"cached_tokens" in chunk or (zero and b'"prompt_tokens"' in chunk)):
                         usage = chunk
-                        cached = find_cached_tokens(chunk)
+                        cached = find_cached_tokens(chunk, absent_is_zero=zero)
                 if collected is not None:
                     collected.feed(chunk)
                 try:
@@ -871,7 +877,7 @@ class Sidecar:
                     # stalled on the last event as on any other (the connection is closed)
                     self._client_stalled(request.path)
         if parsed is not None and handle is not None and cached is not None:
-            uncached = find_uncached_tokens(usage, parsed.num_tokens)
+            uncached = find_uncached_tokens(usage, parsed.num_tokens, absent_is_zero=zero)
             if uncached is not None:
                 self.s.load.report_uncached(handle, uncached)
             self.s.mirror.correct(predicted, cached, ran_alone=self.s.load.ran_alone(handle))
@@ -897,9 +903,11 @@ class Sidecar:
         self, parsed: InferenceRequest, data: bytes, predicted: int, handle: int, echoed: str | None
     ) -> None:
         """Reconcile the mirror with a finished non-streaming response."""
-        cached = find_cached_tokens(data)
+        # an OpenAI usage without cached_tokens: 0 if the engine reports them (find_cached_tokens)
+        zero = self.s.engine.cache_report
+        cached = find_cached_tokens(data, absent_is_zero=zero)
         if cached is not None:
-            uncached = answer_uncached_tokens(parsed.path, data, parsed.num_tokens)
+            uncached = answer_uncached_tokens(parsed.path, data, parsed.num_tokens, absent_is_zero=zero)
             if uncached is not None:
                 self.s.load.report_uncached(handle, uncached)
             # A batch's answer counts cached tokens per prompt (/generate: the last one found is the

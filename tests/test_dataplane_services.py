@@ -32,6 +32,7 @@ from fleet_fixtures import (
     wait_for_http,
     wait_until,
 )
+from openai_usage import cached_tokens
 
 from prefixfleet.router.blockhash import CacheIdentity, block_hashes
 from prefixfleet.router.keys import FleetKeys
@@ -71,7 +72,9 @@ def start_fleet(
     for i in range(engines):
         port = free_port()
         extra = engine_args[i] if engine_args else ["--time-scale", "20"]
-        argv = prefixfleet_argv("emulator", "--port", str(port), "--cache-tokens", "20000", *extra)
+        argv = prefixfleet_argv(
+            "emulator", "--port", str(port), "--cache-tokens", "20000", "--enable-cache-report", *extra
+        )
         fleet.engines.append(spawn(argv, name=f"engine{i}"))
         fleet.engine_urls.append(f"http://127.0.0.1:{port}")
     for i, engine_url in enumerate(fleet.engine_urls):
@@ -447,7 +450,10 @@ async def test_a_draining_worker_gets_no_new_requests(fleet, http):
 
 async def test_a_gateway_with_static_workers_needs_no_redis(spawn, http):
     ports = [free_port() for _ in range(2)]
-    engines = [spawn(prefixfleet_argv("emulator", "--port", str(p), "--time-scale", "20")) for p in ports]
+    engines = [
+        spawn(prefixfleet_argv("emulator", "--port", str(p), "--time-scale", "20", "--enable-cache-report"))
+        for p in ports
+    ]
     for child, p in zip(engines, ports, strict=True):
         wait_for_http(f"http://127.0.0.1:{p}/health", proc=child.proc)
     gw_port = free_port()
@@ -469,7 +475,7 @@ async def test_a_gateway_with_static_workers_needs_no_redis(spawn, http):
         assert status == 200
         seen.add(headers["X-Prefixfleet-Worker"])
         if i:
-            assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 192
+            assert cached_tokens(body["usage"]) >= 192
     assert len(seen) == 1, "the overlay keeps a prefix on one worker without any summary"
     async with http.get(f"{gw}/v1/models") as resp:
         assert resp.status == 200 and (await resp.json())["data"]
@@ -560,7 +566,7 @@ async def test_the_sidecar_mirror_tracks_the_engine_cache_through_a_streamed_con
                 if line.startswith(b"data: {"):
                     event = json.loads(line[6:])
                     if event.get("usage"):
-                        cached.append(event["usage"]["prompt_tokens_details"]["cached_tokens"])
+                        cached.append(cached_tokens(event["usage"]))
                     if event["choices"]:
                         answer += event["choices"][0]["delta"].get("content") or ""
         messages.append({"role": "assistant", "content": answer})

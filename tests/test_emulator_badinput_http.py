@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from openai_usage import cached_tokens
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.server import EmulatorServer
@@ -133,7 +134,9 @@ CASES = [
 
 @pytest.fixture
 async def server() -> AsyncIterator[EmulatorServer]:
-    async with EmulatorServer(EmulatorConfig(time_scale=200.0, cache_tokens=4_000)) as s:
+    async with EmulatorServer(
+        EmulatorConfig(time_scale=200.0, cache_tokens=4_000, enable_cache_report=True)
+    ) as s:
         yield s
 
 
@@ -302,7 +305,7 @@ async def test_a_role_in_another_case_is_the_same_prompt_as_sglang_lower_cases_i
             assert r.status == 200, await r.text()
             answers.append((await r.json())["usage"])
     assert answers[1]["prompt_tokens"] == answers[0]["prompt_tokens"]
-    assert answers[1]["prompt_tokens_details"]["cached_tokens"] >= answers[0]["prompt_tokens"] - 1
+    assert cached_tokens(answers[1]) >= answers[0]["prompt_tokens"] - 1
 
 
 def server_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -401,7 +404,7 @@ async def _cached(http: aiohttp.ClientSession, url: str, body: dict[str, object]
         return [a["meta_info"]["cached_tokens"] for a in sorted(answer, key=lambda a: a["index"])]
     if "meta_info" in answer:
         return [answer["meta_info"]["cached_tokens"]]
-    return [answer["usage"]["prompt_tokens_details"]["cached_tokens"]]
+    return [cached_tokens(answer["usage"])]
 
 
 async def test_a_generate_batch_takes_one_cache_salt_per_prompt(

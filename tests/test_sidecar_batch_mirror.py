@@ -17,6 +17,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 from fleet_fixtures import standalone_sidecar
+from openai_usage import cached_tokens
 
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.server import EmulatorServer
@@ -47,7 +48,7 @@ def _batch(path: str, stream: bool) -> dict[str, object]:
 async def test_a_batch_is_mirrored_as_its_first_prompt_and_that_prompts_output_only(
     path: str, stream: bool
 ) -> None:
-    async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
+    async with EmulatorServer(EmulatorConfig(time_scale=1000.0, enable_cache_report=True)) as engine:
         config = standalone_sidecar(engine.url)
         async with listening(config) as served, aiohttp.ClientSession() as http:
             url = f"http://127.0.0.1:{served.port}{path}"
@@ -70,7 +71,7 @@ async def test_a_batchs_cached_count_is_not_compared_with_its_first_prompts_pred
     # The engine reports a batch's cached tokens per prompt (/generate) or summed (completions'
     # usage); either way not the first prompt's alone. Here the second prompt is the cached one:
     # read as the first prompt's, it would hide an over-prediction of the first.
-    async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
+    async with EmulatorServer(EmulatorConfig(time_scale=1000.0, enable_cache_report=True)) as engine:
         config = standalone_sidecar(engine.url)
         async with listening(config) as served, aiohttp.ClientSession() as http:
             warm = {"text": SECOND, "cache_salt": "B", "sampling_params": {"max_new_tokens": 1}}
@@ -104,7 +105,7 @@ class ReportedLoad(LoadTracker):
 async def test_a_whole_batchs_prefill_is_reported_summed_over_its_prompts(path: str) -> None:
     # The load tracker's rate sample wants what the engine prefilled for the whole request. The
     # second prompt is cached, the first not: the last prompt's count alone would read ~0 tokens.
-    async with EmulatorServer(EmulatorConfig(time_scale=1000.0)) as engine:
+    async with EmulatorServer(EmulatorConfig(time_scale=1000.0, enable_cache_report=True)) as engine:
         config = standalone_sidecar(engine.url)
         async with listening(config) as served, aiohttp.ClientSession() as http:
             load = ReportedLoad()
@@ -122,6 +123,6 @@ async def test_a_whole_batchs_prefill_is_reported_summed_over_its_prompts(path: 
         prefilled = sum(prompt - cached for prompt, cached in counts)
     else:
         usage = answer["usage"]  # summed over the prompts by the engine
-        prefilled = usage["prompt_tokens"] - usage["prompt_tokens_details"]["cached_tokens"]
+        prefilled = usage["prompt_tokens"] - cached_tokens(usage)
     assert load.reported == [prefilled]
     assert prefilled >= len(tokenize(FIRST))
