@@ -401,11 +401,24 @@ def after_echo(text: str, echoed: str | None) -> str | None:
     return text[len(echoed) :]
 
 
+def _first_choice(item: Any) -> bool:
+    """Whether a stream's event (SGLang's native one) or choice is choice 0's: its ``index`` is 0
+    or absent (a single choice). Raises AttributeError for a non-object, as the callers expect."""
+    return item.get("index", 0) == 0
+
+
 class StreamedText:
     """Collects the generated text of a server-sent-event stream, chunk by chunk (for the mirror).
 
     SGLang's native stream repeats the whole text so far in each event; OpenAI streams deltas.
     Events may be split across chunks, so partial lines are buffered (bounded by ``max_bytes``).
+
+    Only choice 0's text is collected. With ``n`` > 1 the engine samples each choice as its own
+    sequence and caches each one's prompt + output (SGLang's radix cache keeps them all); the
+    stream interleaves the choices' events, each naming its choice by ``index`` (per choice in
+    completions and chat, per event in SGLang's native stream; absent: the only choice). Joining
+    them made an output no choice produced, a branch the engine never holds; choice 0's is one it
+    does (the others are left out, as a whole answer is mirrored by its first choice).
     """
 
     def __init__(self, path: str, max_bytes: int = 4 * 1024 * 1024) -> None:
@@ -437,17 +450,19 @@ class StreamedText:
         try:
             if self.path == "/generate":
                 text = obj.get("text")
-                if isinstance(text, str):
+                if isinstance(text, str) and _first_choice(obj):
                     self._cumulative = text
-            elif self.path == "/v1/completions":
-                text = obj["choices"][0].get("text")
-                if isinstance(text, str):
-                    self._parts.append(text)
+                return
+            choice = next(filter(_first_choice, obj["choices"]), None)
+            if choice is None:
+                return  # another choice's event, or none (a usage event)
+            if self.path == "/v1/completions":
+                text = choice.get("text")
             else:
-                text = obj["choices"][0].get("delta", {}).get("content")
-                if isinstance(text, str):
-                    self._parts.append(text)
-        except (KeyError, IndexError, TypeError, AttributeError):
+                text = choice.get("delta", {}).get("content")
+            if isinstance(text, str):
+                self._parts.append(text)
+        except (KeyError, TypeError, AttributeError):
             return
 
     @property
