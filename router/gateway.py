@@ -3,8 +3,9 @@
 Per request: validate and tokenize (:mod:`.requests`), score every routable worker from the fleet
 view (summaries + load from Redis, plus this gateway's own recent sends, :mod:`.view`), let the
 policy choose, forward to the worker's sidecar and stream the answer back. A worker that refuses the
-connection or dies before answering is skipped and the request re-sent elsewhere; a stream that
-already started ends with an SSE error event instead of hanging.
+connection (or whose engine did) is skipped and the request re-sent elsewhere; one that took the
+request and then died is re-sent only within ``resends_after_receipt`` (the request may be what
+killed it); a stream that already started ends with an SSE error event instead of hanging.
 """
 
 from __future__ import annotations
@@ -79,7 +80,16 @@ from .requests import (
 )
 from .slow_clients import ClientTimeouts
 from .tenancy import checked_tenant, salted_body
-from .upstream import Origin, UpstreamPool, UpstreamResponse, split_url
+from .upstream import (
+    RECEIVED_MARK,
+    Origin,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeout,
+    reached_upstream,
+    read_timeout_from_env,
+    split_url,
+)
 from .view import DEFAULT_DEAD_AFTER_S, DEFAULT_OVERLAY_TTL_S, SUSPECT_S, FleetView, WorkerView
 
 log = logging.getLogger("prefixfleet.gateway")
@@ -111,6 +121,9 @@ class GatewayConfig:
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     upstream_timeout_s: float | None = None  # whole-request limit; None = unlimited (long generations)
+    # re-sends of a request a worker may have received before failing (its engine broke off or died
+    # mid-request): each may cost another engine if the prompt is what kills them; 0: never re-sent
+    resends_after_receipt: int = 1
     tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
     client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
 
@@ -134,6 +147,11 @@ def unavailable(message: str) -> web.Response:
     return response
 
 
+def worker_received(headers: CIMultiDict[str]) -> bool:
+    """Whether a sidecar's retryable 502 says its engine failed after the request may have reached it."""
+    return headers.get(RETRYABLE_HEADER) == RECEIVED_MARK
+
+
 def worker_refused(status: int, headers: CIMultiDict[str]) -> bool:
     """Whether a worker's whole answer says it did not take the request, so that re-sending it
     elsewhere is safe: a sidecar's retryable 502/503 (its engine failed before answering), or any
@@ -144,12 +162,21 @@ def worker_refused(status: int, headers: CIMultiDict[str]) -> bool:
 
 
 class _Retryable(Exception):
-    """The worker failed before the client saw anything: safe to send the request elsewhere.
-    ``answer``: the worker's own answer (a 503), what the client gets if no other worker is left."""
+    """The worker failed before the client saw anything: the request may go elsewhere.
+    ``answer``: the worker's own answer (a 503), what the client gets if no other worker is left.
+    ``received``: the worker (or its engine) may have taken the request before failing, so it is
+    re-sent only within ``resends_after_receipt`` (the prompt may be what made it fail)."""
 
-    def __init__(self, message: str, answer: web.Response | None = None) -> None:
+    def __init__(self, message: str, answer: web.Response | None = None, *, received: bool = False) -> None:
         super().__init__(message)
         self.answer = answer
+        self.received = received
+
+
+def _failed_after_send(exc: BaseException) -> _Retryable:
+    """A failure once the request was written: received unless it failed to connect (a stale
+    keep-alive connection's reconnect)."""
+    return _Retryable(failure_text(exc), received=reached_upstream(exc))
 
 
 class _StreamAbandoned(Exception):
@@ -197,6 +224,7 @@ class Gateway:
         self.timeouts = ClientTimeouts.from_env(write_s=config.client_write_timeout_s)
         self.session: aiohttp.ClientSession | None = None  # health checks and /v1/models
         self.upstream: UpstreamPool | None = None  # the generation hot path
+        self._read_timeout_s = read_timeout_from_env()  # a bad value fails here, at start
         self._origins: dict[str, tuple[Origin, str]] = {}
         self._ranked_versions: tuple[tuple[str, int, float], ...] | None = None
         self.redis: aioredis.Redis | None = None
@@ -240,7 +268,7 @@ class Gateway:
             timeout=aiohttp.ClientTimeout(total=self.config.upstream_timeout_s, sock_connect=2),
             auto_decompress=False,
         )
-        self.upstream = UpstreamPool(connect_timeout_s=2.0)
+        self.upstream = UpstreamPool(connect_timeout_s=2.0, read_timeout_s=self._read_timeout_s)
         if self.config.redis_url:
             self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
             with contextlib.suppress(Exception):
@@ -607,6 +635,7 @@ class Gateway:
         excluded: set[str] = set()
         last_error = "no worker is available"
         refused: web.Response | None = None  # the latest worker's own 503, if one answered so
+        received = 0  # failures after a worker may have taken the request
         for attempt in range(self.config.max_retries + 1):
             picked = self._decide(parsed, excluded)
             if picked is None:
@@ -638,6 +667,17 @@ class Gateway:
                 for h in chain:
                     worker.overlay.pop(h, None)
                 excluded.add(worker.worker_id)
+                received += exc.received
+                if exc.received and received > self.config.resends_after_receipt:
+                    # a query of death would take down one engine per re-send: the client is told
+                    log.warning("%s after taking the request; not re-sent", last_error)
+                    self.metrics.errors.labels("upstream").inc()
+                    return json_error(
+                        502,
+                        f"{last_error} after it may have received the request; not re-sent, as the "
+                        f"request may be what made it fail ({received} worker(s) failed so)",
+                        kind="upstream_error",
+                    )
                 if exc.answer is not None and not self._unsuspected_left(excluded):
                     # every other worker failed or refused work lately: re-sending would only add
                     # load to a busy fleet (each request asking every engine), so its 503 goes out
@@ -704,16 +744,20 @@ class Gateway:
         async with exchange:
             try:
                 upstream = await exchange.response()
+            except UpstreamTimeout as exc:
+                return self._silent(worker, exc)
             except _RETRY_ERRORS as exc:
-                raise _Retryable(failure_text(exc)) from exc
+                raise _failed_after_send(exc) from exc
             headers = answer_headers(upstream.headers)
             headers[WORKER_HEADER] = worker.worker_id
             is_stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
             if not is_stream:
                 try:
                     data = await upstream.read()
+                except UpstreamTimeout as exc:
+                    return self._silent(worker, exc)
                 except _RETRY_ERRORS as exc:
-                    raise _Retryable(failure_text(exc)) from exc
+                    raise _failed_after_send(exc) from exc
                 if worker_refused(upstream.status, upstream.headers):
                     why = error_message(data)
                     # a sidecar's retryable answer speaks of its engine's failure: the gateway's own
@@ -723,12 +767,16 @@ class Gateway:
                         if upstream.headers.get(RETRYABLE_HEADER)
                         else web.Response(status=upstream.status, body=data, headers=headers)
                     )
-                    raise _Retryable(f"HTTP {upstream.status}" + (f" ({why})" if why else ""), own)
+                    raise _Retryable(
+                        f"HTTP {upstream.status}" + (f" ({why})" if why else ""),
+                        own,
+                        received=worker_received(upstream.headers),
+                    )
                 prefilled[0] = upstream.status == 200
                 if upstream.status >= 500:
                     self.metrics.errors.labels("upstream").inc()
                 return web.Response(status=upstream.status, body=data, headers=headers)
-            return await self._stream(request, upstream, headers, started, prefilled)
+            return await self._stream(request, upstream, headers, started, prefilled, worker)
 
     async def _stream(
         self,
@@ -737,17 +785,22 @@ class Gateway:
         headers: CIMultiDict[str],
         started: float,
         prefilled: list[bool],
+        worker: WorkerView,
     ) -> Answer:
         chunks = whole_events(upstream.iter_chunks())  # an error event lands between events
+        # the worker answered with a head: it has the request, so a failure now is one after receipt
         try:
             first = await chunks.__anext__()
         except StopAsyncIteration:
-            raise _Retryable("stream closed before its first byte") from None
+            raise _Retryable("stream closed before its first byte", received=True) from None
+        except UpstreamTimeout as exc:
+            return self._silent(worker, exc)
         except _RETRY_ERRORS as exc:
-            raise _Retryable(failure_text(exc)) from exc
+            raise _Retryable(failure_text(exc), received=True) from exc
         error_first = is_error_event(first)  # an error event before any token
         if error_first and b"upstream_disconnected" in first:
-            raise _Retryable("engine died before its first byte")  # the sidecar's error event
+            # the sidecar's error event: its engine broke off (or went silent) after taking it
+            raise _Retryable("engine died before its first byte", received=True)
         prefilled[0] = upstream.status == 200 and not error_first
         try:
             response = await open_stream(request, upstream.status, headers)
@@ -777,6 +830,15 @@ class Gateway:
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
+
+    def _silent(self, worker: WorkerView, exc: UpstreamTimeout) -> web.Response:
+        """A worker that took the request and then sent nothing for the read-idle limit: hung (alive to
+        TCP, so keepalive does not end it). Not re-sent: the next worker would wait as long, or hang
+        on the same request; it sits out as a failed worker."""
+        self.view.mark_failed(worker.worker_id, time.monotonic())
+        self.metrics.errors.labels("timeout").inc()
+        log.warning("worker %s: %s; answered 504", worker.worker_id, exc)
+        return json_error(504, f"worker {worker.worker_id} timed out: {exc}", kind="timeout")
 
     async def handle_models(self, request: web.Request) -> web.StreamResponse:
         """One of :data:`INFO_PATHS`, answered by the first live worker that answers below 500."""

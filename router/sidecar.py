@@ -36,6 +36,7 @@ from .mirror import Admission, CacheMirror
 from .prewarm import SIDECAR_KEY
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
+    RETRYABLE_HEADER,
     Answer,
     AnyRequest,
     StreamedText,
@@ -83,10 +84,34 @@ from .requests import (
 from .sidecar_metrics import exposition, fetch_engine_metrics, sidecar_registry
 from .slow_clients import ClientTimeouts
 from .summary import DEFAULT_MAX_BLOCKS, encode_summary
-from .upstream import Exchange, UpstreamPool, UpstreamResponse, split_url
+from .upstream import (
+    RECEIVED_MARK,
+    Exchange,
+    UpstreamPool,
+    UpstreamResponse,
+    UpstreamTimeout,
+    reached_upstream,
+    read_timeout_from_env,
+    split_url,
+)
 
 log = logging.getLogger("prefixfleet.sidecar")
 DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports max_total_num_tokens
+
+
+def engine_failure(what: str, exc: BaseException) -> web.Response:
+    """The answer to an engine failure before the answer began. Never reached (refused, DNS,
+    connect timeout): a 502 the gateway re-sends anywhere. Reached (the engine took the request and
+    broke off, perhaps dying of it): a 502 marked :data:`RECEIVED_MARK`, which a gateway re-sends
+    only within its bound, as the same prompt may take the next engine down. Silent past the
+    read-idle limit: 504, not re-sent (a hung engine would be joined by the next)."""
+    if isinstance(exc, UpstreamTimeout):
+        return json_error(504, f"{what}: {exc}", kind="timeout")
+    if not reached_upstream(exc):
+        return json_error(502, f"{what}: {failure_text(exc)}", kind="engine_unavailable", retryable=True)
+    response = json_error(502, f"{what}: {failure_text(exc)}", kind="engine_unavailable")
+    response.headers[RETRYABLE_HEADER] = RECEIVED_MARK
+    return response
 
 
 def _body_error(_request: AnyRequest, status: int, message: str) -> web.Response:
@@ -258,6 +283,7 @@ class Sidecar:
         self.keys = FleetKeys(config.fleet)
         self.session: aiohttp.ClientSession | None = None  # engine discovery, health, metrics, pre-warming
         self.upstream: UpstreamPool | None = None  # every proxied request
+        self._read_timeout_s = read_timeout_from_env()  # a bad value fails here, at start
         self._engine_origin, self._engine_prefix = split_url(config.engine_url.rstrip("/"))
         self.redis: aioredis.Redis | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -299,7 +325,7 @@ class Sidecar:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=3),
             auto_decompress=False,
         )
-        self.upstream = UpstreamPool(connect_timeout_s=3.0)
+        self.upstream = UpstreamPool(connect_timeout_s=3.0, read_timeout_s=self._read_timeout_s)
         if self.config.redis_url:
             self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
         self._tasks = [asyncio.create_task(self._engine_watch())]
@@ -772,12 +798,7 @@ class Sidecar:
                 upstream = await exchange.response()
             except (OSError, TimeoutError) as exc:
                 self._engine_failed(exc)
-                return json_error(
-                    502,
-                    f"engine unavailable: {failure_text(exc)}",
-                    kind="engine_unavailable",
-                    retryable=True,
-                )
+                return engine_failure("engine unavailable", exc)
             headers = answer_headers(upstream.headers)
             streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
             if not streaming:
@@ -785,12 +806,7 @@ class Sidecar:
                     data = await upstream.read()
                 except (OSError, TimeoutError) as exc:
                     self._engine_failed(exc)
-                    return json_error(
-                        502,
-                        f"engine failed mid-response: {exc.__class__.__name__}",
-                        kind="engine_unavailable",
-                        retryable=True,
-                    )
+                    return engine_failure("engine failed mid-response", exc)
                 exchange.close()  # the connection goes back to the pool before the client is answered
                 response = web.Response(status=upstream.status, body=data, headers=headers)
                 if handle is None:

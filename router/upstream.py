@@ -8,24 +8,42 @@ unbuffered). Bodies are framed by Content-Length, chunked encoding (extensions a
 dropped) or connection close; llhttp refuses ambiguous framing. A reused connection the
 server closed while idle is detected before any response byte and the request re-sent once on a new
 connection; every other failure raises a :class:`ConnectionError` (``ConnectionRefusedError`` when
-nothing listens, :class:`UpstreamClosed` when the server broke off mid-answer).
+nothing listens, :class:`UpstreamClosed` when the server broke off mid-answer, :class:`UpstreamTimeout`
+when it sent nothing for the read-idle limit). :func:`reached_upstream` tells a failure before the
+request could reach the upstream (safe to send elsewhere) from one after (it may have run it).
+
+Upstream sockets have TCP keepalive on (:func:`set_keepalive`): a peer whose node died without
+closing its connections is found in about a minute instead of never.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import os
+import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterable
-from typing import NamedTuple
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import NamedTuple, TypeVar
 
 import httptools
 from multidict import CIMultiDict
 
+_T = TypeVar("_T")
 _MAX_HEAD_BYTES = 64 * 1024
 _PAUSE_BYTES = 1024 * 1024  # stop reading the socket while this much body waits for the consumer
 _NO_BODY_STATUS = frozenset({204, 304})
+# A silently dead peer (node lost, no RST) is found after idle + interval * count = 60 s of silence.
+KEEPALIVE_IDLE_S = 30
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_COUNT = 3
+READ_TIMEOUT_ENV = "PREFIXFLEET_UPSTREAM_READ_TIMEOUT_S"
+# The longest an upstream may send nothing: before the head (a non-streamed answer's whole
+# generation, a 100k-token prefill) or between chunks. Generous, as only a hung upstream (alive to
+# TCP, so keepalive does not end it) should reach it; 0 in the variable turns the limit off.
+DEFAULT_READ_TIMEOUT_S = 600.0
 
 
 class Origin(NamedTuple):
@@ -45,6 +63,54 @@ class UpstreamClosed(ConnectionError):
 
 class ConnectTimeout(ConnectionError, TimeoutError):
     """No connection within the connect limit: the upstream is as good as unreachable (retryable)."""
+
+
+class UpstreamTimeout(ConnectionError, TimeoutError):
+    """The upstream took the request and then sent nothing for the read-idle limit (it may be hung)."""
+
+
+def reached_upstream(exc: BaseException) -> bool:
+    """Whether an upstream failure came after the request may have reached the upstream: it broke off
+    or went silent after the request was written (it may have run it, or died of it — re-sending it
+    elsewhere could take the next replica down too), as opposed to a failure to connect at all
+    (refused, DNS, connect timeout, TLS handshake: it never saw the request)."""
+    return isinstance(exc, UpstreamClosed | UpstreamTimeout)
+
+
+# X-Prefixfleet-Retryable's value on a sidecar's 502 when its engine failed after the request may
+# have reached it ("1": it never did, safe to send anywhere): a gateway re-sends such a request at
+# most its --resends-after-receipt times, so a prompt that crashes engines takes down few
+RECEIVED_MARK = "received"
+
+
+def read_timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:
+    """The read-idle limit from :data:`READ_TIMEOUT_ENV` (seconds; 0: none), else the default."""
+    env = os.environ if environ is None else environ
+    raw = env.get(READ_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_READ_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{READ_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{READ_TIMEOUT_ENV}={raw!r} must be 0 (no limit) or a positive number of seconds")
+    return value or None
+
+
+def set_keepalive(sock: socket.socket) -> None:
+    """TCP keepalive with :data:`KEEPALIVE_IDLE_S`/``_INTERVAL_S``/``_COUNT`` where the platform has them."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPALIVE", KEEPALIVE_IDLE_S),  # macOS's name for the idle time
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+    ):
+        option = getattr(socket, name, None)
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class UpstreamResponse:
@@ -97,7 +163,7 @@ class UpstreamResponse:
     async def _wait(self) -> None:
         self._waiter = self._conn.loop.create_future()
         try:
-            await self._waiter
+            await self._conn.pool._within_read_timeout(self._waiter)
         finally:
             self._waiter = None
 
@@ -348,18 +414,24 @@ class Exchange:
 
     async def response(self) -> UpstreamResponse:
         assert self._head is not None and self._conn is not None
+        pool = self._pool
         try:
-            self._response = await self._head
-        except UpstreamClosed:
+            self._response = await pool._within_read_timeout(self._head)
+        except UpstreamClosed as closed:
             if not self._reused or self._conn._got_bytes:
                 raise
             # The server closed this idle keep-alive connection as we reused it: it never saw the
             # request, so sending it once more on a fresh connection is safe.
             self._conn.abort()
-            self._conn = await self._pool._connect(self._origin)
+            try:
+                self._conn = await pool._connect(self._origin)
+            except OSError as exc:
+                # The first write may have reached a server that then died (of it, maybe): not a
+                # failure before the request could arrive, whatever the reconnect's error says.
+                raise UpstreamClosed(f"{closed}; reconnecting failed: {exc.__class__.__name__}") from exc
             self._reused = False
             self._head = self._conn.send(self._method, self._request)
-            self._response = await self._head
+            self._response = await pool._within_read_timeout(self._head)
         return self._response
 
     def close(self) -> None:
@@ -385,9 +457,15 @@ class UpstreamPool:
     """Keep-alive connections per (host, port); owned by one proxy app, closed with it."""
 
     def __init__(
-        self, *, connect_timeout_s: float = 3.0, idle_timeout_s: float = 15.0, max_idle: int = 256
+        self,
+        *,
+        connect_timeout_s: float = 3.0,
+        idle_timeout_s: float = 15.0,
+        max_idle: int = 256,
+        read_timeout_s: float | None = DEFAULT_READ_TIMEOUT_S,
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s  # the longest silence once a request is sent (None: none)
         self.idle_timeout_s = idle_timeout_s  # below the servers' own keep-alive limit (aiohttp 75 s)
         self.max_idle = max_idle
         self._idle: dict[Origin, list[_Connection]] = {}
@@ -416,6 +494,19 @@ class UpstreamPool:
         await exchange._send()
         return exchange
 
+    async def _within_read_timeout(self, waiter: asyncio.Future[_T]) -> _T:
+        """``waiter``'s result, or :class:`UpstreamTimeout` when nothing arrived within the limit."""
+        limit = self.read_timeout_s
+        if limit is None:
+            return await waiter
+        try:
+            async with asyncio.timeout(limit):
+                return await waiter
+        except TimeoutError as exc:
+            if isinstance(exc, ConnectionError):
+                raise  # an UpstreamTimeout of its own
+            raise UpstreamTimeout(f"the upstream sent nothing for {limit:g} s") from None
+
     async def _acquire(self, origin: Origin) -> tuple[_Connection, bool]:
         idle = self._idle.get(origin)
         if idle:
@@ -438,7 +529,7 @@ class UpstreamPool:
             tls = {"ssl": self._ssl, "server_hostname": origin.host}
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _transport, conn = await loop.create_connection(
+                transport, conn = await loop.create_connection(
                     lambda: _Connection(self, origin), origin.host, origin.port, **tls
                 )
         except TimeoutError as exc:
@@ -447,6 +538,9 @@ class UpstreamPool:
             raise ConnectTimeout(
                 f"no connection to {origin.authority} within {self.connect_timeout_s:g} s"
             ) from None
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            set_keepalive(sock)
         return conn
 
     def _release(self, conn: _Connection) -> None:
