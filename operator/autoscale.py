@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from .models import AutoscalingSpec, PrewarmSpec
+from .models import AutoscalingSpec, PrewarmSpec, ScalingAction, ScalingLimit
 
 ReplicaPhase = Literal["starting", "warming", "ready", "draining"]
 ScalerMode = Literal["fixed_max", "uniform", "prefix_aware", "prefix_aware_prewarm"]
@@ -152,6 +152,45 @@ class ScalePlan:
     @property
     def is_noop(self) -> bool:
         return not (self.add or self.prewarm or self.drain or self.remove)
+
+
+@dataclass(frozen=True, slots=True)
+class PlanDecision:
+    """What a plan does and what held it back (``status.autoscaler.decision``)."""
+
+    action: ScalingAction
+    limited_by: ScalingLimit | None = None
+
+
+# The beginnings of the reasons plan_scale gives when a bound, a wait or a cooldown holds it back
+# (with_unavailable appends to a reason, never prefixes it). tests/test_autoscale_decision.py runs
+# the planner into each of them, so a reworded reason fails there, not silently here.
+_LIMITED_BY: tuple[tuple[str, ScalingLimit], ...] = (
+    ("saturated, at maxReplicas", "TooManyReplicas"),
+    ("above maxReplicas", "TooManyReplicas"),
+    ("quiet, at minReplicas", "TooFewReplicas"),
+    ("below minReplicas", "TooFewReplicas"),
+    ("quiet for ", "ScaleDownStabilizing"),
+    ("saturated, waiting", "ScaleUpDeferred"),
+    ("quiet, but only one replica is ready", "TooFewReadyReplicas"),
+    ("quiet, no ready replica to remove", "TooFewReadyReplicas"),
+    ("prefill load ", "ColdStart"),  # a load reason on a hold: only the cold-start hold gives one
+)
+
+
+def classify_plan(plan: ScalePlan) -> PlanDecision:
+    """The plan's action (from what it does) and what limits it (from its reason); decides nothing."""
+    action: ScalingAction
+    if plan.add:
+        action = "ScaleUp"
+    elif plan.drain:
+        action = "ScaleDown"
+    elif plan.prewarm:
+        action = "Prewarm"
+    else:
+        action = "Hold"  # removing pods already drained is the reconcile's follow-up, not a decision
+    limit = next((lim for start, lim in _LIMITED_BY if plan.reason.startswith(start)), None)
+    return PlanDecision(action, limit)
 
 
 def subtree_value(subtree: SubtreeObservation, prefill_s_per_token: float) -> float:

@@ -27,7 +27,11 @@ Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.ena
      plan's reason, and the operator's Prometheus metrics;
    * ``status.autoscaler.memory`` on a scale (before the scale itself, so a crash in between cannot
      forget it), when a stored quiet period ended, when the stored copy is due a refresh, and along
-     with any other status patch (:func:`~.autoscale_memory.memory_due`).
+     with any other status patch (:func:`~.autoscale_memory.memory_due`);
+   * ``status.autoscaler.decision`` (the plan's action, what limits it, its reason: why a fleet is
+     *not* scaling, :func:`~.autoscale.classify_plan`) when the action or limit changes or the plan
+     scales, else along with the memory (:func:`~.autoscale_memory.decision_due`); removed when
+     autoscaling is switched off.
 """
 
 from __future__ import annotations
@@ -56,12 +60,19 @@ from .autoscale import (
     ScalePlan,
     ScalePolicy,
     SubtreeObservation,
+    classify_plan,
     plan_scale,
     warm_on_arrival,
 )
 from .autoscale_memory import (
     STALE_AFTER_REFRESHES,
+    DecisionKey,
+    decision_due,
+    decision_key,
+    decision_since,
+    decode_decision,
     decode_memory,
+    encode_decision,
     encode_memory,
     memory_due,
     observed_time,
@@ -164,6 +175,9 @@ class FleetAutoscale:
 
     memory: PlannerMemory = field(default_factory=PlannerMemory)
     stored_memory: dict[str, Any] | None = None  # status.autoscaler.memory as last written or restored
+    stored_decision: dict[str, Any] | None = None  # status.autoscaler.decision as last written
+    decision: DecisionKey | None = None  # the last round's action and limit...
+    decision_since: float | None = None  # ...and since when they hold
     hot: HotState | None = None
     counters: dict[str, TokenCounters] = field(default_factory=dict)
     rates: dict[str, EngineRates] = field(default_factory=dict)  # last round's, whatever the source
@@ -244,6 +258,13 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
         _forget_fleet(auto, namespace, name)
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     key = f"{namespace}/{name}"
+    if not gone and not _autoscaled(body.spec) and ctx is not None and _stored_decision(body.status):
+        # no round runs to keep it current: a decision left there would read as today's. (A round
+        # that was under way as autoscaling went off may write it again: that patch's event is
+        # this handler again, which removes it again.)
+        await asyncio.to_thread(
+            ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, {"autoscaler": {"decision": None}}
+        )
     if not gone and not _autoscaled(body.spec) and ctx is not None and key not in auto.unmarked:
         # A warming mark left by an operator that died mid warm-up: with no rounds for this fleet
         # nothing else removes it, and the pod would be published as warming (no traffic) for ever.
@@ -257,6 +278,10 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
         auto.unmarked.add(key)
     elif _autoscaled(body.spec):
         auto.unmarked.discard(key)  # switched off again later: checked again then
+
+
+def _stored_decision(status: Mapping[str, Any] | None) -> Any:
+    return ((status or {}).get("autoscaler") or {}).get("decision")
 
 
 def _forget_fleet(auto: AutoscaleContext, namespace: str, name: str) -> None:
@@ -393,11 +418,20 @@ async def autoscale_round(
         reason = "ScalingUp" if plan.add else "ScalingDown"
         kopf.event(fleet, type="Normal", reason=reason, message=plan.reason)
         logger.info("autoscaler: %s", plan.reason)
+    acted = bool(plan.add or plan.drain)
+    decided = classify_plan(plan)
+    state.decision_since = decision_since(state.decision, state.decision_since, decided, acted, now)
+    state.decision = decision_key(decided)
+    decision = encode_decision(decided, plan.reason, state.decision_since, now)
+    if decision_due(state.stored_decision, decision, acted):
+        status["autoscaler"] = {"decision": decision}
     changed = _without_nulls(memory) != state.stored_memory
     if memory_due(state.stored_memory, memory, now, refresh) or (status and changed):
-        await _write_memory(ctx, state, namespace, name, memory, also=status)
+        await _write_memory(ctx, state, namespace, name, memory, also=status, decision=decision)
     elif status:
         await asyncio.to_thread(ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, status)
+        if "autoscaler" in status:
+            state.stored_decision = _without_nulls(decision)
     if plan.prewarm:
         known = {p.name for p in pods}
         started = 0
@@ -435,6 +469,9 @@ def restored_state(
     state = state or FleetAutoscale()
     state.memory = restored.memory
     state.stored_memory = None  # rewritten on the first round: this operator now owns it
+    state.stored_decision = None  # so is the decision; its start is kept if it is still the same
+    stored = decode_decision(status)
+    state.decision, state.decision_since = (stored[0], min(stored[1], now)) if stored else (None, None)
     if restored.observed_s is not None:
         m = restored.memory
         logger.info(
@@ -460,10 +497,16 @@ async def _write_memory(
     name: str,
     memory: dict[str, Any],
     also: dict[str, Any] | None = None,
+    decision: dict[str, Any] | None = None,
 ) -> None:
-    status = {**(also or {}), "autoscaler": {"memory": memory}}
+    """Write the memory (with ``also``, and the current ``decision``: its reason's counters are
+    refreshed at the memory's cadence)."""
+    autoscaler = {"memory": memory} if decision is None else {"memory": memory, "decision": decision}
+    status = {**(also or {}), "autoscaler": autoscaler}
     await asyncio.to_thread(ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, status)
     state.stored_memory = _without_nulls(memory)
+    if decision is not None:
+        state.stored_decision = _without_nulls(decision)
 
 
 def _without_nulls(memory: dict[str, Any]) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .autoscale import PlannerMemory
-from .models import PlannerMemoryStatus, describe_validation_error
+from .autoscale import PlanDecision, PlannerMemory
+from .models import PlannerMemoryStatus, ScalingDecisionStatus, describe_validation_error
 
 STATUS_PATH = "status.autoscaler.memory"
 MEMORY_REFRESH_S = 30.0  # the stored memory is rewritten at least this often while rounds run
@@ -105,6 +105,66 @@ def memory_due(stored: Mapping[str, Any] | None, encoded: Mapping[str, Any], now
         return True
     written = _parse_time(stored.get("observedTime"))
     return written is None or now_s - written >= refresh_s
+
+
+# The edge of a quiet period: a fleet hovering there flips between these two from round to round. A
+# change between them waits for the memory's next write (as the start of a quiet period does in
+# memory_due) instead of patching the status every round; any other change is written at once.
+_QUIET_EDGE = frozenset({("Hold", None), ("Hold", "ScaleDownStabilizing")})
+DecisionKey = tuple[str, str | None]
+
+
+def decision_key(decision: PlanDecision) -> DecisionKey:
+    return (decision.action, decision.limited_by)
+
+
+def decision_since(previous: DecisionKey | None, since_s: float | None, decision: PlanDecision,
+                   acted: bool, now_s: float) -> float:  # fmt: skip
+    """When the current decision began: ``since_s`` while its action and limit stay what they were
+    (``previous``), ``now_s`` when they change or the plan scales (each scale is news)."""
+    if acted or since_s is None or previous != decision_key(decision):
+        return now_s
+    return since_s
+
+
+def encode_decision(decision: PlanDecision, reason: str, since_s: float, now_s: float) -> dict[str, Any]:
+    """The ``status.autoscaler.decision`` object. ``limitedBy`` is present as None when nothing
+    limits the plan, which a merge patch turns into a removal (an old limit must not linger)."""
+    return {
+        "action": decision.action,
+        "limitedBy": decision.limited_by,
+        "reason": reason[:1024],
+        "since": format_time(since_s),
+        "observedTime": format_time(now_s),
+    }
+
+
+def decision_due(stored: Mapping[str, Any] | None, encoded: Mapping[str, Any], acted: bool) -> bool:
+    """Whether ``encoded`` (this round's decision) must be written now over ``stored`` (as this
+    operator last wrote it); otherwise it goes along with the next status write (the memory's at
+    least every refresh period), so a reason whose only change is a counter does not patch the
+    status every round."""
+    if not stored or acted:
+        return True
+    old = (stored.get("action"), stored.get("limitedBy"))
+    new = (encoded.get("action"), encoded.get("limitedBy"))
+    return old != new and not (old in _QUIET_EDGE and new in _QUIET_EDGE)
+
+
+def decode_decision(status: Mapping[str, Any] | None) -> tuple[DecisionKey, float] | None:
+    """The stored decision's action, limit and start (None when absent or malformed): an operator
+    restored from the status keeps its ``since`` while the decision stays the same."""
+    autoscaler = (status or {}).get("autoscaler") if isinstance(status, Mapping) else None
+    raw = autoscaler.get("decision") if isinstance(autoscaler, Mapping) else None
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        parsed = ScalingDecisionStatus.model_validate(raw)
+    except ValidationError:
+        return None  # rewritten by the first round: nothing to warn about, it restores nothing else
+    if parsed.since is None:
+        return None
+    return (parsed.action, parsed.limited_by), _epoch(parsed.since)
 
 
 def _parse_time(value: Any) -> float | None:

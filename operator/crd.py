@@ -55,6 +55,18 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Fleet prefix-cache hit rate (token-weighted, 0..1)",
     },
     {"name": "Policy", "type": "string", "jsonPath": ".spec.router.policy", "description": "Routing policy"},
+    {
+        "name": "Scaling",
+        "type": "string",
+        "jsonPath": ".status.autoscaler.decision.action",
+        "description": "The autoscaler's current decision (ScaleUp, ScaleDown, Prewarm, Hold)",
+    },
+    {
+        "name": "Limited by",
+        "type": "string",
+        "jsonPath": ".status.autoscaler.decision.limitedBy",
+        "description": "What keeps the autoscaler from scaling further (TooManyReplicas, ...)",
+    },
     {"name": "Engine", "type": "string", "jsonPath": ".spec.engine.kind", "priority": 1},
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name", "priority": 1},
     {"name": "Endpoint", "type": "string", "jsonPath": ".status.routerEndpoint", "priority": 1},

@@ -1153,11 +1153,52 @@ class PlannerMemoryStatus(CamelModel):
     )
 
 
+# What the autoscaler's last round decided (``autoscale.classify_plan``), and what held it back:
+# the answer to "why is my fleet not scaling?" that lastScaleReason (written only on a scale) is not.
+ScalingAction = Literal["ScaleUp", "ScaleDown", "Prewarm", "Hold"]
+ScalingLimit = Literal[
+    "TooManyReplicas",  # saturated at maxReplicas, or above it (draining down to it)
+    "TooFewReplicas",  # quiet at minReplicas, or below it (scaling up to it)
+    "ScaleDownStabilizing",  # quiet, waiting for scaleDownStabilizationSeconds
+    "ScaleUpDeferred",  # saturated, waiting for replicas on their way or the scale-up cooldown
+    "TooFewReadyReplicas",  # quiet, but no replica could be removed and leave one serving
+    "ColdStart",  # the load asks for more, but the fleet has only just started
+]
+SCALING_ACTIONS: tuple[str, ...] = get_args(ScalingAction)
+SCALING_LIMITS: tuple[str, ...] = get_args(ScalingLimit)
+
+
+class ScalingDecisionStatus(CamelModel):
+    """The autoscaler's current decision. Rewritten at once when the action or the limit changes
+    (and on every scale), else along with the planner memory (at least every 30 s): the reason's
+    counters ("quiet for 37s") are as of observedTime."""
+
+    action: ScalingAction = Field(
+        description="ScaleUp, ScaleDown, Prewarm (hot prefixes copied onto idle replicas) or Hold."
+    )
+    limited_by: ScalingLimit | None = Field(
+        default=None,
+        description="What keeps the autoscaler from doing more (absent: nothing): TooManyReplicas"
+        " (at maxReplicas), TooFewReplicas (at minReplicas), ScaleDownStabilizing (quiet, waiting"
+        " for scaleDownStabilizationSeconds), ScaleUpDeferred (saturated, waiting for replicas on"
+        " their way or the cooldown), TooFewReadyReplicas, ColdStart.",
+    )
+    reason: str = Field(default="", max_length=1024, description="The planner's reason, for humans.")
+    since: datetime | None = Field(
+        default=None, description="When this action and limit began (a scale: when it was decided)."
+    )
+    observed_time: datetime | None = Field(default=None, description="When the reason was written.")
+
+
 class AutoscalerStatus(CamelModel):
     """What the autoscaler keeps in the fleet's status."""
 
     memory: PlannerMemoryStatus | None = Field(
         default=None, description="The planner's memory, restored by an operator that has none."
+    )
+    decision: ScalingDecisionStatus | None = Field(
+        default=None,
+        description="The autoscaler's current decision and what limits it; absent while autoscaling is off.",
     )
 
 
@@ -1201,7 +1242,8 @@ class FleetStatus(CamelModel):
         default=None, description="Where the autoscaler read engine rates in its last round, and why."
     )
     autoscaler: AutoscalerStatus | None = Field(
-        default=None, description="The autoscaler's state that must survive an operator restart."
+        default=None,
+        description="The autoscaler's memory (survives an operator restart) and current decision.",
     )
 
     def condition(self, type_: str) -> Condition | None:
