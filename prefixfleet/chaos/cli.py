@@ -7,7 +7,6 @@ the gateways, injects its fault, prints the figures and writes them as JSON.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import sys
 import tempfile
@@ -103,6 +102,12 @@ def _plan(args: argparse.Namespace) -> Any:
         problems.append(f"--gateways must be at least 2 for gateway-kill, got {args.gateways}")
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):
         problems.append(f"--time-scale must be positive, got {args.time_scale}")
+    else:
+        from prefixfleet.emulator.cli import TIME_SCALE_RANGE
+
+        least, most = TIME_SCALE_RANGE  # the engines' own bounds: past them each refuses to start
+        if not least <= args.time_scale <= most:
+            problems.append(f"--time-scale must be between {least:g} and {most:g}, got {args.time_scale:g}")
     if args.cache_tokens < 1000:
         problems.append(f"--cache-tokens must be at least 1000, got {args.cache_tokens}")
     outage = getattr(args, "outage", 1.0)
@@ -164,8 +169,19 @@ def run(args: argparse.Namespace) -> int:
         "gateway-kill": lambda: scenarios.gateway_kill(run_dir, plan, fleet, on_tick=tick),
         "soak": lambda: scenarios.soak(run_dir, plan, fleet, on_tick=tick),
     }
+    from prefixfleet.fleet.cli import _run_async
+
+    async def scenario() -> dict[str, Any]:
+        try:
+            return await calls[args.chaos_scenario]()
+        finally:
+            bar.close()  # before any error line, which would otherwise continue the bar's line
+
+    # as `up` runs its fleet: a fleet process that fails is one line naming it and its log (exit 1),
+    # and SIGTERM, like Ctrl-C, stops every process the run started
+    command = getattr(args, "command_prog", f"prefixfleet chaos {args.chaos_scenario}")
     try:
-        report = asyncio.run(calls[args.chaos_scenario]())
+        report = _run_async(scenario, command)
     finally:
         bar.close()
     report["run_dir"] = str(run_dir)
