@@ -9,7 +9,7 @@ from typing import Any
 
 from prefixfleet.cli import UsageError, check_positive, counted
 from prefixfleet.operator.autoscale import SCALER_MODES, ScalePolicy
-from prefixfleet.outputs import output_file, write_json, writing
+from prefixfleet.outputs import distinct_outputs, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES
 
 from .autoscale import ElasticConfig, ElasticRun, simulate_elastic
@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     scalers = parse_names(args.scalers, SCALER_MODES, "--scalers", "scaler")
     json_path = output_file(args.json, "--json", inputs=input_files(args.scenario))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.scenario))
+    distinct_outputs({"--json": json_path, "--plot": plot_path}, {})
     if args.policy not in POLICIES:
         raise UsageError(f"unknown routing policy {args.policy!r}; choose from {', '.join(POLICIES)}")
     if args.scenario not in SCENARIOS[:-1] and not args.scenario.startswith("trace:"):

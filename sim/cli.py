@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prefixfleet.cli import UsageError, counted
-from prefixfleet.outputs import output_file, write_json, writing
+from prefixfleet.outputs import distinct_outputs, output_file, write_json, writing
 from prefixfleet.router.policies import DEFAULT_POLICY, POLICIES, make_policy
 from prefixfleet.sglang_fields import lax_bool
 
@@ -249,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
     seed = DEFAULT_SEED if args.seed is None else args.seed
     json_path = output_file(args.json, "--json", inputs=input_files(args.workload))
     plot_path = output_file(args.plot, "--plot", suffix=".png", inputs=input_files(args.workload))
+    distinct_outputs({"--json": json_path, "--plot": plot_path}, {})
     settings = parse_settings(args.workload_settings)
     try:
         workload = build_workload(args.workload, seed=seed, **settings)
