@@ -13,7 +13,7 @@ import pytest
 
 from prefixfleet.chaos import scenarios
 from prefixfleet.cli import main
-from prefixfleet.fleet.processes import ChildFailedError
+from prefixfleet.fleet.processes import ChildFailedError, claim_run_dir
 
 
 def test_a_time_scale_the_emulator_refuses_is_refused_by_chaos_first(
@@ -44,3 +44,19 @@ def test_a_fleet_process_that_fails_is_one_line_naming_it_and_its_log(
     cause = "exited with status 2 before it was ready"
     assert line == f"prefixfleet chaos soak: error: fleet process engine-0: {cause} (log: {log})", err
     assert err.rstrip().endswith("bad flag"), err
+
+
+def test_a_run_dir_another_run_holds_is_refused_before_a_fleet_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two fleets in one --run-dir append to the same <name>.log files: redis-outage counts the
+    # gateways' "redis unavailable" lines there, so the other run's lines would be counted too.
+    async def no_fleet(*_args: object, **_kwargs: object) -> dict:
+        raise AssertionError("a fleet was started in a run directory another run holds")
+
+    monkeypatch.setattr(scenarios, "soak", no_fleet)
+    run_dir = tmp_path / "run"
+    with claim_run_dir(run_dir):  # as a run in progress holds it
+        status = main(["chaos", "soak", "--duration", "1", "--run-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    assert status == 2 and "is in use by another run" in err and "own --run-dir" in err, err

@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         "gateway-kill": lambda: scenarios.gateway_kill(run_dir, plan, fleet, on_tick=tick),
         "soak": lambda: scenarios.soak(run_dir, plan, fleet, on_tick=tick),
     }
-    from prefixfleet.fleet.cli import _run_async
+    from prefixfleet.fleet.cli import _run_async, claimed
 
     async def scenario() -> dict[str, Any]:
         try:
@@ -181,7 +181,10 @@ def run(args: argparse.Namespace) -> int:
     # and SIGTERM, like Ctrl-C, stops every process the run started
     command = getattr(args, "command_prog", f"prefixfleet chaos {args.chaos_scenario}")
     try:
-        report = _run_async(scenario, command)
+        # a --run-dir another run holds is refused: its logs (redis-outage counts lines in them)
+        # would mix both fleets'
+        with claimed(args.run_dir):
+            report = _run_async(scenario, command)
     finally:
         bar.close()
     report["run_dir"] = str(run_dir)
