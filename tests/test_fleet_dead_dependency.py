@@ -27,7 +27,7 @@ async def test_a_dependency_killed_while_a_child_starts_is_the_one_named(tmp_pat
         with pytest.raises(ChildFailedError) as err:
             await sup.start("gateway-0", ["sleep", "300"], ready=never_ready, ready_timeout_s=READY_TIMEOUT_S)
         assert err.value.name == "redis"
-        assert err.value.message == "exited unexpectedly with status -9"
+        assert err.value.message == "exited unexpectedly with status -9 (SIGKILL)"
         assert [c.name for c in sup.children] == ["redis"]  # the waiting child was stopped
 
 

@@ -35,7 +35,7 @@ async def test_a_sidecar_dead_before_a_reset_is_named_with_its_log(tmp_path: Pat
         with pytest.raises(ChildFailedError) as err:
             await fleet.reset()
     assert err.value.name == "sidecar-0"
-    assert err.value.message == "exited unexpectedly with status -9"
+    assert err.value.message == "exited unexpectedly with status -9 (SIGKILL)"
     assert "sidecar says goodbye" in err.value.log_tail
 
 

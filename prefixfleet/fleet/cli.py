@@ -140,16 +140,19 @@ def _progress_default(value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
 
-def _run_async(main: Any, command: str) -> Any:
+def _run_async(main: Any, command: str, *, starts_processes: bool = True) -> Any:
     """Run the fleet coroutine; turn child failures into the CLI's one-line error ("prefixfleet up:
     error: ...", as prefixfleet.cli.main words a UsageError), with the log's last lines after it,
-    instead of a traceback. Exit status 1: the input was fine, the fleet was not."""
+    instead of a traceback. Exit status 1: the input was fine, the fleet was not.
+    ``starts_processes``: False for a command that starts none (``load``), whose SIGTERM line then
+    does not claim to have stopped any."""
     from prefixfleet.fleet import processes
 
     try:
         return processes.run_until_signalled(main)
     except asyncio.CancelledError:
-        print(f"{command}: stopped by SIGTERM; every process it started was stopped", file=sys.stderr)
+        stopped = "; every process it started was stopped" if starts_processes else ""
+        print(f"{command}: stopped by SIGTERM{stopped}", file=sys.stderr)
         raise SystemExit(143) from None
     except processes.ChildFailedError as exc:
         print(fleet_failure(command, exc), file=sys.stderr)
@@ -597,7 +600,7 @@ def run_load_command(args: argparse.Namespace) -> int:
             desc="load",
         )
 
-    run = _run_async(main, "prefixfleet load")
+    run = _run_async(main, "prefixfleet load", starts_processes=False)
     summary = run.summary
     print(f"{workload.name}: {counted(summary.requests, 'request')} to {', '.join(args.target)} ({args.api})")
     print(format_table({"target": summary.to_dict()}, title=""))

@@ -143,6 +143,13 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _exit_status(child: Child) -> str:
+    """``-9 (SIGKILL)`` for a child a signal ended: a bare ``-9`` reads as an odd exit code."""
+    from prefixfleet.fleet.reaper import describe_exit  # reaper imports this module
+
+    return describe_exit(child.process.returncode)
+
+
 def _signal_group(pid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
@@ -275,7 +282,7 @@ class Supervisor:
             if not child.running:
                 raise ChildFailedError(
                     child.name,
-                    f"exited with status {child.process.returncode} before it was ready",
+                    f"exited with status {_exit_status(child)} before it was ready",
                     child.log_tail(),
                     child.log_path,
                 )
@@ -298,7 +305,7 @@ class Supervisor:
             if child.exited_unasked and not self.exit_handled(child):
                 raise ChildFailedError(
                     child.name,
-                    f"exited unexpectedly with status {child.process.returncode}",
+                    f"exited unexpectedly with status {_exit_status(child)}",
                     child.log_tail(),
                     child.log_path,
                 )
