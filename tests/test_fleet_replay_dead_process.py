@@ -48,7 +48,8 @@ async def test_a_process_killed_mid_replay_ends_the_run_naming_it(tmp_path: Path
         os.kill(engine.pid, signal.SIGKILL)
         with pytest.raises(ChildFailedError) as err:
             await asyncio.wait_for(run, 60)  # before: the replay goes on, and this times out
-    assert err.value.name == "engine-0" and err.value.message == "exited unexpectedly with status -9 (SIGKILL)"
+    assert err.value.name == "engine-0"
+    assert err.value.message == "exited unexpectedly with status -9 (SIGKILL)"
     assert ended == ["cancelled"]  # the replay does not outlive the error
 
 
