@@ -208,7 +208,20 @@ def run(args: argparse.Namespace) -> int:
     steps = model["decode_step_ms"]
     assert isinstance(steps, dict)
     print("  decode step ms by batch: " + ", ".join(f"{b}: {v}" for b, v in steps.items()))
-    runs = [asyncio.run(http_run(c, args.requests, args.concurrency, args.max_new_tokens)) for c in configs]
+    from prefixfleet.fleet.processes import run_until_signalled
+
+    runs = []
+    for c in configs:
+        try:
+            # SIGTERM, like Ctrl-C, cancels the run so its emulator process is stopped, not orphaned
+            runs.append(
+                run_until_signalled(
+                    lambda c=c: http_run(c, args.requests, args.concurrency, args.max_new_tokens)
+                )
+            )
+        except asyncio.CancelledError:
+            print("prefixfleet emulator-bench: stopped by SIGTERM; its emulator was stopped", file=sys.stderr)
+            raise SystemExit(143) from None
     print()
     print(
         f"{'time-scale':>10} {'req/s':>8} {'wall e2e ms':>12} {'model/ts ms':>12} "

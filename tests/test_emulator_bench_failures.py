@@ -7,13 +7,24 @@ answer as JSON before looking at its status (a plain-text 500 was a ``ContentTyp
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import signal
+import subprocess
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
-from fleet_fixtures import serve_aiohttp
+from fleet_fixtures import (
+    LiveProcess,
+    live_children,
+    live_processes,
+    prefixfleet_argv,
+    serve_aiohttp,
+    wait_until,
+)
 
 from prefixfleet.cli import UsageError
 from prefixfleet.emulator import bench
@@ -55,3 +66,30 @@ async def test_an_emulator_that_dies_is_one_line_naming_it(monkeypatch: pytest.M
     monkeypatch.setattr(bench, "_wait_healthy", healthy_then_killed)
     with pytest.raises(UsageError, match=r"emulator .*exited with -9"):
         await bench.http_run(EmulatorConfig(time_scale=50.0), 5, 2, 1)
+
+
+def test_sigterm_stops_the_emulator_process_the_benchmark_started(tmp_path: Path) -> None:
+    # Before: SIGTERM ended emulator-bench at once (status -15) and left its emulator running.
+    log_path = tmp_path / "bench.log"
+    argv = prefixfleet_argv("emulator-bench", "--requests", "100000", "--time-scale", "1")
+    with log_path.open("wb") as log:
+        bench_proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    emulators: list[LiveProcess] = []
+    try:
+        emulators = wait_until(lambda: live_children(bench_proc.pid), 60, "emulator-bench's emulator")
+        wait_until(lambda: b"emulator-bench http" in log_path.read_bytes(), 60, "the requests to start")
+        bench_proc.send_signal(signal.SIGTERM)
+        assert bench_proc.wait(timeout=30) == 143, log_path.read_text(errors="replace")
+
+        def still_running() -> list[int]:
+            alive = {p.pid for p in live_processes()}
+            return [e.pid for e in emulators if e.pid in alive]
+
+        wait_until(still_running, 15, "the emulator to be stopped", done=lambda pids: not pids)
+    finally:
+        if bench_proc.poll() is None:
+            bench_proc.kill()
+            bench_proc.wait()
+        for e in emulators:  # started by this test's emulator-bench: never left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(e.pid, signal.SIGKILL)
