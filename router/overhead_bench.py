@@ -152,7 +152,42 @@ async def measure(
     tenant_header: str | None = None,
 ) -> dict[str, Any]:
     """``tenant_header``: the gateway isolates tenants by that header (``--tenant-header``); every
-    request then carries it (its tenant path re-encodes the body with the salt)."""
+    request then carries it (its tenant path re-encodes the body with the salt).
+
+    SIGTERM, like Ctrl-C, cancels the run, so the processes it started (each in its own session,
+    out of reach of a signal to this one) are stopped; then RuntimeError says so."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated: list[bool] = []
+
+    def on_sigterm() -> None:
+        terminated.append(True)
+        if task is not None:
+            task.cancel()
+
+    installed = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        installed = True
+    try:
+        return await _measure(requests, rate_rps, time_scale, progress, tenant_header=tenant_header)
+    except asyncio.CancelledError:
+        if terminated:
+            raise RuntimeError("stopped by SIGTERM; every process it started was stopped") from None
+        raise
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
+async def _measure(
+    requests: int,
+    rate_rps: float,
+    time_scale: float,
+    progress: bool,
+    *,
+    tenant_header: str | None,
+) -> dict[str, Any]:
     # the engine and the sidecar ignore the header: the same request on every path
     headers = {tenant_header: "bench-tenant"} if tenant_header else None
     with (
