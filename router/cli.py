@@ -23,6 +23,7 @@ from .records import validate_worker_id
 from .requests import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .slow_clients import ClientTimeouts
 from .summary import DEFAULT_MAX_BLOCKS
+from .upstream import DEFAULT_MAX_RETRIES, DEFAULT_RESENDS_AFTER_RECEIPT
 
 BIND_HELP = "address to listen on (default 127.0.0.1); '' listens on every interface, IPv4 and IPv6"
 
@@ -149,7 +150,20 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="how long this gateway remembers where it sent a prefix (until a summary shows it)",
     )
-    gw.add_argument("--max-retries", type=int, default=3, help="re-sends to other workers after a failure")
+    gw.add_argument(
+        "--max-retries",
+        type=int,
+        default=DEFAULT_MAX_RETRIES,
+        help="re-sends to other workers after a failure",
+    )
+    gw.add_argument(
+        "--max-resends-after-receipt",
+        type=int,
+        metavar="N",
+        default=DEFAULT_RESENDS_AFTER_RECEIPT,
+        help="of those, re-sends of a request a worker received and then failed on (the prompt may be"
+        " what crashed it); 0: never",
+    )
     _add_size_limits(gw, prompt_help="refuse longer prompts with 413")
     gw.add_argument(
         "--prefill-tokens-per-s",
@@ -363,8 +377,12 @@ def run_gateway(args: argparse.Namespace) -> int:
         ("--overlay-ttl", args.overlay_ttl),
     ):
         check_positive(flag, value)
-    if args.max_retries < 0:
-        raise UsageError("--max-retries must not be negative")
+    for flag, count in (
+        ("--max-retries", args.max_retries),
+        ("--max-resends-after-receipt", args.max_resends_after_receipt),
+    ):
+        if count < 0:
+            raise UsageError(f"{flag} must not be negative")
     _check_tenant_header(args.tenant_header)
     config = GatewayConfig(
         port=args.port,
@@ -379,6 +397,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         dead_after_s=args.dead_after,
         overlay_ttl_s=args.overlay_ttl,
         max_retries=args.max_retries,
+        resends_after_receipt=args.max_resends_after_receipt,
         max_body_bytes=args.max_body_bytes,
         max_prompt_tokens=args.max_prompt_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,

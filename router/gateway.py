@@ -81,6 +81,8 @@ from .requests import (
 from .slow_clients import ClientTimeouts
 from .tenancy import checked_tenant, salted_body
 from .upstream import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_RESENDS_AFTER_RECEIPT,
     RECEIVED_MARK,
     Origin,
     UpstreamPool,
@@ -115,15 +117,15 @@ class GatewayConfig:
     refresh_interval_s: float = 0.2
     dead_after_s: float = DEFAULT_DEAD_AFTER_S
     overlay_ttl_s: float = DEFAULT_OVERLAY_TTL_S
-    max_retries: int = 3
+    max_retries: int = DEFAULT_MAX_RETRIES
     health_interval_s: float = 2.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     prefill_tokens_per_s: float = DEFAULT_PREFILL_TOKENS_PER_S
     upstream_timeout_s: float | None = None  # whole-request limit; None = unlimited (long generations)
-    # re-sends of a request a worker may have received before failing (its engine broke off or died
-    # mid-request): each may cost another engine if the prompt is what kills them; 0: never re-sent
-    resends_after_receipt: int = 1
+    # of those, re-sends of a request a worker may have received before failing (its engine broke off
+    # or died mid-request); 0: never re-sent
+    resends_after_receipt: int = DEFAULT_RESENDS_AFTER_RECEIPT
     tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
     client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
 

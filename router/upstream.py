@@ -81,6 +81,11 @@ def reached_upstream(exc: BaseException) -> bool:
 # have reached it ("1": it never did, safe to send anywhere): a gateway re-sends such a request at
 # most its --resends-after-receipt times, so a prompt that crashes engines takes down few
 RECEIVED_MARK = "received"
+# The gateway's re-sends after a failure (``--max-retries``), and of those, re-sends of a request a
+# worker may have received before failing: each may cost another engine if the prompt is what kills
+# them (a query of death); one keeps a request alive through an unrelated engine crash.
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_RESENDS_AFTER_RECEIPT = 1
 
 
 def read_timeout_from_env(environ: Mapping[str, str] | None = None) -> float | None:

@@ -34,6 +34,8 @@ CASES = [
         for flag in ("--publish-interval", "--prefill-tokens-per-s")
         for value in ("nan", "inf", "-1")
     ],
+    ([*GATEWAY, "--max-retries", "-1"], "--max-retries must not be negative"),
+    ([*GATEWAY, "--max-resends-after-receipt", "-1"], "--max-resends-after-receipt must not be negative"),
     (["router", "gateway", "--port", "18080", "--worker", "http://"], "--worker 'http://' names no host"),
     (["router", "gateway", "--port", "18080", "--worker", "http://:8000"], "names no host"),
     (["router", "sidecar", "--port", "18081", "--engine", "https://"], "--engine 'https://' names no host"),
