@@ -17,6 +17,8 @@ can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``r
 * ``serve_http`` / ``serve_aiohttp`` — stand-in engines on a free port; ``relayed(hops, engine_url)``
   — the real sidecar and/or gateway in front of one, in the test's event loop.
 * ``prefixfleet_argv(*args)`` — argv running this checkout's ``prefixfleet`` CLI.
+* ``popen_interruptible(argv, ...)`` — ``subprocess.Popen`` for a child the test sends SIGINT: it starts
+  with SIGINT at its default, as a command typed at a terminal has it, whatever the test run inherited.
 * ``live_processes()`` — every non-zombie process (pid, parent, group) from ``/proc``: for
   "nothing is left running" checks; ``live_children()`` — those whose parent is this process.
 """
@@ -273,6 +275,22 @@ def prefixfleet_argv(*args: str) -> list[str]:
 
 
 # -- processes -------------------------------------------------------------------------------------
+
+
+def _sigint_as_at_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen_interruptible(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+    """``subprocess.Popen(argv, **kwargs)`` with SIGINT reset to its default in the child.
+
+    A test run started as a background job of a non-interactive shell (``make test &``, a CI runner's
+    script) inherits SIGINT *ignored*, and exec keeps it ignored: Python then installs no
+    KeyboardInterrupt handler and asyncio.run no Ctrl-C handler, so the child slept through the
+    test's SIGINT until the test's timeout (SIGTERM tests, and services that install their own SIGINT
+    handler, passed). A Ctrl-C a user types reaches a foreground command, whose SIGINT is at its
+    default: this starts the child that way."""
+    return subprocess.Popen(argv, preexec_fn=_sigint_as_at_a_terminal, **kwargs)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fleet_fixtures import popen_interruptible
 
 from prefixfleet.cli import main
 
@@ -187,7 +188,7 @@ def test_keep_running_writes_its_results_before_holding_the_fleet(tmp_path: Path
         "--no-progress", "--keep-running", "--run-dir", str(tmp_path / "run"),
         "--json", str(out), "--plot", str(png),
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = popen_interruptible(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = ""

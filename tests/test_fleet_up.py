@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fleet_fixtures import live_children, live_processes
+from fleet_fixtures import live_children, live_processes, popen_interruptible
 
 from prefixfleet.cli import main
 
@@ -64,7 +64,7 @@ def test_up_runs_each_policy_through_two_gateways_and_stops_everything(tmp_path:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_keep_running_fleet_stops_everything_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
-    proc = subprocess.Popen(
+    proc = popen_interruptible(
         [
             sys.executable, "-m", "prefixfleet.cli", "up",
             "--requests", "10", "--replicas", "1", "--gateways", "1", "--time-scale", "8",
