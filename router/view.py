@@ -31,6 +31,7 @@ OVERLAY_SUMMARY_SLACK_S = 1.0  # a summary generated this long after a send sure
 SUSPECT_S = 2.0  # a worker that refused a connection sits out this long
 MAX_RECENT_DONE = 256  # per worker: ended sends remembered to correct not-yet-updated reports
 MAX_OVERLAY_PER_WORKER = 16384  # ~260k tokens of recent sends; summaries normally prune it first
+MAX_OVERLAY_KEYS = 4  # cache names a worker's own sends were hashed under (normally 1; 2 just after a rename)
 # A wait no honest report gives (a day): a foreign load record's figures (2**63 pending tokens at
 # 1e-300 tokens/s) overflow to an infinite wait, which makes queue_aware's score NaN (0 x inf) and
 # min() then picks that replica first; capped, the replica is just the last choice.
@@ -58,6 +59,11 @@ class WorkerView:
     suspect_until: float = float("-inf")
     missing_since: float | None = None  # left the members hash at this time
     overlay: dict[int, float] = field(default_factory=dict)  # block hash -> wall time sent
+    # The (identity seed, block size) pairs own sends were hashed under, newest last. A sidecar that
+    # published its first summary before its engine named itself renames its cache once that name
+    # arrives; its engine still holds what was sent under the placeholder, so those sends must still
+    # match until a summary under the new name covers them (routing the next request elsewhere).
+    overlay_keys: dict[tuple[int, int], None] = field(default_factory=dict)
     sends: dict[int, _Send] = field(default_factory=dict)  # own in-flight requests
     # own requests that ended recently: a load report written before they ended still counts them
     done: deque[_Send] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DONE))
@@ -257,21 +263,31 @@ class FleetView:
         """The request's hash chain under each distinct (seed, block size) among ``workers``."""
         out: dict[tuple[int, int], list[int]] = {}
         for w in workers:
-            key = (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
-            if key not in out:
-                out[key] = block_hashes(token_bytes, salted_seed(key[0], tenant_salt), key[1])
+            for key in (self.cache_key(w), *(w.overlay_keys if w.overlay else ())):
+                if key not in out:
+                    out[key] = block_hashes(token_bytes, salted_seed(key[0], tenant_salt), key[1])
         return out
 
-    def matched_tokens(self, w: WorkerView, hashes: list[int], block_tokens: int, wall_now: float) -> int:
-        summary = w.summary
+    def cache_key(self, w: WorkerView) -> tuple[int, int]:
+        """The (identity seed, block size) ``w``'s cache is named by now: what a request is hashed under."""
+        return (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
+
+    def matched_tokens(
+        self, w: WorkerView, hashes: list[int], block_tokens: int, wall_now: float, *, summary: bool = True
+    ) -> int:
+        """Tokens of ``hashes`` cached at ``w`` by its summary and the overlay (only the overlay when
+        ``summary`` is false: ``hashes`` are under a cache name the summary no longer uses)."""
+        held = w.summary if summary else None
+        # a summary generated since still prunes the overlay: by then it shows what the engine holds
+        generated_at = w.summary.generated_at if w.summary is not None else None
         overlay = w.overlay
         floor = wall_now - self.overlay_ttl_s
-        if summary is not None:
-            floor = max(floor, summary.generated_at - OVERLAY_SUMMARY_SLACK_S)
+        if generated_at is not None:
+            floor = max(floor, generated_at - OVERLAY_SUMMARY_SLACK_S)
 
         def present(i: int) -> bool:
             h = hashes[i]
-            if summary is not None and summary.has_block(h):
+            if held is not None and held.has_block(h):
                 return True
             sent = overlay.get(h)
             return sent is not None and sent >= floor
@@ -302,8 +318,13 @@ class FleetView:
     ) -> list[ReplicaState]:
         rows: list[ReplicaState] = []
         for w in workers:
-            key = (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
-            matched = min(self.matched_tokens(w, hashes[key], key[1], wall_now), num_tokens)
+            key = self.cache_key(w)
+            matched = self.matched_tokens(w, hashes[key], key[1], wall_now)
+            for old in w.overlay_keys:
+                if old != key and old in hashes:  # own sends under the worker's former cache name
+                    former = self.matched_tokens(w, hashes[old], old[1], wall_now, summary=False)
+                    matched = max(matched, former)
+            matched = min(matched, num_tokens)
             load = w.load
             if load is None:
                 unreported, ended = list(w.sends.values()), []
@@ -346,6 +367,11 @@ class FleetView:
         if w is None:
             return handle
         _add_to_overlay(w.overlay, hashes, wall_now)
+        key = self.cache_key(w)  # what the caller hashed ``hashes`` under (request_hashes)
+        w.overlay_keys.pop(key, None)
+        w.overlay_keys[key] = None
+        while len(w.overlay_keys) > MAX_OVERLAY_KEYS:
+            del w.overlay_keys[next(iter(w.overlay_keys))]
         w.sends[handle] = _Send(wall_now, uncached_tokens)
         return handle
 
@@ -403,6 +429,8 @@ class FleetView:
                 stale.append(h)
             for h in stale:
                 del w.overlay[h]
+            if not w.overlay:
+                w.overlay_keys.clear()
 
 
 def _add_to_overlay(overlay: dict[int, float], hashes: Iterable[int], sent_at: float) -> None:
