@@ -49,7 +49,9 @@ async def test_killing_one_of_four_engines_loses_no_request_and_cut_streams_end_
 async def test_a_redis_outage_causes_no_5xx_and_the_fleet_recovers(tmp_path: Path):
     plan = TrafficPlan(rate_per_s=25, duration_s=8, stream_fraction=0.3)
     fleet = ChaosFleet(replicas=4, gateways=2)
-    report = await redis_outage(tmp_path, plan, fleet, outage_s=3.0, stop_at_s=1.5)
+    # recovery takes about a second; waited for at most 30 s, so that a part that never recovers is
+    # named by the assertion below (as None) instead of the test's timeout cutting the wait short
+    report = await redis_outage(tmp_path, plan, fleet, outage_s=3.0, stop_at_s=1.5, recovery_wait_s=30.0)
     assert report["during_outage"]["requests"] > 0
     for phase in ("before_outage", "during_outage", "after_restart"):
         figures = report[phase]
