@@ -23,7 +23,9 @@ finalizers and ``deletionTimestamp``; a CustomResourceDefinition created through
 its resource (so ``kubectl apply -f crds/...`` works) and its ``additionalPrinterColumns`` drive the
 server-side Table that ``kubectl get`` asks for. Custom resources of a CRD created through the
 API are defaulted and validated with its schema and CEL rules (``operator/crd_admission.py``), so an
-invalid fleet is refused with 422 naming the field. There is still no scheduler, no controllers and
+invalid fleet is refused with 422 naming the field; their ``status`` (on ``/status`` and main
+writes) is pruned of fields its structural schema does not declare, defaulted and validated the
+same way (``validate_custom_status``). There is still no scheduler, no controllers and
 no garbage collection: deleting an owner leaves its dependents (an operator must clean up).
 
 It runs in its own thread and event loop (:class:`ApiServerThread`), listening on 127.0.0.1.
@@ -505,6 +507,58 @@ def resource_type_from_crd(crd: JSON) -> list[ResourceType]:
     return result
 
 
+def prune_unknown(schema: JSON, value: Any) -> Any:
+    """A copy of ``value`` without the fields a structural schema does not declare (API-server
+    pruning): a node with ``x-kubernetes-preserve-unknown-fields`` keeps its undeclared fields, but
+    its declared ones are pruned by their own schemas."""
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        extra = schema.get("additionalProperties")
+        kept = {}
+        for name, item in value.items():
+            if name in props:
+                kept[name] = prune_unknown(props[name], item)
+            elif isinstance(extra, dict):
+                kept[name] = prune_unknown(extra, item)
+            elif schema.get("x-kubernetes-preserve-unknown-fields") or extra is True:
+                kept[name] = copy.deepcopy(item)
+        return kept
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune_unknown(schema["items"], item) for item in value]
+    return copy.deepcopy(value)
+
+
+def list_map_errors(schema: JSON, value: Any, path: str = "") -> list[str]:
+    """Duplicate keys in ``x-kubernetes-list-type: map`` lists, which JSON Schema cannot express."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for name, item in value.items():
+            sub = (schema.get("properties") or {}).get(name)
+            if sub is None and isinstance(schema.get("additionalProperties"), dict):
+                sub = schema["additionalProperties"]
+            if sub is not None:
+                found += list_map_errors(sub, item, f"{path}.{name}" if path else name)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        keys = schema.get("x-kubernetes-list-map-keys") or []
+        seen: set[str] = set()
+        for i, item in enumerate(value):
+            if schema.get("x-kubernetes-list-type") == "map" and isinstance(item, dict):
+                key = json.dumps({k: item.get(k) for k in keys}, separators=(",", ":"))
+                if key in seen:
+                    found.append(f"{path}[{i}]: Duplicate value: {key}")
+                seen.add(key)
+            found += list_map_errors(schema["items"], item, f"{path}[{i}]")
+    return found
+
+
+def _cause_of(problem: str) -> JSON:
+    """A StatusCause as kube-apiserver writes it: the field, and a reason by the kind of problem."""
+    field_name, _, said = problem.partition(": ")
+    reason = "FieldValueDuplicate" if said.startswith("Duplicate value") else "FieldValueInvalid"
+    # kubectl prints "field: message", so the message does not repeat the field.
+    return {"reason": reason, "message": said or problem, "field": field_name}
+
+
 # ---------------------------------------------------------------------------------------------
 # The server.
 
@@ -532,6 +586,8 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
         # (operator/crd_admission.py), as kube-apiserver does; tests may switch it off to reach
         # the operator's own validation.
         self.validate_custom_resources = True
+        # ... and so is their ``status`` (pruned, defaulted, validated), on ``/status`` and main writes.
+        self.validate_custom_status = True
         self.crds: dict[tuple[str, str], JSON] = {}  # (group, plural) -> CRD object
         for rt in types:
             self.declare(rt)
@@ -812,24 +868,32 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                 new = copy.deepcopy(body)
             else:
                 new = self._apply_patch(obj, raw.content_type, body)
-            new = self._restrict_to_subresource(rt, p.subresource, obj, new)
-            if p.subresource is None:
-                new = self._admit(rt, new)
+            new = self._admit(rt, self._restrict_to_subresource(rt, p.subresource, obj, new))
             if params.get("dryRun"):
                 return aiohttp.web.json_response(new)
             return aiohttp.web.json_response(self._replace(rt, key, obj, new))
         raise ApiError(405, "MethodNotAllowed", f"{raw.method} is not supported")
 
     def _admit(self, rt: ResourceType, obj: Any) -> Any:
-        """Default and validate a custom resource like the API server (422 naming the fields)."""
+        """Default and validate a custom resource like the API server (422 naming the fields).
+
+        ``status`` goes through the same schema and CEL checks when ``validate_custom_status`` is
+        on, after being pruned of fields its structural schema does not declare (as kube-apiserver
+        prunes them); off, it is stored as written."""
         crd = self.crds.get((rt.group, rt.plural))
         if crd is None or not self.validate_custom_resources or not isinstance(obj, dict):
             return obj
         from prefixfleet.operator.crd_admission import apply_defaults, cel_errors, crd_schema, schema_errors
 
         schema = crd_schema(crd)
-        defaulted = apply_defaults(schema, {k: v for k, v in obj.items() if k != "status"})
-        problems = schema_errors(schema, defaulted) or cel_errors(schema, defaulted)
+        checks_status = self.validate_custom_status and "status" in obj
+        body = {k: v for k, v in obj.items() if k != "status"}
+        if checks_status:
+            body["status"] = prune_unknown((schema.get("properties") or {}).get("status", {}), obj["status"])
+        defaulted = apply_defaults(schema, body)
+        problems = schema_errors(schema, defaulted) or (
+            list_map_errors(schema, defaulted) + cel_errors(schema, defaulted)
+        )
         if problems:
             name = (obj.get("metadata") or {}).get("name", "")
             raise ApiError(
@@ -840,10 +904,10 @@ class EmulatedApiServer(kmock.KubernetesEmulator):
                     "name": name,
                     "group": rt.group,
                     "kind": rt.kind,
-                    "causes": [{"reason": "FieldValueInvalid", "message": m} for m in problems],
+                    "causes": [_cause_of(m) for m in problems],
                 },
             )
-        if "status" in obj:
+        if "status" in obj and not checks_status:
             defaulted["status"] = obj["status"]
         return defaulted
 
