@@ -169,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         "gateway-kill": lambda: scenarios.gateway_kill(run_dir, plan, fleet, on_tick=tick),
         "soak": lambda: scenarios.soak(run_dir, plan, fleet, on_tick=tick),
     }
-    from prefixfleet.fleet.cli import _run_async, claimed
+    from prefixfleet.fleet.cli import claimed, run_fleet_main
 
     async def scenario() -> dict[str, Any]:
         try:
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         # a --run-dir another run holds is refused: its logs (redis-outage counts lines in them)
         # would mix both fleets'
         with claimed(args.run_dir):
-            report = _run_async(scenario, command)
+            report = run_fleet_main(scenario, command)
     finally:
         bar.close()
     report["run_dir"] = str(run_dir)

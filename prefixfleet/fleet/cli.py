@@ -140,7 +140,7 @@ def _progress_default(value: bool | None) -> bool:
     return sys.stderr.isatty() if value is None else value
 
 
-def _run_async(main: Any, command: str, *, starts_processes: bool = True) -> Any:
+def run_fleet_main(main: Any, command: str, *, starts_processes: bool = True) -> Any:
     """Run the fleet coroutine; turn child failures into the CLI's one-line error ("prefixfleet up:
     error: ...", as prefixfleet.cli.main words a UsageError), with the log's last lines after it,
     instead of a traceback. Exit status 1: the input was fine, the fleet was not.
@@ -162,7 +162,7 @@ def _run_async(main: Any, command: str, *, starts_processes: bool = True) -> Any
 @contextlib.contextmanager
 def claimed(run_dir: Path | None) -> Iterator[None]:
     """The run's ``--run-dir`` held for the run (:func:`~prefixfleet.fleet.processes.claim_run_dir`):
-    a second ``up`` or ``compare`` there at the same time is refused in one line."""
+    a second ``up``, ``compare`` or ``chaos`` run there at the same time is refused in one line."""
     from prefixfleet.fleet.processes import RunDirInUse, claim_run_dir
 
     if run_dir is None:
@@ -327,7 +327,7 @@ def run_up_command(args: argparse.Namespace) -> int:
     keep_running = args.keep_running or scaling is not None
     with claimed(run_dir):
         sim = up_sim(workload, spec, options)  # before the event loop: a Ctrl-C stops it at once
-        report, _ = _run_async(
+        report, _ = run_fleet_main(
             lambda: _up_main(workload, spec, options, keep_running, scaling, write_results, sim),
             "prefixfleet up",
         )
@@ -600,7 +600,7 @@ def run_load_command(args: argparse.Namespace) -> int:
             desc="load",
         )
 
-    run = _run_async(main, "prefixfleet load", starts_processes=False)
+    run = run_fleet_main(main, "prefixfleet load", starts_processes=False)
     summary = run.summary
     print(f"{workload.name}: {counted(summary.requests, 'request')} to {', '.join(args.target)} ({args.api})")
     print(format_table({"target": summary.to_dict()}, title=""))
@@ -763,7 +763,7 @@ def run_compare_command(args: argparse.Namespace) -> int:
         progress=_progress_default(args.progress),
     )
     with claimed(run_dir):
-        report, ttfts = _run_async(lambda: run_compare(workload, options), "prefixfleet compare")
+        report, ttfts = run_fleet_main(lambda: run_compare(workload, options), "prefixfleet compare")
     print(format_compare(report))
     assert json_path is not None  # required flag
     write_json(json_path, report)
