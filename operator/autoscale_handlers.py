@@ -254,18 +254,24 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
         return
     gone = kwargs.get("type") == "DELETED" or bool(body.metadata.get("deletionTimestamp"))
     namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
-    if gone or not _autoscaled(body.spec):
-        _forget_fleet(auto, namespace, name)
-    ctx: OperatorContext | None = getattr(memo, "ctx", None)
     key = f"{namespace}/{name}"
-    if not gone and not _autoscaled(body.spec) and ctx is not None and _stored_decision(body.status):
+    if _autoscaled(body.spec):
+        if gone:
+            _forget_fleet(auto, namespace, name)
+        auto.unmarked.discard(key)  # switched off again later: checked again then
+        return
+    _forget_fleet(auto, namespace, name)
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    if gone or ctx is None:
+        return
+    if _stored_decision(body.status):
         # no round runs to keep it current: a decision left there would read as today's. (A round
         # that was under way as autoscaling went off may write it again: that patch's event is
         # this handler again, which removes it again.)
         await asyncio.to_thread(
             ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, {"autoscaler": {"decision": None}}
         )
-    if not gone and not _autoscaled(body.spec) and ctx is not None and key not in auto.unmarked:
+    if key not in auto.unmarked:
         # A warming mark left by an operator that died mid warm-up: with no rounds for this fleet
         # nothing else removes it, and the pod would be published as warming (no traffic) for ever.
         # The marks of this process' own warm-ups went with their tasks (_forget_fleet).
@@ -276,8 +282,6 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
                 logger: logging.Logger = kwargs.get("logger") or logging.getLogger(__name__)
                 logger.info("pod %s: warming mark of an earlier operator removed (not autoscaled)", pod.name)
         auto.unmarked.add(key)
-    elif _autoscaled(body.spec):
-        auto.unmarked.discard(key)  # switched off again later: checked again then
 
 
 def _stored_decision(status: Mapping[str, Any] | None) -> Any:
