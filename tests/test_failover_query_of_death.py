@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -64,12 +63,6 @@ class Engines:
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/health", self.health)
         return app
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def sidecar_over(stack: contextlib.AsyncExitStack, engine_url: str, name: str) -> str:
@@ -141,7 +134,7 @@ async def test_the_sidecar_says_whether_its_engine_received_the_request() -> Non
     async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as http:
         engine_url = await stack.enter_async_context(serve_aiohttp(engines.app()))
         live = await sidecar_over(stack, engine_url, "live")
-        gone = await sidecar_over(stack, f"http://127.0.0.1:{closed_port()}", "gone")
+        gone = await sidecar_over(stack, f"http://127.0.0.1:{free_port()}", "gone")
         body = {"prompt": f"{POISON} here", "max_tokens": 2}
         async with http.post(f"{live}/v1/completions", json=body) as resp:
             assert resp.status == 502
@@ -155,7 +148,7 @@ async def test_a_worker_whose_engine_is_unreachable_is_still_skipped_for_another
     engines = Engines()
     async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as http:
         engine_url = await stack.enter_async_context(serve_aiohttp(engines.app()))
-        gone = await sidecar_over(stack, f"http://127.0.0.1:{closed_port()}", "gone")
+        gone = await sidecar_over(stack, f"http://127.0.0.1:{free_port()}", "gone")
         live = await sidecar_over(stack, engine_url, "live")
         config = GatewayConfig(port=0, workers=(gone, live), policy="round_robin", resends_after_receipt=0)
         served = await stack.enter_async_context(listening(config))
@@ -196,7 +189,7 @@ async def test_the_gateways_own_connection_reset_after_sending_is_not_re_sent_bu
         status, text = await post(http, f"http://127.0.0.1:{served.port}", "hello")
         assert status == 502, text
         assert sum(w.hits for w in resetting) == 1  # before: 3 (each worker once)
-        refused = f"http://127.0.0.1:{closed_port()}"
+        refused = f"http://127.0.0.1:{free_port()}"
         config = GatewayConfig(port=0, workers=(refused, good), policy="round_robin", resends_after_receipt=0)
         served = await stack.enter_async_context(listening(config))
         for i in range(2):
