@@ -110,8 +110,8 @@ STATUS_SCHEMA = crd_schema(yaml.safe_load(CRD.read_text()))["properties"]["statu
 
 
 def decision(fleet: dict[str, Any]) -> dict[str, Any] | None:
-    """The fleet's status.autoscaler.decision; the status must be what the CRD accepts (a real API
-    server refuses a status patch its schema does not; the emulated one does not check status)."""
+    """The fleet's status.autoscaler.decision; the status must be what the CRD accepts (as a real
+    API server, the emulated one refuses a status patch its schema does not: checked here again)."""
     status = fleet.get("status") or {}
     assert schema_errors(STATUS_SCHEMA, status) == [], status
     return (status.get("autoscaler") or {}).get("decision")
