@@ -1,4 +1,4 @@
-"""Stopping background tasks for good.
+"""Stopping tasks: background loops for good, and a command's main task on SIGTERM.
 
 A loop cancelled once can keep running on Python 3.11: ``asyncio.wait_for`` (which redis-py wraps
 around every command) swallows a cancel that arrives just as the wrapped call completes, so the
@@ -9,7 +9,9 @@ again every ``retry_s`` until each task has ended, and gives up after ``limit_s`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import contextlib
+import signal
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 
@@ -36,3 +38,21 @@ async def cancel_and_wait(
         if task.done() and not task.cancelled():
             task.exception()  # retrieved: no "exception was never retrieved" at exit
     return [t for t in tasks if not t.done()]
+
+
+@contextlib.contextmanager
+def sigterm_cancels(on_sigterm: Callable[[], None]) -> Iterator[None]:
+    """Within the block, SIGTERM calls ``on_sigterm`` (typically: cancel the command's main task, so
+    its teardown stops the processes it started, as Ctrl-C does). Installed only where the running
+    loop can take a signal handler (the main thread, a Unix loop); elsewhere SIGTERM keeps its
+    default action."""
+    loop = asyncio.get_running_loop()
+    installed = False
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        installed = True
+    try:
+        yield
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGTERM)

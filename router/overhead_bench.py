@@ -28,6 +28,8 @@ from typing import Any
 
 import aiohttp
 
+from prefixfleet.cancellation import sigterm_cancels
+
 PATHS = ("engine", "sidecar", "gateway")
 
 
@@ -156,7 +158,6 @@ async def measure(
 
     SIGTERM, like Ctrl-C, cancels the run, so the processes it started (each in its own session,
     out of reach of a signal to this one) are stopped; then RuntimeError says so."""
-    loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     terminated: list[bool] = []
 
@@ -165,19 +166,13 @@ async def measure(
         if task is not None:
             task.cancel()
 
-    installed = False
-    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-        installed = True
     try:
-        return await _measure(requests, rate_rps, time_scale, progress, tenant_header=tenant_header)
+        with sigterm_cancels(on_sigterm):
+            return await _measure(requests, rate_rps, time_scale, progress, tenant_header=tenant_header)
     except asyncio.CancelledError:
         if terminated:
             raise RuntimeError("stopped by SIGTERM; every process it started was stopped") from None
         raise
-    finally:
-        if installed:
-            loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def _measure(

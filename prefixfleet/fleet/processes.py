@@ -30,6 +30,8 @@ from typing import IO, TypeVar
 
 import aiohttp
 
+from prefixfleet.cancellation import cancel_and_wait, sigterm_cancels
+
 LOOPBACK = "127.0.0.1"
 _PR_SET_PDEATHSIG = 1
 _T = TypeVar("_T")
@@ -314,8 +316,6 @@ class Supervisor:
         """``work``'s result, or :class:`ChildFailedError` as soon as a child exits unasked meanwhile
         (:meth:`check_alive`, every ``interval_s``), ``work`` then cancelled: a replay through a fleet
         that lost a process is no measurement, and it ran on to its end (minutes of a long trace)."""
-        from prefixfleet.cancellation import cancel_and_wait
-
         task = asyncio.ensure_future(work)
         try:
             while True:
@@ -403,16 +403,8 @@ def run_until_signalled(main: Callable[[], Awaitable[_T]]) -> _T:
 
     async def runner() -> _T:
         task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        installed = False
-        if task is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
-                installed = True
-        try:
+        assert task is not None  # asyncio.run runs this coroutine as a task
+        with sigterm_cancels(task.cancel):
             return await main()
-        finally:
-            if installed:
-                loop.remove_signal_handler(signal.SIGTERM)
 
     return asyncio.run(runner())
