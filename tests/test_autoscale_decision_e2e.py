@@ -46,8 +46,7 @@ from prefixfleet.router.records import LoadReport, encode_record
 from tests.fleet_fixtures import free_port
 from tests.k8s.cluster import running_redis
 from tests.test_autoscale_e2e import FLEET, replica_pod
-from tests.test_autoscale_redis_outage_log import kube
-from tests.test_autoscale_round_races import CRD, FLEET_PATH, IDLE, fleet_manifest
+from tests.test_autoscale_round_races import CRD, FLEET_PATH, IDLE, fleet_manifest, kube
 
 __all__ = ["kube"]  # the fixture: the emulated API server with the CRD
 

@@ -20,10 +20,8 @@ from pathlib import Path
 
 import httpx
 import kopf
-import kubernetes
 import pytest
 import redis
-import yaml
 from kopf._core.engines import posting
 
 from prefixfleet.operator.autoscale_handlers import (
@@ -41,10 +39,11 @@ from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import encode_record
 from prefixfleet.router.summary import HotNode, encode_summary, make_summary
 from tests.fleet_fixtures import eventually
-from tests.k8s.apiserver import ApiServerThread
 from tests.k8s.cluster import running_redis
 from tests.test_autoscale_e2e import FLEET, replica_pod
-from tests.test_autoscale_round_races import CRD, FLEET_PATH, IDLE, METRICS, fleet_manifest
+from tests.test_autoscale_round_races import FLEET_PATH, IDLE, METRICS, fleet_manifest, kube
+
+__all__ = ["kube"]  # the fixture: the emulated API server with the CRD
 
 HOLDER, HELPER = f"{FLEET}-replica-0", f"{FLEET}-replica-1"
 PORTS = {HOLDER: 41000, HELPER: 41001}
@@ -74,32 +73,25 @@ class Sidecars:
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Kube, str]]:
-    api = ApiServerThread().start()
-    try:
-        with running_redis(tmp_path) as redis_url:
-            kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
-            kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                         body=yaml.safe_load(CRD.read_text()))  # fmt: skip
-            manifest = fleet_manifest(redis_url)
-            manifest["spec"]["prewarm"] = {"enabled": True, "topSubtrees": 2}
-            kube.request("POST", FLEET_PATH, body=manifest)
-            keys = FleetKeys(f"default.{FLEET}")
-            summary = make_summary(
-                worker=HOLDER, version=1, generated_at=time.time(), block_tokens=16, identity_seed=1,
-                cached_tokens=64, capacity_tokens=60000, blocks=array("Q", [HOT]),
-                hot=[HotNode(HOT, 64, 100, time.time())],
-            )  # fmt: skip
-            with redis.Redis.from_url(redis_url) as client:
-                for name, port in PORTS.items():
-                    kube.create(replica_pod(name, f"http://127.0.0.1:{port}"))
-                # the holder waits 10 s for its prefill queue; the helper is idle
-                client.set(keys.load(HOLDER), encode_record(replace(IDLE, pending_prefill_tokens=40000)))
-                client.set(keys.load(HELPER), encode_record(IDLE))
-                client.set(keys.summary(HOLDER), encode_summary(summary))
-            yield kube, redis_url
-    finally:
-        api.stop()
+async def fleet(kube: Kube, tmp_path: Path) -> AsyncIterator[tuple[Kube, str]]:
+    with running_redis(tmp_path) as redis_url:
+        manifest = fleet_manifest(redis_url)
+        manifest["spec"]["prewarm"] = {"enabled": True, "topSubtrees": 2}
+        kube.request("POST", FLEET_PATH, body=manifest)
+        keys = FleetKeys(f"default.{FLEET}")
+        summary = make_summary(
+            worker=HOLDER, version=1, generated_at=time.time(), block_tokens=16, identity_seed=1,
+            cached_tokens=64, capacity_tokens=60000, blocks=array("Q", [HOT]),
+            hot=[HotNode(HOT, 64, 100, time.time())],
+        )  # fmt: skip
+        with redis.Redis.from_url(redis_url) as client:
+            for name, port in PORTS.items():
+                kube.create(replica_pod(name, f"http://127.0.0.1:{port}"))
+            # the holder waits 10 s for its prefill queue; the helper is idle
+            client.set(keys.load(HOLDER), encode_record(replace(IDLE, pending_prefill_tokens=40000)))
+            client.set(keys.load(HELPER), encode_record(IDLE))
+            client.set(keys.summary(HOLDER), encode_summary(summary))
+        yield kube, redis_url
 
 
 async def test_a_warm_up_under_way_is_not_started_again_nor_announced_every_round(

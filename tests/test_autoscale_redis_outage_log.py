@@ -11,36 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import kopf
-import kubernetes
 import pytest
-import yaml
 from kopf._core.engines import posting
 
 from prefixfleet.operator.autoscale_handlers import AutoscaleContext, OperatorMetrics, autoscale_timer
 from prefixfleet.operator.handlers import OperatorContext
 from prefixfleet.operator.kube import Kube
 from tests.fleet_fixtures import free_port
-from tests.k8s.apiserver import ApiServerThread
 from tests.k8s.cluster import running_redis
 from tests.test_autoscale_e2e import FLEET, replica_pod
-from tests.test_autoscale_round_races import CRD, FLEET_PATH, fleet_manifest
+from tests.test_autoscale_round_races import FLEET_PATH, fleet_manifest, kube
 
-
-@pytest.fixture
-def kube() -> Iterator[Kube]:
-    api = ApiServerThread().start()
-    try:
-        kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
-        kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                     body=yaml.safe_load(CRD.read_text()))  # fmt: skip
-        yield kube
-    finally:
-        api.stop()
+__all__ = ["kube"]  # the fixture: the emulated API server with the CRD
 
 
 async def test_a_redis_outage_is_one_warning_not_one_per_round(

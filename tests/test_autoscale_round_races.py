@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,15 +72,13 @@ METRICS = "sglang:prompt_tokens_total 0\nsglang:cached_tokens_total 0\nsglang:nu
 class Round:
     """One fleet in the emulated API server, its pods' load records in Valkey, and a round to run."""
 
-    def __init__(self, api: ApiServerThread, redis_url: str) -> None:
-        self.kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
+    def __init__(self, kube: Kube, redis_url: str) -> None:
+        self.kube = kube
         self.redis_url = redis_url
         self.events: asyncio.Queue[posting.K8sEvent] = asyncio.Queue()
         posting.settings_var.set(kopf.OperatorSettings())
         posting.event_queue_var.set(self.events)
         posting.event_queue_loop_var.set(asyncio.get_running_loop())
-        self.kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-                          body=yaml.safe_load(CRD.read_text()))  # fmt: skip
         self.kube.request("POST", FLEET_PATH, body=fleet_manifest(redis_url))
         keys = FleetKeys(f"default.{FLEET}")
         with redis.Redis.from_url(redis_url) as client:
@@ -123,13 +121,22 @@ class Round:
 
 
 @pytest.fixture
-async def raced(tmp_path: Path) -> AsyncIterator[Round]:
+def kube() -> Iterator[Kube]:
+    """The emulated API server with the CRD (the other tests/test_autoscale_* files import it)."""
     api = ApiServerThread().start()
     try:
-        with running_redis(tmp_path) as redis_url:
-            yield Round(api, redis_url)
+        kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
+        kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                     body=yaml.safe_load(CRD.read_text()))  # fmt: skip
+        yield kube
     finally:
         api.stop()
+
+
+@pytest.fixture
+async def raced(kube: Kube, tmp_path: Path) -> AsyncIterator[Round]:
+    with running_redis(tmp_path) as redis_url:
+        yield Round(kube, redis_url)
 
 
 def patch_spec(spec: dict[str, Any]) -> Edit:
