@@ -199,8 +199,10 @@ class AutoscaleContext:
     fleets: dict[str, FleetAutoscale] = field(default_factory=dict)
     default_prometheus_url: str = ""  # `operator run --prometheus` / PREFIXFLEET_PROMETHEUS_URL
     prometheus: dict[str, PrometheusSource] = field(default_factory=dict)  # one client per URL
-    # fleets seen not autoscaled whose pods' leftover warming marks this process has cleared
-    unmarked: set[str] = field(default_factory=set)
+    # fleets ("namespace/name") seen not autoscaled whose pods' leftover warming marks this process
+    # has cleared -> that fleet's uid: a fleet created again under the name is checked again, even
+    # if the old one's deletion (which drops its entry) was never seen
+    unmarked: dict[str, str] = field(default_factory=dict)
 
     def prometheus_source(self, url: str) -> PrometheusSource:
         if url not in self.prometheus:
@@ -254,15 +256,17 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
         return
     gone = kwargs.get("type") == "DELETED" or bool(body.metadata.get("deletionTimestamp"))
     namespace, name = body.metadata.namespace or "default", body.metadata.name or ""
-    key = f"{namespace}/{name}"
-    if _autoscaled(body.spec):
+    key, uid = f"{namespace}/{name}", body.metadata.uid or ""
+    if gone or _autoscaled(body.spec):
+        # autoscaled: switched off again later, it is checked again then; deleted, autoscaled or not
+        # (before, the entry of a fleet deleted while not autoscaled stayed for ever)
+        auto.unmarked.pop(key, None)
         if gone:
             _forget_fleet(auto, namespace, name)
-        auto.unmarked.discard(key)  # switched off again later: checked again then
         return
     _forget_fleet(auto, namespace, name)
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
-    if gone or ctx is None:
+    if ctx is None:
         return
     if _stored_decision(body.status):
         # no round runs to keep it current: a decision left there would read as today's. (A round
@@ -271,17 +275,17 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
         await asyncio.to_thread(
             ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, {"autoscaler": {"decision": None}}
         )
-    if key not in auto.unmarked:
+    if auto.unmarked.get(key) != uid:
         # A warming mark left by an operator that died mid warm-up: with no rounds for this fleet
         # nothing else removes it, and the pod would be published as warming (no traffic) for ever.
         # The marks of this process' own warm-ups went with their tasks (_forget_fleet).
-        ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
+        ref = FleetRef(name=name, namespace=namespace, uid=uid)
         for pod in await _list_pods(ctx, ref):
             if pod.state == "warming":
                 await _unmark(ctx, namespace, pod.name)
                 logger: logging.Logger = kwargs.get("logger") or logging.getLogger(__name__)
                 logger.info("pod %s: warming mark of an earlier operator removed (not autoscaled)", pod.name)
-        auto.unmarked.add(key)
+        auto.unmarked[key] = uid
 
 
 def _stored_decision(status: Mapping[str, Any] | None) -> Any:

@@ -13,7 +13,7 @@ process and fleet.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -40,10 +40,10 @@ def kube() -> Iterator[Kube]:
         api.stop()
 
 
-def fleet_body(autoscaled: bool) -> kopf.Body:
+def fleet_body(autoscaled: bool, uid: str = "fleet-uid") -> kopf.Body:
     return kopf.Body({
         "apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet",
-        "metadata": {"name": FLEET, "namespace": "default", "uid": "fleet-uid"},
+        "metadata": {"name": FLEET, "namespace": "default", "uid": uid},
         "spec": {"replicas": 3, "autoscaling": {"enabled": autoscaled}},
     })  # fmt: skip
 
@@ -53,26 +53,60 @@ def state_of(kube: Kube, name: str) -> str | None:
     return (pod.get("metadata", {}).get("annotations") or {}).get(ANNOTATION_STATE)
 
 
-async def test_a_warming_mark_left_on_a_fleet_no_longer_autoscaled_is_cleared(kube: Kube) -> None:
-    for i, (name, mark) in enumerate(((WARMING, "warming"), (DRAINING, "draining"), (PLAIN, None))):
-        kube.create(replica_pod(name, f"http://127.0.0.1:{41000 + i}"))
-        if mark:
-            kube.annotate("Pod", "default", name, {ANNOTATION_STATE: mark})
+@pytest.fixture
+async def memo(kube: Kube) -> AsyncIterator[kopf.Memo]:
     memo = kopf.Memo()
     memo.ctx = OperatorContext(kube=kube)
     memo.autoscale = AutoscaleContext(OperatorMetrics(), httpx.AsyncClient())
     try:
-        # an autoscaled fleet's marks are its rounds' business (a warm-up may be under way)
-        await autoscale_forget(body=fleet_body(True), memo=memo, type=None)
-        assert state_of(kube, WARMING) == "warming"
-        # the fleet as the restarted operator first sees it: autoscaling off
-        await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
-        assert state_of(kube, WARMING) is None  # published as ready again: it serves
-        assert state_of(kube, DRAINING) == "draining" and state_of(kube, PLAIN) is None
-        # once per fleet: later events of the same fleet list no pods
-        kube.annotate("Pod", "default", PLAIN, {ANNOTATION_STATE: "warming"})
-        await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
-        assert state_of(kube, PLAIN) == "warming"
+        yield memo
     finally:
         await memo.autoscale.http.aclose()
         await asyncio.sleep(0)
+
+
+async def test_a_warming_mark_left_on_a_fleet_no_longer_autoscaled_is_cleared(
+    kube: Kube, memo: kopf.Memo
+) -> None:
+    for i, (name, mark) in enumerate(((WARMING, "warming"), (DRAINING, "draining"), (PLAIN, None))):
+        kube.create(replica_pod(name, f"http://127.0.0.1:{41000 + i}"))
+        if mark:
+            kube.annotate("Pod", "default", name, {ANNOTATION_STATE: mark})
+    # an autoscaled fleet's marks are its rounds' business (a warm-up may be under way)
+    await autoscale_forget(body=fleet_body(True), memo=memo, type=None)
+    assert state_of(kube, WARMING) == "warming"
+    # the fleet as the restarted operator first sees it: autoscaling off
+    await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
+    assert state_of(kube, WARMING) is None  # published as ready again: it serves
+    assert state_of(kube, DRAINING) == "draining" and state_of(kube, PLAIN) is None
+    # once per fleet: later events of the same fleet list no pods
+    kube.annotate("Pod", "default", PLAIN, {ANNOTATION_STATE: "warming"})
+    await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
+    assert state_of(kube, PLAIN) == "warming"
+
+
+async def test_a_deleted_fleet_not_autoscaled_is_forgotten(kube: Kube, memo: kopf.Memo) -> None:
+    """Its "marks cleared" note goes with it: the operator's memory does not grow with every fleet
+    created and deleted over its life (before, a fleet deleted while not autoscaled stayed)."""
+    await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
+    assert memo.autoscale.unmarked  # checked once: noted
+    await autoscale_forget(body=fleet_body(False), memo=memo, type="DELETED")
+    assert not memo.autoscale.unmarked
+    # so is an autoscaled one switched off, then deleted while autoscaled again or not
+    await autoscale_forget(body=fleet_body(False), memo=memo, type=None)
+    await autoscale_forget(body=fleet_body(True), memo=memo, type="DELETED")
+    assert not memo.autoscale.unmarked
+
+
+async def test_a_fleet_created_again_under_its_name_is_checked_again(kube: Kube, memo: kopf.Memo) -> None:
+    """A new fleet of a deleted one's name is another fleet: its leftover warming marks are cleared
+    at its first event, whether or not the old one's deletion was seen (a watch restarted across it
+    does not deliver a DELETED event). Before, the new fleet inherited "already checked"."""
+    kube.create(replica_pod(WARMING, "http://127.0.0.1:41000"))
+    await autoscale_forget(body=fleet_body(False, uid="old"), memo=memo, type=None)
+    for uid, deleted_seen in (("new", False), ("newer", True)):
+        if deleted_seen:
+            await autoscale_forget(body=fleet_body(False, uid="new"), memo=memo, type="DELETED")
+        kube.annotate("Pod", "default", WARMING, {ANNOTATION_STATE: "warming"})  # left by another operator
+        await autoscale_forget(body=fleet_body(False, uid=uid), memo=memo, type=None)
+        assert state_of(kube, WARMING) is None, uid
