@@ -545,7 +545,12 @@ def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
         command = ["vllm", "serve"]
         args = [model.name, "--revision", model.revision, "--host", "127.0.0.1", "--port", port]
         if model.adapter:
-            args += ["--enable-lora", "--lora-modules", model.adapter]
+            # vLLM's --lora-modules takes name=path or a JSON object, never a bare name (its
+            # LoRAParserAction refuses one: "Invalid JSON format for --lora-modules"). The adapter is
+            # both the name requests ask for (and the sidecar's --adapter) and where vLLM loads it
+            # from, as SGLang's --lora-paths reads a bare path; JSON, so no '=' or ',' in it can split it.
+            lora = json.dumps({"name": model.adapter, "path": model.adapter})
+            args += ["--enable-lora", "--lora-modules", lora]
         # vLLM's counterpart of --enable-cache-report (its OpenAI usage has no cached_tokens without
         # it); a spec's --no-enable-prompt-tokens-details opts out.
         args += _unless_given(
