@@ -1,5 +1,5 @@
-"""pytest setup shared by every test module: makes ``fleet_fixtures`` importable, registers its fixtures,
-and sets the hypothesis profile."""
+"""pytest setup shared by every test module: makes ``fleet_fixtures`` and ``chart_fixtures`` importable,
+registers their fixtures, and sets the hypothesis profile."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import pytest
+from chart_fixtures import chart
 from fleet_fixtures import redis_server, spawn
 from hypothesis import settings
 
@@ -17,7 +18,7 @@ from hypothesis import settings
 settings.register_profile("prefixfleet", deadline=None)
 settings.load_profile("prefixfleet")
 
-__all__ = ["redis_server", "spawn"]
+__all__ = ["chart", "redis_server", "spawn"]
 
 
 def slow_modules_first(items: list[pytest.Item]) -> list[pytest.Item]:

@@ -10,12 +10,10 @@ from typing import Any
 import helm_python
 import kubernetes_validate
 import pytest
-import yaml
+from chart_fixtures import CHART, NAMESPACE, RELEASE, render
 
 ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "charts" / "prefixfleet"
 K8S_VERSION = "1.33.0"
-RELEASE, NAMESPACE = "prefixfleet", "prefixfleet"
 
 EVERYTHING_ON: dict[str, Any] = {
     "redis": {"enabled": True},
@@ -43,22 +41,6 @@ VALUE_SETS = {
 
 # Custom kinds kubernetes-validate has no schema for (checked by hand below).
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
-
-
-@pytest.fixture(scope="module")
-def chart() -> helm_python.Chart:
-    with helm_python.Chart.load(CHART) as loaded:
-        yield loaded
-
-
-def render(chart: helm_python.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
-    objects = []
-    for path, text in manifests.items():
-        if path.endswith("NOTES.txt"):
-            continue
-        objects += [doc for doc in yaml.safe_load_all(text) if doc]
-    return objects
 
 
 def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

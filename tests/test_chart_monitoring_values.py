@@ -16,23 +16,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import helm_python
 import pytest
 import yaml
-from test_observability_chart import render  # the rendered objects, NOTES.txt left out
+from chart_fixtures import CHART, render
 
-CHART = Path(__file__).resolve().parents[1] / "charts" / "prefixfleet"
 SHIPPED_GROUP = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())["groups"][0]["name"]
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    with helm_python.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

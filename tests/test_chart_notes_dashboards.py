@@ -11,8 +11,8 @@ from typing import Any
 
 import helm_python
 import pytest
-from test_chart_notes import CHART, notes
-from test_observability_chart import render
+from chart_fixtures import CHART, render
+from test_chart_notes import notes
 
 LABELS = {  # grafanaDashboards.labels -> what NOTES.txt says
     "default": ({}, "labelled grafana_dashboard=1"),  # kube-prometheus-stack's sidecar label

@@ -15,8 +15,7 @@ from typing import Any
 
 import helm_python
 import pytest
-from test_chart_notes import CHART
-from test_observability_chart import render
+from chart_fixtures import CHART, render
 
 SECRET_URL = {"secretKeyRef": {"name": "redis-default", "key": "url"}}
 

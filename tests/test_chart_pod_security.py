@@ -11,14 +11,14 @@ lockdown stay; a root uid, or a key that would weaken the pod (runAsNonRoot), is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import helm_python
 import kubernetes_validate
 import pytest
+from chart_fixtures import render
 
-from tests.test_chart import CHART, K8S_VERSION, by_kind, render
+from tests.test_chart import K8S_VERSION, by_kind
 
 IDS = ("runAsUser", "runAsGroup", "fsGroup")
 LOCKED_CONTAINER = {
@@ -28,12 +28,6 @@ LOCKED_CONTAINER = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    with helm_python.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 def deployments(chart: helm_python.Chart, values: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import helm_python
 import pytest
 import redis
+from chart_fixtures import CHART, render
 from fleet_fixtures import RedisServer
-from test_chart_notes import CHART
-from test_observability_chart import render
 
 VALUES = ["256mb", "1GB", "1Gb", "512m", "512M", "2g", "100k", "64KB", "300000000", "4096b", "4096B"]
 VALUES += ["0", "0mb", "1tb", "1.5gb", "256 mb", "mb", "-1mb", "256mib"]

@@ -14,8 +14,7 @@ from typing import Any
 import helm_python
 import kubernetes_validate
 import pytest
-from test_chart_notes import CHART
-from test_observability_chart import render
+from chart_fixtures import CHART, render
 
 RESOURCES = {"requests": {"cpu": 0.5, "memory": "128Mi"}, "limits": {"cpu": 1.5, "memory": "1Gi"}}
 

@@ -21,15 +21,14 @@ from typing import Any
 
 import helm_python
 import pytest
+from chart_fixtures import CHART, render
 from fleet_fixtures import free_port, serve_http, wait_until
-from test_observability_chart import render
 
 from prefixfleet.observability.local_prometheus import LocalPrometheus, prometheus_binary
 from prefixfleet.router.gateway_metrics import GatewayMetrics
 from prefixfleet.router.sidecar import Sidecar, SidecarConfig
 from prefixfleet.router.sidecar_metrics import exposition, sidecar_registry
 
-CHART = Path(__file__).resolve().parents[1] / "charts" / "prefixfleet"
 EMULATOR_TEXT = (  # a replica's engine series as the sidecar passes them on (model_name only)
     b'# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{model_name="m"} 2.0\n'
 )

@@ -9,18 +9,11 @@ renders, naming both keys; with a name, the Deployment and every binding use tha
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import helm_python
 import pytest
+from chart_fixtures import NAMESPACE, render
 
-from tests.test_chart import CHART, NAMESPACE, by_kind, render
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    with helm_python.Chart.load(CHART) as loaded:
-        yield loaded
+from tests.test_chart import by_kind
 
 
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])

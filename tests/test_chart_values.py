@@ -16,25 +16,18 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import helm_python
 import pytest
 import yaml
+from chart_fixtures import CHART
 
 from prefixfleet.operator.models import PROMETHEUS_URL_PATTERN, URL_AUTHORITY_PATTERN
 from prefixfleet.router.addresses import authority_error
 
-CHART = Path(__file__).resolve().parents[1] / "charts" / "prefixfleet"
 SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 DEFAULTS = yaml.safe_load((CHART / "values.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    with helm_python.Chart.load(CHART) as loaded:
-        yield loaded
 
 
 def render(chart: helm_python.Chart, values: dict[str, Any]) -> dict[str, str]:

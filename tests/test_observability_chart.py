@@ -3,31 +3,13 @@ label the dashboard and alerts group by on every scrape, and the generated dashb
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import helm_python
-import pytest
 import yaml
+from chart_fixtures import CHART, render
 
-CHART = Path(__file__).resolve().parents[1] / "charts" / "prefixfleet"
 ALERTS = CHART / "files" / "alerts.yaml"
-
-
-@pytest.fixture(scope="module")
-def chart() -> helm_python.Chart:
-    return helm_python.Chart.load(str(CHART))
-
-
-def render(chart: helm_python.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    manifests = chart.render(values, name="prefixfleet", namespace="prefixfleet")
-    return [
-        doc
-        for path, text in manifests.items()
-        if not path.endswith("NOTES.txt")
-        for doc in yaml.safe_load_all(text)
-        if doc
-    ]
 
 
 def rule_groups(chart: helm_python.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:

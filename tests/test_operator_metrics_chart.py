@@ -6,25 +6,11 @@ that keeps the series' own namespace/fleet labels (honorLabels)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import helm_python
 import pytest
-import yaml
-
-CHART = Path(__file__).resolve().parents[1] / "charts" / "prefixfleet"
-
-
-@pytest.fixture(scope="module")
-def chart() -> helm_python.Chart:
-    return helm_python.Chart.load(str(CHART))
-
-
-def render(chart: helm_python.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    manifests = chart.render(values, name="prefixfleet", namespace="prefixfleet")
-    return [doc for path, text in manifests.items() if not path.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if doc]  # fmt: skip
+from chart_fixtures import render
 
 
 def operator_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
