@@ -476,24 +476,22 @@ def _secret_value(
     return value, ""
 
 
-def redis_login(ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRedis) -> str | None:
-    """Why the fleet's Redis refuses the credentials the operator (and so every sidecar and gateway
-    of the fleet) dials it with, naming what to fix; "" when it accepts them; None when it does not
-    answer at all (refused, reset, timed out: an outage, which stays a logged warning and a retry
-    on the next round, and nothing more is asked of it this round: a host dropping packets costs one
-    timeout, not one per question). One AUTH (with the credentials; none without) and PING per
-    reconcile, one round trip, on the URL's kept connection: the credentials are proven every round,
-    so a password rotated on the server is said the same round (a PING alone is answered on a
-    connection logged in before), whichever pooled connection it lands on."""
-    return redis_login_check(ctx, redis, chosen)[0]
-
-
 def redis_login_check(
     ctx: OperatorContext, redis: Mapping[str, Any], chosen: FleetRedis
 ) -> tuple[str | None, str]:
-    """(:func:`redis_login`'s answer, why Redis refused the login's PING for a reason about neither
-    the credentials nor the ACL, "" when it did not): a PING refused for LOADING, BUSY or MISCONF
-    decides nothing about the credentials (None), and says what Redis answered."""
+    """(the login's verdict, why Redis refused the login's PING for a reason about neither the
+    credentials nor the ACL, "" when it did not).
+
+    The verdict: why the fleet's Redis refuses the credentials the operator (and so every sidecar and
+    gateway of the fleet) dials it with, naming what to fix; "" when it accepts them; None when it
+    does not answer at all (refused, reset, timed out: an outage, which stays a logged warning and a
+    retry on the next round, and nothing more is asked of it this round: a host dropping packets
+    costs one timeout, not one per question), or when it refuses the PING for LOADING, BUSY or
+    MISCONF (which decides nothing about the credentials; the second item says what Redis answered).
+    One AUTH (with the credentials; none without) and PING per reconcile, one round trip, on the
+    URL's kept connection: the credentials are proven every round, so a password rotated on the
+    server is said the same round (a PING alone is answered on a connection logged in before),
+    whichever pooled connection it lands on."""
     try:
         login(ctx.sync_redis(chosen.dial_url))
     except NoPasswordSet:
@@ -509,29 +507,21 @@ def redis_login_check(
     return "", ""
 
 
-def redis_permission_problem(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> str | None:
-    """Which commands the fleet runs (operator, sidecars, gateways) its Redis denies the ACL user it
-    accepted, naming them and the user (never the password); "" when none; None when it does not
-    answer (an outage: the round keeps the fleet's last verdict, planner.redis_verdict). One
-    queued-and-aborted transaction per reconcile: nothing is written."""
-    return redis_permission_check(ctx, chosen, ref)[0]
-
-
-def redis_permission_check(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> tuple[str | None, str]:
-    """(:func:`redis_permission_problem`'s answer, which commands Redis refused for a reason other
-    than the ACL, with its errors (a read-only replica, out of memory, a proxy without MULTI); "" none)."""
-    return probe_verdicts(chosen, redis_probe(ctx, chosen, ref))
-
-
 def probe_verdicts(chosen: FleetRedis, answer: ProbeAnswer | None) -> tuple[str | None, str]:
-    """:func:`redis_permission_check`'s answer from the probe's (None: Redis did not answer)."""
+    """What the permission probe's ``answer`` (:func:`redis_probe`) says: (which commands the fleet
+    runs (operator, sidecars, gateways) its Redis denies the ACL user it accepted, naming them and the
+    user (never the password), "" when none; which commands Redis refused for a reason other than the
+    ACL, with its errors (a read-only replica, out of memory, a proxy without MULTI), "" when none).
+    (None, "") when Redis did not answer: an outage, the round keeps the fleet's last verdict
+    (planner.redis_verdict)."""
     if answer is None:
         return None, ""
     return permission_problem(acl_user(chosen.dial_url), answer.denied), refusal_problem(answer.refused)
 
 
 def redis_probe(ctx: OperatorContext, chosen: FleetRedis, ref: FleetRef) -> ProbeAnswer | None:
-    """What the fleet's Redis answered the permission probe; None when it did not answer."""
+    """What the fleet's Redis answered the permission probe, one queued-and-aborted transaction per
+    reconcile (nothing is written); None when it did not answer."""
     # the keys of its first replica: the same every round (one message, one Event), and matched by
     # per-fleet or per-replica key patterns alike
     commands = fleet_commands(FleetKeys(ref.redis_fleet), replica_name(ref, 0))

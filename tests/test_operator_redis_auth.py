@@ -28,7 +28,7 @@ from fleet_fixtures import free_port
 from redis.exceptions import NoPermissionError, ResponseError
 
 from prefixfleet.fleet.processes import redis_server_binary
-from prefixfleet.operator.handlers import OperatorContext, auth_refusal, fleet_redis, redis_login
+from prefixfleet.operator.handlers import OperatorContext, auth_refusal, fleet_redis, redis_login_check
 from prefixfleet.operator.planner import REDIS_AUTH_FAILED
 from tests.k8s.cluster import emulator_fleet, operator_in_cluster, wait_for
 from tests.test_operator_badinput_redis import Secrets
@@ -73,7 +73,7 @@ def auth_problem(secrets: dict[str, Any], spec_redis: dict[str, Any]) -> str:
     try:
         chosen = fleet_redis(ctx, NAMESPACE, spec_redis)
         assert chosen.problem == "" and chosen.dial_url
-        return redis_login(ctx, spec_redis, chosen) or ""
+        return redis_login_check(ctx, spec_redis, chosen)[0] or ""
     finally:
         for client in ctx.sync_redis_clients.values():
             client.close()

@@ -35,9 +35,10 @@ from prefixfleet.operator.handlers import (
     FleetRedis,
     OperatorContext,
     fleet_deleted,
+    probe_verdicts,
     reconcile,
-    redis_login,
-    redis_permission_problem,
+    redis_login_check,
+    redis_probe,
     unused_urls,
 )
 from prefixfleet.operator.planner import FleetRef, replica_name
@@ -261,7 +262,7 @@ def test_a_refused_login_leaves_another_fleets_call_on_the_client_alone(
     said: list[str] = []
     y = threading.Thread(
         target=lambda: said.append(
-            redis_permission_problem(ctx, chosen, FleetRef(name="y", namespace=NAMESPACE))
+            probe_verdicts(chosen, redis_probe(ctx, chosen, FleetRef(name="y", namespace=NAMESPACE)))[0]
         ),
         name="fleet-y",
     )
@@ -269,7 +270,7 @@ def test_a_refused_login_leaves_another_fleets_call_on_the_client_alone(
         y.start()
         assert holding.wait(10)
         acl_redis.admin.execute_command("ACL", "SETUSER", "fleet-a", "resetpass", ">rotated-Pw-2")
-        refused = redis_login(ctx, spec_redis, chosen)
+        refused = redis_login_check(ctx, spec_redis, chosen)[0]
         assert refused is not None and "refused" in refused, refused
         release.set()
         y.join(10)

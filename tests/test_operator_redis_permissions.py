@@ -33,9 +33,10 @@ from prefixfleet.fleet.processes import redis_server_binary
 from prefixfleet.operator.handlers import (
     FleetRedis,
     OperatorContext,
+    probe_verdicts,
     reconcile_in_cluster,
-    redis_login,
-    redis_permission_problem,
+    redis_login_check,
+    redis_probe,
 )
 from prefixfleet.operator.kube import Kube
 from prefixfleet.operator.models import FleetSpec
@@ -101,7 +102,8 @@ def permission_problem(url: str) -> str | None:
     """What one reconcile round finds out about the fleet's commands, dialling ``url``."""
     ctx = OperatorContext(kube=Secrets({}))  # type: ignore[arg-type]
     try:
-        return redis_permission_problem(ctx, FleetRedis(url, dial_url=url), REF)
+        chosen = FleetRedis(url, dial_url=url)
+        return probe_verdicts(chosen, redis_probe(ctx, chosen, REF))[0]
     finally:
         for client in ctx.sync_redis_clients.values():
             client.close()
@@ -200,8 +202,8 @@ def reconcile_rounds(ctx: OperatorContext, url: str, rounds: int) -> list[str]:
     chosen = FleetRedis(url, dial_url=url)
     found = []
     for _ in range(rounds):
-        assert redis_login(ctx, {}, chosen) == ""
-        found.append(redis_permission_problem(ctx, chosen, REF))
+        assert redis_login_check(ctx, {}, chosen)[0] == ""
+        found.append(probe_verdicts(chosen, redis_probe(ctx, chosen, REF))[0])
     return found
 
 
@@ -272,10 +274,10 @@ def test_a_probe_cut_short_drops_its_connection(
         return read_response(self, *args, **kwargs)
 
     chosen = FleetRedis(url, dial_url=url)
-    assert redis_login(ctx, {}, chosen) == ""
+    assert redis_login_check(ctx, {}, chosen)[0] == ""
     with monkeypatch.context() as patch:
         patch.setattr(redis.connection.Connection, "read_response", times_out_after_queued)
-        assert redis_permission_problem(ctx, chosen, REF) is None  # a timeout: an outage, not said
+        assert redis_probe(ctx, chosen, REF) is None  # a timeout: an outage, not said
     assert reads == 3
     wait_for(lambda: not in_transaction(acl_redis, "cut-short"), 5, what="no client left in MULTI")
     # the next round asks on a clean connection and says the denial again

@@ -44,9 +44,10 @@ from fleet_fixtures import free_port, wait_until
 from prefixfleet.operator.handlers import (
     FleetRedis,
     OperatorContext,
+    probe_verdicts,
     reconcile_in_cluster,
     redis_login_check,
-    redis_permission_check,
+    redis_probe,
 )
 from prefixfleet.operator.kube import Kube
 from prefixfleet.operator.models import FleetSpec
@@ -96,7 +97,7 @@ def rounds(ctx: OperatorContext, url: str, n: int = 1) -> list[tuple[str | None,
         login, refused = redis_login_check(ctx, {}, chosen)
         permissions: str | None = None
         if login == "":
-            permissions, refused = redis_permission_check(ctx, chosen, REF)
+            permissions, refused = probe_verdicts(chosen, redis_probe(ctx, chosen, REF))
         found.append((login, permissions, refused))
     return found
 

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 import redis
 
-from prefixfleet.operator.handlers import OperatorContext, fleet_redis, reconcile, redis_login
+from prefixfleet.operator.handlers import OperatorContext, fleet_redis, reconcile, redis_login_check
 from prefixfleet.operator.planner import REDIS_AUTH_FAILED
 from prefixfleet.operator.redis_permissions import NO_PASSWORD_PROBE
 from tests.k8s.cluster import wait_for
@@ -155,7 +155,7 @@ def login_round(ctx: OperatorContext, fleet: str, spec_redis: dict[str, Any]) ->
     """A fleet's login check as its reconcile makes it: the URL recorded, then dialled."""
     chosen = fleet_redis(ctx, NAMESPACE, spec_redis)
     ctx.dial_redis(f"{NAMESPACE}/{fleet}", chosen.dial_url)
-    return redis_login(ctx, spec_redis, chosen)
+    return redis_login_check(ctx, spec_redis, chosen)[0]
 
 
 def test_two_fleets_on_one_url_are_both_refused_whichever_kept_connection_they_get(
