@@ -568,11 +568,23 @@ def credentials_where(redis: Mapping[str, Any]) -> tuple[str, str]:
     return url_where, password_where
 
 
+def password_source(redis: Mapping[str, Any], chosen: FleetRedis) -> tuple[str, str] | None:
+    """(where the password the fleet dials its Redis with comes from, naming the field and Secret
+    (:func:`credentials_where`), what Redis gets from there: "its user and password" for the URL's,
+    which wins over passwordSecretRef (with_credentials), "it" for passwordSecretRef's); None when the
+    fleet sets no password."""
+    url_where, password_where = credentials_where(redis)
+    if urlsplit(chosen.url).password:
+        return url_where, "its user and password"
+    if password_where:
+        return password_where, "it"
+    return None
+
+
 def no_password_problem(redis: Mapping[str, Any], chosen: FleetRedis) -> str:
     """Why a Redis without a password refusing the fleet's (NoPasswordSet) must be fixed, naming the
     field that holds it (never the password)."""
-    url_where, password_where = credentials_where(redis)
-    where = url_where if urlsplit(chosen.url).password else password_where  # as in auth_refusal
+    where, _ = password_source(redis, chosen) or ("", "")  # NoPasswordSet: the fleet sent one
     return (
         f"{where}: the fleet gives its Redis a password, but that Redis has none set: it refuses the AUTH"
         " a client logs in with (redis-py 8's HELLO still connects: a default user without a password"
@@ -590,21 +602,17 @@ def auth_refusal(redis: Mapping[str, Any], chosen: FleetRedis, exc: BaseExceptio
     )
     if not isinstance(exc, (AuthenticationWrongNumberOfArgsError, NoPermissionError)) and not auth_error:
         return ""
-    url_where, password_where = credentials_where(redis)
     if isinstance(exc, AuthenticationWrongNumberOfArgsError):
         return (
-            f"{url_where} names a user, but the fleet's Redis takes none (older than Redis 6):"
-            " drop the user from the URL"
+            f"{credentials_where(redis)[0]} names a user, but the fleet's Redis takes none (older than"
+            " Redis 6): drop the user from the URL"
         )
-    if urlsplit(chosen.url).password:  # it wins over passwordSecretRef (with_credentials)
-        where, what = url_where, "its user and password"
-    elif password_where:
-        where, what = password_where, "it"
-    else:
+    if (source := password_source(redis, chosen)) is None:
         return (
             "spec.redis.passwordSecretRef: the fleet's Redis requires a password and the fleet sets none"
             " (name the Secret holding it here)"
         )
+    where, what = source
     if isinstance(exc, NoPermissionError):
         return f"{where}: the fleet's Redis accepted {what}, but the ACL user may not run PING"
     # not the user name either: a URL like redis://secret@host puts the password there
