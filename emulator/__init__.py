@@ -1,4 +1,4 @@
-"""GPU-free engine emulator speaking SGLang's HTTP API (see docs/emulator.md).
+"""GPU-free engine emulator speaking SGLang's HTTP API, or vLLM's (see docs/emulator.md).
 
 Programmatic use::
 
@@ -10,5 +10,6 @@ Programmatic use::
 
 from .config import DEFAULT_MODEL, EmulatorConfig
 from .server import EmulatorServer, start_emulator
+from .vllm_api import VllmOptions
 
-__all__ = ["DEFAULT_MODEL", "EmulatorConfig", "EmulatorServer", "start_emulator"]
+__all__ = ["DEFAULT_MODEL", "EmulatorConfig", "EmulatorServer", "VllmOptions", "start_emulator"]

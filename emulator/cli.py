@@ -1,17 +1,21 @@
-"""`prefixfleet emulator`: run one GPU-free engine speaking SGLang's HTTP API until SIGTERM/SIGINT."""
+"""`prefixfleet emulator`: run one GPU-free engine speaking SGLang's HTTP API (or, with --api vllm,
+vLLM's) until SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import re
 import signal
 import sys
+from collections.abc import Mapping
 
 from prefixfleet.cli import DefaultsHelpFormatter, check_positive, listen_error
 
 from .config import DEFAULT_MODEL, EmulatorConfig
+from .vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, VllmOptions
 
 _DEFAULTS = EmulatorConfig()
 
@@ -99,6 +103,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cached_tokens (when > 0; null otherwise); without it never. /generate reports it always",
     )
     p.add_argument(
+        "--api",
+        choices=["sglang", "vllm"],
+        default="sglang",
+        help="the HTTP API to serve: SGLang's, or vLLM's OpenAI-compatible server's (vllm:* metrics, "
+        "block-granular cache hits; /reset_prefix_cache with VLLM_SERVER_DEV_MODE=1)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help=f"vLLM's KV block size in tokens (--api vllm only; default {DEFAULT_BLOCK_SIZE}): cache hits "
+        "count whole blocks; --cache-tokens must be a multiple of it (num_gpu_blocks = cache tokens / "
+        "block size)",
+    )
+    p.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help='as vLLM\'s flag (--api vllm only): usage.prompt_tokens_details is {"cached_tokens": N}; '
+        "without it null",
+    )
+    p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
     )
     p.set_defaults(func=run)
@@ -137,6 +162,45 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         raise UsageError(_as_flags(str(exc), args)) from None
 
 
+def vllm_options_from_args(
+    args: argparse.Namespace, config: EmulatorConfig, environ: Mapping[str, str] = os.environ
+) -> VllmOptions | None:
+    """The vLLM face's options (None: serve SGLang's API). vLLM's flags are refused with --api sglang
+    and SGLang's --enable-cache-report with --api vllm: each is the other engine's, and silently
+    ignoring it would serve usage the caller did not ask for."""
+    from prefixfleet.cli import UsageError
+
+    api = getattr(args, "api", "sglang")
+    block_size = getattr(args, "block_size", None)
+    details = getattr(args, "enable_prompt_tokens_details", False)
+    if api != "vllm":
+        for flag, given in (
+            ("--block-size", block_size is not None),
+            ("--enable-prompt-tokens-details", details),
+        ):
+            if given:
+                raise UsageError(f"{flag} is vLLM's flag: give it with --api vllm")
+        return None
+    if args.enable_cache_report:
+        raise UsageError(
+            "--enable-cache-report is SGLang's flag; with --api vllm use --enable-prompt-tokens-details"
+        )
+    raw = environ.get(DEV_MODE_ENV, "0").strip() or "0"
+    try:  # as vLLM's envs.py reads it: bool(int(value))
+        dev_mode = bool(int(raw))
+    except ValueError:
+        raise UsageError(f"{DEV_MODE_ENV} must be an integer (0 or 1), got {raw!r}") from None
+    options = VllmOptions(
+        block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
+        enable_prompt_tokens_details=details,
+        dev_mode=dev_mode,
+    )
+    problems = options.problems(config)
+    if problems:
+        raise UsageError(_as_flags(problems[0].replace("block_size", "--block-size"), args))
+    return options
+
+
 def _as_flags(problem: str, args: argparse.Namespace) -> str:
     """EmulatorConfig's refusal with each field it names as the flag that set it: the user typed
     --max-running, not max_running."""
@@ -148,14 +212,14 @@ def _as_flags(problem: str, args: argparse.Namespace) -> str:
     return re.sub(rf"\b({'|'.join(flags)})\b", lambda m: "--" + m.group(1).replace("_", "-"), problem)
 
 
-async def serve(config: EmulatorConfig, host: str, port: int) -> None:
+async def serve(config: EmulatorConfig, host: str, port: int, vllm: VllmOptions | None = None) -> None:
     from .server import EmulatorServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = EmulatorServer(config, host, port)
+    server = EmulatorServer(config, host, port, vllm)
     await server.start()
     # One parseable line for supervisors that start us with --port 0.
     print(f"prefixfleet emulator {config.model} listening on {server.url}", file=sys.stderr, flush=True)
@@ -170,12 +234,13 @@ def run(args: argparse.Namespace) -> int:
     from prefixfleet.cli import UsageError
 
     config = config_from_args(args)
+    vllm = vllm_options_from_args(args, config)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        asyncio.run(serve(config, args.host, args.port))
+        asyncio.run(serve(config, args.host, args.port, vllm))
     except OSError as exc:
         problem = listen_error(args.host, args.port, exc)
         problem = problem or f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"

@@ -159,8 +159,15 @@ class _Totals:
 class EngineModel:
     """Queue, KV pool and radix cache of one engine; see the module docstring for the model."""
 
-    def __init__(self, config: EmulatorConfig) -> None:
+    def __init__(self, config: EmulatorConfig, block_size: int = 1) -> None:
+        """``block_size``: a request's cached tokens are counted in whole blocks of this many tokens
+        (vLLM's prefix cache hits full KV blocks only, ``--block-size``, default 16); 1 counts every
+        matched token (SGLang's radix cache, page size 1). The tree itself stays token-granular:
+        flooring the match to whole blocks is what a block-hash lookup over the same prompts finds."""
+        if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         self.config = config
+        self.block_size = block_size
         self.tree = RadixTree(config.cache_tokens)
         self.waiting: deque[EngineRequest] = deque()
         self.prefilling: dict[str, EngineRequest] = {}
@@ -229,6 +236,9 @@ class EngineModel:
         # SGLang matches at most the prompt less its last token, which it always computes (the
         # logits of the first output; adjust_max_prefix_ids): an exact repeat reports prompt - 1
         matched = min(in_tree, request.prompt_tokens - 1)
+        # vLLM likewise caps a hit at the prompt less one token (kv_cache_manager.py,
+        # max_cache_hit_length = num_tokens - 1) and then counts only full blocks of it
+        matched -= matched % self.block_size
         reserved = self.reserved_prefill_tokens + self.reserved_decode_tokens + request.max_new_tokens
         need_free = tree.cached_tokens + new_tokens + reserved - cap
         if need_free > 0:

@@ -6,6 +6,8 @@ engine's whatever speed-up a test runs at.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -19,6 +21,18 @@ ITL_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class MetricsSink(Protocol):
+    """What the engine's scheduler loop reports to, whichever API face (and metric names) serves it."""
+
+    def on_prefilled(self, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> None: ...
+    def on_tokens(self, count: int) -> None: ...
+    def on_inter_token(self, seconds: float) -> None: ...
+    def on_finished(self, e2e_s: float) -> None: ...
+    def on_aborted(self) -> None: ...
+    def set_state(self, stats: EngineStats) -> None: ...
+    def render(self) -> bytes: ...
 
 
 class EngineMetrics:

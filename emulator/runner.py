@@ -22,7 +22,7 @@ from prefixfleet.router.radix import as_token_bytes
 
 from .config import EmulatorConfig
 from .engine import EngineModel, EngineRequest, EngineStats, Progress, RequestRejected
-from .metrics import EngineMetrics
+from .metrics import EngineMetrics, MetricsSink
 from .text import completion_text, generated_tokens, generated_words, generation_seed
 
 log = logging.getLogger("prefixfleet.emulator")
@@ -120,10 +120,14 @@ class RequestHandle:
 class EngineRunner:
     """Owns one :class:`EngineModel`, its scheduler loop task and the live request handles."""
 
-    def __init__(self, config: EmulatorConfig, metrics: EngineMetrics | None = None) -> None:
+    def __init__(
+        self, config: EmulatorConfig, metrics: MetricsSink | None = None, *, block_size: int = 1
+    ) -> None:
+        """``metrics``: the API face's series (SGLang's by default); ``block_size``: the granularity
+        of cache hits (:class:`EngineModel`)."""
         self.config = config
-        self.model = EngineModel(config)
-        self.metrics = metrics if metrics is not None else EngineMetrics(config.model)
+        self.model = EngineModel(config, block_size)
+        self.metrics: MetricsSink = metrics if metrics is not None else EngineMetrics(config.model)
         self._handles: dict[str, RequestHandle] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None

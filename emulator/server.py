@@ -1,4 +1,5 @@
-"""aiohttp web server exposing one :class:`EngineRunner` through SGLang's HTTP API.
+"""aiohttp web server exposing one :class:`EngineRunner` through SGLang's HTTP API (or vLLM's:
+:mod:`.vllm_api`).
 
 In-process use (tests, other components)::
 
@@ -12,26 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.router.addresses import base_url
 from prefixfleet.router.front import fallback_runner, json_parse_error_connections
-from prefixfleet.router.proxying import body_guards
 from prefixfleet.router.slow_clients import ClientTimeouts
 
 from .config import EmulatorConfig
-from .engine import RequestRejected
 from .metrics import CONTENT_TYPE, EngineMetrics
 from .protocol import (
-    BadRequest,
-    Call,
     Limits,
     chat_chunk,
     chat_response,
@@ -46,54 +39,34 @@ from .protocol import (
     usage_chunk,
 )
 from .runner import EngineRunner, EngineStopped, RequestHandle, Snapshot
+from .serving import (
+    ENGINE_KEY,
+    EXPECT_KEY,
+    abort_unfinished,
+    make_app,
+    merged,
+    read_json,
+    send,
+    send_done,
+    sse_response,
+    submit,
+)
+from .vllm_api import VllmOptions, build_vllm_app, vllm_engine
 
 log = logging.getLogger("prefixfleet.emulator")
 
-ENGINE_KEY = web.AppKey("engine", EngineRunner)
 SERVER_INFO_KEY = web.AppKey("server_info", dict)
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-
-def _json_error(message: str, param: str | None, status: int) -> web.Response:
+def _json_error(message: str, param: str | None, status: int, _kind: str | None = None) -> web.Response:
     return web.json_response(error_body(message, param, status), status=status)
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure becomes a JSON answer; the server keeps serving."""
-    try:
-        return await handler(request)
-    except BadRequest as exc:
-        return _json_error(exc.message, exc.param, exc.status)
-    except RequestRejected as exc:
-        return _json_error(str(exc), "input", 400)
-    except EngineStopped as exc:
-        return _json_error(str(exc), None, 503)
-    except RequestPayloadError:  # the body read (here or by the slow-client guard) failed to decode:
-        # e.g. Content-Encoding: gzip over bytes that are no gzip stream; the client's fault, not ours
-        encoding = request.headers.get("Content-Encoding", "")
-        return _json_error(f"request body cannot be decoded (Content-Encoding: {encoding!r})", "body", 400)
-    except web.HTTPException as exc:
-        if exc.status >= 400 and exc.content_type != "application/json":
-            return _json_error(exc.reason, None, exc.status)
-        raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error serving %s %s", request.method, request.path)
-        return _json_error("internal error in the emulator (see its log)", None, 500)
-
-
-async def _read_json(request: web.Request) -> Any:
-    raw = await request.read()  # within the limit: body_deadline read it
-    if not raw.strip():
-        raise BadRequest("request body is empty; expected a JSON object", "body")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}", "body") from None
+def _http_error(exc: web.HTTPException) -> web.Response | None:
+    if exc.status >= 400 and exc.content_type != "application/json":
+        return _json_error(exc.reason, None, exc.status)
+    return None
 
 
 def _limits(engine: EngineRunner) -> Limits:
@@ -101,85 +74,13 @@ def _limits(engine: EngineRunner) -> Limits:
     return Limits(max_prompt_tokens=int(cfg.max_prompt_tokens or 0), max_new_tokens=cfg.max_new_tokens_limit)
 
 
-def _submit(engine: EngineRunner, call: Call) -> list[RequestHandle]:
-    """Submit every prompt of a call, all or none."""
-    for prompt, max_new in zip(call.prompts, call.max_new_tokens, strict=True):
-        engine.check_fits(len(prompt), max_new)
-    handles: list[RequestHandle] = []
-    try:
-        for i, (prompt, max_new, rid) in enumerate(
-            zip(call.prompts, call.max_new_tokens, call.rids, strict=True)
-        ):
-            handles.append(engine.submit(prompt, max_new, rid, namespace=call.cache_salt(i)))
-    except Exception:
-        for h in handles:
-            h.abort()
-        raise
-    return handles
-
-
-def _abort_unfinished(handles: list[RequestHandle]) -> None:
-    for h in handles:
-        if h.request.finished_at is None:
-            h.abort()
-
-
-async def _merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, Snapshot]]:
-    """Updates of several requests as they happen, tagged with the request's index."""
-    if len(handles) == 1:
-        async for snap in handles[0].updates():
-            yield 0, snap
-        return
-    queue: asyncio.Queue[tuple[int, Snapshot | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, handle: RequestHandle) -> None:
-        try:
-            async for snap in handle.updates():
-                await queue.put((i, snap))
-            await queue.put((i, None))
-        except Exception as exc:
-            await queue.put((i, exc))
-
-    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
-    try:
-        remaining = len(handles)
-        while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-async def _sse_response(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
-    await response.prepare(request)
-    return response
-
-
-async def _send(response: web.StreamResponse, obj: object) -> None:
-    await response.write(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
-
-
-async def _send_done(response: web.StreamResponse) -> None:
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
-
-
 # -- SGLang native -------------------------------------------------------------------------------
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    call = parse_generate(await _read_json(request), _limits(engine))
-    handles = _submit(engine, call)
+    call = parse_generate(await read_json(request), _limits(engine))
+    handles = submit(engine, call)
     try:
         if not call.stream:
             snaps = await asyncio.gather(*(h.result() for h in handles))
@@ -188,19 +89,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
                 for i, (s, h) in enumerate(zip(snaps, handles, strict=True))
             ]
             return web.json_response(objs if call.batch else objs[0])
-        response = await _sse_response(request)
+        response = await sse_response(request)
         try:
-            async for i, snap in _merged(handles):
+            async for i, snap in merged(handles):
                 obj = generate_object(
                     snap, handles[i].text(snap.completion_tokens), i if call.batch else None
                 )
-                await _send(response, obj)
+                await send(response, obj)
         except EngineStopped as exc:
-            await _send(response, error_body(str(exc), None, 503))
-        await _send_done(response)
+            await send(response, error_body(str(exc), None, 503))
+        await send_done(response)
         return response
     finally:
-        _abort_unfinished(handles)
+        abort_unfinished(handles)
 
 
 async def health(request: web.Request) -> web.Response:
@@ -236,7 +137,7 @@ async def health_generate(request: web.Request) -> web.Response:
     finally:
         for task in (progressed, finished):
             task.cancel()
-        _abort_unfinished([handle])
+        abort_unfinished([handle])
     return web.Response(text="")
 
 
@@ -358,9 +259,9 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    call = parse_completion(await _read_json(request), _limits(engine))
+    call = parse_completion(await read_json(request), _limits(engine))
     model, created, report = engine.config.model, unix_now(), engine.config.enable_cache_report
-    handles = _submit(engine, call)
+    handles = submit(engine, call)
     response_id = "cmpl-" + handles[0].rid
     try:
         if not call.stream:
@@ -369,37 +270,37 @@ async def completions(request: web.Request) -> web.StreamResponse:
             return web.json_response(
                 completion_response(response_id, model, created, snaps, texts, cache_report=report)
             )
-        response = await _sse_response(request)
+        response = await sse_response(request)
         sent = [0] * len(handles)
         finals: dict[int, Snapshot] = {}
         try:
-            async for i, snap in _merged(handles):
+            async for i, snap in merged(handles):
                 delta = handles[i].text(snap.completion_tokens, sent[i])  # only the new tokens
                 sent[i] = snap.completion_tokens
                 if snap.finished:
                     finals[i] = snap
-                await _send(
+                await send(
                     response, completion_chunk(response_id, model, created, i, delta, snap.finish_reason)
                 )
             if call.include_usage:
                 ordered = [finals[i] for i in sorted(finals)]
-                await _send(
+                await send(
                     response,
                     usage_chunk(response_id, model, created, "text_completion", ordered, cache_report=report),
                 )
         except EngineStopped as exc:
-            await _send(response, error_body(str(exc), None, 503))
-        await _send_done(response)
+            await send(response, error_body(str(exc), None, 503))
+        await send_done(response)
         return response
     finally:
-        _abort_unfinished(handles)
+        abort_unfinished(handles)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    call = parse_chat(await _read_json(request), _limits(engine))
+    call = parse_chat(await read_json(request), _limits(engine))
     model, created, report = engine.config.model, unix_now(), engine.config.enable_cache_report
-    handles = _submit(engine, call)
+    handles = submit(engine, call)
     handle = handles[0]
     response_id = "chatcmpl-" + handle.rid
     try:
@@ -409,51 +310,36 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return web.json_response(
                 chat_response(response_id, model, created, snap, content, cache_report=report)
             )
-        response = await _sse_response(request)
+        response = await sse_response(request)
         sent = 0
         try:
-            async for _, snap in _merged(handles):
+            async for _, snap in merged(handles):
                 delta: dict[str, object] = {"content": handle.text(snap.completion_tokens, sent)}
                 if sent == 0:  # the first chunk: a message has no leading space, and names the role
                     delta = {"role": "assistant", "content": str(delta["content"])[1:]}
                 sent = snap.completion_tokens
-                await _send(response, chat_chunk(response_id, model, created, delta, snap.finish_reason))
+                await send(response, chat_chunk(response_id, model, created, delta, snap.finish_reason))
                 if snap.finished and call.include_usage:
-                    await _send(
+                    await send(
                         response,
                         usage_chunk(
                             response_id, model, created, "chat.completion.chunk", [snap], cache_report=report
                         ),
                     )
         except EngineStopped as exc:
-            await _send(response, error_body(str(exc), None, 503))
-        await _send_done(response)
+            await send(response, error_body(str(exc), None, 503))
+        await send_done(response)
         return response
     finally:
-        _abort_unfinished(handles)
+        abort_unfinished(handles)
 
 
 # -- assembly ------------------------------------------------------------------------------------
 
 
 def build_app(engine: EngineRunner) -> web.Application:
-    timeouts = ClientTimeouts.from_env()
-
-    def body_error(_request: web.Request, status: int, message: str) -> web.Response:
-        return _json_error(message, "body", status)
-
-    # Bodies are taken as the gateway and the sidecar take them (router/proxying.py body_guards):
-    # Content-Encoding gzip/deflate decoded, another coding a 415, a body that does not decode as its
-    # coding a 400; an error answered before the body was read whole is sent, then the body's rest
-    # dropped while the client sends (a client that writes its whole body before reading, httpx,
-    # reads the answer, not a reset). SGLang ignores the header and reads the bytes as they came
-    # (docs/emulator.md, differences).
-    guards = body_guards(timeouts, body_error)
-    app = web.Application(
-        middlewares=[_errors, *guards.middlewares], client_max_size=engine.config.max_body_bytes
-    )
-    expect = guards.expect_handler
-    app[ENGINE_KEY] = engine
+    app = make_app(engine, _json_error, _http_error)
+    expect = app[EXPECT_KEY]
     app[SERVER_INFO_KEY] = _server_info_static(engine.config)
     r = app.router
     r.add_get("/health", health)
@@ -474,13 +360,21 @@ def build_app(engine: EngineRunner) -> web.Application:
 
 
 class EmulatorServer:
-    """One emulated engine serving HTTP; ``port=0`` picks a free port (see :attr:`url`)."""
+    """One emulated engine serving HTTP; ``port=0`` picks a free port (see :attr:`url`).
 
-    def __init__(self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
+    ``vllm``: serve vLLM's API (:mod:`.vllm_api`) with these options instead of SGLang's."""
+
+    def __init__(
+        self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0, vllm: VllmOptions | None = None
+    ) -> None:
         self.config = config
         self.host = host
         self.port = port
-        self.engine = EngineRunner(config, EngineMetrics(config.model))
+        self.vllm = vllm
+        if vllm is None:
+            self.engine = EngineRunner(config, EngineMetrics(config.model))
+        else:
+            self.engine = vllm_engine(config, vllm)
         self._runner: web.AppRunner | None = None
         self._listening: asyncio.AbstractServer | None = None
 
@@ -494,9 +388,8 @@ class EmulatorServer:
         # whatever fails from here (the client limits' environment, the socket) stops the engine
         try:
             # engine.stop() ends streaming handlers first, so cleanup need not wait aiohttp's 60 s
-            runner = await fallback_runner(
-                build_app(self.engine), ClientTimeouts.from_env(), shutdown_timeout_s=5.0
-            )
+            app = build_app(self.engine) if self.vllm is None else build_vllm_app(self.engine, self.vllm)
+            runner = await fallback_runner(app, ClientTimeouts.from_env(), shutdown_timeout_s=5.0)
             # each connection answers a request aiohttp's parser refuses (a br or zstd body: 415; a
             # malformed head: 400) in JSON with one log line, as the gateway's and sidecar's do,
             # not in plain text with an ERROR traceback
@@ -534,6 +427,8 @@ class EmulatorServer:
         await self.stop()
 
 
-async def start_emulator(config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> EmulatorServer:
+async def start_emulator(
+    config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0, vllm: VllmOptions | None = None
+) -> EmulatorServer:
     """Start an emulator in this event loop; stop it with ``await server.stop()``."""
-    return await EmulatorServer(config, host, port).start()
+    return await EmulatorServer(config, host, port, vllm).start()
