@@ -114,6 +114,25 @@ async def test_chat_follow_up_hits_the_blocks_of_the_previous_turn(detailed, htt
     assert hit >= 64 and hit % 16 == 0 and hit < second["usage"]["prompt_tokens"]
 
 
+async def test_a_batch_reports_one_prompts_count_as_vllm_does(detailed, http):
+    warm, cold = words(40, "h"), words(40, "i")
+    await post(http, detailed.url + "/v1/completions", {"prompt": warm, "max_tokens": 1})
+    _, answer = await post(http, detailed.url + "/v1/completions", {"prompt": [cold, warm], "max_tokens": 1})
+    assert answer["usage"]["prompt_tokens"] == 80 and len(answer["choices"]) == 2
+    assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}  # the last prompt's
+
+
+async def test_cache_salts_keep_tenants_apart(detailed, http):
+    body = {"prompt": words(40, "j"), "max_tokens": 1}
+    await post(http, detailed.url + "/v1/completions", {**body, "cache_salt": "tenant-a"})
+    _, other = await post(http, detailed.url + "/v1/completions", {**body, "cache_salt": "tenant-b"})
+    _, unsalted = await post(http, detailed.url + "/v1/completions", body)
+    _, same = await post(http, detailed.url + "/v1/completions", {**body, "cache_salt": "tenant-a"})
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert unsalted["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert same["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+
+
 # -- usage -------------------------------------------------------------------------------------------
 
 
@@ -333,3 +352,31 @@ async def test_bodies_that_are_not_json_are_refused_as_vllm_does(plain, http):
     # and the engine still serves
     status, _ = await post(http, plain.url + "/v1/completions", {"prompt": "x", "max_tokens": 1})
     assert status == 200
+
+
+ODD_VALUES = [None, "x", "", -1, 0, 1.5, 2**80, [], [1], {}, {"a": 1}, True, float("nan")]
+COMPLETION_FIELDS = ["prompt", "max_tokens", "model", "n", "stream", "stream_options", "temperature",
+                     "top_p", "top_k", "min_p", "cache_salt", "echo", "stop"]  # fmt: skip
+CHAT_FIELDS = ["messages", "max_tokens", "max_completion_tokens", "model", "stream", "stream_options",
+               "presence_penalty", "repetition_penalty", "cache_salt"]  # fmt: skip
+FIELDS = {
+    "/v1/completions": ({"prompt": "a b", "max_tokens": 1}, COMPLETION_FIELDS),
+    "/v1/chat/completions": ({"messages": [{"role": "user", "content": "a"}], "max_tokens": 1}, CHAT_FIELDS),
+    "/tokenize": ({"prompt": "a b"}, ["prompt", "messages", "model", "return_token_strs"]),
+    "/detokenize": ({"tokens": [1]}, ["tokens", "model"]),
+}
+
+
+@pytest.mark.parametrize("route", list(FIELDS))
+async def test_no_odd_field_value_crashes_the_server(plain, http, route: str):
+    base, fields = FIELDS[route]
+    for field in fields:
+        for value in ODD_VALUES:
+            body = {**base, field: value}
+            async with http.post(
+                plain.url + route, data=json.dumps(body), headers={"Content-Type": "application/json"}
+            ) as r:
+                raw = await r.read()
+                assert r.status < 500, (field, value, raw)
+                if r.status != 200:
+                    assert_vllm_error(json.loads(raw), r.status, r.status, json.loads(raw)["error"]["type"])
