@@ -108,7 +108,9 @@ class OperatorContext:
 
     kube: Kube
     default_redis_url: str = field(default="", repr=False)  # may hold a password (below)
-    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # per fleet ("namespace/name"): its lock and how many hold or wait for it (fleet_lock); none
+    # when nobody does, so a deleted fleet leaves nothing behind
+    locks: dict[str, tuple[asyncio.Lock, int]] = field(default_factory=dict)
     queued: set[str] = field(default_factory=set)
     # one client per Redis URL (its credentials included: fleets share one only when they dial the
     # same URL with the same credentials), async for the event loop, sync for the worker threads.
@@ -137,7 +139,7 @@ class OperatorContext:
     # prefixfleet_operator_unavailable_replicas, likewise: set by every reconcile that planned
     unavailable_replicas: Gauge | None = None
     # per fleet: (monotonic due time, task) of the next reconcile planned ahead of the timer (a drain
-    # in progress, or an unready replica's allowance running out)
+    # in progress, or an unready replica's allowance running out); the task removes it when it ends
     rechecks: dict[str, tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
 
     @contextlib.asynccontextmanager
@@ -315,7 +317,7 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
     ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
     if (pending := ctx.rechecks.pop(f"{namespace}/{name}", None)) is not None:
         pending[1].cancel()
-    async with ctx.locks.setdefault(f"{namespace}/{name}", asyncio.Lock()):
+    async with fleet_lock(ctx, f"{namespace}/{name}"):
         removed = await asyncio.to_thread(delete_children, ctx.kube, ref)
         redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(body.get("spec", {})))
         if redis_url:
@@ -345,13 +347,30 @@ def forget_unavailable(ctx: OperatorContext, namespace: str, name: str) -> None:
 # The reconcile.
 
 
+@contextlib.asynccontextmanager
+async def fleet_lock(ctx: OperatorContext, key: str) -> AsyncIterator[None]:
+    """Hold fleet ``key``'s lock: its reconciles and its deletion run one at a time. The lock exists
+    while someone holds or waits for it (counted on the event loop, no await in between), so the
+    operator keeps none for fleets long deleted (a fresh lock is as good as an idle one)."""
+    lock, users = ctx.locks.get(key) or (asyncio.Lock(), 0)
+    ctx.locks[key] = (lock, users + 1)
+    try:
+        async with lock:
+            yield
+    finally:
+        lock, users = ctx.locks[key]
+        if users > 1:
+            ctx.locks[key] = (lock, users - 1)
+        else:
+            del ctx.locks[key]
+
+
 async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: logging.Logger) -> None:
     key = f"{namespace}/{name}"
     if key in ctx.queued:
         return  # one is already waiting for the lock: it will see this change too
     ctx.queued.add(key)
-    lock = ctx.locks.setdefault(key, asyncio.Lock())
-    async with lock:
+    async with fleet_lock(ctx, key):
         ctx.queued.discard(key)
         outcome = await asyncio.to_thread(reconcile_in_cluster, ctx, namespace, name)
         # the round recorded the fleet's URL: the async client of the one it used before goes now if
@@ -400,11 +419,17 @@ def schedule_recheck(
 async def reconcile_later(
     ctx: OperatorContext, namespace: str, name: str, logger: logging.Logger, delay: float
 ) -> None:
-    await asyncio.sleep(delay)
     try:
+        await asyncio.sleep(delay)
         await reconcile(ctx, namespace, name, logger)
     except Exception as exc:  # the timer retries; a follow-up must not die noisily
         logger.warning("follow-up reconcile of %s/%s failed: %s", namespace, name, exc)
+    finally:
+        # no longer pending (unless its reconcile planned the next one, which replaced the entry):
+        # a done task kept here would stay until the fleet is deleted, or for ever if it already was
+        key = f"{namespace}/{name}"
+        if (pending := ctx.rechecks.get(key)) is not None and pending[1] is asyncio.current_task():
+            del ctx.rechecks[key]
 
 
 def resolve_redis_url(ctx: OperatorContext, namespace: str, spec: dict[str, Any]) -> str:
