@@ -41,11 +41,13 @@ def check_range(flag: str, value: float, bounds: tuple[float, float]) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "emulator",
-        help="run a GPU-free engine emulator (SGLang HTTP API, radix cache, prefill/decode timing model)",
+        help="run a GPU-free engine emulator (SGLang's or vLLM's HTTP API, radix cache, prefill/decode "
+        "timing model)",
         description=(
-            "A GPU-free LLM engine speaking SGLang's HTTP API: a radix KV cache of fixed capacity, a "
-            "serial chunked prefill queue whose time grows with uncached tokens, batched decode, "
-            "sglang:* Prometheus metrics. See docs/emulator.md."
+            "A GPU-free LLM engine speaking SGLang's HTTP API (or, with --api vllm, vLLM's "
+            "OpenAI-compatible server's): a radix KV cache of fixed capacity, a serial chunked prefill "
+            "queue whose time grows with uncached tokens, batched decode, sglang:* (vllm:*) Prometheus "
+            "metrics. See docs/emulator.md."
         ),
         formatter_class=DefaultsHelpFormatter,
     )

@@ -311,7 +311,9 @@ def chat_prompt(messages: list[dict[str, Any]]) -> array:
 def chat_call(body: ChatBody, limits: Limits) -> Call:
     prompt = chat_prompt(body.messages)
     _verify_sampling(body)
-    given = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    # as vLLM's _validate_input reads them (engine/serving.py): a 0 (or null) max_completion_tokens
+    # falls back to max_tokens
+    given = body.max_completion_tokens or body.max_tokens
     max_new = _max_tokens(given, DEFAULT_CHAT_MAX_TOKENS, len(prompt), limits)
     return Call(
         (prompt,), (max_new,), (None,), bool(body.stream), False, _include_usage(body), body.model,

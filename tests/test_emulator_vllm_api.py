@@ -174,6 +174,17 @@ async def test_streams_carry_usage_only_when_asked(detailed, http, route: str):
     assert empty[-2]["choices"] == [] and "usage" in empty[-2]
 
 
+@pytest.mark.parametrize(
+    ("limits", "generated"),
+    [({"max_completion_tokens": 3, "max_tokens": 5}, 3), ({"max_tokens": 5}, 5),
+     ({"max_completion_tokens": 0, "max_tokens": 2}, 2), ({}, 128)],
+)  # fmt: skip
+async def test_chat_output_length_as_vllm_reads_its_two_limits(plain, http, limits: dict, generated: int):
+    body = {"messages": [{"role": "user", "content": "count"}], **limits}
+    status, answer = await post(http, plain.url + "/v1/chat/completions", body)
+    assert status == 200 and answer["usage"]["completion_tokens"] == generated
+
+
 async def test_chat_stream_names_the_role_first(plain, http):
     body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, "stream": True}
     chunks = await events(http, plain.url + "/v1/chat/completions", body)
@@ -325,7 +336,7 @@ def assert_vllm_error(answer: dict, status: int, code: int, kind: str, param: st
         ("/v1/chat/completions", {"messages": "hi"}, 400, "Bad Request", None),
         ("/v1/chat/completions", {"messages": []}, 400, "BadRequestError", "messages"),
         ("/v1/chat/completions", {"messages": [{"content": "no role"}]}, 400, "BadRequestError", "messages"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
          400, "BadRequestError", "max_tokens"),
         ("/tokenize", {}, 400, "Bad Request", "prompt"),
         ("/tokenize", {"prompt": "x", "model": "other"}, 404, "NotFoundError", "model"),
