@@ -17,6 +17,7 @@ from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive, l
 
 from .addresses import authority_error, bracket_ipv6_url, redis_url_error, without_userinfo
 from .blockhash import DEFAULT_BLOCK_TOKENS
+from .engine_api import AUTO, ENGINE_APIS
 from .keys import DEFAULT_FLEET, validate_fleet_name
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .records import validate_worker_id
@@ -56,17 +57,27 @@ def register(subparsers: Any) -> None:
         help="seconds between load publishes (summary published when changed)",
     )
     sc.add_argument(
+        "--engine-api",
+        choices=ENGINE_APIS,
+        default=AUTO,
+        help="the engine's API: sglang, vllm, or auto (detected at each engine start: SGLang if "
+        "GET /get_server_info answers a JSON object, else vLLM if GET /v1/models answers 200)",
+    )
+    sc.add_argument(
         "--block-tokens",
         type=int,
-        default=DEFAULT_BLOCK_TOKENS,
-        help="tokens per hashed prefix block (published: gateways hash this worker's prompts alike)",
+        default=None,
+        metavar="N",
+        help="tokens per hashed prefix block (published: gateways hash this worker's prompts alike); "
+        f"default: a vLLM engine's block_size, else {DEFAULT_BLOCK_TOKENS}",
     )
     sc.add_argument(
         "--cache-tokens",
         type=int,
         default=None,
         metavar="N",
-        help="mirror capacity; default: the engine's max_total_num_tokens",
+        help="mirror capacity; default: the engine's (SGLang max_total_num_tokens, vLLM "
+        "block_size × num_gpu_blocks from vllm:cache_config_info)",
     )
     sc.add_argument(
         "--self-register",
@@ -239,7 +250,7 @@ def _check_common(args: argparse.Namespace) -> None:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.redis is not None:
         _check_redis_url(args.redis)
-    if args.block_tokens < 1:
+    if args.block_tokens is not None and args.block_tokens < 1:
         raise UsageError(f"--block-tokens must be positive, got {args.block_tokens}")
     if args.max_body_bytes < 1 or args.max_prompt_tokens < 1:
         raise UsageError("--max-body-bytes and --max-prompt-tokens must be positive")
@@ -314,6 +325,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
         publish_interval_s=args.publish_interval,
         block_tokens=args.block_tokens,
         cache_tokens=args.cache_tokens,
+        engine_api=args.engine_api,
         self_register=args.self_register,
         model=args.model,
         revision=args.revision,

@@ -7,13 +7,15 @@ Two endpoints on every sidecar, called by the autoscaler (never by clients, neve
   the sidecar's mirror tree; 404 when it is not held. Token ids stay pod-to-pod: Redis only ever
   holds hashes.
 * ``POST /prefixfleet/warm {"source": URL, "hashes": [...], "hold_traffic": true}`` on the replica
-  being warmed: each prefix is fetched from the source sidecar and replayed as a prefill-only request
-  (``max_new_tokens: 0``) to this sidecar's own ``/generate``, so it goes through the mirror like any
-  request. With ``hold_traffic`` (the default) its state is ``warming`` meanwhile (gateways send it
-  nothing new), then ``ready``: for a new replica, warmed before it takes traffic. With
-  ``hold_traffic: false`` the state is left alone and the replica keeps serving while it warms: for
-  an existing replica, as the simulator models it. The answer reports the warmed tokens and, per
-  hash, ``ok`` or why it failed.
+  being warmed: each prefix is fetched from the source sidecar and replayed as a prefill request to
+  this sidecar's own generation route, so it goes through the mirror like any request: SGLang's
+  ``/generate`` with ``max_new_tokens: 0`` (prefill only); for a vLLM engine, which has no
+  ``/generate``, ``/v1/completions`` with the token ids as ``prompt`` and ``max_tokens: 1`` (vLLM
+  refuses fewer: :func:`prefill_request`). With ``hold_traffic`` (the default) its state is
+  ``warming`` meanwhile (gateways send it nothing new), then ``ready``: for a new replica, warmed
+  before it takes traffic. With ``hold_traffic: false`` the state is left alone and the replica
+  keeps serving while it warms: for an existing replica, as the simulator models it. The answer
+  reports the warmed tokens and, per hash, ``ok`` or why it failed.
 
 Cache identity is respected: a prefix is replayed only when the source serves the same model,
 revision and adapter (another identity names different blocks, so its cache would be useless here).
@@ -39,6 +41,7 @@ from aiohttp import web
 from prefixfleet.operator.hot_subtrees import find_prefix, parse_subtree_id
 
 from .addresses import local_url
+from .engine_api import VLLM
 from .proxying import ExpectHandler, bad_request, find_cached_tokens, json_error, read_json_object
 from .requests import BadRequest
 from .summary import HotPrefix
@@ -203,16 +206,39 @@ async def _warm_one(
     theirs = (prefix.get("model", ""), prefix.get("revision", ""), prefix.get("adapter", ""))
     if sidecar.s.engine.known and theirs != mine:
         return {"status": "failed", "error": f"cache identity differs: source {theirs}, this replica {mine}"}
-    body: dict[str, Any] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}}
-    if prefix.get("namespace"):
-        body["cache_salt"] = prefix["namespace"]
+    namespace = prefix.get("namespace")
+    salt = namespace if isinstance(namespace, str) else None
+    engine = sidecar.s.engine
+    path, body = prefill_request(engine.api, ids, salt, engine.served_model)
     async with session.post(
-        f"{own}/generate", json=body, timeout=aiohttp.ClientTimeout(total=PREFILL_TIMEOUT_S)
+        f"{own}{path}", json=body, timeout=aiohttp.ClientTimeout(total=PREFILL_TIMEOUT_S)
     ) as resp:
         data = await resp.read()
         if resp.status != 200:
             return {"status": "failed", "error": f"prefill answered HTTP {resp.status}: {data[:200]!r}"}
     return {"status": "ok", "tokens": len(ids), "cached_before": find_cached_tokens(data) or 0}
+
+
+def prefill_request(
+    api: str, input_ids: list[int], namespace: str | None, served_model: str
+) -> tuple[str, dict[str, Any]]:
+    """The route and body that make an engine speaking ``api`` prefill (and cache) ``input_ids``
+    under the cache salt ``namespace``.
+
+    SGLang: ``/generate`` with ``max_new_tokens: 0``, a prefill and nothing generated. vLLM: no
+    ``/generate``; ``/v1/completions`` takes token ids as ``prompt``, but its ``SamplingParams``
+    refuses ``max_tokens`` below 1 (``_verify_args``; 0 passes only with ``echo``), so one token is
+    generated. ``model`` names the served model (``/v1/models``), which older vLLM requires."""
+    body: dict[str, Any]
+    if api == VLLM:
+        path, body = "/v1/completions", {"prompt": input_ids, "max_tokens": 1}
+        if served_model:
+            body["model"] = served_model
+    else:
+        path, body = "/generate", {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 0}}
+    if namespace:
+        body["cache_salt"] = namespace
+    return path, body
 
 
 def add_routes(app: web.Application, expect_handler: ExpectHandler | None = None) -> None:

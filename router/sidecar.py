@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import socket
@@ -28,7 +29,20 @@ from prefixfleet.cancellation import cancel_and_wait
 from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
-from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity
+from .blockhash import CacheIdentity
+from .engine_api import (
+    AUTO,
+    VLLM,
+    VLLM_FLUSH_PATH,
+    VLLM_FLUSH_UNAVAILABLE,
+    Probe,
+    is_sglang_info,
+    mirror_block_tokens,
+    pick_engine_api,
+    vllm_cache_config,
+    vllm_served_model,
+    vllm_visible_hit,
+)
 from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
@@ -96,7 +110,7 @@ from .upstream import (
 )
 
 log = logging.getLogger("prefixfleet.sidecar")
-DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports max_total_num_tokens
+DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports its capacity
 
 
 def engine_failure(what: str, exc: BaseException) -> web.Response:
@@ -128,8 +142,11 @@ class SidecarConfig:
     advertise_url: str = ""
     fleet: str = DEFAULT_FLEET
     publish_interval_s: float = 0.25
-    block_tokens: int = DEFAULT_BLOCK_TOKENS
-    cache_tokens: int | None = None  # None: ask the engine (/get_server_info max_total_num_tokens)
+    # None: DEFAULT_BLOCK_TOKENS, or a vLLM engine's hit granularity (its block_size), which it reports
+    block_tokens: int | None = None
+    # None: ask the engine (SGLang: /get_server_info max_total_num_tokens; vLLM: vllm:cache_config_info)
+    cache_tokens: int | None = None
+    engine_api: str = AUTO  # auto: detected at each engine start (engine_api.pick_engine_api)
     self_register: bool = True
     model: str | None = None  # None: ask the engine
     revision: str | None = None
@@ -225,6 +242,34 @@ class _EngineInfo:
     # Its server info says enable_cache_report (SGLang's flag, the emulator's): an OpenAI usage
     # report without prompt_tokens_details then means 0 cached tokens, not "not reported".
     cache_report: bool = False
+    api: str = ""  # sglang or vllm once known (--engine-api, or detected)
+    served_model: str = ""  # vLLM: /v1/models data[0].id, the name its requests' "model" must give
+    match_unit: int | None = None  # vLLM: the token boundary its cache hits land on (block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFacts:
+    """What an engine states about itself, whichever API it speaks."""
+
+    model: str
+    revision: str
+    capacity_tokens: object = None  # as stated: checked before use
+    cache_report: bool = False
+    emulator: object = None  # the emulator block of SGLang's server info
+    served_model: str = ""
+    match_unit: int | None = None
+
+
+def sglang_facts(info: dict[str, object], model: str | None, revision: str | None) -> EngineFacts:
+    """An SGLang engine's ``/get_server_info`` merged with its ``/get_model_info``; ``model`` and
+    ``revision`` given on the command line win."""
+    return EngineFacts(
+        model=model or str(info.get("served_model_name") or info.get("model_path") or ""),
+        revision=revision or str(info.get("revision") or info.get("model_revision") or ""),
+        capacity_tokens=info.get("max_total_num_tokens"),
+        cache_report=info.get("enable_cache_report") is True,
+        emulator=info.get("emulator"),
+    )
 
 
 class _LinkedEvent(asyncio.Event):
@@ -273,11 +318,12 @@ class Sidecar:
         self.config = config
         capacity = config.cache_tokens or DEFAULT_CACHE_TOKENS
         identity = CacheIdentity(config.model or "", config.revision or "", config.adapter)
+        block_tokens = mirror_block_tokens(config.block_tokens, config.engine_api, None)
         self.s = SidecarState(
             config=config,
             worker_id=config.resolved_worker_id(),
             url=config.resolved_advertise_url(),
-            mirror=CacheMirror(capacity, identity, block_tokens=config.block_tokens, clock=time.time),
+            mirror=CacheMirror(capacity, identity, block_tokens=block_tokens, clock=time.time),
             load=LoadTracker(config.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S),
         )
         self.keys = FleetKeys(config.fleet)
@@ -387,7 +433,11 @@ class Sidecar:
                     self.s.mirror.flush()
                     self.s.engine.known = False
                     await self._fetch_engine_info()
-                if self.s.engine_ok and self.s.engine.known and self.s.load.in_flight == 0:
+                # vLLM states no cached-token count (nothing like SGLang's /get_server_info
+                # internal_states): its mirror is corrected from answers' cached_tokens only, and
+                # asking would be a 404 every second.
+                idle = self.s.load.in_flight == 0 and self.s.engine.api != VLLM
+                if self.s.engine_ok and self.s.engine.known and idle:
                     await self._reconcile_cached_tokens()
                 backoff = 1.0
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -437,7 +487,38 @@ class Sidecar:
                 tree.evict(min(excess, tree.cached_tokens - tree.pinned_tokens))
             self.s.mirror.changes += 1
 
+    async def _get_json(self, path: str) -> Probe:
+        """GET an engine route: its status and JSON body (Probe(None) when the engine did not answer)."""
+        assert self.session is not None
+        try:
+            async with self.session.get(
+                f"{self.config.engine_url}{path}", timeout=aiohttp.ClientTimeout(total=2)
+            ) as resp:
+                status, data = resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return Probe(None)
+        try:
+            return Probe(status, json.loads(data) if status == 200 else None)
+        except (ValueError, RecursionError):
+            return Probe(status)
+
     async def _fetch_engine_info(self) -> None:
+        """Learn the engine's API (detected under ``--engine-api auto``, at each engine start),
+        identity and capacity; left unknown (asked again next round) while the engine does not answer."""
+        api, models = self.config.engine_api, None
+        if api == AUTO:
+            server_info = await self._get_json("/get_server_info")
+            if not is_sglang_info(server_info):
+                models = await self._get_json("/v1/models")
+            decided = pick_engine_api(server_info, models)
+            if decided is None:
+                return
+            api = decided
+        facts = await (self._vllm_facts(models) if api == VLLM else self._sglang_facts())
+        if facts is not None:
+            self._apply_engine_facts(api, facts)
+
+    async def _sglang_facts(self) -> EngineFacts | None:
         assert self.session is not None
         info: dict = {}
         for path in ("/get_server_info", "/get_model_info"):
@@ -450,25 +531,58 @@ class Sidecar:
                         if isinstance(body, dict):
                             info.update({k: v for k, v in body.items() if k not in info})
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-                return
-        model = self.config.model or str(info.get("served_model_name") or info.get("model_path") or "")
-        revision = self.config.revision or str(info.get("revision") or info.get("model_revision") or "")
-        capacity = info.get("max_total_num_tokens")
+                return None
+        return sglang_facts(info, self.config.model, self.config.revision)
+
+    async def _vllm_facts(self, models: Probe | None) -> EngineFacts | None:
+        """vLLM: the served model from ``/v1/models``, the cache from ``/metrics``; no revision is
+        reported (``--revision`` gives one)."""
+        assert self.session is not None
+        if models is None:
+            models = await self._get_json("/v1/models")
+            if models.status is None:
+                return None
+        served = vllm_served_model(models.body) or ""
+        metrics = await fetch_engine_metrics(self.session, self.config.engine_url)
+        cache = None
+        try:
+            if metrics is None:
+                raise ValueError("its /metrics did not answer 200")
+            cache = vllm_cache_config(metrics.decode("utf-8", "replace"))
+        except ValueError as exc:
+            log.warning(
+                "engine %s: no KV cache size from vllm:cache_config_info (%s); the mirror keeps %d tokens",
+                self.config.engine_url,
+                exc,
+                self.s.mirror.tree.capacity_tokens,
+            )
+        return EngineFacts(
+            model=self.config.model or served,
+            revision=self.config.revision or "",
+            capacity_tokens=cache.capacity_tokens if cache is not None else None,
+            served_model=served,
+            match_unit=cache.match_unit if cache is not None else None,
+        )
+
+    def _apply_engine_facts(self, api: str, facts: EngineFacts) -> None:
+        model, revision, capacity = facts.model, facts.revision, facts.capacity_tokens
         e = self.s.engine
-        e.model, e.revision, e.known = model, revision, True
-        e.cache_report = info.get("enable_cache_report") is True
+        e.model, e.revision, e.known, e.api = model, revision, True, api
+        e.cache_report = facts.cache_report
+        e.served_model, e.match_unit = facts.served_model, facts.match_unit
         if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
             if capacity > MAX_RECORD_INT:  # the load record could not carry it: gateways would refuse it
                 log.warning(
-                    "engine %s: ignoring max_total_num_tokens %.40r (over %d)",
+                    "engine %s: ignoring %s %.40r (over %d)",
                     self.config.engine_url,
+                    "its vllm:cache_config_info capacity" if api == VLLM else "max_total_num_tokens",
                     capacity,
                     MAX_RECORD_INT,
                 )
             elif not self.config.cache_tokens:
                 e.capacity_tokens = capacity
                 self.s.mirror.resize(capacity)
-        emulated = info.get("emulator")
+        emulated = facts.emulator
         speed = emulated_speed(emulated) if isinstance(emulated, dict) else EmulatedSpeed()
         if speed.problems:
             # An infinite or zero rate would be published in the load record, which gateways refuse:
@@ -489,23 +603,26 @@ class Sidecar:
             # it a cold fleet's idle replicas look free for the first requests.
             self.s.load.fixed_latency_s = speed.fixed_latency_s
         identity = CacheIdentity(model, revision, self.config.adapter)
-        if identity != self.s.mirror.identity:
-            # A different cache identity names different blocks: start the mirror afresh.
+        block_tokens = mirror_block_tokens(self.config.block_tokens, api, facts.match_unit)
+        if identity != self.s.mirror.identity or block_tokens != self.s.mirror.block_tokens:
+            # A different cache identity (or block size) names different blocks: start the mirror afresh.
             self.s.mirror = CacheMirror(
                 self.s.mirror.tree.capacity_tokens,
                 identity,
-                block_tokens=self.config.block_tokens,
+                block_tokens=block_tokens,
                 clock=time.time,
             )
             # Its change count starts again at 0, maybe the count the old mirror's summary was
             # published at: publish this one whatever its count, so Redis names the new identity.
             self.s.published_changes = -1
         log.info(
-            "engine %s: model=%r revision=%r capacity=%s tokens",
+            "engine %s (%s): model=%r revision=%r capacity=%s tokens, blocks of %d",
             self.config.engine_url,
+            api,
             model,
             revision,
             self.s.mirror.tree.capacity_tokens,
+            self.s.mirror.block_tokens,
         )
 
     # -- Redis publishing ------------------------------------------------------------------------
@@ -518,7 +635,7 @@ class Sidecar:
             model=e.model,
             revision=e.revision,
             adapter=self.config.adapter,
-            block_tokens=self.config.block_tokens,
+            block_tokens=self.s.mirror.block_tokens,
             registered_at=time.time(),
         )
 
@@ -698,6 +815,8 @@ class Sidecar:
                 "redis_ok": self.s.redis_ok,
                 "model": self.s.engine.model,
                 "revision": self.s.engine.revision,
+                "engine_api": self.s.engine.api or None,  # None: not known yet
+                "block_tokens": self.s.mirror.block_tokens,
                 "load": {k: getattr(report, k) for k in report.__dataclass_fields__},
                 "mirror": {
                     "compared_requests": self.s.mirror.compared_requests,
@@ -727,24 +846,33 @@ class Sidecar:
         body = await request.read()  # within the limit: body_deadline read it (or the front did)
         return await self._forward(request, body, track=True)
 
-    def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, Admission, int] | None:
-        """Tokenize, mirror and count a generation request (after it is on its way to the engine)."""
+    def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, Admission, int, int] | None:
+        """Tokenize, mirror and count a generation request (after it is on its way to the engine);
+        with the cached tokens predicted for it, in the engine's terms."""
         try:
             parsed = parse_inference_request(path, body, max_prompt_tokens=self.config.max_prompt_tokens)
         except BadRequest:
             return None  # not ours to judge what the engine accepts: forwarded untracked
         admission = self.s.mirror.admit_sent(parsed.token_bytes, parsed.tenant_salt)
+        predicted = admission.matched_tokens
+        engine = self.s.engine
+        if engine.api == VLLM:
+            # vLLM reports whole blocks short of the prompt's last token: a mirror match counted to
+            # the token read as that many tokens evicted, and the mirror shed them at each repeat.
+            unit = engine.match_unit or self.s.mirror.block_tokens
+            predicted = vllm_visible_hit(predicted, parsed.num_tokens, unit)
         handle = self.s.load.admit(
-            parsed.uncached_tokens(admission.matched_tokens),
+            parsed.uncached_tokens(predicted),
             time.monotonic(),
             timed=parsed.stream or parsed.max_new_tokens <= 1,
         )
         self.load_changed()
-        return parsed, admission, handle
+        return parsed, admission, handle, predicted
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()  # within the limit: body_deadline read it
-        if request.path != "/flush_cache":
+        vllm_flush = self.s.engine.api == VLLM and request.path == VLLM_FLUSH_PATH
+        if request.path != "/flush_cache" and not vllm_flush:
             return await self._forward(request, body)
         # Once sent, the engine may empty its cache even if the client leaves (aiohttp then cancels
         # this handler): the flush is seen through, so the mirror empties with the engine.
@@ -754,12 +882,34 @@ class Sidecar:
         return await asyncio.shield(task)
 
     async def _flush_cache(self, request: web.Request, body: bytes) -> Answer:
-        response = await self._forward(request, body)
+        if self.s.engine.api != VLLM:
+            response = await self._forward(request, body)
+        else:
+            # SGLang's /flush_cache is vLLM's POST /reset_prefix_cache (the query passed on: vLLM
+            # reads reset_running_requests and reset_external there).
+            query = request_target(request).partition("?")[2]
+            target = VLLM_FLUSH_PATH + (f"?{query}" if query else "")
+            method = "POST" if request.path == "/flush_cache" else request.method
+            response = await self._forward(request, body, method=method, target=target)
+            if response.status == 404:
+                # no such route: the server runs without VLLM_SERVER_DEV_MODE=1 and kept its cache,
+                # so the mirror keeps its copy too
+                return json_error(501, VLLM_FLUSH_UNAVAILABLE, kind="not_implemented")
         if 200 <= response.status < 300:
             self.s.mirror.flush()
         return response
 
-    async def _forward(self, request: AnyRequest, body: bytes, *, track: bool = False) -> Answer:
+    async def _forward(
+        self,
+        request: AnyRequest,
+        body: bytes,
+        *,
+        track: bool = False,
+        method: str | None = None,
+        target: str | None = None,
+    ) -> Answer:
+        """Send ``request`` to the engine (as ``method`` to ``target`` when given, else as the client
+        sent it) and answer with what the engine answers."""
         assert self.upstream is not None
         load = self.s.load
         handle = predicted = None
@@ -775,8 +925,8 @@ class Sidecar:
             # On a pooled connection the request is on the wire when this returns, without a suspension.
             exchange = await self.upstream.send(
                 self._engine_origin,
-                request.method,
-                self._engine_prefix + request_target(request),
+                method or request.method,
+                self._engine_prefix + (target or request_target(request)),
                 forward_header_pairs(request.headers),
                 body if body else None,
             )
@@ -787,8 +937,7 @@ class Sidecar:
             # mirror it while the engine works (it cannot answer before the next await).
             tracked = self._track(request.path, body)
             if tracked is not None:
-                parsed, admission, handle = tracked
-                predicted = admission.matched_tokens
+                parsed, admission, handle, predicted = tracked
                 echoed = echoed_prompt(request.path, body)
         try:
             try:

@@ -1,0 +1,146 @@
+"""Which engine API a sidecar speaks, SGLang's or vLLM's, and what it reads from each (pure).
+
+SGLang states its identity and capacity in ``/get_server_info`` + ``/get_model_info``; vLLM has
+neither (404): its served model name is ``/v1/models``' ``data[0].id`` and its KV capacity a label
+set of the ``vllm:cache_config_info`` gauge on ``/metrics`` (``CacheConfig.metrics_info()``: every
+field of vLLM's ``vllm/config/cache.py`` as a string, ``"None"`` when unset). The sidecar does the
+I/O; these functions decide over what it read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .blockhash import DEFAULT_BLOCK_TOKENS
+
+SGLANG = "sglang"
+VLLM = "vllm"
+AUTO = "auto"
+ENGINE_APIS = (AUTO, SGLANG, VLLM)
+
+# The sidecar's /flush_cache (SGLang's route) is vLLM's POST /reset_prefix_cache, which vLLM
+# registers only when the server runs with VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/serve/cache/
+# api_router.py attach_router); without it the route does not exist and vLLM answers 404.
+VLLM_FLUSH_PATH = "/reset_prefix_cache"
+VLLM_FLUSH_UNAVAILABLE = (
+    "the vLLM engine has no POST /reset_prefix_cache (it answered 404): vLLM serves it only when "
+    "started with VLLM_SERVER_DEV_MODE=1; the engine kept its prefix cache and so did this sidecar's mirror"
+)
+CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """One GET of an engine route: its status (None: no answer — refused, reset, timed out) and
+    its body when that parsed as JSON (else None)."""
+
+    status: int | None
+    body: object = None
+
+
+def is_sglang_info(server_info: Probe) -> bool:
+    """``/get_server_info`` answered 200 with a JSON object: an SGLang server (or the emulator)."""
+    return server_info.status == 200 and isinstance(server_info.body, dict)
+
+
+def pick_engine_api(server_info: Probe, models: Probe | None) -> str | None:
+    """The API of an engine from two probes, for ``--engine-api auto``: ``/get_server_info``
+    answering 200 with a JSON object is SGLang; else ``/v1/models`` answering 200 is vLLM (``models``
+    is None when it was not asked, the first probe having decided). An engine that answers both but
+    neither way (a stand-in serving only the generation routes) is spoken to as SGLang, the
+    sidecar's behaviour before it knew vLLM. None: the engine did not answer; ask again later."""
+    if is_sglang_info(server_info):
+        return SGLANG
+    if server_info.status is None or models is None or models.status is None:
+        return None
+    return VLLM if models.status == 200 else SGLANG
+
+
+def vllm_served_model(models_body: object) -> str | None:
+    """The served model name in a vLLM ``/v1/models`` answer (``data[0].id``); None without one."""
+    if not isinstance(models_body, dict):
+        return None
+    data = models_body.get("data")
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return None
+    name = data[0].get("id")
+    return name if isinstance(name, str) and name else None
+
+
+@dataclass(frozen=True, slots=True)
+class VllmCache:
+    """What ``vllm:cache_config_info`` says of an engine's prefix cache."""
+
+    block_size: int  # tokens per KV block: vLLM caches (and reports cached) whole blocks only
+    match_unit: int  # the token boundary a hit lands on: prefix_match_unit where reported, else block_size
+    capacity_tokens: int | None  # None: not stated yet (num_gpu_blocks is set after profiling)
+
+
+def _label_int(labels: Mapping[str, str], name: str) -> int | None:
+    """A label holding a positive integer (``"16"``); None when absent or ``"None"`` (unset)."""
+    raw = labels.get(name)
+    if raw is None or raw == "None":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{CACHE_CONFIG_METRIC} label {name}={raw!r:.40} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{CACHE_CONFIG_METRIC} label {name}={raw!r:.40} is not positive")
+    return value
+
+
+def vllm_cache_config(metrics_text: str) -> VllmCache:
+    """The prefix cache of the vLLM engine whose ``/metrics`` text exposition is ``metrics_text``.
+
+    Capacity in tokens is ``kv_cache_size_tokens`` where the engine states it (newer vLLM: right for
+    hybrid models too), else ``block_size * num_gpu_blocks``. A data-parallel server has one series
+    per engine (label ``engine``), each engine a cache of its own that a prompt lands in: the
+    smallest is the capacity. ValueError names what is missing or wrong."""
+    try:
+        families = list(text_string_to_metric_families(metrics_text))
+    except ValueError as exc:  # the parser's own errors (a malformed line) are ValueErrors
+        raise ValueError(f"engine /metrics is not a Prometheus text exposition: {exc}"[:300]) from None
+    samples = [s for f in families if f.name == CACHE_CONFIG_METRIC for s in f.samples]
+    if not samples:
+        raise ValueError(f"engine /metrics has no {CACHE_CONFIG_METRIC} series")
+    block_sizes, units, capacities = set(), set(), []
+    for sample in samples:
+        block_size = _label_int(sample.labels, "block_size")
+        if block_size is None:
+            raise ValueError(f"{CACHE_CONFIG_METRIC} has no block_size label")
+        block_sizes.add(block_size)
+        units.add(_label_int(sample.labels, "prefix_match_unit") or block_size)
+        tokens = _label_int(sample.labels, "kv_cache_size_tokens")
+        blocks = _label_int(sample.labels, "num_gpu_blocks")
+        if tokens is None and blocks is not None:
+            tokens = block_size * blocks
+        if tokens is not None:
+            capacities.append(tokens)
+    if len(block_sizes) > 1 or len(units) > 1:
+        disagree = f"block_size {sorted(block_sizes)}, prefix_match_unit {sorted(units)}"
+        raise ValueError(f"{CACHE_CONFIG_METRIC} series disagree: {disagree}")
+    return VllmCache(block_sizes.pop(), units.pop(), min(capacities) if capacities else None)
+
+
+def vllm_visible_hit(matched_tokens: int, prompt_tokens: int, match_unit: int) -> int:
+    """The cached tokens vLLM reports for a prompt of ``prompt_tokens`` of which its cache holds
+    ``matched_tokens``: whole ``match_unit`` blocks only, and never the prompt's last token, which it
+    recomputes for the logits (vllm/v1/core/kv_cache_manager.py get_computed_blocks:
+    ``max_cache_hit_length = request.num_tokens - 1``)."""
+    usable = max(min(matched_tokens, prompt_tokens - 1), 0)
+    return usable // match_unit * match_unit
+
+
+def mirror_block_tokens(given: int | None, api: str, match_unit: int | None) -> int:
+    """Tokens per hashed block of a sidecar's mirror: ``--block-tokens`` when given; else, in front
+    of vLLM, the granularity its cache hits land on (so the summary's blocks are the engine's and a
+    gateway's n-block match is the hit vLLM reports); else :data:`DEFAULT_BLOCK_TOKENS`."""
+    if given is not None:
+        return given
+    if api == VLLM and match_unit is not None:
+        return match_unit
+    return DEFAULT_BLOCK_TOKENS
