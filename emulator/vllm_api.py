@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel
 
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.tokenizer import tokenize
@@ -48,6 +47,7 @@ from .vllm_protocol import (
     CompletionBody,
     DetokenizeBody,
     Limits,
+    SamplingBody,
     TokenizeBody,
     VllmBadRequest,
     chat_call,
@@ -58,9 +58,11 @@ from .vllm_protocol import (
     completion_call,
     completion_chunk,
     completion_response,
+    continuous_usage,
     error_body,
     model_list,
     request_id,
+    running_usage,
     unix_now,
     usage_chunk,
     usage_object,
@@ -236,28 +238,32 @@ class _Answer:
     rid: str
     model: str
     created: int
-    details: bool
+    details: bool  # --enable-prompt-tokens-details
+    continuous: bool  # stream_options.continuous_usage_stats: usage so far on every chunk
 
-
-def _answer(request: web.Request, prefix: str) -> _Answer:
-    engine = request.app[ENGINE_KEY]
-    details = request.app[OPTIONS_KEY].enable_prompt_tokens_details
-    return _Answer(request_id(prefix), engine.config.model, unix_now(), details)
+    async def send(
+        self, response: web.StreamResponse, chunk: dict[str, object], prompt: int, done: int
+    ) -> None:
+        """A streamed chunk, with the usage so far when the request asked for it continuously."""
+        if self.continuous:
+            chunk["usage"] = running_usage(prompt, done)
+        await send(response, chunk)
 
 
 async def _prepared(
-    request: web.Request, model: type[BaseModel], build: Any
-) -> tuple[Call, list[RequestHandle]]:
+    request: web.Request, model: type[SamplingBody], build: Any, prefix: str
+) -> tuple[Call, list[RequestHandle], _Answer]:
     engine = request.app[ENGINE_KEY]
     body = await _body(request, model)
     check_model(body.model, engine.config.model)
     call = build(body, _limits(engine.config))
-    return call, submit(engine, call)
+    details = request.app[OPTIONS_KEY].enable_prompt_tokens_details
+    answer = _Answer(request_id(prefix), engine.config.model, unix_now(), details, continuous_usage(body))
+    return call, submit(engine, call), answer
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    call, handles = await _prepared(request, CompletionBody, completion_call)
-    a = _answer(request, "cmpl")
+    call, handles, a = await _prepared(request, CompletionBody, completion_call, "cmpl")
     try:
         if not call.stream:
             snaps = list(await asyncio.gather(*(h.result() for h in handles)))
@@ -271,7 +277,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         async def chunks(i: int, snap: Snapshot) -> None:
             delta = handles[i].text(snap.completion_tokens, sent[i])
             sent[i] = snap.completion_tokens
-            await send(response, completion_chunk(a.rid, a.model, a.created, i, delta, snap.finish_reason))
+            chunk = completion_chunk(a.rid, a.model, a.created, i, delta, snap.finish_reason)
+            await a.send(response, chunk, snap.prompt_tokens, snap.completion_tokens)
 
         await _stream(response, call, handles, a, "text_completion", chunks)
         return response
@@ -280,9 +287,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    call, handles = await _prepared(request, ChatBody, chat_call)
+    call, handles, a = await _prepared(request, ChatBody, chat_call, "chatcmpl")
     handle = handles[0]
-    a = _answer(request, "chatcmpl")
     try:
         if not call.stream:
             snap = await handle.result()
@@ -295,13 +301,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         async def chunks(_i: int, snap: Snapshot) -> None:
             text = handle.text(snap.completion_tokens, sent[0])
             if sent[0] == 0:  # vLLM's first event names the role with empty content; no leading space
-                await send(
-                    response,
-                    chat_chunk(a.rid, a.model, a.created, {"role": "assistant", "content": ""}, None),
-                )
+                role = chat_chunk(a.rid, a.model, a.created, {"role": "assistant", "content": ""}, None)
+                await a.send(response, role, snap.prompt_tokens, 0)
                 text = text[1:]
             sent[0] = snap.completion_tokens
-            await send(response, chat_chunk(a.rid, a.model, a.created, {"content": text}, snap.finish_reason))
+            chunk = chat_chunk(a.rid, a.model, a.created, {"content": text}, snap.finish_reason)
+            await a.send(response, chunk, snap.prompt_tokens, snap.completion_tokens)
 
         await _stream(response, call, handles, a, "chat.completion.chunk", chunks)
         return response

@@ -80,7 +80,9 @@ class StreamOptions(_Lax):
     continuous_usage_stats: bool | None = False
 
 
-class _Sampling(_Lax):
+class SamplingBody(_Lax):
+    """The fields /v1/completions and /v1/chat/completions share (vLLM's sampling parameters)."""
+
     model: str | None = None
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
@@ -114,7 +116,7 @@ class _Sampling(_Lax):
         return data
 
 
-class CompletionBody(_Sampling):
+class CompletionBody(SamplingBody):
     prompt: list[int] | list[list[int]] | str | list[str] | None = None
     echo: bool | None = False
     max_tokens: int | None = DEFAULT_COMPLETION_MAX_TOKENS
@@ -129,7 +131,7 @@ class CompletionBody(_Sampling):
         return data
 
 
-class ChatBody(_Sampling):
+class ChatBody(SamplingBody):
     messages: list[dict[str, Any]]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
@@ -188,7 +190,7 @@ class Limits:
     max_new_tokens: int
 
 
-def _verify_sampling(body: _Sampling) -> None:
+def _verify_sampling(body: SamplingBody) -> None:
     """vLLM's SamplingParams._verify_args over the fields the request set (its defaults pass)."""
     # (name, value, low, high, low open): the ranges vLLM's _verify_args enforces
     ranges: list[tuple[str, float | None, float, float, bool]] = [
@@ -259,14 +261,21 @@ def _max_tokens(given: int | None, default: int, prompt_tokens: int, limits: Lim
     return tokens
 
 
-def _salts(body: _Sampling, prompts: int) -> tuple[str | None, ...]:
+def _salts(body: SamplingBody, prompts: int) -> tuple[str | None, ...]:
     # vLLM salts every prompt of the request with the one string (block hashes start from it)
     return (body.cache_salt,) * prompts if body.cache_salt else ()
 
 
-def _include_usage(body: _Sampling) -> bool:
+def _include_usage(body: SamplingBody) -> bool:
     # vLLM's should_include_usage: only when stream_options are given; include_usage defaults to true
     return bool(body.stream_options is not None and body.stream_options.include_usage)
+
+
+def continuous_usage(body: SamplingBody) -> bool:
+    """stream_options.continuous_usage_stats: every streamed chunk carries the usage so far (vLLM:
+    only when usage is included at all)."""
+    options = body.stream_options
+    return bool(options is not None and options.include_usage and options.continuous_usage_stats)
 
 
 def completion_call(body: CompletionBody, limits: Limits) -> Call:
@@ -344,6 +353,15 @@ def usage_object(snaps: Sequence[Snapshot], cached: int | None, *, details: bool
         "total_tokens": prompt + completion,
         "completion_tokens": completion,
         "prompt_tokens_details": {"cached_tokens": cached} if details and cached is not None else None,
+    }
+
+
+def running_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, object]:
+    """The usage a chunk carries with continuous_usage_stats (vLLM sets only these three)."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
     }
 
 

@@ -185,6 +185,27 @@ async def test_chat_output_length_as_vllm_reads_its_two_limits(plain, http, limi
     assert status == 200 and answer["usage"]["completion_tokens"] == generated
 
 
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+async def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(plain, http, route: str):
+    prompt = words(20, "k")
+    body: dict = {"max_tokens": 3, "stream": True}
+    body |= (
+        {"prompt": prompt}
+        if route == "/v1/completions"
+        else {"messages": [{"role": "user", "content": prompt}]}
+    )
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    *chunks, last, done = await events(http, plain.url + route, {**body, "stream_options": options})
+    assert done == "[DONE]" and last["choices"] == []
+    prompt_tokens = last["usage"]["prompt_tokens"]
+    so_far = [c["usage"]["completion_tokens"] for c in chunks]
+    assert so_far[-3:] == [1, 2, 3] and all(c["usage"]["prompt_tokens"] == prompt_tokens for c in chunks)
+    assert all(c["usage"]["total_tokens"] == prompt_tokens + c["usage"]["completion_tokens"] for c in chunks)
+    # without include_usage vLLM sends no usage at all, continuous or not
+    quiet = {**body, "stream_options": {"include_usage": False, "continuous_usage_stats": True}}
+    assert all(e == "[DONE]" or "usage" not in e for e in await events(http, plain.url + route, quiet))
+
+
 async def test_chat_stream_names_the_role_first(plain, http):
     body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2, "stream": True}
     chunks = await events(http, plain.url + "/v1/chat/completions", body)
