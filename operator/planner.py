@@ -31,7 +31,15 @@ from urllib.parse import parse_qs, urlsplit
 from prefixfleet.router.addresses import base_url
 
 from .last_applied import ANNOTATION_LAST_APPLIED, labels_patch, labels_record, recorded_labels
-from .models import API_VERSION, KIND, MERGED_BY_NAME, PROJECT_IMAGE, ROUTER_SETTINGS_VOLUME, FleetSpec
+from .models import (
+    API_VERSION,
+    KIND,
+    MERGED_BY_NAME,
+    PROJECT_IMAGE,
+    ROUTER_SETTINGS_VOLUME,
+    EngineKind,
+    FleetSpec,
+)
 
 JSON = dict[str, Any]
 
@@ -559,6 +567,27 @@ def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
     return command, args + list(engine.args)
 
 
+def sidecar_engine_api(kind: EngineKind) -> str:
+    """The sidecar's ``--engine-api`` for an engine kind: which HTTP API it speaks to its engine
+    (identity and capacity, pre-warm, flush). Named, not left to the sidecar's ``auto`` probe: the
+    operator knows the kind, and a probe of an engine still loading its model decides nothing.
+    The emulator speaks SGLang's API."""
+    return "vllm" if kind == "vllm" else "sglang"
+
+
+# VLLM_SERVER_DEV_MODE is deliberately not set on vLLM engines, so the sidecar's flush (POST
+# /flush_cache, which it sends to vLLM as POST /reset_prefix_cache) answers 501 naming the variable.
+# Dev mode adds, besides /reset_prefix_cache, /collective_rpc (calls any worker method by name;
+# vLLM's docs/usage/security.md: "extremely dangerous"), /sleep (a denial of service), /server_info
+# (the whole engine config) and, in newer releases, /pause, /abort_requests and weight-update
+# routes, none behind --api-key (it guards /v1 paths only); vLLM logs "SECURITY WARNING:
+# Development endpoints are enabled! This should NOT be used in production!". The engine listens on
+# the pod's loopback, but the sidecar listens on the pod IP and forwards every path but its own to
+# the engine (docs/gateway.md), so anything in the cluster reaching the sidecar port would reach
+# them. Nothing the operator runs flushes a cache; a spec that wants the flush sets the variable in
+# spec.engine.env (docs/operator.md, "Engine args and podTemplate").
+
+
 def _unless_given(given: list[str], flag: str, *instead: str) -> list[str]:
     """``[flag]`` unless spec.engine.args already holds it (or one of ``instead``): the pod gets it
     once. Each is a store_true flag, which argparse would take twice anyway; once reads better."""
@@ -652,6 +681,7 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
     assert engine.port is not None  # filled by the model's kind defaults
     sidecar_args = [
         "--engine", f"http://127.0.0.1:{engine.port}",
+        "--engine-api", sidecar_engine_api(engine.kind),
         "--redis", "$(REDIS_URL)",
         "--host", "",  # every interface: IPv4 and IPv6 pod IPs alike
         "--port", str(sidecar.port),
