@@ -107,6 +107,7 @@ WARM_TIMEOUT_S = 180.0  # for the pod to appear, and then for its warm requests
 START_POLL_S = 0.3  # how often a starting pod is read the first 30 s; then every 2 s (minutes to go)
 DEFAULT_METRICS_PORT = 8081
 ENGINE_SOURCES = ("prometheus", "scrape", "mixed", "none")
+SCALE_ACTIONS = ("scale_up", "scale_down", "prewarm", "drain")  # scale_events' action label
 
 
 class OperatorMetrics:
@@ -154,15 +155,21 @@ class OperatorMetrics:
             registry=self.registry,
         )
 
-    def forget(self, namespace: str, fleet: str) -> None:
-        """Drop the autoscaler's series of a fleet (unavailable_replicas belongs to the reconcile,
-        which runs for every fleet: handlers.forget_unavailable drops it when the fleet goes)."""
+    def forget(self, namespace: str, fleet: str, *, deleted: bool = False) -> None:
+        """Drop the autoscaler's gauges of a fleet, and when it is ``deleted`` its scale_events too: a
+        fleet still there keeps its count of past scalings, a deleted one's would stay for the
+        operator's life (and a fleet created again under the name would go on with it).
+        (unavailable_replicas and unhealthy_replacements belong to the reconcile, which runs for every
+        fleet: handlers.forget_fleet_series drops them when the fleet goes.)"""
         for gauge in (self.replicas, self.max_replicas, self.target_ttft):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, fleet)
         for source in ENGINE_SOURCES:
             with contextlib.suppress(KeyError):
                 self.engine_metrics_source.remove(namespace, fleet, source)
+        for action in SCALE_ACTIONS if deleted else ():
+            with contextlib.suppress(KeyError):
+                self.scale_events.remove(namespace, fleet, action)
 
     def engine_source(self, namespace: str, fleet: str, used: str) -> None:
         for source in ENGINE_SOURCES:
@@ -262,7 +269,7 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
         # (before, the entry of a fleet deleted while not autoscaled stayed for ever)
         auto.unmarked.pop(key, None)
         if gone:
-            _forget_fleet(auto, namespace, name)
+            _forget_fleet(auto, namespace, name, deleted=True)
         return
     _forget_fleet(auto, namespace, name)
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
@@ -292,13 +299,15 @@ def _stored_decision(status: Mapping[str, Any] | None) -> Any:
     return ((status or {}).get("autoscaler") or {}).get("decision")
 
 
-def _forget_fleet(auto: AutoscaleContext, namespace: str, name: str) -> None:
-    """Drop a fleet's autoscaler state: cancel its warm tasks, remove its metric series."""
+def _forget_fleet(auto: AutoscaleContext, namespace: str, name: str, *, deleted: bool = False) -> None:
+    """Drop a fleet's autoscaler state: cancel its warm tasks, remove its metric series (its count of
+    scalings only when it is ``deleted``: OperatorMetrics.forget)."""
     state = auto.fleets.pop(f"{namespace}/{name}", None)
     if state is not None:
         for task in state.warming:
             task.cancel()
-        auto.metrics.forget(namespace, name)
+    if state is not None or deleted:  # gauges are set only while it has a state; counts outlive it
+        auto.metrics.forget(namespace, name, deleted=deleted)
 
 
 # Only autoscaled fleets tick (every second; each fleet's round runs every intervalSeconds).

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlsplit
 
 import kopf
@@ -62,6 +62,7 @@ from .planner import (
     ObservedPod,
     ObservedState,
     PlannedEvent,
+    UnhealthyReason,
     UnhealthyReplica,
     events_carried_out,
     observe_labels,
@@ -330,17 +331,23 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
                     ref.redis_fleet,
                     redis_error_text(exc),
                 )
-        forget_unavailable(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
+        forget_fleet_series(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
         ctx.dial_redis(f"{namespace}/{name}", "")
         await ctx.close_unused_redis()  # its URL's clients, unless another fleet uses it or a call is on
     kopf.info(body, reason="Deleted", message=f"removed {removed} children")
 
 
-def forget_unavailable(ctx: OperatorContext, namespace: str, name: str) -> None:
-    """Drop a fleet's prefixfleet_operator_unavailable_replicas series (the fleet is gone)."""
+def forget_fleet_series(ctx: OperatorContext, namespace: str, name: str) -> None:
+    """Drop the series the reconcile keeps of a fleet that is gone: unavailable_replicas, and
+    unhealthy_replacements_total (a deleted fleet's count would stay for the operator's life, and a
+    fleet created again under the name would go on with it)."""
     if ctx.unavailable_replicas is not None:
         with contextlib.suppress(KeyError):
             ctx.unavailable_replicas.remove(namespace, name)
+    if ctx.unhealthy_replacements is not None:
+        for reason in get_args(UnhealthyReason):
+            with contextlib.suppress(KeyError):
+                ctx.unhealthy_replacements.remove(namespace, name, reason)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,7 +386,7 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
         ctx.reconciles += 1
         ctx.last_reconcile = time.time()
         if outcome is None:  # the fleet is gone or going
-            forget_unavailable(ctx, namespace, name)
+            forget_fleet_series(ctx, namespace, name)
             return
         if outcome.unavailable is not None and ctx.unavailable_replicas is not None:
             ctx.unavailable_replicas.labels(namespace, name).set(outcome.unavailable)
