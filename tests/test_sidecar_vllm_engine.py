@@ -340,3 +340,45 @@ def test_engine_api_flag(capsys: pytest.CaptureFixture[str]) -> None:
         parser.parse_args([*base, "--engine-api", "trtllm"])
     assert exited.value.code == 2
     assert "--engine-api: invalid choice: 'trtllm'" in capsys.readouterr().err
+
+
+@contextlib.asynccontextmanager
+async def serving_on(app: web.Application, port: int) -> AsyncIterator[None]:
+    """``app`` on a given loopback port (an engine restarted in place keeps its address)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+def fake_sglang() -> web.Application:
+    async def server_info(_request: web.Request) -> web.Response:
+        return web.json_response({"served_model_name": "sg-model", "max_total_num_tokens": 5000})
+
+    async def ok(_request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_get("/get_server_info", server_info)
+    app.router.add_get("/get_model_info", ok)
+    app.router.add_get("/health", ok)
+    return app
+
+
+async def test_the_api_is_detected_again_after_the_engine_restarts() -> None:
+    port = free_port()
+    config = standalone_sidecar(f"http://127.0.0.1:{port}", model=None, revision=None, cache_tokens=None)
+    async with sidecar_module.listening(config) as served:
+        car = served.sidecar
+        async with serving_on(FakeVllm().app(), port):
+            await eventually(lambda: car.s.engine.api, 20, "the vLLM engine to be detected")
+            assert (car.s.engine.api, car.s.mirror.block_tokens) == (VLLM, BLOCK)
+        # the engine's process is gone (refused), then an SGLang server answers at its address
+        await eventually(lambda: car.s.engine_was_down, 20, "the sidecar to see the engine refuse")
+        async with serving_on(fake_sglang(), port):
+            await eventually(lambda: car.s.engine.api == SGLANG, 20, "the restarted engine to be re-detected")
+            assert (car.s.engine.model, car.s.mirror.block_tokens) == ("sg-model", 16)
+            assert car.load_report().capacity_tokens == 5000
