@@ -197,6 +197,7 @@ class FleetAutoscale:
     observed: FleetObservation | None = None
     policy: ScalePolicy = field(default_factory=ScalePolicy)
     redis_url: str = ""
+    prometheus_url: str = ""  # what the last round read engine rates from ("": none, it scraped)
 
 
 @dataclass
@@ -215,6 +216,14 @@ class AutoscaleContext:
         if url not in self.prometheus:
             self.prometheus[url] = PrometheusSource(url)
         return self.prometheus[url]
+
+    def close_unused_prometheus(self) -> None:
+        """Close the clients of the URLs no autoscaled fleet's last round read (the fleet was deleted,
+        switched off or pointed elsewhere): kept, each would hold its connections for the operator's
+        life. A round still under way on a closed one gets an error and scrapes (its fleet is gone)."""
+        used = {state.prometheus_url for state in self.fleets.values()}
+        for url in [u for u in self.prometheus if u not in used]:
+            self.prometheus.pop(url).close()
 
 
 @kopf.on.startup()
@@ -306,6 +315,7 @@ def _forget_fleet(auto: AutoscaleContext, namespace: str, name: str, *, deleted:
     if state is not None:
         for task in state.warming:
             task.cancel()
+        auto.close_unused_prometheus()
     if state is not None or deleted:  # gauges are set only while it has a state; counts outlive it
         auto.metrics.forget(namespace, name, deleted=deleted)
 
@@ -539,7 +549,10 @@ async def _read_engines(
     logger: logging.Logger,
 ) -> EngineReading:
     """This round's engine rates; remembers the scrape samples and logs an outage once."""
-    url = prometheus_url(spec.prometheus, auto.default_prometheus_url)
+    url = prometheus_url(spec.prometheus, auto.default_prometheus_url) or ""
+    if state.prometheus_url != url:
+        state.prometheus_url = url
+        auto.close_unused_prometheus()  # the one it read before, if no other fleet does
     source = auto.prometheus_source(url) if url else None
     scope = fleet_scope(spec.prometheus, ref.namespace, ref.name, spec.engine.kind)
     reading = await read_engine_metrics(auto.http, urls, state.counters, source, scope, state.rates)
