@@ -13,39 +13,49 @@ process and fleet.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import contextlib
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import kopf
-import kubernetes
 import pytest
 
-from prefixfleet.operator.autoscale_handlers import AutoscaleContext, OperatorMetrics, autoscale_forget
+from prefixfleet.operator.autoscale_handlers import autoscale_forget, start_autoscaler, stop_autoscaler
 from prefixfleet.operator.handlers import OperatorContext
 from prefixfleet.operator.kube import Kube
 from prefixfleet.operator.planner import ANNOTATION_STATE
-from tests.k8s.apiserver import ApiServerThread
 from tests.test_autoscale_e2e import FLEET, replica_pod
+from tests.test_autoscale_round_races import kube
+
+__all__ = ["kube"]  # the fixture: the emulated API server with the CRD
 
 WARMING, DRAINING, PLAIN = (f"{FLEET}-replica-{i}" for i in range(3))
 
 
-@pytest.fixture
-def kube() -> Iterator[Kube]:
-    api = ApiServerThread().start()
-    try:
-        yield Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
-    finally:
-        api.stop()
-
-
-def fleet_body(autoscaled: bool, uid: str = "fleet-uid") -> kopf.Body:
+def fleet_body(autoscaled: bool, uid: str = "fleet-uid", name: str = FLEET) -> kopf.Body:
+    """A fleet as the autoscaler's event handler gets it (the other handler tests import it)."""
     return kopf.Body({
         "apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet",
-        "metadata": {"name": FLEET, "namespace": "default", "uid": uid},
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
         "spec": {"replicas": 3, "autoscaling": {"enabled": autoscaled}},
     })  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def operator_memo(ctx: OperatorContext | None) -> AsyncIterator[kopf.Memo]:
+    """kopf's memo as the operator's startup handlers leave it (``ctx``, and the autoscaler's context
+    with its metrics wired into ``ctx``; not served), cleaned up as at shutdown (the other handler
+    tests use it)."""
+    memo = kopf.Memo()
+    memo.ctx = ctx
+    memo.metrics_port = 0
+    await start_autoscaler(memo=memo, logger=logging.getLogger("test.autoscale.handlers"))
+    try:
+        yield memo
+    finally:
+        await stop_autoscaler(memo=memo)
+        await asyncio.sleep(0)
 
 
 def state_of(kube: Kube, name: str) -> str | None:
@@ -55,14 +65,8 @@ def state_of(kube: Kube, name: str) -> str | None:
 
 @pytest.fixture
 async def memo(kube: Kube) -> AsyncIterator[kopf.Memo]:
-    memo = kopf.Memo()
-    memo.ctx = OperatorContext(kube=kube)
-    memo.autoscale = AutoscaleContext(OperatorMetrics(), httpx.AsyncClient())
-    try:
+    async with operator_memo(OperatorContext(kube=kube)) as memo:
         yield memo
-    finally:
-        await memo.autoscale.http.aclose()
-        await asyncio.sleep(0)
 
 
 async def test_a_warming_mark_left_on_a_fleet_no_longer_autoscaled_is_cleared(

@@ -11,11 +11,9 @@ connections (a free port nothing listens on): it falls back to the scrape of no 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-import httpx
 import kopf
 import pytest
 from fleet_fixtures import free_port
@@ -24,37 +22,24 @@ from prefixfleet.operator import prometheus_source
 from prefixfleet.operator.autoscale_handlers import (
     AutoscaleContext,
     FleetAutoscale,
-    OperatorMetrics,
     _read_engines,
     autoscale_forget,
 )
 from prefixfleet.operator.models import validate_spec
 from prefixfleet.operator.planner import FleetRef
+from tests.test_autoscale_leftover_warming import fleet_body, operator_memo
 
 LOG = logging.getLogger("test.autoscale.prometheus_clients")
 A, B = "http://prometheus-a.monitoring:9090", "http://prometheus-b.monitoring:9090"
-
-
-def fleet_body(name: str, autoscaled: bool) -> kopf.Body:
-    return kopf.Body({
-        "apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet",
-        "metadata": {"name": name, "namespace": "default", "uid": f"{name}-uid"},
-        "spec": {"replicas": 2, "autoscaling": {"enabled": autoscaled}},
-    })  # fmt: skip
 
 
 @pytest.fixture
 async def memo(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[kopf.Memo]:
     closed: list[str] = []
     monkeypatch.setattr(prometheus_source.PrometheusSource, "close", lambda self: closed.append(self.url))
-    memo = kopf.Memo()
-    memo.autoscale = AutoscaleContext(OperatorMetrics(), httpx.AsyncClient())
-    memo.closed = closed
-    try:
+    async with operator_memo(None) as memo:  # no pods to list: only the autoscaler is at stake
+        memo.closed = closed
         yield memo
-    finally:
-        await memo.autoscale.http.aclose()
-        await asyncio.sleep(0)
 
 
 def reading(auto: AutoscaleContext, fleet: str, url: str) -> None:
@@ -71,9 +56,9 @@ async def test_a_fleet_gone_or_no_longer_autoscaled_closes_the_client_only_it_re
     reading(auto, "chat", A)
     reading(auto, "code", B)
     reading(auto, "docs", B)
-    await autoscale_forget(body=fleet_body("chat", autoscaled), memo=memo, type=event)
+    await autoscale_forget(body=fleet_body(autoscaled, name="chat"), memo=memo, type=event)
     assert memo.closed == [A] and list(auto.prometheus) == [B]
-    await autoscale_forget(body=fleet_body("code", autoscaled), memo=memo, type=event)
+    await autoscale_forget(body=fleet_body(autoscaled, name="code"), memo=memo, type=event)
     assert memo.closed == [A] and list(auto.prometheus) == [B]  # docs still reads it
 
 

@@ -11,11 +11,9 @@ In-process: the reconcile's threaded part stood in (it would find the fleet gone
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-import httpx
 import kopf
 import pytest
 
@@ -27,32 +25,16 @@ from prefixfleet.operator.autoscale_handlers import (
     autoscale_forget,
 )
 from prefixfleet.operator.handlers import OperatorContext, ReconcileOutcome, reconcile
+from tests.test_autoscale_leftover_warming import fleet_body, operator_memo
 
 LOG = logging.getLogger("test.operator.deleted_fleet_series")
 GONE, KEPT = "chat", "code"
 
 
-def fleet_body(name: str, autoscaled: bool) -> kopf.Body:
-    return kopf.Body({
-        "apiVersion": "prefixfleet.io/v1alpha1", "kind": "PrefixCacheFleet",
-        "metadata": {"name": name, "namespace": "default", "uid": f"{name}-uid"},
-        "spec": {"replicas": 2, "autoscaling": {"enabled": autoscaled}},
-    })  # fmt: skip
-
-
 @pytest.fixture
 async def memo() -> AsyncIterator[kopf.Memo]:
-    metrics = OperatorMetrics()
-    memo = kopf.Memo()
-    memo.ctx = OperatorContext(kube=None)  # type: ignore[arg-type]  # the stand-in reconciles
-    memo.ctx.unhealthy_replacements = metrics.unhealthy_replacements
-    memo.ctx.unavailable_replicas = metrics.unavailable_replicas
-    memo.autoscale = AutoscaleContext(metrics, httpx.AsyncClient())
-    try:
+    async with operator_memo(OperatorContext(kube=None)) as memo:  # type: ignore[arg-type]  # stand-in
         yield memo
-    finally:
-        await memo.autoscale.http.aclose()
-        await asyncio.sleep(0)
 
 
 def record_activity(auto: AutoscaleContext, fleet: str) -> None:
@@ -92,7 +74,7 @@ async def test_a_deleted_fleet_leaves_no_series(memo: kopf.Memo, monkeypatch: py
     assert len(kept) == 14 and len(series_of(metrics, GONE)) == 14
     monkeypatch.setattr(handlers, "reconcile_in_cluster", gone)
     await reconcile(memo.ctx, "default", GONE, LOG)
-    await autoscale_forget(body=fleet_body(GONE, True), memo=memo, type="DELETED")
+    await autoscale_forget(body=fleet_body(True, name=GONE), memo=memo, type="DELETED")
     assert series_of(metrics, GONE) == set()
     assert series_of(metrics, KEPT) == kept
 
@@ -101,7 +83,7 @@ async def test_a_fleet_no_longer_autoscaled_keeps_its_counts(memo: kopf.Memo) ->
     metrics: OperatorMetrics = memo.autoscale.metrics
     record_activity(memo.autoscale, KEPT)
     memo.ctx = None  # no pods to list: only the autoscaler's memory and series are at stake
-    await autoscale_forget(body=fleet_body(KEPT, False), memo=memo, type="MODIFIED")
+    await autoscale_forget(body=fleet_body(False, name=KEPT), memo=memo, type="MODIFIED")
     assert {s.split("[")[0] for s in series_of(metrics, KEPT)} == {
         "prefixfleet_operator_scale_events_total",
         "prefixfleet_operator_unhealthy_replacements_total",
