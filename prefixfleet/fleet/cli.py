@@ -201,6 +201,13 @@ def _register_up(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--replicas", type=int, default=4, help="engines (each with a sidecar)")
     p.add_argument("--gateways", type=int, default=2, help="gateway replicas (requests alternate)")
     p.add_argument(
+        "--engine-api",
+        choices=["sglang", "vllm"],
+        default="sglang",
+        help="the API the emulated engines speak: SGLang's, or vLLM's (emulator --api vllm, sidecars"
+        " --engine-api vllm; --cache-tokens then a multiple of vLLM's block size, 16)",
+    )
+    p.add_argument(
         "--workload", default=DEFAULT_UP_WORKLOAD, help="prefixroute, lab-burst, gsp, chat, viral, trace:PATH"
     )
     add_settings_argument(p, {DEFAULT_UP_WORKLOAD: "tenants=24, rate_rps=40"})
@@ -290,6 +297,7 @@ def run_up_command(args: argparse.Namespace) -> int:
         cache_tokens=args.cache_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         output_tokens=args.max_output_tokens,
+        api=args.engine_api,
     )
     check_derived_prefill_rate(engine.prefill_tokens_per_s, args.prefill_tokens_per_s)
     spec = FleetSpec(replicas=args.replicas, gateways=args.gateways, engine=engine)
@@ -486,8 +494,9 @@ def format_up(report: dict[str, Any]) -> str:
 
     s = report["settings"]
     engine = s["engine"]
+    engines = counted(s["replicas"], "vLLM-API engine" if engine.get("api") == "vllm" else "engine")
     title = (
-        f"{report['workload']}: {counted(s['requests'], 'request')}, {counted(s['replicas'], 'engine')} × "
+        f"{report['workload']}: {counted(s['requests'], 'request')}, {engines} × "
         f"{engine['cache_tokens']} cache tokens, {counted(s['gateways'], 'gateway')}, "
         f"time-scale {engine['time_scale']} "
         "(TTFT wall-clock ms)"

@@ -47,6 +47,16 @@ from prefixfleet.tokenizer import text_for_tokens, tokenize
 
 FLEET_NAME = "local"
 REPLICA_ROLES = ("engine", "sidecar")  # a replica's processes are named <role>-<index>
+# The HTTP API the emulated engines speak: SGLang's (the emulator's default) or vLLM's (`emulator
+# --api vllm`); the sidecars are told which (`router sidecar --engine-api`).
+ENGINE_APIS = ("sglang", "vllm")
+# vLLM's KV block size the vLLM-API emulators run with (the emulator's and vLLM's default): vLLM
+# caches, and reports cached, whole blocks only, and its KV pool is a whole number of blocks.
+VLLM_BLOCK_TOKENS = 16
+# vLLM serves POST /reset_prefix_cache only in dev mode; the fleet flushes every engine's cache
+# between policies through it (the sidecar's /flush_cache). Safe here: every process listens on
+# 127.0.0.1. (The operator leaves it off: docs/operator.md.)
+VLLM_DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,7 @@ class EngineSettings:
     decode_tokens_per_s: float | None = None
     max_running: int | None = None
     time_scale: float = 1.0
+    api: str = "sglang"  # one of ENGINE_APIS
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +99,13 @@ class FleetSpec:
             out.append(f"--time-scale must be positive, got {self.engine.time_scale}")
         if self.engine.cache_tokens is not None and self.engine.cache_tokens < 2:
             out.append(f"--cache-tokens must be at least 2, got {self.engine.cache_tokens}")
+        if self.engine.api not in ENGINE_APIS:
+            out.append(f"--engine-api must be one of {', '.join(ENGINE_APIS)}, got {self.engine.api!r}")
+        elif self.engine.api == "vllm" and (self.engine.cache_tokens or 0) % VLLM_BLOCK_TOKENS:
+            out.append(
+                f"--cache-tokens must be a multiple of vLLM's block size {VLLM_BLOCK_TOKENS} with"
+                f" --engine-api vllm (its KV pool is whole blocks), got {self.engine.cache_tokens}"
+            )
         return out
 
 
@@ -98,11 +116,11 @@ def _cli(*args: str) -> list[str]:
 
 
 def emulator_argv(port: int, engine: EngineSettings) -> list[str]:
-    # --enable-cache-report: OpenAI answers then report cached tokens (as SGLang with the flag), which
-    # the sidecar's mirror corrects itself from.
-    argv = _cli(
-        "emulator", "--host", LOOPBACK, "--port", str(port), "--model", engine.model, "--enable-cache-report"
-    )
+    # --enable-cache-report (SGLang) / --enable-prompt-tokens-details (vLLM): OpenAI answers then
+    # report cached tokens, which the sidecar's mirror corrects itself from and `load` counts hits by.
+    vllm = engine.api == "vllm"
+    reported = ["--api", "vllm", "--enable-prompt-tokens-details"] if vllm else ["--enable-cache-report"]
+    argv = _cli("emulator", "--host", LOOPBACK, "--port", str(port), "--model", engine.model, *reported)
     optional = {
         "--cache-tokens": engine.cache_tokens,
         "--prefill-tokens-per-s": engine.prefill_tokens_per_s,
@@ -119,12 +137,24 @@ def _rate_flag(rate: float | None) -> list[str]:
     return [] if rate is None else ["--prefill-tokens-per-s", f"{rate:g}"]
 
 
+def emulator_env(engine: EngineSettings) -> dict[str, str] | None:
+    """What an emulated engine's environment adds to ours: vLLM's dev mode for the flush."""
+    return dict(VLLM_DEV_MODE_ENV) if engine.api == "vllm" else None
+
+
 def sidecar_argv(
-    port: int, engine_url: str, redis_url: str, worker_id: str, fleet: str, prefill_tokens_per_s: float | None
+    port: int,
+    engine_url: str,
+    redis_url: str,
+    worker_id: str,
+    fleet: str,
+    prefill_tokens_per_s: float | None,
+    engine_api: str = "sglang",
 ) -> list[str]:
     return [*_cli(
         "router", "sidecar",
         "--engine", engine_url,
+        "--engine-api", engine_api,
         "--redis", redis_url,
         "--host", LOOPBACK,
         "--port", str(port),
@@ -236,6 +266,7 @@ class LocalFleet:
             emulator_argv(port, self.spec.engine),
             health_url=f"{url}/health",
             url=url,
+            env=emulator_env(self.spec.engine),
         )
         return Replica(index, child, url)
 
@@ -252,6 +283,7 @@ class LocalFleet:
             replica.worker_id,
             self.spec.fleet_name,
             self.spec.router_prefill_tokens_per_s,
+            self.spec.engine.api,
         )
         replica.sidecar = await self.sup.start(
             replica_process_name("sidecar", replica.index), argv, health_url=f"{url}/health", url=url
@@ -401,6 +433,7 @@ def engine_for_workload(
     cache_tokens: int | None = None,
     prefill_tokens_per_s: float | None = None,
     output_tokens: int = 64,
+    api: str = "sglang",
 ) -> EngineSettings:
     """Engines equivalent to the fleet the workload is judged at (its ``recommended`` settings).
 
@@ -408,7 +441,9 @@ def engine_for_workload(
     and both shrink with the prompts of a scaled-down trace (the cache also with the share of groups
     sampled), so modelled prefill seconds per request and the fleet's cache-to-working-set ratio
     stay those of the full-size workload. The cache is never smaller than the longest prompt plus
-    ``output_tokens``.
+    ``output_tokens``; for vLLM-API engines (``api``) a derived one is rounded up to whole blocks of
+    :data:`VLLM_BLOCK_TOKENS`, as vLLM's KV pool is (a given one is left for
+    :meth:`FleetSpec.problems` to judge).
     """
     rec = workload.recommended
     base_replicas = int(rec.get("replicas", replicas))
@@ -423,11 +458,13 @@ def engine_for_workload(
         # Never below what the longest request needs in the KV pool, or the engine must refuse it.
         longest = max((r.num_tokens for r in workload.requests), default=0)
         cache_tokens = max(longest + output_tokens + 1, round(full * scale * merge * sampled))
+        if api == "vllm":
+            cache_tokens = -(-cache_tokens // VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS
     if prefill_tokens_per_s is None:
         per_token = float(rec.get("prefill_s_per_token", 1.0 / _EMULATOR_DEFAULTS.prefill_tokens_per_s))
         prefill_tokens_per_s = round(scale * merge / per_token, 3)
     return EngineSettings(
-        cache_tokens=cache_tokens, prefill_tokens_per_s=prefill_tokens_per_s, time_scale=time_scale
+        cache_tokens=cache_tokens, prefill_tokens_per_s=prefill_tokens_per_s, time_scale=time_scale, api=api
     )
 
 
