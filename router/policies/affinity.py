@@ -5,7 +5,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-from .base import Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise
+from .base import Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise, least
 
 
 class Affinity(RoutingPolicy):
@@ -14,7 +14,7 @@ class Affinity(RoutingPolicy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
         live = healthy_or_raise(replicas)
-        best = max(live, key=lambda r: r.matched_tokens)
+        best = least(request, live, lambda r: -r.matched_tokens)
         if best.matched_tokens > 0:
             return Decision(best.replica_id, "cache_hit", best.matched_tokens)
         # Nobody has it: a stable hash of the first tokens keeps a new prefix on one replica.

@@ -7,11 +7,13 @@ build these views from their own sources and call the same ``choose``.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 ReplicaId = int | str
 
@@ -112,3 +114,35 @@ def healthy_or_raise(replicas: Sequence[ReplicaState]) -> Sequence[ReplicaState]
     if not live:
         raise NoReplicaError("no healthy replica to route to")
     return live
+
+
+def tie_break(request: RouteRequest, tied: Sequence[ReplicaState]) -> ReplicaState:
+    """One of ``tied`` — replicas equal on everything a policy weighs — chosen by the request's time.
+
+    Gateway replicas share one Redis view and list the replicas in the same order, so "the first of
+    the tied" sent every gateway's new prefixes (an idle fleet, equal loads, a prefix nobody holds)
+    to one replica. Instead each tied replica is ranked by a hash of its id with the request's
+    ``now`` (rendezvous hashing): requests spread evenly, whatever the order the replicas come in,
+    and the pick is a pure function of the inputs, so the simulator stays deterministic. Not a hash
+    of the prompt: where one tenant's prompts go must not depend on their content, or another
+    tenant's routing would (through the load they add) — tests/test_tenancy_secrets.py.
+    """
+    if len(tied) == 1:
+        return tied[0]
+    when = struct.pack("<d", request.now)
+
+    def rank(r: ReplicaState) -> bytes:
+        return hashlib.blake2b(when + str(r.replica_id).encode(), digest_size=8).digest()
+
+    return max(tied, key=rank)
+
+
+def least(
+    request: RouteRequest, replicas: Sequence[ReplicaState], key: Callable[[ReplicaState], Any]
+) -> ReplicaState:
+    """The replica with the smallest ``key``; several with the same smallest key: :func:`tie_break`."""
+    best = min(replicas, key=key)
+    lowest = key(best)
+    tied = [r for r in replicas if key(r) == lowest]
+    # a NaN in the key equals nothing (tied can even be empty): keep what min() picked
+    return tie_break(request, tied) if len(tied) > 1 else best

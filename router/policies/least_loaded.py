@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .base import Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise
+from .base import Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise, least
 
 
 class LeastLoaded(RoutingPolicy):
@@ -13,5 +13,5 @@ class LeastLoaded(RoutingPolicy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
         live = healthy_or_raise(replicas)
-        chosen = min(live, key=lambda r: (r.wait_s, r.in_flight))
+        chosen = least(request, live, lambda r: (r.wait_s, r.in_flight))
         return Decision(chosen.replica_id, "least_loaded", chosen.matched_tokens)

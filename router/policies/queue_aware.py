@@ -22,7 +22,8 @@ Each replica is scored by what choosing it costs:
   in the simulator (docs/local-fleet.md): a flat charge of 0.1 gave away hit rate on the Mooncake
   sample of ``prefixfleet compare``; a flat 1.0 failed the mooncake case of ``bench policies``.
 
-Ties go to the replica already holding more of the prompt, then to the shorter queue.
+Ties go to the replica already holding more of the prompt, then to the shorter queue, then by a
+hash of the request's time with the replica id (``base.tie_break``: not the first one listed).
 
 The policy never pays a miss on purpose to copy a hot prefix onto another replica: measured in the
 simulator, every such request-path replication rule cost more tail than it saved. Hot prefixes are
@@ -43,6 +44,7 @@ from .base import (
     RoutingPolicy,
     check_param,
     healthy_or_raise,
+    least,
 )
 
 
@@ -146,7 +148,7 @@ class QueueAware(RoutingPolicy):
         live = healthy_or_raise(replicas)
         congestion = self.congestion(request, live)
         scores = {r.replica_id: self.score(request, r, congestion) for r in live}
-        chosen = min(live, key=lambda r: (scores[r.replica_id], -r.matched_tokens, r.wait_s))
+        chosen = least(request, live, lambda r: (scores[r.replica_id], -r.matched_tokens, r.wait_s))
         best_match = max(r.matched_tokens for r in live)
         if best_match == 0:
             return Decision(chosen.replica_id, "no_match", 0, scores)
