@@ -23,7 +23,7 @@ N = 100  # request tokens
 PROMPTS = 120
 
 # round_robin rotates (no ties); sglang_cache_aware is a port that keeps sgl-router's own rule.
-TIE_BREAKING = ("affinity", "least_loaded", "queue_aware")
+TIE_BREAKING = ("affinity", "affinity_balanced", "least_loaded", "preble_e2", "queue_aware")
 
 
 def prompt(i: int, head: list[int] | None = None, now: float | None = None) -> RouteRequest:

@@ -16,6 +16,7 @@ from .base import (
     RoutingPolicy,
     check_param,
     healthy_or_raise,
+    least,
 )
 
 
@@ -30,10 +31,10 @@ class AffinityBalanced(RoutingPolicy):
 
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
         live = healthy_or_raise(replicas)
-        least = min(live, key=lambda r: (r.wait_s, r.in_flight))
-        best = max(live, key=lambda r: (r.matched_tokens, -r.wait_s))
+        idlest = least(request, live, lambda r: (r.wait_s, r.in_flight))
+        best = least(request, live, lambda r: (-r.matched_tokens, r.wait_s))
         if best.matched_tokens == 0:
-            return Decision(least.replica_id, "no_match", least.matched_tokens)
-        if best.wait_s - least.wait_s > self.load_slack_s:
-            return Decision(least.replica_id, "load_guard", least.matched_tokens)
+            return Decision(idlest.replica_id, "no_match", idlest.matched_tokens)
+        if best.wait_s - idlest.wait_s > self.load_slack_s:
+            return Decision(idlest.replica_id, "load_guard", idlest.matched_tokens)
         return Decision(best.replica_id, "cache_hit", best.matched_tokens)

@@ -19,6 +19,7 @@ from .base import (
     RoutingPolicy,
     check_param,
     healthy_or_raise,
+    least,
 )
 
 
@@ -41,10 +42,10 @@ class PrebleE2(RoutingPolicy):
     def choose(self, request: RouteRequest, replicas: Sequence[ReplicaState]) -> Decision:
         live = healthy_or_raise(replicas)
         best_match = max(r.matched_tokens for r in live)
-        explore = min(live, key=lambda r: self._explore_cost(request, r))
+        explore = least(request, live, lambda r: self._explore_cost(request, r))
         if best_match > 0 and request.num_tokens - best_match < best_match:
             holders = [r for r in live if r.matched_tokens == best_match]
-            target = min(holders, key=lambda r: (r.wait_s, r.in_flight))
+            target = least(request, holders, lambda r: (r.wait_s, r.in_flight))
             if self.estimated_ttft_s(request, target) > self.replicate_factor * self.estimated_ttft_s(
                 request, explore
             ):
