@@ -77,6 +77,9 @@ class VllmCache:
     block_size: int  # tokens per KV block: vLLM caches (and reports cached) whole blocks only
     match_unit: int  # the token boundary a hit lands on: prefix_match_unit where reported, else block_size
     capacity_tokens: int | None  # None: not stated yet (num_gpu_blocks is set after profiling)
+    # False: the engine runs with --no-enable-prefix-caching (label enable_prefix_caching="False"),
+    # so it never reports a hit: nothing it serves is worth mirroring or routing by
+    prefix_caching: bool = True
 
 
 def _label_int(labels: Mapping[str, str], name: str) -> int | None:
@@ -99,7 +102,8 @@ def vllm_cache_config(metrics_text: str) -> VllmCache:
     Capacity in tokens is ``kv_cache_size_tokens`` where the engine states it (newer vLLM: right for
     hybrid models too), else ``block_size * num_gpu_blocks``. A data-parallel server has one series
     per engine (label ``engine``), each engine a cache of its own that a prompt lands in: the
-    smallest is the capacity. ValueError names what is missing or wrong."""
+    smallest is the capacity. ``enable_prefix_caching="False"`` (``--no-enable-prefix-caching``):
+    no prefix cache at all. ValueError names what is missing or wrong."""
     try:
         families = list(text_string_to_metric_families(metrics_text))
     except ValueError as exc:  # the parser's own errors (a malformed line) are ValueErrors
@@ -108,7 +112,10 @@ def vllm_cache_config(metrics_text: str) -> VllmCache:
     if not samples:
         raise ValueError(f"engine /metrics has no {CACHE_CONFIG_METRIC} series")
     block_sizes, units, capacities = set(), set(), []
+    caching = True
     for sample in samples:
+        # str() of a bool, as metrics_info() writes every field; absent (older vLLM): on, its default
+        caching = caching and sample.labels.get("enable_prefix_caching") != "False"
         block_size = _label_int(sample.labels, "block_size")
         if block_size is None:
             raise ValueError(f"{CACHE_CONFIG_METRIC} has no block_size label")
@@ -123,7 +130,7 @@ def vllm_cache_config(metrics_text: str) -> VllmCache:
     if len(block_sizes) > 1 or len(units) > 1:
         disagree = f"block_size {sorted(block_sizes)}, prefix_match_unit {sorted(units)}"
         raise ValueError(f"{CACHE_CONFIG_METRIC} series disagree: {disagree}")
-    return VllmCache(block_sizes.pop(), units.pop(), min(capacities) if capacities else None)
+    return VllmCache(block_sizes.pop(), units.pop(), min(capacities) if capacities else None, caching)
 
 
 def vllm_visible_hit(matched_tokens: int, prompt_tokens: int, match_unit: int) -> int:

@@ -245,6 +245,9 @@ class _EngineInfo:
     api: str = ""  # sglang or vllm once known (--engine-api, or detected)
     served_model: str = ""  # vLLM: /v1/models data[0].id, the name its requests' "model" must give
     match_unit: int | None = None  # vLLM: the token boundary its cache hits land on (block_size)
+    # False: the engine keeps no prefix cache (vLLM --no-enable-prefix-caching, SGLang
+    # --disable-radix-cache): the mirror stays empty, so no hit is predicted or published
+    prefix_caching: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +261,7 @@ class EngineFacts:
     emulator: object = None  # the emulator block of SGLang's server info
     served_model: str = ""
     match_unit: int | None = None
+    prefix_caching: bool = True
 
 
 def sglang_facts(info: dict[str, object], model: str | None, revision: str | None) -> EngineFacts:
@@ -269,6 +273,8 @@ def sglang_facts(info: dict[str, object], model: str | None, revision: str | Non
         capacity_tokens=info.get("max_total_num_tokens"),
         cache_report=info.get("enable_cache_report") is True,
         emulator=info.get("emulator"),
+        # SGLang's server args: --disable-radix-cache turns its prefix cache off
+        prefix_caching=info.get("disable_radix_cache") is not True,
     )
 
 
@@ -562,6 +568,7 @@ class Sidecar:
             capacity_tokens=cache.capacity_tokens if cache is not None else None,
             served_model=served,
             match_unit=cache.match_unit if cache is not None else None,
+            prefix_caching=cache.prefix_caching if cache is not None else True,
         )
 
     def _apply_engine_facts(self, api: str, facts: EngineFacts) -> None:
@@ -570,6 +577,13 @@ class Sidecar:
         e.model, e.revision, e.known, e.api = model, revision, True, api
         e.cache_report = facts.cache_report
         e.served_model, e.match_unit = facts.served_model, facts.match_unit
+        e.prefix_caching = facts.prefix_caching
+        if not facts.prefix_caching:
+            log.warning(
+                "engine %s keeps no prefix cache: this sidecar mirrors nothing, gateways see no hits here",
+                self.config.engine_url,
+            )
+            self.s.mirror.flush()
         if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
             if capacity > MAX_RECORD_INT:  # the load record could not carry it: gateways would refuse it
                 log.warning(
@@ -846,16 +860,21 @@ class Sidecar:
         body = await request.read()  # within the limit: body_deadline read it (or the front did)
         return await self._forward(request, body, track=True)
 
-    def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, Admission, int, int] | None:
+    def _track(self, path: str, body: bytes) -> tuple[InferenceRequest, Admission | None, int, int] | None:
         """Tokenize, mirror and count a generation request (after it is on its way to the engine);
         with the cached tokens predicted for it, in the engine's terms."""
         try:
             parsed = parse_inference_request(path, body, max_prompt_tokens=self.config.max_prompt_tokens)
         except BadRequest:
             return None  # not ours to judge what the engine accepts: forwarded untracked
-        admission = self.s.mirror.admit_sent(parsed.token_bytes, parsed.tenant_salt)
-        predicted = admission.matched_tokens
         engine = self.s.engine
+        # an engine without a prefix cache reuses nothing: nothing is mirrored, no hit predicted
+        admission = (
+            self.s.mirror.admit_sent(parsed.token_bytes, parsed.tenant_salt)
+            if engine.prefix_caching
+            else None
+        )
+        predicted = admission.matched_tokens if admission is not None else 0
         if engine.api == VLLM:
             # vLLM reports whole blocks short of the prompt's last token: a mirror match counted to
             # the token read as that many tokens evicted, and the mirror shed them at each repeat.
@@ -1050,7 +1069,7 @@ class Sidecar:
         # nothing to learn, and the stream still ends properly below
         text = collected.text if complete and collected is not None else None
         output = after_echo(text, echoed) if text else None
-        if parsed is not None and output:
+        if parsed is not None and output and self.s.engine.prefix_caching:
             self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(output)), parsed.tenant_salt)
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
@@ -1083,7 +1102,7 @@ class Sidecar:
         text = output_text(parsed.path, data)
         # echo: the text repeats the prompt first (already mirrored when sent)
         text = after_echo(text, echoed) if text else None
-        if text:
+        if text and self.s.engine.prefix_caching:
             # The engine keeps prompt + generated tokens cached (so does SGLang): mirror that too,
             # so the next turn of a conversation is predicted as the hit it will be.
             self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(text)), parsed.tenant_salt)
