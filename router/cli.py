@@ -21,6 +21,7 @@ from .engine_api import AUTO, ENGINE_APIS
 from .keys import DEFAULT_FLEET, validate_fleet_name
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .records import validate_worker_id
+from .request_ids import DEFAULT_REQUEST_ID_HEADERS
 from .requests import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_PROMPT_TOKENS
 from .slow_clients import ClientTimeouts
 from .summary import DEFAULT_MAX_BLOCKS
@@ -188,6 +189,14 @@ def register(subparsers: Any) -> None:
         metavar="NAME",
         help="tenant isolation: every request must carry this header, set by a trusted proxy "
         "(e.g. X-Prefixfleet-Tenant); it becomes the request's cache_salt",
+    )
+    gw.add_argument(
+        "--request-id-headers",
+        nargs="+",
+        default=list(DEFAULT_REQUEST_ID_HEADERS),
+        metavar="NAME",
+        help="headers a client's request id is read from, the first present wins (SGLang router's flag "
+        "and defaults); else one is generated. It goes upstream and back to the client in X-Request-Id",
     )
     gw.add_argument("--client-write-timeout", type=float, default=None, metavar="S", help=WRITE_TIMEOUT_HELP)
     gw.add_argument("--log-level", default="INFO", help=LOG_LEVEL_HELP)
@@ -396,6 +405,8 @@ def run_gateway(args: argparse.Namespace) -> int:
         if count < 0:
             raise UsageError(f"{flag} must not be negative")
     _check_tenant_header(args.tenant_header)
+    for name in args.request_id_headers:
+        _check_header_name("--request-id-headers", name)
     config = GatewayConfig(
         port=args.port,
         redis_url=args.redis,
@@ -415,15 +426,19 @@ def run_gateway(args: argparse.Namespace) -> int:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         tenant_header=args.tenant_header,
         client_write_timeout_s=args.client_write_timeout,
+        request_id_headers=tuple(args.request_id_headers),
     )
     return _run(serve(config), args.host, args.port)
 
 
 def _check_tenant_header(header: str | None) -> None:
-    if header is not None and not (header.isascii() and header.replace("-", "").isalnum()):
-        raise UsageError(
-            f"--tenant-header must be an HTTP header name (letters, digits, '-'), got {header!r}"
-        )
+    if header is not None:
+        _check_header_name("--tenant-header", header)
+
+
+def _check_header_name(flag: str, header: str) -> None:
+    if not (header.isascii() and header.replace("-", "").isalnum()):
+        raise UsageError(f"{flag} must be an HTTP header name (letters, digits, '-'), got {header!r}")
 
 
 def run_bench_overhead(args: argparse.Namespace) -> int:

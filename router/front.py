@@ -187,6 +187,12 @@ class HotRequest:
     def path_qs(self) -> str:
         return self.raw_path
 
+    @property
+    def remote(self) -> str | None:
+        """The client's address, as ``web.Request.remote`` (the gateway's X-Forwarded-For)."""
+        peer = self._conn.transport.get_extra_info("peername") if self._conn.transport else None
+        return str(peer[0]) if isinstance(peer, tuple | list) and peer else None
+
     async def read(self) -> bytes:
         return self._body
 
@@ -570,7 +576,10 @@ class _FrontConnection(asyncio.Protocol):
     def _body_timed_out(self) -> None:
         """A body still incomplete at the body limit: the app's 408, then close (like the middleware)."""
         head = self._head
-        request = HotRequest(self, "POST", head.target if head else "", CIMultiDict(), b"")
+        # its headers: the 408 names the client's request id (the gateway's X-Request-Id)
+        request = HotRequest(
+            self, "POST", head.target if head else "", head.headers if head else CIMultiDict(), b""
+        )
         self.close_after = True
         response = self.front.respond(
             request, 408, f"request body not received within {self.front.timeouts.body_s:g} s"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import math
@@ -25,13 +26,14 @@ import aiohttp
 import redis.asyncio as aioredis
 import yarl
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from prefixfleet.cancellation import cancel_and_wait
 
 from .blockhash import DEFAULT_BLOCK_TOKENS
-from .front import ClientStalled, FrontServing, serving_front
+from .front import ClientStalled, FrontServing, HotRequest, HotStream, serving_front
 from .gateway_metrics import GatewayMetrics
 from .hotspots import rank_hot_subtrees
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -68,6 +70,7 @@ from .records import (
     split_member_fields,
 )
 from .redis_conn import connect_redis, redis_error_text
+from .request_ids import DEFAULT_REQUEST_ID_HEADERS, REQUEST_ID_HEADER, request_id_for, upstream_header_pairs
 from .requests import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -105,6 +108,29 @@ RETRY_AFTER_S = math.ceil(SUSPECT_S)
 
 
 @dataclass(frozen=True, slots=True)
+class _Arrival:
+    """What the outermost middleware notes of an aiohttp-served request, for its handler and body
+    errors (same task: aiohttp runs each request in a task of its own, with a copy of the context)."""
+
+    request: web.Request
+    request_id: str
+    arrived: float  # time.perf_counter()
+
+
+@dataclass(frozen=True, slots=True)
+class _Inbound:
+    """A generation request on its way to a worker: what every attempt at sending it needs."""
+
+    request: AnyRequest
+    body: bytes  # as forwarded (salted under tenant isolation)
+    started: float  # time.perf_counter() at arrival
+    rid: str  # its id (the client's or generated): upstream, in the answer, in log lines
+
+
+_arrival: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("gateway_arrival", default=None)
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     port: int
     redis_url: str | None = None
@@ -128,6 +154,8 @@ class GatewayConfig:
     resends_after_receipt: int = DEFAULT_RESENDS_AFTER_RECEIPT
     tenant_header: str | None = None  # isolation on: the tenant (cache_salt) comes from this header only
     client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
+    # where a client's request id is read, first present first (SGLang router's --request-id-headers)
+    request_id_headers: tuple[str, ...] = DEFAULT_REQUEST_ID_HEADERS
 
 
 # OpenAI's model list and model (``client.models.retrieve``), SGLang's model and server information
@@ -248,7 +276,8 @@ class Gateway:
     def app(self) -> web.Application:
         guards = body_guards(self.timeouts, self._body_error)
         app = web.Application(
-            client_max_size=self.config.max_body_bytes, middlewares=[json_route_errors, *guards.middlewares]
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[self._request_ids, json_route_errors, *guards.middlewares],
         )
         expect = guards.expect_handler
         for path in GENERATE_PATHS:
@@ -540,13 +569,55 @@ class Gateway:
 
     # -- request handling ------------------------------------------------------------------------
 
+    def _request_id(self, request: AnyRequest) -> str:
+        """The request's id: the client's, else a generated one. For an aiohttp-served request the
+        one its middleware noted, so the middleware, the handler and a body error name the same id;
+        a front request is asked once (by :meth:`handle_generate`, which passes it on, or by the
+        front's 408)."""
+        noted = _arrival.get()
+        if noted is not None and noted.request is request:
+            return noted.request_id
+        # a front request, or an Expect handler's 413 (it runs before the middlewares)
+        return request_id_for(request.headers, self.config.request_id_headers, request.path)
+
+    def _upstream_headers(self, request: AnyRequest, rid: str) -> list[tuple[str, str]]:
+        """What goes upstream: the client's end-to-end headers, the request id, X-Forwarded-*."""
+        scheme = "http" if isinstance(request, HotRequest) else request.scheme
+        return upstream_header_pairs(forward_header_pairs(request.headers), rid, request.remote, scheme)
+
+    @web.middleware
+    async def _request_ids(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Outermost middleware of the requests aiohttp serves: every answer names the request's id
+        (the lean front's requests get theirs in :meth:`handle_generate`), and the arrival time is
+        kept for a body refused before any handler ran (:meth:`_body_error`)."""
+        arrived = time.perf_counter()
+        rid = request_id_for(request.headers, self.config.request_id_headers, request.path)
+        _arrival.set(_Arrival(request, rid, arrived))
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            exc.headers[REQUEST_ID_HEADER] = rid
+            raise
+        if not response.prepared:  # a stream (or a drained refusal) named it when it began
+            response.headers[REQUEST_ID_HEADER] = rid
+        return response
+
     def _body_error(self, request: AnyRequest, status: int, message: str) -> web.Response:
-        """A body too slow (408) or too large (413), refused before any handler ran."""
+        """A body too slow (408), too large (413) or in a coding not taken (415), refused before any
+        handler ran: counted as an answered request, duration included, like every other."""
         self.metrics.errors.labels("bad_request").inc()
-        self.metrics.requests.labels(
-            request.path if request.path in GENERATE_PATHS else "other", str(status)
-        ).inc()
-        return json_error(status, message, param="body")
+        noted = _arrival.get()
+        if noted is not None and noted.request is request:
+            seconds = time.perf_counter() - noted.arrived
+        else:
+            # The front's 408 fires the body limit after the head arrived; an Expect handler's 413
+            # answers the head itself, before any middleware could note its arrival.
+            seconds = self.timeouts.body_s if status == 408 else 0.0
+        endpoint = request.path if request.path in GENERATE_PATHS else "other"
+        self.metrics.request_answered(endpoint, status, seconds)
+        response = json_error(status, message, param="body")
+        response.headers[REQUEST_ID_HEADER] = self._request_id(request)
+        return response
 
     def _answer(self, endpoint: str, response: Answer, started: float) -> Answer:
         self.metrics.request_answered(endpoint, response.status, time.perf_counter() - started)
@@ -555,6 +626,13 @@ class Gateway:
     async def handle_generate(self, request: AnyRequest) -> Answer:
         started = time.perf_counter()
         endpoint = request.path
+        rid = self._request_id(request)
+        response = await self._generate(request, endpoint, started, rid)
+        if not isinstance(response, HotStream) and not response.prepared:
+            response.headers[REQUEST_ID_HEADER] = rid  # a stream named it as it began
+        return response
+
+    async def _generate(self, request: AnyRequest, endpoint: str, started: float, rid: str) -> Answer:
         body = await request.read()  # within the limit: body_deadline read it (or the front did)
         try:
             if self.config.tenant_header:
@@ -578,7 +656,7 @@ class Gateway:
             self.metrics.errors.labels("bad_request").inc()
             return self._answer(endpoint, json_error(exc.status, str(exc), param=exc.param), started)
         try:
-            response = await self._route_and_forward(request, body, parsed, started)
+            response = await self._route_and_forward(_Inbound(request, body, started, rid), parsed)
         except asyncio.CancelledError:
             # The client left before its answer began (the front cancels the handler so the engine
             # aborts): still a request, counted under nginx's 499 "client closed request".
@@ -587,7 +665,9 @@ class Gateway:
         except _StreamAbandoned as exc:
             # Counted as a client that left (the request was aborted upstream the same way).
             log.info(
-                "client of %s read nothing of its stream for %g s: connection closed, request aborted",
+                "request %s: client of %s read nothing of its stream for %g s: connection closed, "
+                "request aborted",
+                rid,
                 endpoint,
                 self.timeouts.write_s,
             )
@@ -631,9 +711,8 @@ class Gateway:
         )
         return chosen, chain, parsed.uncached_tokens(row.matched_tokens), row.matched_tokens // key[1]
 
-    async def _route_and_forward(
-        self, request: AnyRequest, body: bytes, parsed: InferenceRequest, started: float
-    ) -> Answer:
+    async def _route_and_forward(self, inbound: _Inbound, parsed: InferenceRequest) -> Answer:
+        rid = inbound.rid
         excluded: set[str] = set()
         last_error = "no worker is available"
         refused: web.Response | None = None  # the latest worker's own 503, if one answered so
@@ -656,7 +735,7 @@ class Gateway:
             # no gateway then routes the prefix there as a hit the engine never computed.
             prefilled = [False]
             try:
-                return await self._forward(request, body, parsed, worker, started, prefilled)
+                return await self._forward(inbound, worker, prefilled)
             except _Retryable as exc:
                 last_error = f"worker {worker.worker_id} failed: {exc}"
                 if exc.answer is None:
@@ -672,7 +751,7 @@ class Gateway:
                 received += exc.received
                 if exc.received and received > self.config.resends_after_receipt:
                     # a query of death would take down one engine per re-send: the client is told
-                    log.warning("%s after taking the request; not re-sent", last_error)
+                    log.warning("request %s: %s after taking the request; not re-sent", rid, last_error)
                     self.metrics.errors.labels("upstream").inc()
                     return json_error(
                         502,
@@ -683,9 +762,9 @@ class Gateway:
                 if exc.answer is not None and not self._unsuspected_left(excluded):
                     # every other worker failed or refused work lately: re-sending would only add
                     # load to a busy fleet (each request asking every engine), so its 503 goes out
-                    log.info("%s; no other worker is free", last_error)
+                    log.info("request %s: %s; no other worker is free", rid, last_error)
                     break
-                log.info("%s; retrying elsewhere", last_error)
+                log.info("request %s: %s; retrying elsewhere", rid, last_error)
             finally:
                 # failed and retried, client left, or an error answer (or a timeout) before the first token
                 if not prefilled[0]:
@@ -709,37 +788,38 @@ class Gateway:
             self._origins[url] = found
         return found
 
-    async def _forward(
-        self,
-        request: AnyRequest,
-        body: bytes,
-        parsed: InferenceRequest,
-        worker: WorkerView,
-        started: float,
-        prefilled: list[bool],
-    ) -> Answer:
+    async def _forward(self, inbound: _Inbound, worker: WorkerView, prefilled: list[bool]) -> Answer:
         if self.config.upstream_timeout_s is None:
-            return await self._exchange(request, body, worker, started, prefilled)
+            return await self._exchange(inbound, worker, prefilled)
         try:
             async with asyncio.timeout(self.config.upstream_timeout_s):
-                return await self._exchange(request, body, worker, started, prefilled)
+                return await self._exchange(inbound, worker, prefilled)
         except TimeoutError as exc:
             if isinstance(exc, ConnectionError):
                 raise _Retryable(failure_text(exc)) from exc
             self.metrics.errors.labels("timeout").inc()
+            log.warning(
+                "request %s: worker %s did not answer within %g s; answered 504",
+                inbound.rid,
+                worker.worker_id,
+                self.config.upstream_timeout_s,
+            )
             return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
 
-    async def _exchange(
-        self, request: AnyRequest, body: bytes, worker: WorkerView, started: float, prefilled: list[bool]
-    ) -> Answer:
+    async def _exchange(self, inbound: _Inbound, worker: WorkerView, prefilled: list[bool]) -> Answer:
         assert self.upstream is not None
+        request, rid = inbound.request, inbound.rid
         try:
             origin, prefix = self._origin(worker.url)
         except ValueError as exc:
             raise _Retryable(str(exc)) from None
         try:
             exchange = await self.upstream.send(
-                origin, "POST", prefix + request_target(request), forward_header_pairs(request.headers), body
+                origin,
+                "POST",
+                prefix + request_target(request),
+                self._upstream_headers(request, rid),
+                inbound.body,
             )
         except _RETRY_ERRORS as exc:
             raise _Retryable(failure_text(exc)) from exc
@@ -747,17 +827,18 @@ class Gateway:
             try:
                 upstream = await exchange.response()
             except UpstreamTimeout as exc:
-                return self._silent(worker, exc)
+                return self._silent(worker, exc, rid)
             except _RETRY_ERRORS as exc:
                 raise _failed_after_send(exc) from exc
             headers = answer_headers(upstream.headers)
             headers[WORKER_HEADER] = worker.worker_id
+            headers[REQUEST_ID_HEADER] = rid  # the gateway's, whatever the worker answered
             is_stream = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
             if not is_stream:
                 try:
                     data = await upstream.read()
                 except UpstreamTimeout as exc:
-                    return self._silent(worker, exc)
+                    return self._silent(worker, exc, rid)
                 except _RETRY_ERRORS as exc:
                     raise _failed_after_send(exc) from exc
                 if worker_refused(upstream.status, upstream.headers):
@@ -778,17 +859,17 @@ class Gateway:
                 if upstream.status >= 500:
                     self.metrics.errors.labels("upstream").inc()
                 return web.Response(status=upstream.status, body=data, headers=headers)
-            return await self._stream(request, upstream, headers, started, prefilled, worker)
+            return await self._stream(inbound, upstream, headers, prefilled, worker)
 
     async def _stream(
         self,
-        request: AnyRequest,
+        inbound: _Inbound,
         upstream: UpstreamResponse,
         headers: CIMultiDict[str],
-        started: float,
         prefilled: list[bool],
         worker: WorkerView,
     ) -> Answer:
+        request, rid = inbound.request, inbound.rid
         chunks = whole_events(upstream.iter_chunks())  # an error event lands between events
         # the worker answered with a head: it has the request, so a failure now is one after receipt
         try:
@@ -796,7 +877,7 @@ class Gateway:
         except StopAsyncIteration:
             raise _Retryable("stream closed before its first byte", received=True) from None
         except UpstreamTimeout as exc:
-            return self._silent(worker, exc)
+            return self._silent(worker, exc, rid)
         except _RETRY_ERRORS as exc:
             raise _Retryable(failure_text(exc), received=True) from exc
         error_first = is_error_event(first)  # an error event before any token
@@ -812,7 +893,7 @@ class Gateway:
             return web.Response(status=upstream.status)  # the client left before the stream began
         except ClientStalled:
             raise _StreamAbandoned(response) from None
-        self.metrics.ttft.observe(time.perf_counter() - started)
+        self.metrics.ttft.observe(time.perf_counter() - inbound.started)
         try:
             async for chunk in chunks:
                 try:
@@ -823,6 +904,12 @@ class Gateway:
                     raise _StreamAbandoned(response) from None  # leaving the upstream context aborts it
         except _RETRY_ERRORS as exc:
             self.metrics.errors.labels("stream_cut").inc()
+            log.warning(
+                "request %s: worker %s's stream ended early (%s); the client got an error event",
+                rid,
+                worker.worker_id,
+                failure_text(exc),
+            )
             with contextlib.suppress(ConnectionError):
                 try:
                     await write(sse_error_event(f"worker stream ended early: {exc.__class__.__name__}"))
@@ -833,13 +920,13 @@ class Gateway:
             await response.write_eof()
         return response
 
-    def _silent(self, worker: WorkerView, exc: UpstreamTimeout) -> web.Response:
+    def _silent(self, worker: WorkerView, exc: UpstreamTimeout, rid: str) -> web.Response:
         """A worker that took the request and then sent nothing for the read-idle limit: hung (alive to
         TCP, so keepalive does not end it). Not re-sent: the next worker would wait as long, or hang
         on the same request; it sits out as a failed worker."""
         self.view.mark_failed(worker.worker_id, time.monotonic())
         self.metrics.errors.labels("timeout").inc()
-        log.warning("worker %s: %s; answered 504", worker.worker_id, exc)
+        log.warning("request %s: worker %s: %s; answered 504", rid, worker.worker_id, exc)
         return json_error(504, f"worker {worker.worker_id} timed out: {exc}", kind="timeout")
 
     async def handle_models(self, request: web.Request) -> web.StreamResponse:
@@ -851,7 +938,7 @@ class Gateway:
         endpoint = resource.canonical if resource is not None else "other"
         # the client's headers (an engine's API key) as for generation; identity, since the answer's
         # Content-Encoding is not passed on
-        sent = [*forward_header_pairs(request.headers), ("Accept-Encoding", "identity")]
+        sent = [*self._upstream_headers(request, self._request_id(request)), ("Accept-Encoding", "identity")]
         for w in self.view.routable(time.monotonic()):
             try:
                 async with self.session.get(
