@@ -3,19 +3,20 @@
 A request's id is taken from the client's first header present among ``request_id_headers``
 (SGLang's router, sgl-model-gateway ``middleware.rs`` ``RequestIdMiddleware``, checks the same
 defaults in the same order), else generated with SGLang's prefixes (``chatcmpl-``, ``cmpl-``,
-``gnt-``, ``req-``, then 24 letters and digits). The gateway sends it upstream and answers the
-client with it in ``X-Request-Id``, and names it in its log lines about the request.
+``gnt-``, ``req-``) and 24 characters, as SGLang's (its are letters and digits, these hex digits:
+96 random bits in 0.3 us, where drawing 24 of 62 letters took 5 us on the request path). The
+gateway sends it upstream and answers the client with it in ``X-Request-Id``, and names it in its
+log lines about the request.
 
-Unlike SGLang's (which echoes any value a header can hold), a client value that is empty of
-printable characters, longer than :data:`MAX_REQUEST_ID_CHARS` or holds anything but visible ASCII
-is replaced by a generated id: the value goes into log lines and other services' headers, where a
-space, a non-ASCII byte or kilobytes of text would forge or bloat them.
+Unlike SGLang's (which echoes any value a header can hold), a client value that is longer than
+:data:`MAX_REQUEST_ID_CHARS` or holds anything but visible ASCII is replaced by a generated id: the
+value goes into log lines and other services' headers, where a space, a non-ASCII byte or
+kilobytes of text would forge or bloat them.
 """
 
 from __future__ import annotations
 
 import random
-import string
 from collections.abc import Sequence
 
 from multidict import MultiMapping
@@ -26,8 +27,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 FORWARDED_FOR_HEADER = "X-Forwarded-For"
 FORWARDED_PROTO_HEADER = "X-Forwarded-Proto"
 MAX_REQUEST_ID_CHARS = 128
-_GENERATED_CHARS = 24
-_ALPHABET = string.ascii_letters + string.digits
+_GENERATED_BITS = 96  # 24 hex digits
 _REPLACED = frozenset({REQUEST_ID_HEADER.lower(), FORWARDED_FOR_HEADER.lower()})
 # Not secrets: ids only need to differ. One generator, seeded from the OS at import.
 _random = random.Random()
@@ -51,8 +51,8 @@ def id_prefix(path: str) -> str:
 
 
 def generate_request_id(path: str, rng: random.Random = _random) -> str:
-    """A fresh id for a request to ``path``: its prefix and 24 random letters and digits."""
-    return id_prefix(path) + "".join(rng.choices(_ALPHABET, k=_GENERATED_CHARS))
+    """A fresh id for a request to ``path``: its prefix and 24 random hex digits."""
+    return id_prefix(path) + rng.getrandbits(_GENERATED_BITS).to_bytes(_GENERATED_BITS // 8, "big").hex()
 
 
 def client_request_id(headers: MultiMapping[str], names: Sequence[str]) -> str | None:

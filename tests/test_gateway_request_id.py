@@ -3,10 +3,11 @@
 Specification (sgl-model-gateway ``middleware.rs`` ``RequestIdMiddleware`` and ``server.rs``): a
 request's id is the value of the first header present among ``--request-id-headers`` (default
 ``x-request-id``, ``x-correlation-id``, ``x-trace-id``, ``request-id``), else a generated one
-(``chatcmpl-``/``cmpl-``/``gnt-``/``req-`` and 24 letters and digits); every answer carries it in
-``X-Request-Id``. Here the gateway also sends it upstream in ``X-Request-Id`` (the sidecar passes it
-on unchanged, so the engine sees it), names it in its warning lines about the request, and replaces
-a client value that is too long or not visible ASCII by a generated id instead of echoing it. The
+(``chatcmpl-``/``cmpl-``/``gnt-``/``req-`` and 24 characters; here hex digits); every answer
+carries it in ``X-Request-Id``. Here the gateway also sends it upstream in ``X-Request-Id`` (the
+sidecar passes it on unchanged, so the engine sees it), names it in its log lines about the
+request, and replaces a client value that is too long or not visible ASCII by a generated id
+instead of echoing it. The
 upstream request also carries ``X-Forwarded-For`` (the client's list, then the client's address)
 and ``X-Forwarded-Proto``.
 
@@ -37,9 +38,9 @@ from prefixfleet.router.request_ids import MAX_REQUEST_ID_CHARS, upstream_header
 pytestmark = pytest.mark.timeout(60)
 
 GENERATED = {
-    "/v1/chat/completions": re.compile(r"chatcmpl-[A-Za-z0-9]{24}"),
-    "/v1/completions": re.compile(r"cmpl-[A-Za-z0-9]{24}"),
-    "/generate": re.compile(r"gnt-[A-Za-z0-9]{24}"),
+    "/v1/chat/completions": re.compile(r"chatcmpl-[0-9a-f]{24}"),
+    "/v1/completions": re.compile(r"cmpl-[0-9a-f]{24}"),
+    "/generate": re.compile(r"gnt-[0-9a-f]{24}"),
 }
 BODIES = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
