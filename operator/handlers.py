@@ -99,6 +99,10 @@ RECONCILE_INTERVAL_S = float(os.environ.get("PREFIXFLEET_RECONCILE_INTERVAL", "1
 # The autoscaler's scale-down preference: comma-separated pod names on the fleet, most preferred first.
 ANNOTATION_VICTIMS = "prefixfleet.io/victims"
 FINALIZER = "prefixfleet.io/cleanup"
+# A deleted fleet keeps FINALIZER until its timers (fleet_timer, autoscale_timer) have exited, and
+# kopf re-checks a timer that was mid-run (a reconcile, a round) every cancellation_polling seconds,
+# 60 by default, with nothing else waking the check: such a fleet stayed a minute after its cleanup.
+TIMER_EXIT_POLL_S = 2.0
 REDIS_TIMEOUT_S = 2.0
 DRAIN_SECONDS = float(os.environ.get("PREFIXFLEET_DRAIN_SECONDS", "15"))
 
@@ -244,6 +248,7 @@ async def configure(
     settings.posting.level = logging.INFO
     settings.posting.reporting_component = MANAGER
     settings.persistence.finalizer = FINALIZER
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="prefixfleet.io")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="prefixfleet.io", key="last-handled-configuration"
