@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import json
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,8 @@ OPERATOR_SOURCES = sorted((REPO / "operator").glob("*.py"))
 OPERATOR_TOKEN = "prefixfleet-operator"
 NAMESPACE = "default"
 FLEET = "rbac"
+FLEET_WRITES_KEPT = 12
+WRITE_CHARS = 300  # of a recorded write's body
 
 
 @dataclass(frozen=True, order=True)
@@ -109,15 +112,34 @@ class RecordingApiServer(EmulatedApiServer):
     def __init__(self) -> None:
         super().__init__()
         self.operator_requests: list[tuple[str, str, dict[str, str], Any]] = []
+        # The last writes to fleets and the answers, for a wait on a fleet that times out to show:
+        # at INFO the operator's log says nothing of a refused finalizer removal (kopf logs a 422
+        # to its JSON patch at debug level) nor of one it has not sent yet.
+        self.fleet_writes: deque[str] = deque(maxlen=FLEET_WRITES_KEPT)
 
     async def __call__(self, raw: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        body: Any = None
+        if raw.can_read_body:
+            with contextlib.suppress(ValueError):
+                body = json.loads(await raw.read() or b"null")  # aiohttp keeps it for _serve
         if raw.headers.get("Authorization") == f"Bearer {OPERATOR_TOKEN}":
-            body: Any = None
-            if raw.can_read_body:
-                with contextlib.suppress(ValueError):
-                    body = json.loads(await raw.read() or b"null")  # aiohttp keeps it for _serve
             self.operator_requests.append((raw.method, raw.path, dict(raw.query), body))
-        return await super().__call__(raw)
+        response = await super().__call__(raw)
+        parsed = parse_resource_path(raw.path)
+        if raw.method != "GET" and parsed is not None and parsed.plural == "prefixcachefleets":
+            said = response.text if isinstance(response, aiohttp.web.Response) else None
+            answer = said if response.status >= 400 else f"resourceVersion {_version_in(said)}"
+            self.fleet_writes.append(
+                f"{raw.method} {raw.path} ({raw.content_type}) {json.dumps(body)[:WRITE_CHARS]}"
+                f" -> {response.status}: {answer}"
+            )
+        return response
+
+
+def _version_in(text: str | None) -> str | None:
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        return json.loads(text or "")["metadata"]["resourceVersion"]
+    return None
 
 
 # ------------------------------------------------------------------ the operator's source -> rules
@@ -357,6 +379,21 @@ def router_children(cluster: EmulatedCluster) -> list[dict[str, Any]]:
     return [o for k in kinds for o in cluster.api.objects(*k) if o["metadata"]["name"] == named]
 
 
+def fleet_report(api: ApiServerThread) -> str:
+    """The fleets as stored (finalizers, deletionTimestamp, status; annotations by name only) and
+    the last writes to them with the server's answers: what a wait on the fleet that timed out shows
+    (the operator's log is at INFO: a refused patch, or one never sent, leaves no line there)."""
+    shown = []
+    for stored in api.objects("prefixcachefleets", "prefixfleet.io", "v1alpha1"):
+        meta = dict(stored["metadata"], annotations=sorted(stored["metadata"].get("annotations") or {}))
+        shown.append({"metadata": meta, "status": stored.get("status")})
+    server = api.server
+    writes = list(server.fleet_writes) if isinstance(server, RecordingApiServer) else ["(not recorded)"]
+    return f"fleets as stored: {json.dumps(shown, indent=1)}\nthe last writes to fleets:\n" + "\n".join(
+        writes
+    )
+
+
 def live_fleet(cluster: EmulatedCluster, redis_url: str) -> None:
     """A fleet's life through kubectl, each step waited for: the operator's calls along the way."""
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "fleet-redis"}}
@@ -395,23 +432,33 @@ def live_fleet(cluster: EmulatedCluster, redis_url: str) -> None:
         return any(p["metadata"]["uid"] != pod["metadata"]["uid"] for p in cluster.api.objects("pods"))
 
     wait_for(recreated, 60, what="the deleted replica to be recreated")
-    # the fleet deleted: its finalizer goes once every child is removed
+    # the fleet deleted: its finalizer goes once every child is removed and its timers have exited
+    # (kopf checks a timer that was mid-run again every handlers.TIMER_EXIT_POLL_S)
     cluster.kubectl("delete", "pcf", FLEET, "--wait=false")
     fleets = ("prefixcachefleets", "prefixfleet.io", "v1alpha1")
-    wait_for(lambda: not cluster.api.objects(*fleets), 60, what="the fleet's finalizer to be removed")
+    try:
+        wait_for(lambda: not cluster.api.objects(*fleets), 60, what="the fleet's finalizer to be removed")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{fleet_report(cluster.api)}") from exc
     assert router_children(cluster) == []
+
+
+def recording_cluster(server: RecordingApiServer, workdir: Path) -> EmulatedCluster:
+    """An EmulatedCluster (no kubelet yet) served by ``server``."""
+    cluster = EmulatedCluster.__new__(EmulatedCluster)
+    cluster.workdir = workdir
+    cluster.workdir.mkdir(parents=True)
+    cluster.api = ApiServerThread(server).start()
+    cluster.kubeconfig = cluster.api.write_kubeconfig(cluster.workdir / "kubeconfig")
+    cluster.kubelet = None
+    return cluster
 
 
 @contextlib.contextmanager
 def recorded_operator_run(tmp_path: Path, extra_args: list[str]) -> Iterator[set[Need]]:
     """Run the operator through a fleet's life; yields the permissions its requests needed."""
     server = RecordingApiServer()
-    cluster = EmulatedCluster.__new__(EmulatedCluster)  # EmulatedCluster with this server
-    cluster.workdir = tmp_path / "cluster"
-    cluster.workdir.mkdir(parents=True)
-    cluster.api = ApiServerThread(server).start()
-    cluster.kubeconfig = cluster.api.write_kubeconfig(cluster.workdir / "kubeconfig")
-    cluster.kubelet = None
+    cluster = recording_cluster(server, tmp_path / "cluster")
     operator: OperatorProcess | None = None
     try:
         with running_redis(tmp_path) as redis_url:
@@ -464,3 +511,26 @@ def test_recording_notices_a_call_the_chart_does_not_allow() -> None:
     assert missing({scale}, grants) == []
     without = {g for g in grants if g.resource != "prefixcachefleets/scale"}
     assert missing({scale}, without) == [str(scale)]
+
+
+def test_a_fleet_wait_that_times_out_shows_the_fleet_and_the_answers_to_its_writes(tmp_path: Path) -> None:
+    """What live_fleet adds to its timeout: the finalizers, deletionTimestamp and status as stored,
+    and the last writes to the fleet with the server's answers (a refusal with its message)."""
+    cluster = recording_cluster(RecordingApiServer(), tmp_path / "cluster")
+    try:
+        cluster.install_crd()
+        fleet = yaml.safe_load(fleet_manifest("fleet-redis"))
+        fleet["metadata"]["finalizers"] = ["prefixfleet.io/cleanup"]
+        cluster.apply(json.dumps(fleet))
+        cluster.kubectl("delete", "pcf", FLEET, "--wait=false")
+        refused = cluster.kubectl(
+            "patch", "pcf", FLEET, "--type=merge", "-p", '{"spec":{"replicas":-1}}', check=False
+        )
+        assert refused.returncode != 0
+        report = fleet_report(cluster.api)
+    finally:
+        cluster.close()
+    assert '"prefixfleet.io/cleanup"' in report and '"deletionTimestamp"' in report
+    assert f"DELETE /apis/prefixfleet.io/v1alpha1/namespaces/{NAMESPACE}/prefixcachefleets/{FLEET}" in report
+    (answer,) = [line for line in report.splitlines() if line.startswith("PATCH ")]
+    assert '"replicas": -1' in answer and "-> 422: " in answer and "spec.replicas" in answer
