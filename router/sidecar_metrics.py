@@ -121,9 +121,15 @@ async def fetch_engine_metrics(session: aiohttp.ClientSession, engine_url: str) 
     try:
         async with session.get(
             f"{engine_url}/metrics",
-            headers={"Accept": "text/plain"},  # never OpenMetrics: its `# EOF` would end our part
+            # never OpenMetrics: its `# EOF` would end our part. Never compressed either: the
+            # session does not decompress (it proxies bytes), and prometheus_client's ASGI app
+            # (SGLang's /metrics, older vLLM's) gzips for anyone whose Accept-Encoding names gzip,
+            # aiohttp's default
+            headers={"Accept": "text/plain", "Accept-Encoding": "identity"},
             timeout=aiohttp.ClientTimeout(total=5),
         ) as resp:
-            return await resp.read() if resp.status == 200 else None
+            if resp.status != 200 or resp.headers.get("Content-Encoding", "identity") != "identity":
+                return None  # not text we can read (an engine that compresses even so)
+            return await resp.read()
     except (aiohttp.ClientError, OSError, TimeoutError):
         return None
