@@ -240,7 +240,9 @@ class _EngineInfo:
     capacity_tokens: int | None = None
     known: bool = False
     # Its server info says enable_cache_report (SGLang's flag, the emulator's): an OpenAI usage
-    # report without prompt_tokens_details then means 0 cached tokens, not "not reported".
+    # report without prompt_tokens_details then means 0 cached tokens, not "not reported". vLLM
+    # states no such flag, and most of its releases leave a 0 out even with
+    # --enable-prompt-tokens-details: its first answer that has the details says the flag is on.
     cache_report: bool = False
     api: str = ""  # sglang or vllm once known (--engine-api, or detected)
     served_model: str = ""  # vLLM: /v1/models data[0].id, the name its requests' "model" must give
@@ -1042,6 +1044,7 @@ class Sidecar:
                     if learn and (b"cached_tokens" in chunk or (zero and b'"prompt_tokens"' in chunk)):
                         usage = chunk
                         cached = find_cached_tokens(chunk, absent_is_zero=zero)
+                        self._reports_cached_tokens(chunk)
                 if collected is not None:
                     collected.feed(chunk)
                 try:
@@ -1083,6 +1086,15 @@ class Sidecar:
             self.timeouts.write_s,
         )
 
+    def _reports_cached_tokens(self, usage: bytes) -> None:
+        """A vLLM answer with ``prompt_tokens_details`` says its engine runs with
+        --enable-prompt-tokens-details: its later usage reports without them are 0 cached tokens
+        (vLLM tests the count's truth: ``if self.enable_prompt_tokens_details and num_cached_tokens``),
+        until the engine restarts (its facts, read again, reset this)."""
+        engine = self.s.engine
+        if engine.api == VLLM and not engine.cache_report and b'"cached_tokens"' in usage:
+            engine.cache_report = True
+
     def _learn(
         self, parsed: InferenceRequest, data: bytes, predicted: int, handle: int, echoed: str | None
     ) -> None:
@@ -1090,6 +1102,7 @@ class Sidecar:
         # an OpenAI usage without cached_tokens: 0 if the engine reports them (find_cached_tokens)
         zero = self.s.engine.cache_report
         cached = find_cached_tokens(data, absent_is_zero=zero)
+        self._reports_cached_tokens(data)
         if cached is not None:
             uncached = answer_uncached_tokens(parsed.path, data, parsed.num_tokens, absent_is_zero=zero)
             if uncached is not None:
