@@ -11,6 +11,7 @@ The CEL part needs the ``cel-python`` package (a test extra); it is imported onl
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -98,18 +99,16 @@ def cel_errors(schema: Schema, value: Any) -> list[str]:
     """Evaluate every ``x-kubernetes-validations`` rule where its node is present in ``value``."""
     import celpy  # test extra: cel-python
 
-    env = celpy.Environment()
     problems = []
     for path, rule, node_value in _rules_with_values(schema, value, ""):
         try:
-            program = env.program(env.compile(rule["rule"]), functions=_KUBERNETES_CEL_FUNCTIONS)
-            ok = program.evaluate({"self": celpy.json_to_cel(node_value)})
+            ok = _cel_program(rule["rule"]).evaluate({"self": celpy.json_to_cel(node_value)})
         except Exception as exc:  # a rule that cannot evaluate is refused by the API server as well
             problems.append(f"{path or '<root>'}: rule {rule['rule']!r} failed to evaluate: {exc}")
             continue
         if isinstance(ok, Exception) or not bool(ok):
             where = path + rule.get("fieldPath", "") if rule.get("fieldPath") else path
-            message = _message_of(env, rule, node_value) or f"failed rule {rule['rule']}"
+            message = _message_of(rule, node_value) or f"failed rule {rule['rule']}"
             # Our messages already start with the field path; don't say it twice.
             problems.append(
                 message if message.startswith(where or "\0") else f"{where or '<root>'}: {message}"
@@ -117,15 +116,25 @@ def cel_errors(schema: Schema, value: Any) -> list[str]:
     return problems
 
 
-def _message_of(env: Any, rule: dict[str, Any], node_value: Any) -> str:
+@functools.lru_cache(maxsize=1024)
+def _cel_program(expression: str) -> Any:
+    """The compiled program of one CEL expression. Compiling dominates (about 0.8 s for the fleet
+    CRD's rules per object, against ~40 ms to evaluate them), and an emulated API server checks every
+    write: compile each expression once. A program keeps no state between evaluations."""
+    import celpy
+
+    env = celpy.Environment()
+    return env.program(env.compile(expression), functions=_KUBERNETES_CEL_FUNCTIONS)
+
+
+def _message_of(rule: dict[str, Any], node_value: Any) -> str:
     """What the API server says for a failed rule: its messageExpression's value when that evaluates
     to a non-empty string, else its message."""
     import celpy
 
     if expression := rule.get("messageExpression"):
         try:
-            program = env.program(env.compile(expression), functions=_KUBERNETES_CEL_FUNCTIONS)
-            said = program.evaluate({"self": celpy.json_to_cel(node_value)})
+            said = _cel_program(expression).evaluate({"self": celpy.json_to_cel(node_value)})
         except Exception:  # the API server falls back to message as well
             said = None
         if isinstance(said, str) and said.strip():
