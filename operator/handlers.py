@@ -339,7 +339,11 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
         forget_fleet_series(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
         ctx.dial_redis(f"{namespace}/{name}", "")
         await ctx.close_unused_redis()  # its URL's clients, unless another fleet uses it or a call is on
-    kopf.info(body, reason="Deleted", message=f"removed {removed} children")
+    if removed:
+        # Only the pass that removed something: kopf runs this handler again every
+        # TIMER_EXIT_POLL_S while a timer of the fleet is still exiting, and each such pass finds
+        # nothing left ("removed 0 children" once per pass would flood the fleet's Events).
+        kopf.info(body, reason="Deleted", message=f"removed {removed} children")
 
 
 def forget_fleet_series(ctx: OperatorContext, namespace: str, name: str) -> None:
