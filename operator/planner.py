@@ -526,8 +526,12 @@ def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
             "--model-revision",
             model.revision,
         ]
-        # Like SGLang (below), the emulator reports OpenAI usage.prompt_tokens_details only when asked.
-        args += _unless_given(engine.args, "--enable-cache-report")
+        # Like SGLang (below), the emulator reports OpenAI usage.prompt_tokens_details only when asked;
+        # in vLLM mode (--api vllm) by vLLM's flag, as its vLLM face refuses SGLang's (exit 2)
+        if emulator_api(engine.args) == "vllm":
+            args += _unless_given(engine.args, "--enable-prompt-tokens-details")
+        else:
+            args += _unless_given(engine.args, "--enable-cache-report")
     elif engine.kind == "sglang":
         command = ["python3", "-m", "sglang.launch_server"]
         args = [
@@ -567,12 +571,25 @@ def engine_command(spec: FleetSpec) -> tuple[list[str], list[str]]:
     return command, args + list(engine.args)
 
 
-def sidecar_engine_api(kind: EngineKind) -> str:
-    """The sidecar's ``--engine-api`` for an engine kind: which HTTP API it speaks to its engine
-    (identity and capacity, pre-warm, flush). Named, not left to the sidecar's ``auto`` probe: the
-    operator knows the kind, and a probe of an engine still loading its model decides nothing.
-    The emulator speaks SGLang's API."""
-    return "vllm" if kind == "vllm" else "sglang"
+def sidecar_engine_api(kind: EngineKind, args: Sequence[str] = ()) -> str:
+    """The sidecar's ``--engine-api`` for an engine kind and its ``args``: which HTTP API it speaks
+    to its engine (identity and capacity, pre-warm, flush). Named, not left to the sidecar's
+    ``auto`` probe: the operator knows the kind, and a probe of an engine still loading its model
+    decides nothing. The emulator speaks SGLang's API unless its args say ``--api vllm``."""
+    vllm = kind == "vllm" or (kind == "emulator" and emulator_api(args) == "vllm")
+    return "vllm" if vllm else "sglang"
+
+
+def emulator_api(args: Sequence[str]) -> str:
+    """The API an emulator's args select, as its parser reads ``--api`` (``--api X`` or
+    ``--api=X``; the last one given wins); ``sglang``, its default, without one."""
+    api = "sglang"
+    for i, arg in enumerate(args):
+        if arg == "--api" and i + 1 < len(args):
+            api = args[i + 1]
+        elif arg.startswith("--api="):
+            api = arg.partition("=")[2]
+    return api
 
 
 # VLLM_SERVER_DEV_MODE is deliberately not set on vLLM engines, so the sidecar's flush (POST
@@ -681,7 +698,7 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
     assert engine.port is not None  # filled by the model's kind defaults
     sidecar_args = [
         "--engine", f"http://127.0.0.1:{engine.port}",
-        "--engine-api", sidecar_engine_api(engine.kind),
+        "--engine-api", sidecar_engine_api(engine.kind, engine.args),
         "--redis", "$(REDIS_URL)",
         "--host", "",  # every interface: IPv4 and IPv6 pod IPs alike
         "--port", str(sidecar.port),
