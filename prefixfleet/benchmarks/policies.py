@@ -112,8 +112,9 @@ def resolve_trace(spec: str, root: Path) -> str:
     return spec
 
 
-def run_case(case: Case, root: Path, progress: bool) -> dict[str, Any]:
-    workload = build_workload(resolve_trace(case.workload, root), seed=0, **case.workload_overrides)
+def run_case(case: Case, root: Path, progress: bool, seed: int = 0) -> dict[str, Any]:
+    # the seed draws the generated workloads (prefixroute, gsp); lab-burst and a trace have none
+    workload = build_workload(resolve_trace(case.workload, root), seed=seed, **case.workload_overrides)
     settings = {**workload.recommended, **case.fleet_overrides}
     service = ServiceConfig(**{k: v for k, v in settings.items() if k in ServiceConfig.__dataclass_fields__})
     fleet = FleetConfig(settings["replicas"], settings["cache_tokens"], service)
@@ -146,10 +147,10 @@ def _slim(summary: dict[str, Any]) -> dict[str, Any]:
     return {k: summary[k] for k in keys}
 
 
-def prefixroute_shape(root: Path, progress: bool) -> dict[str, Any]:
+def prefixroute_shape(root: Path, progress: bool, seed: int = 0) -> dict[str, Any]:
     """prefixroute's table shape at its own settings: RR worst; affinity policies < 0.2x its mean."""
     case = next(c for c in CASES if c.label == "prefixroute@4x4000")
-    res = run_case(case, root, progress)["policies"]
+    res = run_case(case, root, progress, seed)["policies"]
     rr = res["round_robin"]["mean_ttft_ms"]
     worst = max(res[p]["mean_ttft_ms"] for p in POLICIES)
     ratios = {p: round(res[p]["mean_ttft_ms"] / rr, 3) for p in ("affinity", "affinity_balanced")}
@@ -163,7 +164,8 @@ def prefixroute_shape(root: Path, progress: bool) -> dict[str, Any]:
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [
-        f"default policy: {report['default_policy']}   (ratios: default / best of {', '.join(PEERS)})",
+        f"default policy: {report['default_policy']}   workload seed {report['seed']}"
+        f"   (ratios: default / best of {', '.join(PEERS)})",
         f"{'case':20s} {'default mean/p99 ms':>20s} {'best peer mean/p99':>20s} {'ideal p99':>10s}"
         f" {'p99 ratio':>9s} {'vs ideal':>8s} {'mean ratio':>10s}  verdict",
     ]
@@ -190,13 +192,16 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_benchmark(root: Path, progress: bool = True, cases: tuple[Case, ...] = CASES) -> dict[str, Any]:
-    report: dict[str, Any] = {"default_policy": DEFAULT_POLICY, "peers": list(PEERS), "cases": {}}
+def run_benchmark(
+    root: Path, progress: bool = True, cases: tuple[Case, ...] = CASES, seed: int = 0
+) -> dict[str, Any]:
+    report: dict[str, Any] = {"default_policy": DEFAULT_POLICY, "peers": list(PEERS), "seed": seed}
+    report["cases"] = {}
     for case in cases:
         if progress:
             print(f"running {case.label} ...", file=sys.stderr, flush=True)
-        report["cases"][case.label] = run_case(case, root, progress)
-    report["prefixroute_shape"] = prefixroute_shape(root, progress)
+        report["cases"][case.label] = run_case(case, root, progress, seed)
+    report["prefixroute_shape"] = prefixroute_shape(root, progress, seed)
     report["pass"] = report["prefixroute_shape"]["pass"] and all(
         c["pass"] for c in report["cases"].values() if c["required"]
     )
@@ -211,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
     traces = {path for case in CASES for path in input_files(resolve_trace(case.workload, root))}
     json_path = output_file(args.json, "--json", inputs=sorted(traces))
     try:
-        report = run_benchmark(root, progress=not args.quiet)
+        report = run_benchmark(root, progress=not args.quiet, seed=args.seed)
     except (ValueError, OSError) as exc:
         raise UsageError(str(exc)) from None
     print(format_report(report))
@@ -228,4 +233,11 @@ def add_bench(bench_subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the report as JSON here")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the generated workloads (prefixroute, gsp; lab-burst and the trace have none); "
+        "default 0",
+    )
     parser.set_defaults(func=_run)
