@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -110,6 +111,8 @@ from .upstream import (
 )
 
 log = logging.getLogger("prefixfleet.sidecar")
+# an OpenAI stream's usage event: `"choices": []` (a content chunk names at least one choice)
+_NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports its capacity
 
 
@@ -1041,7 +1044,11 @@ class Sidecar:
                         self.load_changed()
                         # an engine's error event before any token (a refused prompt): no prefill
                         prefilled[0] = upstream.status == 200 and not is_error_event(chunk)
-                    if learn and (b"cached_tokens" in chunk or (zero and b'"prompt_tokens"' in chunk)):
+                    # a usage without cached_tokens is a 0 only in the stream's usage event (no
+                    # choices): continuous_usage_stats put a running count on every chunk, and a
+                    # stream cut before its usage event never said what was cached
+                    final = zero and b'"prompt_tokens"' in chunk and _NO_CHOICES.search(chunk) is not None
+                    if learn and (b"cached_tokens" in chunk or final):
                         usage = chunk
                         cached = find_cached_tokens(chunk, absent_is_zero=zero)
                         self._reports_cached_tokens(chunk)

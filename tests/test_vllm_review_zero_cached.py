@@ -61,6 +61,18 @@ class TruthTestVllm:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage
 
+    async def stream(
+        self, request: web.Request, response: web.StreamResponse, answer: dict[str, Any]
+    ) -> None:
+        """Write a stream's events; ``answer`` holds the request ``body``, the ``choice`` and ``usage``."""
+        body, choice, usage = answer["body"], answer["choice"], answer["usage"]
+        chunks: list[Any] = [{"object": "text_completion", "choices": [choice]}]
+        if body.get("stream_options"):
+            chunks.append({"object": "text_completion", "choices": [], "usage": usage})
+        for chunk in chunks:
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+
     def app(self) -> web.Application:
         async def complete(request: web.Request) -> web.StreamResponse:
             body = await request.json()
@@ -70,12 +82,7 @@ class TruthTestVllm:
                 return web.json_response({"object": "text_completion", "choices": [choice], "usage": usage})
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            chunks: list[Any] = [{"object": "text_completion", "choices": [choice]}]
-            if body.get("stream_options"):
-                chunks.append({"object": "text_completion", "choices": [], "usage": usage})
-            for chunk in chunks:
-                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-            await response.write(b"data: [DONE]\n\n")
+            await self.stream(request, response, {"body": body, "choice": choice, "usage": usage})
             return response
 
         async def models(_request: web.Request) -> web.Response:
@@ -139,3 +146,33 @@ async def test_an_engine_that_never_reports_details_leaves_the_mirror_alone() ->
         mirror = car.s.mirror
         assert mirror.compared_requests == 0  # no report is no 0
         assert mirror.tree.cached_tokens >= len(tokenize(PROMPT))
+
+
+class BreakingVllm(TruthTestVllm):
+    """Streams with continuous usage stats (a running count without details on every chunk), then
+    dies before its usage event: the answer never said how much was cached."""
+
+    async def stream(
+        self, request: web.Request, response: web.StreamResponse, answer: dict[str, Any]
+    ) -> None:
+        choice, usage = answer["choice"], answer["usage"]
+        running = {k: usage[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+        chunk = {"object": "text_completion", "choices": [choice], "usage": running}
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        assert request.transport is not None
+        request.transport.abort()
+
+
+async def test_a_stream_cut_before_its_usage_event_is_no_zero_report() -> None:
+    engine = BreakingVllm(details=True)
+    async with sidecar_before(engine) as (url, car), aiohttp.ClientSession() as http:
+        await send(http, url, stream=False)
+        await send(http, url, stream=False)  # details seen: a missing count now reads as 0
+        mirror = car.s.mirror
+        compared, held = mirror.compared_requests, mirror.tree.cached_tokens
+        body = {"prompt": PROMPT, "max_tokens": 4, "stream": True}
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        async with http.post(f"{url}/v1/completions", json=body) as resp:
+            await resp.read()
+        assert mirror.compared_requests == compared  # a running count is no report of cached tokens
+        assert mirror.tree.cached_tokens >= held
