@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import parse_qs
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,6 +30,14 @@ VLLM_FLUSH_UNAVAILABLE = (
     "the vLLM engine has no POST /reset_prefix_cache (it answered 404): vLLM serves it only when "
     "started with VLLM_SERVER_DEV_MODE=1; the engine kept its prefix cache and so did this sidecar's mirror"
 )
+# vLLM answers /reset_prefix_cache with 200 whether or not it reset: its KV cache manager refuses
+# while any request holds blocks (vllm/v1/core/kv_cache_manager.py reset_prefix_cache), unless asked
+# with reset_running_requests=true (newer vLLM), which preempts them first.
+VLLM_FLUSH_BUSY = (
+    "requests are running: vLLM resets its prefix cache only when no request holds blocks (it answers "
+    "200 and keeps the cache otherwise); nothing was flushed. Retry when idle, or pass "
+    "reset_running_requests=true"
+)
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
 
 
@@ -39,6 +48,13 @@ class Probe:
 
     status: int | None
     body: object = None
+
+
+def vllm_resets_running(query: str) -> bool:
+    """Whether a /reset_prefix_cache query asks vLLM to reset despite running requests
+    (``reset_running_requests``, a bool as FastAPI reads one: true, 1, yes, on)."""
+    values = parse_qs(query).get("reset_running_requests", [])
+    return bool(values) and values[-1].strip().lower() in ("true", "1", "yes", "on")
 
 
 def is_sglang_info(server_info: Probe) -> bool:

@@ -34,6 +34,7 @@ from .blockhash import CacheIdentity
 from .engine_api import (
     AUTO,
     VLLM,
+    VLLM_FLUSH_BUSY,
     VLLM_FLUSH_PATH,
     VLLM_FLUSH_UNAVAILABLE,
     Probe,
@@ -41,6 +42,7 @@ from .engine_api import (
     mirror_block_tokens,
     pick_engine_api,
     vllm_cache_config,
+    vllm_resets_running,
     vllm_served_model,
     vllm_visible_hit,
 )
@@ -912,6 +914,9 @@ class Sidecar:
             # SGLang's /flush_cache is vLLM's POST /reset_prefix_cache (the query passed on: vLLM
             # reads reset_running_requests and reset_external there).
             query = request_target(request).partition("?")[2]
+            if self.s.load.in_flight and not vllm_resets_running(query):
+                # vLLM would answer 200 and keep its cache: say so (as SGLang's busy flush does)
+                return json_error(400, VLLM_FLUSH_BUSY)
             target = VLLM_FLUSH_PATH + (f"?{query}" if query else "")
             method = "POST" if request.path == "/flush_cache" else request.method
             response = await self._forward(request, body, method=method, target=target)
