@@ -58,8 +58,15 @@ async def test_a_flush_while_a_request_runs_is_refused_and_the_mirror_kept(engin
                 message = (await resp.json())["error"]["message"]
             assert "running" in message and "reset_running_requests" in message
             assert car.s.mirror.tree.cached_tokens == held  # the engine kept it, so does the mirror
-        # the running request is gone (the client left): the flush goes through now
-        await eventually(lambda: car.s.load.in_flight == 0, 20, "the aborted request to end")
+        # the running request is gone (the client left): once the engine dropped it too, the flush
+        # goes through
+        await eventually(lambda: car.s.load.in_flight == 0, 20, "the sidecar to see the request end")
+
+        def idle() -> bool:
+            stats = engine.engine.stats()
+            return stats.num_running + stats.num_waiting == 0
+
+        await eventually(idle, 20, "the engine to drop the aborted request")
         async with http.post(f"{url}/flush_cache") as resp:
             assert resp.status == 200
         assert car.s.mirror.tree.cached_tokens == 0
