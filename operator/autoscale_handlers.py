@@ -554,7 +554,7 @@ async def _read_engines(
         state.prometheus_url = url
         auto.close_unused_prometheus()  # the one it read before, if no other fleet does
     source = auto.prometheus_source(url) if url else None
-    scope = fleet_scope(spec.prometheus, ref.namespace, ref.name, spec.engine.kind)
+    scope = fleet_scope(spec.prometheus, ref.namespace, ref.name, spec.engine.kind, spec.engine.args)
     reading = await read_engine_metrics(auto.http, urls, state.counters, source, scope, state.rates)
     state.rates = dict(reading.rates)
     state.counters = dict(reading.counters)

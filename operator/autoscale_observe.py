@@ -6,7 +6,7 @@ The kopf timer (``autoscale_handlers``) gathers three sources per replica pod an
 * the sidecar's load record from Redis (in flight, queued, pending prefill tokens, prefill speed);
 * the engine's token rates (:class:`EngineRates`): from Prometheus (``rate()`` of
   ``sglang:prompt_tokens_total`` and ``sglang:cached_tokens_total``, or vLLM's prefix-cache query and
-  hit counters: :data:`ENGINE_METRICS`; see :mod:`.prometheus_source`) or,
+  hit counters, by the API the engine speaks: :func:`engine_metric_names`; see :mod:`.prometheus_source`) or,
   without Prometheus or when it fails, from the growth of those counters on the sidecar's ``/metrics``
   between two rounds. Prompt minus cached tokens per second is what the engine had to prefill, which
   divided by its prefill speed is the replica's *prefill load* (1.0 = it did nothing but prefill).
@@ -54,8 +54,8 @@ from .autoscale import (
     ScalePolicy,
     SubtreeObservation,
 )
-from .models import EngineKind, FleetSpec
-from .planner import ObservedPod, stays_unavailable
+from .models import ENGINE_KINDS, EngineKind, FleetSpec
+from .planner import ObservedPod, sidecar_engine_api, stays_unavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +77,19 @@ SGLANG_METRICS = EngineMetricNames(
 VLLM_METRICS = EngineMetricNames(
     "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_waiting"
 )
-ENGINE_METRICS: dict[EngineKind, EngineMetricNames] = {
-    "sglang": SGLANG_METRICS,
-    "emulator": SGLANG_METRICS,  # the emulator exports SGLang's series
-    "vllm": VLLM_METRICS,
-}
+# By the API the engine speaks (planner.sidecar_engine_api), not by its kind: an emulator run with
+# --api vllm exports vLLM's series, not SGLang's.
+ENGINE_API_METRICS: dict[str, EngineMetricNames] = {"sglang": SGLANG_METRICS, "vllm": VLLM_METRICS}
+
+
+def engine_metric_names(kind: EngineKind, args: Sequence[str] = ()) -> EngineMetricNames:
+    """The series an engine of ``kind`` run with ``args`` (spec.engine.args) exports: those of the
+    API it speaks, as the one decision of it (:func:`~.planner.sidecar_engine_api`) has it."""
+    return ENGINE_API_METRICS[sidecar_engine_api(kind, args)]
+
+
+# each kind's series with no args (an emulator's default API is SGLang's)
+ENGINE_METRICS: dict[EngineKind, EngineMetricNames] = {k: engine_metric_names(k) for k in ENGINE_KINDS}
 HOT_PREFIXES_IN_STATUS = 8
 
 

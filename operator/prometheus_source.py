@@ -9,7 +9,8 @@ queries are::
     sum by (pod) (sglang:num_queue_reqs{S})
 
 (for vLLM, ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total`` and
-``vllm:num_requests_waiting``: ``autoscale_observe.ENGINE_METRICS``). ``pod`` is
+``vllm:num_requests_waiting``, also from an emulator run with ``--api vllm``:
+``autoscale_observe.engine_metric_names``). ``pod`` is
 ``spec.prometheus.podLabel``. Those are the labels the chart's PodMonitor gives a replica's
 series (the Prometheus Operator sets ``namespace`` and ``pod``, the monitor's relabeling copies the pod
 label ``prefixfleet.io/fleet`` into ``fleet``) and the ones
@@ -38,7 +39,7 @@ from urllib3.util.retry import Retry
 
 from prefixfleet.router.addresses import host_for_url
 
-from .autoscale_observe import ENGINE_METRICS, SGLANG_METRICS, EngineMetricNames, EngineRates
+from .autoscale_observe import SGLANG_METRICS, EngineMetricNames, EngineRates, engine_metric_names
 from .models import EngineKind, PrometheusSpec
 
 QUERY_TIMEOUT_S = 2.0  # a round must not wait long on a sick Prometheus: the scrape is the fallback
@@ -55,12 +56,15 @@ class PrometheusScope:
 
 
 def fleet_scope(
-    spec: PrometheusSpec, namespace: str, fleet: str, engine_kind: EngineKind = "sglang"
+    spec: PrometheusSpec,
+    namespace: str,
+    fleet: str,
+    engine_kind: EngineKind = "sglang",
+    engine_args: Sequence[str] = (),
 ) -> PrometheusScope:
     labels = spec.match_labels if spec.match_labels is not None else {"namespace": namespace, "fleet": fleet}
-    return PrometheusScope(
-        tuple(sorted(labels.items())), spec.rate_window_seconds, spec.pod_label, ENGINE_METRICS[engine_kind]
-    )
+    metrics = engine_metric_names(engine_kind, engine_args)  # the engine's API's series (spec.engine.args)
+    return PrometheusScope(tuple(sorted(labels.items())), spec.rate_window_seconds, spec.pod_label, metrics)
 
 
 def prometheus_url(spec: PrometheusSpec, operator_default: str = "") -> str | None:

@@ -48,7 +48,7 @@ from prefixfleet.operator.autoscale import (
     warm_on_arrival,
 )
 from prefixfleet.operator.autoscale_observe import (
-    ENGINE_METRICS,
+    ENGINE_API_METRICS,
     EngineReading,
     TokenCounters,
     observe_fleet,
@@ -246,7 +246,7 @@ class LocalAutoscaler:
     def prometheus_scope(self) -> PrometheusScope:
         labels = (("fleet", self.fleet.spec.fleet_name), ("namespace", LOCAL_NAMESPACE))
         # the engines' own series (SGLang's or vLLM's), read from Prometheus or the sidecars' /metrics
-        metrics = ENGINE_METRICS["vllm" if self.fleet.spec.engine.api == "vllm" else "sglang"]
+        metrics = ENGINE_API_METRICS[self.fleet.spec.engine.api]
         return PrometheusScope(labels, self.prometheus_window_s, metrics=metrics)
 
     async def read_engines(
