@@ -167,7 +167,11 @@ INFO_PATHS = (
     "/model_info",
     "/get_server_info",
     "/server_info",
+    "/version",  # vLLM's {"version": ...} (vllm/entrypoints/openai/api_server.py)
 )
+# Tokenizer routes, read-only too but POST: vLLM's /tokenize and /detokenize (api_server.py), and
+# SGLang's, which also answers them under /v1 (python/sglang/srt/entrypoints/http_server.py)
+INFO_POST_PATHS = ("/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize")
 
 
 def unavailable(message: str) -> web.Response:
@@ -285,6 +289,8 @@ class Gateway:
         # read-only engine information, from any live worker: what clients ask before generating
         for path in INFO_PATHS:
             app.router.add_get(path, self.handle_models)
+        for path in INFO_POST_PATHS:
+            app.router.add_post(path, self.handle_models, expect_handler=expect)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/livez", self.handle_livez)
         app.router.add_get("/metrics", self.handle_metrics)
@@ -930,9 +936,11 @@ class Gateway:
         return json_error(504, f"worker {worker.worker_id} timed out: {exc}", kind="timeout")
 
     async def handle_models(self, request: web.Request) -> web.StreamResponse:
-        """One of :data:`INFO_PATHS`, answered by the first live worker that answers below 500."""
+        """One of :data:`INFO_PATHS` or :data:`INFO_POST_PATHS`, answered by the first live worker that
+        answers below 500 (a POST's body sent to each it asks: they change nothing on the engine)."""
         started = time.perf_counter()
         assert self.session is not None
+        body = await request.read() if request.body_exists else None  # within the limit (body_deadline)
         # labelled by its route's template: a model named in the path is no label value
         resource = request.match_info.route.resource
         endpoint = resource.canonical if resource is not None else "other"
@@ -941,9 +949,11 @@ class Gateway:
         sent = [*self._upstream_headers(request, self._request_id(request)), ("Accept-Encoding", "identity")]
         for w in self.view.routable(time.monotonic()):
             try:
-                async with self.session.get(
+                async with self.session.request(
+                    request.method,
                     yarl.URL(w.url + request_target(request), encoded=True),
                     headers=sent,
+                    data=body,
                     timeout=aiohttp.ClientTimeout(total=5),
                 ) as up:
                     data = await up.read()
