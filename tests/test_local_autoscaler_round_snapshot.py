@@ -29,6 +29,7 @@ from fleet_fixtures import RedisServer
 
 from prefixfleet.fleet import autoscale
 from prefixfleet.fleet.autoscale import LocalAutoscaler
+from prefixfleet.fleet.local import EngineSettings
 from prefixfleet.operator.autoscale import ScalePlan, ScalePolicy
 
 
@@ -38,7 +39,9 @@ def replica(index: int, sidecar_url: str | None = None) -> SimpleNamespace:
 
 
 def fake_fleet(*replicas: SimpleNamespace) -> Any:
-    return SimpleNamespace(replicas=list(replicas), spec=SimpleNamespace(fleet_name="snap"))
+    # the engines speak SGLang's API, as `prefixfleet up` runs them by default
+    spec = SimpleNamespace(fleet_name="snap", engine=EngineSettings())
+    return SimpleNamespace(replicas=list(replicas), spec=spec)
 
 
 async def one_round(
