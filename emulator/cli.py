@@ -126,6 +126,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "without it null",
     )
     p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refuse a client's token ids (input_ids, a token-id prompt) of N or more, as a real engine "
+        "does beyond its vocabulary (SGLang's or vLLM's error); default: any id. Text is tokenized as always",
+    )
+    p.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="logging threshold"
     )
     p.set_defaults(func=run)
@@ -159,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
             max_new_tokens_limit=args.max_new_tokens_limit,
             cache_on_compute=args.cache_on_compute,
             enable_cache_report=args.enable_cache_report,
+            vocab_size=args.vocab_size,
         )
     except ValueError as exc:
         raise UsageError(_as_flags(str(exc), args)) from None

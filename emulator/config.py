@@ -38,6 +38,10 @@ class EmulatorConfig:
     # SGLang's --enable-cache-report: OpenAI answers carry usage.prompt_tokens_details.cached_tokens
     # (when > 0). Off by default, as in SGLang; /generate's meta_info.cached_tokens is always there.
     enable_cache_report: bool = False
+    # None: any token id is accepted (the shared tokenizer's ids are 31-bit CRCs). N: a client's
+    # token ids (input_ids, a token-id prompt) must be below N, as a real engine's vocabulary bounds
+    # them; text is tokenized as always.
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_prompt_tokens is None and isinstance(self.cache_tokens, int):
@@ -68,6 +72,9 @@ class EmulatorConfig:
             value = getattr(self, name)
             if not _finite(value) or value < 0:
                 out.append(f"{name} must be a non-negative number, got {value!r}")
+        vocab = self.vocab_size
+        if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+            out.append(f"vocab_size must be a positive integer, got {vocab!r}")
         for name in ("cache_on_compute", "enable_cache_report"):
             value = getattr(self, name)
             if not isinstance(value, bool):

@@ -48,6 +48,7 @@ class BadRequest(ValueError):
 class Limits:
     max_prompt_tokens: int
     max_new_tokens: int
+    vocab_size: int | None = None  # None: any id in [0, 2**32) (the shared tokenizer's are 31-bit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,19 @@ def _token_ids(value: object, name: str) -> array:
         if not 0 <= t < 2**32:
             raise BadRequest(f"{name}[{i}] must be an integer token id in [0, 2**32)", name)
     return array("I", ids)
+
+
+def _check_vocab(prompts: list[array], name: str, limits: Limits) -> None:
+    """A client's token ids must be below the vocabulary size, as SGLang's TokenizerManager checks
+    (``_validate_input_ids_in_vocab``): pre-warm tests prove no made-up ids reach an engine."""
+    vocab = limits.vocab_size
+    if vocab is None:
+        return
+    for p in prompts:
+        if p and max(p) >= vocab:
+            raise BadRequest(
+                f"The input_ids {name} contains values greater than the vocab size ({vocab}): {max(p)}", name
+            )
 
 
 def _check_prompt(tokens: array, name: str, limits: Limits) -> array:
@@ -284,6 +298,7 @@ def parse_generate(body: object, limits: Limits) -> Call:
         else:
             prompts, batch = [_token_ids(input_ids, "input_ids")], False
         name = "input_ids"
+        _check_vocab(prompts, name, limits)
     if len(prompts) > MAX_BATCH:
         raise BadRequest(f"{name} holds {len(prompts)} prompts; at most {MAX_BATCH} per request", name)
     for p in prompts:
@@ -378,8 +393,10 @@ def parse_completion(body: object, limits: Limits) -> Call:
         prompts, batch = [tokenize(p) for p in prompt], True
     elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
         prompts, batch = [_token_ids(p, "prompt") for p in prompt], True
+        _check_vocab(prompts, "prompt", limits)
     elif isinstance(prompt, list) and prompt:
         prompts, batch = [_token_ids(prompt, "prompt")], False
+        _check_vocab(prompts, "prompt", limits)
     else:
         raise BadRequest("prompt must be a string, a list of strings or a list of token ids", "prompt")
     if len(prompts) > MAX_BATCH:

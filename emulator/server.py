@@ -71,7 +71,11 @@ def _http_error(exc: web.HTTPException) -> web.Response | None:
 
 def _limits(engine: EngineRunner) -> Limits:
     cfg = engine.config
-    return Limits(max_prompt_tokens=int(cfg.max_prompt_tokens or 0), max_new_tokens=cfg.max_new_tokens_limit)
+    return Limits(
+        max_prompt_tokens=int(cfg.max_prompt_tokens or 0),
+        max_new_tokens=cfg.max_new_tokens_limit,
+        vocab_size=cfg.vocab_size,
+    )
 
 
 # -- SGLang native -------------------------------------------------------------------------------

@@ -122,7 +122,9 @@ WORDS_KEY = web.AppKey("known_words", dict)
 
 
 def _limits(config: EmulatorConfig) -> Limits:
-    return Limits(max_model_len(config), int(config.max_prompt_tokens or 0), config.max_new_tokens_limit)
+    vocab = config.vocab_size if config.vocab_size is not None else VOCAB_SIZE
+    prompt_tokens = int(config.max_prompt_tokens or 0)
+    return Limits(max_model_len(config), prompt_tokens, config.max_new_tokens_limit, vocab)
 
 
 # -- errors ------------------------------------------------------------------------------------

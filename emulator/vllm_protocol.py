@@ -188,6 +188,7 @@ class Limits:
     max_model_len: int
     max_prompt_tokens: int
     max_new_tokens: int
+    vocab_size: int = VOCAB_SIZE
 
 
 def _verify_sampling(body: SamplingBody) -> None:
@@ -223,9 +224,9 @@ def check_model(requested: str | None, served: str) -> None:
         raise VllmBadRequest(f"The model `{requested}` does not exist.", "model", 404)
 
 
-def _token_ids(ids: Sequence[int]) -> array:
+def _token_ids(ids: Sequence[int], vocab_size: int) -> array:
     for t in ids:
-        if not 0 <= t < VOCAB_SIZE:
+        if not 0 <= t < vocab_size:
             raise VllmBadRequest(f"Token id {t} is out of vocabulary", "prompt")
     return array("I", ids)
 
@@ -285,9 +286,9 @@ def completion_call(body: CompletionBody, limits: Limits) -> Call:
     elif prompt and all(isinstance(p, str) for p in prompt):
         prompts, batch = [tokenize(p) for p in prompt], True  # type: ignore[arg-type]
     elif prompt and all(isinstance(p, list) for p in prompt):
-        prompts, batch = [_token_ids(p) for p in prompt], True  # type: ignore[arg-type]
+        prompts, batch = [_token_ids(p, limits.vocab_size) for p in prompt], True  # type: ignore[arg-type]
     else:
-        prompts, batch = [_token_ids(prompt or [])], False  # type: ignore[arg-type]
+        prompts, batch = [_token_ids(prompt or [], limits.vocab_size)], False  # type: ignore[arg-type]
     if len(prompts) > MAX_BATCH:
         raise VllmBadRequest(
             f"prompt holds {len(prompts)} prompts; at most {MAX_BATCH} per request", "prompt"

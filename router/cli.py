@@ -18,6 +18,7 @@ from prefixfleet.cli import DefaultsHelpFormatter, UsageError, check_positive, l
 from .addresses import authority_error, bracket_ipv6_url, redis_url_error, without_userinfo
 from .blockhash import DEFAULT_BLOCK_TOKENS
 from .engine_api import AUTO, ENGINE_APIS
+from .exemplars import DEFAULT_EXEMPLAR_BYTES
 from .keys import DEFAULT_FLEET, validate_fleet_name
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .records import validate_worker_id
@@ -104,6 +105,14 @@ def register(subparsers: Any) -> None:
         type=float,
         default=None,
         help="initial prefill-rate estimate (default: the emulator's stated speed, else 30000)",
+    )
+    sc.add_argument(
+        "--warm-exemplar-bytes",
+        type=int,
+        default=DEFAULT_EXEMPLAR_BYTES,
+        metavar="N",
+        help="bytes of recent requests kept to pre-warm other replicas (one per prompt, least recently "
+        "used dropped; 0 keeps none: this replica is then no pre-warm source)",
     )
     sc.add_argument("--client-write-timeout", type=float, default=None, metavar="S", help=WRITE_TIMEOUT_HELP)
     sc.add_argument("--log-level", default="INFO", help=LOG_LEVEL_HELP)
@@ -323,6 +332,8 @@ def run_sidecar(args: argparse.Namespace) -> int:
         raise UsageError("--cache-tokens must be positive")
     if args.max_summary_blocks < 1:
         raise UsageError("--max-summary-blocks must be positive")
+    if args.warm_exemplar_bytes < 0:
+        raise UsageError(f"--warm-exemplar-bytes must be 0 (none) or more, got {args.warm_exemplar_bytes}")
     config = SidecarConfig(
         engine_url=engine,
         redis_url=args.redis,
@@ -344,6 +355,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens,
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         client_write_timeout_s=args.client_write_timeout,
+        warm_exemplar_bytes=args.warm_exemplar_bytes,
     )
     try:
         config.resolved_worker_id()

@@ -28,6 +28,7 @@ warm request per holder and tallies the answers into a :class:`WarmOutcome`.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,8 +43,9 @@ from prefixfleet.operator.hot_subtrees import find_prefix, parse_subtree_id
 
 from .addresses import local_url
 from .engine_api import VLLM
+from .exemplars import Exemplar
 from .proxying import ExpectHandler, bad_request, find_cached_tokens, json_error, read_json_object
-from .requests import BadRequest
+from .requests import GENERATE_PATHS, BadRequest
 from .summary import HotPrefix
 
 if TYPE_CHECKING:
@@ -114,18 +116,34 @@ async def handle_prefix(request: web.Request) -> web.Response:
     if prefix is None:
         return json_error(404, f"prefix {sid} is not cached on {sidecar.s.worker_id}", param="hash")
     engine = sidecar.s.engine
+    salt = prefix.namespace if isinstance(prefix.namespace, str) else None
+    exemplar = sidecar.s.exemplars.holding(prefix.token_bytes, salt)
     return web.json_response(
         {
             "hash": sid,
             "worker_id": sidecar.s.worker_id,
-            "namespace": prefix.namespace if isinstance(prefix.namespace, str) else None,
+            "namespace": salt,
             "model": engine.model,
             "revision": engine.revision,
             "adapter": sidecar.config.adapter,
             "num_tokens": len(prefix.token_bytes) // 4,
-            "input_ids": list(memoryview(prefix.token_bytes).cast("I")),
+            # the sidecar's own word-tokenizer ids: they find the prefix, no engine takes them
+            "mirror_token_ids": list(memoryview(prefix.token_bytes).cast("I")),
+            "request": exemplar_json(exemplar) if exemplar is not None else None,
         }
     )
+
+
+def exemplar_json(exemplar: Exemplar) -> dict[str, Any] | None:
+    """A kept request as the prefix answer carries it: route, body (parsed) and its prompt's length
+    in mirror tokens; None when the body no longer parses as a JSON object (it always did when kept)."""
+    try:
+        body = json.loads(exemplar.body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    return {"path": exemplar.path, "body": body, "prompt_tokens": len(exemplar.token_bytes) // 4}
 
 
 async def handle_warm(request: web.Request) -> web.Response:
@@ -199,45 +217,104 @@ async def _warm_one(
         if resp.status != 200:
             return {"status": "failed", "error": f"source {source} answered HTTP {resp.status}"}
         prefix = await resp.json(content_type=None)
-    ids = prefix.get("input_ids") if isinstance(prefix, dict) else None
-    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
-        return {"status": "failed", "error": f"source {source} sent no token ids for {sid}"}
+    if not isinstance(prefix, dict):
+        return {"status": "failed", "error": f"source {source} answered no JSON object for {sid}"}
     mine = (sidecar.s.engine.model, sidecar.s.engine.revision, sidecar.config.adapter)
     theirs = (prefix.get("model", ""), prefix.get("revision", ""), prefix.get("adapter", ""))
     if sidecar.s.engine.known and theirs != mine:
         return {"status": "failed", "error": f"cache identity differs: source {theirs}, this replica {mine}"}
-    namespace = prefix.get("namespace")
-    salt = namespace if isinstance(namespace, str) else None
+    exemplar = prefix.get("request")
+    if exemplar is None:
+        # the source's mirror ids are its word tokenizer's, not the engine's: never replayed
+        return {"status": "failed", "error": f"no request holding this prefix is kept on the source {source}"}
+    num_tokens = prefix.get("num_tokens")
+    if not isinstance(num_tokens, int) or isinstance(num_tokens, bool) or num_tokens < 0:
+        return {"status": "failed", "error": f"source {source} sent no token count for {sid}"}
     engine = sidecar.s.engine
-    path, body = prefill_request(engine.api, ids, salt, engine.served_model)
+    path, body = prefill_request(engine.api, exemplar, engine.served_model)  # ValueError: bad exemplar
     async with session.post(
         f"{own}{path}", json=body, timeout=aiohttp.ClientTimeout(total=PREFILL_TIMEOUT_S)
     ) as resp:
         data = await resp.read()
         if resp.status != 200:
             return {"status": "failed", "error": f"prefill answered HTTP {resp.status}: {data[:200]!r}"}
-    return {"status": "ok", "tokens": len(ids), "cached_before": find_cached_tokens(data) or 0}
+    return {"status": "ok", "tokens": num_tokens, "cached_before": find_cached_tokens(data) or 0}
 
 
-def prefill_request(
-    api: str, input_ids: list[int], namespace: str | None, served_model: str
-) -> tuple[str, dict[str, Any]]:
-    """The route and body that make an engine speaking ``api`` prefill (and cache) ``input_ids``
-    under the cache salt ``namespace``.
+# Fields that would make a replay stream, sample several answers, return log-probabilities or
+# decode more than needed: dropped (their defaults are a single non-streamed answer).
+_OPENAI_DROPPED = (
+    "stream",
+    "stream_options",
+    "n",
+    "best_of",
+    "use_beam_search",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "echo",
+    "min_tokens",
+    "max_completion_tokens",
+    "suffix",
+)
+_GENERATE_DROPPED = (
+    "stream",
+    "rid",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "return_text_in_logprobs",
+    "return_hidden_states",
+)
+_SAMPLING_DROPPED = ("n", "min_new_tokens", "max_new_tokens")
 
-    SGLang: ``/generate`` with ``max_new_tokens: 0``, a prefill and nothing generated. vLLM: no
-    ``/generate``; ``/v1/completions`` takes token ids as ``prompt``, but its ``SamplingParams``
-    refuses ``max_tokens`` below 1 (``_verify_args``; 0 passes only with ``echo``), so one token is
-    generated. ``model`` names the served model (``/v1/models``), which older vLLM requires."""
-    body: dict[str, Any]
-    if api == VLLM:
-        path, body = "/v1/completions", {"prompt": input_ids, "max_tokens": 1}
+
+def prefill_request(api: str, exemplar: Any, served_model: str) -> tuple[str, dict[str, Any]]:
+    """The route and body that make an engine speaking ``api`` prefill (and cache) the prompt of
+    ``exemplar`` (a source's kept request, ``{"path": ..., "body": {...}}``) in the same cache
+    namespace, cheaply. Raises ValueError naming what is wrong with the exemplar.
+
+    The body is the client's own (text, chat messages, or the client's token ids: the engine's), so
+    the engine tokenizes and templates it as it did on the source: the warmed blocks are the real
+    ones. ``cache_salt`` (the tenant's namespace) and everything shaping the prompt (a chat's tools,
+    the model) are kept; what would stream, sample several answers or decode is dropped:
+
+    * SGLang ``/generate``: ``max_new_tokens: 0``, a prefill and nothing generated;
+    * OpenAI routes: ``max_tokens: 1``, as vLLM's ``SamplingParams`` refuses fewer
+      (``_verify_args``; 0 passes only with ``echo``) and SGLang's OpenAI adapter answers a
+      completion with at least one token;
+    * a ``/generate`` exemplar replayed on a vLLM engine (which has no ``/generate``) becomes a
+      ``/v1/completions`` with its ``text`` or ``input_ids`` as ``prompt`` (``model``: the served one).
+    """
+    if not isinstance(exemplar, dict):
+        raise ValueError("the source's kept request is not a JSON object")
+    path, given = exemplar.get("path"), exemplar.get("body")
+    if path not in GENERATE_PATHS:
+        raise ValueError(f"the source's kept request has no generation route: {str(path)[:80]!r}")
+    if not isinstance(given, dict):
+        raise ValueError("the source's kept request has no JSON object body")
+    body = dict(given)
+    if path == "/generate":
+        for name in _GENERATE_DROPPED:
+            body.pop(name, None)
+        sampling = body.get("sampling_params")
+        if sampling is not None and not isinstance(sampling, dict):  # a batch's list: never kept
+            raise ValueError("the source's kept /generate request has no single sampling_params object")
+        kept = {k: v for k, v in (sampling or {}).items() if k not in _SAMPLING_DROPPED}
+        if api != VLLM:
+            body["sampling_params"] = {**kept, "max_new_tokens": 0}
+            return path, body
+        prompt = body.get("text") if body.get("text") is not None else body.get("input_ids")
+        path, body = "/v1/completions", {"prompt": prompt, "max_tokens": 1}
+        if given.get("cache_salt") is not None:
+            body["cache_salt"] = given["cache_salt"]
         if served_model:
-            body["model"] = served_model
-    else:
-        path, body = "/generate", {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 0}}
-    if namespace:
-        body["cache_salt"] = namespace
+            body["model"] = served_model  # older vLLM requires it
+        return path, body
+    for name in _OPENAI_DROPPED:
+        body.pop(name, None)
+    body["max_tokens"] = 1
     return path, body
 
 

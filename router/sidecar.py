@@ -46,6 +46,7 @@ from .engine_api import (
     vllm_served_model,
     vllm_visible_hit,
 )
+from .exemplars import DEFAULT_EXEMPLAR_BYTES, ExemplarStore
 from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
@@ -168,6 +169,8 @@ class SidecarConfig:
     push_min_interval_s: float = 0.05
     record_ttl_s: float = 10.0  # load/summary keys expire this long after the last publish
     client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
+    # recent requests kept for pre-warming other replicas (router.exemplars); 0 keeps none
+    warm_exemplar_bytes: int = DEFAULT_EXEMPLAR_BYTES
 
     def resolved_worker_id(self) -> str:
         wid = self.worker_id or f"{socket.gethostname().split('.')[0]}-{self.port}"
@@ -307,6 +310,7 @@ class SidecarState:
     url: str
     mirror: CacheMirror
     load: LoadTracker
+    exemplars: ExemplarStore
     state: str = "ready"
     engine_ok: bool = False
     engine: _EngineInfo = field(default_factory=_EngineInfo)
@@ -338,6 +342,7 @@ class Sidecar:
             url=config.resolved_advertise_url(),
             mirror=CacheMirror(capacity, identity, block_tokens=block_tokens, clock=time.time),
             load=LoadTracker(config.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S),
+            exemplars=ExemplarStore(config.warm_exemplar_bytes),
         )
         self.keys = FleetKeys(config.fleet)
         self.session: aiohttp.ClientSession | None = None  # engine discovery, health, metrics, pre-warming
@@ -625,6 +630,8 @@ class Sidecar:
             self.s.load.fixed_latency_s = speed.fixed_latency_s
         identity = CacheIdentity(model, revision, self.config.adapter)
         block_tokens = mirror_block_tokens(self.config.block_tokens, api, facts.match_unit)
+        if identity != self.s.mirror.identity:
+            self.s.exemplars.clear()  # requests naming another model: no replay for this one
         if identity != self.s.mirror.identity or block_tokens != self.s.mirror.block_tokens:
             # A different cache identity (or block size) names different blocks: start the mirror afresh.
             self.s.mirror = CacheMirror(
@@ -1009,6 +1016,10 @@ class Sidecar:
                 exchange.close()  # unfinished (client left, handler cancelled): aborts the engine's request
             if admission is not None and not prefilled[0]:
                 self.s.mirror.withdraw(admission)  # the next summary leaves the prompt out again
+            elif admission is not None and parsed is not None and parsed.prompts == 1:
+                # the engine cached this prompt: keep the request, to replay when pre-warming
+                # another replica (a batch is not kept: its other prompts are not mirrored)
+                self.s.exemplars.record(request.path, body, parsed.tenant_salt, parsed.token_bytes)
             if handle is not None:
                 # ok only if the engine prefilled it: an error answer (a 4xx refusal comes at once)
                 # timed as a prefill read as millions of tokens a second, and gateways then sent

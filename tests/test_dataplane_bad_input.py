@@ -276,11 +276,12 @@ def test_a_wrong_method_or_path_is_answered_by_the_service_in_the_error_shape(
         assert resp.headers["Allow"].replace(" ", "") == allowed
 
 
+IDENTITY = b'"model": "emulated-llm", "revision": "main", "adapter": "", "num_tokens": 2'  # the engine's
 JUNK_PREFIXES = {  # hash -> (status, body) a faulty source sidecar answers for it
     "1" * 16: (200, b"[" * 100_000),
     "2" * 16: (200, b"<html>not json</html>"),
-    "3" * 16: (200, b'{"input_ids": ["a", "b"]}'),
-    "4" * 16: (200, b'{"input_ids": []}'),
+    "3" * 16: (200, b"{" + IDENTITY + b', "request": {"path": "/x", "body": {}}}'),
+    "4" * 16: (200, b"{" + IDENTITY + b', "mirror_token_ids": [1, 2]}'),
     "5" * 16: (500, b"{}"),
 }
 
@@ -309,7 +310,9 @@ def test_a_warm_up_from_a_source_answering_junk_reports_each_prefix_failed(
     assert {h: r["status"] for h, r in results.items()} == dict.fromkeys(JUNK_PREFIXES, "failed")
     assert "RecursionError" in results["1" * 16]["error"]
     assert "JSONDecodeError" in results["2" * 16]["error"]
-    assert "no token ids" in results["3" * 16]["error"] and "no token ids" in results["4" * 16]["error"]
+    assert "no generation route" in results["3" * 16]["error"]
+    # mirror token ids alone are never replayed: they are the sidecar's tokenizer's, not the engine's
+    assert "no request holding this prefix" in results["4" * 16]["error"]
     assert "HTTP 500" in results["5" * 16]["error"]
 
 

@@ -39,7 +39,8 @@ async def test_a_warm_request_whose_client_left_releases_the_replica(meanwhile: 
         sid = request.match_info["hash"]
         ids = [1, 2, 3, 4] if sid == HASHES[0] else [5, 6, 7, 8]
         identity = {"model": "m", "revision": "r", "adapter": ""}
-        return web.json_response({"hash": sid, "input_ids": ids, **identity})
+        request = {"path": "/generate", "body": {"input_ids": ids}}  # a kept request of the client's ids
+        return web.json_response({"hash": sid, "num_tokens": len(ids), "request": request, **identity})
 
     async def generate(request: web.Request) -> web.Response:
         nonlocal prefills

@@ -1,15 +1,17 @@
 """Sidecar-to-sidecar pre-warming with real processes: Valkey, two engine emulators, two sidecars.
 
 Specification:
-* ``GET /prefixfleet/prefix/{hash}`` on the holder returns the token ids of the cached prefix whose
-  chained block hash is ``hash``; an unknown hash is a 404, a malformed one a 400;
-* ``POST /prefixfleet/warm`` on a cold replica fetches each prefix from the source and prefills it
-  through its own sidecar: afterwards a request with that prefix on the cold replica is a cache hit;
+* ``GET /prefixfleet/prefix/{hash}`` on the holder returns the mirror token ids of the cached prefix
+  whose chained block hash is ``hash`` and the request that cached it (route and body as the client
+  sent it); an unknown hash is a 404, a malformed one a 400;
+* ``POST /prefixfleet/warm`` on a cold replica fetches each prefix from the source and replays its
+  request, prefill only, through its own sidecar: afterwards a request with that prefix on the cold
+  replica is a cache hit;
 * by default (a new replica) the warmed replica is ``warming`` (announced on the events channel and in
   its Redis load record) while it warms, ``ready`` after; with ``hold_traffic: false`` (an existing
   replica, which keeps serving while it warms) it stays ``ready`` throughout: no state change at all;
 * an unknown hash is reported failed in the summary, not a crash; a bad body is a 400 naming the field;
-* token ids never reach Redis (only hashes do);
+* token ids and kept requests never reach Redis (only hashes do);
 * the autoscalers' client (``warm_replica``) sends one warm request per holder and tallies them: the
   good holder's prefix is warmed (its tokens counted), a request the target refuses or cannot take
   counts its prefixes failed and names its source and why in ``errors``.
@@ -122,7 +124,9 @@ async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hi
             assert resp.status == 200, await resp.text()
             held = await resp.json()
         assert held["hash"] == sid and held["num_tokens"] == prefix_tokens
-        assert held["input_ids"] == list(tokenize(PREFIX))[:prefix_tokens]
+        assert held["mirror_token_ids"] == list(tokenize(PREFIX))[:prefix_tokens]
+        sent = {"text": PREFIX + "first question?", "sampling_params": {"max_new_tokens": 2}}
+        assert held["request"]["path"] == "/generate" and held["request"]["body"] == sent
 
         # not warmed yet: the cold replica recomputes the whole prompt
         cold_first = await generate(http, pair.cold, PREFIX + "cold probe?")
@@ -154,10 +158,11 @@ async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hi
         assert hit["meta_info"]["cached_tokens"] >= prefix_tokens
 
     with redis.Redis.from_url(pair.redis_url) as client:
-        ids = json.dumps(held["input_ids"][:8])[1:-1].encode()
+        ids = json.dumps(held["mirror_token_ids"][:8])[1:-1].encode()
         for key in client.keys("*"):
             value = client.get(key) if client.type(key) == b"string" else b""
             assert ids not in (value or b""), f"token ids leaked into Redis key {key!r}"
+            assert b"billing assistant" not in (value or b""), f"a prompt leaked into Redis key {key!r}"
 
 
 async def test_bad_requests_get_a_clear_4xx_and_the_sidecar_stays_up(pair: Pair) -> None:

@@ -13,8 +13,10 @@ Specification (vLLM facts checked in vllm-project/vllm's source, see router/engi
 * the idle reconciliation (SGLang's ``/get_server_info``) is never polled in front of vLLM;
 * the sidecar's ``/flush_cache`` is vLLM's ``POST /reset_prefix_cache``: a 404 (no
   ``VLLM_SERVER_DEV_MODE=1``) is a 501 naming that variable, and the mirror is kept; a 200 empties it;
-* pre-warming replays a prefix as ``/v1/completions`` with the token ids, ``max_tokens: 1`` and the
-  served model name, through the sidecar (so its mirror records it), and the engine then holds it.
+* pre-warming replays the holder's kept request for a prefix (a ``/v1/completions`` of the client's
+  text) with ``max_tokens: 1``, through the sidecar (so its mirror records it), and the engine then
+  holds it; a kept SGLang ``/generate`` on a vLLM replica becomes a ``/v1/completions`` with the
+  served model name.
 """
 
 from __future__ import annotations
@@ -132,12 +134,14 @@ def test_mirror_block_tokens() -> None:
 
 
 def test_prefill_request_per_api() -> None:
-    assert prefill_request(VLLM, [1, 2], "t1", SERVED) == (
+    kept = {"path": "/generate", "body": {"input_ids": [1, 2], "cache_salt": "t1"}}
+    assert prefill_request(VLLM, kept, SERVED) == (
         "/v1/completions",
-        {"prompt": [1, 2], "max_tokens": 1, "model": SERVED, "cache_salt": "t1"},
+        {"prompt": [1, 2], "max_tokens": 1, "cache_salt": "t1", "model": SERVED},
     )
-    assert prefill_request(VLLM, [1, 2], None, "") == ("/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
-    assert prefill_request(SGLANG, [1, 2], None, "") == (
+    kept = {"path": "/generate", "body": {"input_ids": [1, 2]}}
+    assert prefill_request(VLLM, kept, "") == ("/v1/completions", {"prompt": [1, 2], "max_tokens": 1})
+    assert prefill_request(SGLANG, kept, "") == (
         "/generate",
         {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 0}},
     )
@@ -305,7 +309,7 @@ async def test_flush_in_dev_mode_empties_engine_and_mirror() -> None:
         assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
-async def test_prewarm_replays_token_ids_as_a_vllm_completion() -> None:
+async def test_prewarm_replays_the_kept_request_as_a_vllm_completion() -> None:
     holder_engine, cold_engine = FakeVllm(), FakeVllm()
     async with (
         vllm_sidecar(holder_engine) as (holder, holder_car),
@@ -323,7 +327,8 @@ async def test_prewarm_replays_token_ids_as_a_vllm_completion() -> None:
             result = await resp.json()
         assert result["results"][f"{last:016x}"]["status"] == "ok", result
         warmed = len(ids) // BLOCK * BLOCK
-        assert cold_engine.completions == [{"prompt": ids[:warmed], "max_tokens": 1, "model": SERVED}]
+        # the client's request (its text: the engine tokenizes it), not the mirror's ids
+        assert cold_engine.completions == [{"model": SERVED, "prompt": PROMPT, "max_tokens": 1}]
         assert cold_car.s.mirror.tree.cached_tokens >= warmed  # through the sidecar's own route
         after = await complete(http, cold, PROMPT)
         assert after["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
