@@ -25,7 +25,7 @@ from prefixfleet.tokenizer import tokenize
 
 from .config import EmulatorConfig
 from .metrics import CONTENT_TYPE
-from .protocol import BadRequest, Call
+from .protocol import BadRequest, Call, unix_now
 from .runner import EngineRunner, EngineStopped, RequestHandle, Snapshot
 from .serving import (
     ENGINE_KEY,
@@ -63,7 +63,6 @@ from .vllm_protocol import (
     model_list,
     request_id,
     running_usage,
-    unix_now,
     usage_chunk,
     usage_object,
     validated,

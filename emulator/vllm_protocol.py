@@ -15,7 +15,6 @@ serving layer refuses afterwards (sampling parameters, lengths) is type ``"BadRe
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from array import array
 from collections.abc import Mapping, Sequence
@@ -24,17 +23,16 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+# DEFAULT_CHAT_MAX_TOKENS: vLLM generates until EOS or max_model_len - prompt when a chat names no
+# max_tokens; the emulator has no EOS, so it stops where its SGLang face does
+from prefixfleet.sglang_fields import DEFAULT_CHAT_MAX_TOKENS
 from prefixfleet.tokenizer import render_chat, tokenize
 
-from .protocol import BadRequest, Call
+from .protocol import MAX_BATCH, BadRequest, Call
 from .runner import Snapshot
 
 # vLLM's token ids must be below the vocabulary size; the shared tokenizer's ids are 31-bit CRCs
 VOCAB_SIZE = 2**31
-MAX_BATCH = 256
-# vLLM generates until EOS or max_model_len - prompt when a chat names no max_tokens; the emulator has
-# no EOS, so it stops where its SGLang face does (prefixfleet.sglang_fields.DEFAULT_CHAT_MAX_TOKENS)
-DEFAULT_CHAT_MAX_TOKENS = 128
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # CompletionRequest.max_tokens
 
 
@@ -338,23 +336,14 @@ def request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def unix_now() -> int:
-    return int(time.time())
-
-
 def usage_object(snaps: Sequence[Snapshot], cached: int | None, *, details: bool) -> dict[str, object]:
     """vLLM's UsageInfo. ``prompt_tokens_details`` is ``{"cached_tokens": N}`` only with
     --enable-prompt-tokens-details (``details``), then also when N is 0; ``null`` without it. vLLM
     reports one request's count for the whole answer (the last prompt's, or in a stream the first
     output's): ``cached`` is that count."""
-    prompt = sum(s.prompt_tokens for s in snaps)
-    completion = sum(s.completion_tokens for s in snaps)
-    return {
-        "prompt_tokens": prompt,
-        "total_tokens": prompt + completion,
-        "completion_tokens": completion,
-        "prompt_tokens_details": {"cached_tokens": cached} if details and cached is not None else None,
-    }
+    usage = running_usage(sum(s.prompt_tokens for s in snaps), sum(s.completion_tokens for s in snaps))
+    usage["prompt_tokens_details"] = {"cached_tokens": cached} if details and cached is not None else None
+    return usage
 
 
 def running_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, object]:
