@@ -97,39 +97,46 @@ class VllmMetrics:
             registry=reg,
         )
         self.cache_config_info.labels(**info_labels).set(1)
-        # every labelled series exists (at 0) before the first request, as vLLM's make_per_engine does
-        for metric in (
-            self.running, self.waiting, self.kv_usage, self.queries, self.hits, self.prompt_tokens,
-            self.generation_tokens, self.ttft, self.tpot, self.e2e,
-        ):  # fmt: skip
-            metric.labels(*self._values)
-        self.success.labels(*self._values, FINISHED_REASON)
+        # Every labelled series exists (at 0) before the first request, as vLLM's make_per_engine
+        # does; the engine loop feeds these children, so its per-token calls skip labels()' lookup.
+        v = self._values
+        self._running = self.running.labels(*v)
+        self._waiting = self.waiting.labels(*v)
+        self._kv_usage = self.kv_usage.labels(*v)
+        self._queries = self.queries.labels(*v)
+        self._hits = self.hits.labels(*v)
+        self._prompt_tokens = self.prompt_tokens.labels(*v)
+        self._generation_tokens = self.generation_tokens.labels(*v)
+        self._ttft = self.ttft.labels(*v)
+        self._tpot = self.tpot.labels(*v)
+        self._e2e = self.e2e.labels(*v)
+        self._success = self.success.labels(*v, FINISHED_REASON)
 
     def on_prefilled(self, prompt_tokens: int, cached_tokens: int, ttft_s: float) -> None:
         # vLLM counts a lookup's queried tokens (the prompt) and its hit (whole cached blocks)
-        self.queries.labels(*self._values).inc(prompt_tokens)
-        self.hits.labels(*self._values).inc(cached_tokens)
-        self.prompt_tokens.labels(*self._values).inc(prompt_tokens)
-        self.ttft.labels(*self._values).observe(ttft_s)
+        self._queries.inc(prompt_tokens)
+        self._hits.inc(cached_tokens)
+        self._prompt_tokens.inc(prompt_tokens)
+        self._ttft.observe(ttft_s)
 
     def on_tokens(self, count: int) -> None:
         if count:
-            self.generation_tokens.labels(*self._values).inc(count)
+            self._generation_tokens.inc(count)
 
     def on_inter_token(self, seconds: float) -> None:
-        self.tpot.labels(*self._values).observe(seconds)
+        self._tpot.observe(seconds)
 
     def on_finished(self, e2e_s: float) -> None:
-        self.success.labels(*self._values, FINISHED_REASON).inc()
-        self.e2e.labels(*self._values).observe(e2e_s)
+        self._success.inc()
+        self._e2e.observe(e2e_s)
 
     def on_aborted(self) -> None:
         pass  # not counted: how vLLM counts a client's abort in request_success was not checked
 
     def set_state(self, stats: EngineStats) -> None:
-        self.running.labels(*self._values).set(stats.num_running)
-        self.waiting.labels(*self._values).set(stats.num_waiting)
-        self.kv_usage.labels(*self._values).set(stats.token_usage)
+        self._running.set(stats.num_running)
+        self._waiting.set(stats.num_waiting)
+        self._kv_usage.set(stats.token_usage)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
