@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -524,22 +525,28 @@ class Sidecar:
         """Learn the engine's API (detected under ``--engine-api auto``, at each engine start),
         identity and capacity; left unknown (asked again next round) while the engine does not answer."""
         api, models = self.config.engine_api, None
+        server_info: dict[str, object] | None = None  # SGLang's, as the detection probe read it
         if api == AUTO:
-            server_info = await self._get_json("/get_server_info")
-            if not is_sglang_info(server_info):
+            probe = await self._get_json("/get_server_info")
+            if is_sglang_info(probe):
+                server_info = cast(dict[str, object], probe.body)  # a JSON object: is_sglang_info
+            else:
                 models = await self._get_json("/v1/models")
-            decided = pick_engine_api(server_info, models)
+            decided = pick_engine_api(probe, models)
             if decided is None:
                 return
             api = decided
-        facts = await (self._vllm_facts(models) if api == VLLM else self._sglang_facts())
+        facts = await (self._vllm_facts(models) if api == VLLM else self._sglang_facts(server_info))
         if facts is not None:
             self._apply_engine_facts(api, facts)
 
-    async def _sglang_facts(self) -> EngineFacts | None:
+    async def _sglang_facts(self, server_info: dict[str, object] | None = None) -> EngineFacts | None:
+        """SGLang: ``/get_server_info`` (unless ``server_info`` is its answer, read already) merged with
+        ``/get_model_info``."""
         assert self.session is not None
-        info: dict = {}
-        for path in ("/get_server_info", "/get_model_info"):
+        info: dict = dict(server_info or {})
+        paths = ("/get_server_info", "/get_model_info") if server_info is None else ("/get_model_info",)
+        for path in paths:
             try:
                 async with self.session.get(
                     f"{self.config.engine_url}{path}", timeout=aiohttp.ClientTimeout(total=2)
