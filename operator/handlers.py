@@ -386,8 +386,13 @@ async def reconcile(ctx: OperatorContext, namespace: str, name: str, logger: log
     if key in ctx.queued:
         return  # one is already waiting for the lock: it will see this change too
     ctx.queued.add(key)
-    async with fleet_lock(ctx, key):
-        ctx.queued.discard(key)
+    async with contextlib.AsyncExitStack() as held:
+        try:
+            await held.enter_async_context(fleet_lock(ctx, key))
+        finally:
+            # its turn came, or it was cancelled waiting (a recheck cancelled): no longer waiting,
+            # else every later reconcile of the fleet would return as if one still were
+            ctx.queued.discard(key)
         outcome = await asyncio.to_thread(reconcile_in_cluster, ctx, namespace, name)
         # the round recorded the fleet's URL: the async client of the one it used before goes now if
         # nothing else uses it (its sync client went in the round)

@@ -69,3 +69,35 @@ async def test_a_recheck_that_ran_leaves_no_entry(monkeypatch: pytest.MonkeyPatc
     await asyncio.wait_for(task, 30)
     assert reconciled.is_set()
     assert ctx.rechecks == {} and ctx.locks == {}
+
+
+async def test_a_reconcile_cancelled_while_waiting_leaves_the_fleet_reconcilable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reconcile waiting for the lock is cancelled (fleet_deleted and schedule_recheck cancel a
+    pending recheck, which may be past its sleep): its place in ``queued`` goes with it. Kept, every
+    later reconcile of the fleet (its timer's, its events') returned as if one were still waiting."""
+    ctx = context()
+    inside, release = threading.Event(), threading.Event()
+    runs: list[str] = []
+
+    def stand_in(_: OperatorContext, namespace: str, name: str) -> ReconcileOutcome | None:
+        runs.append(name)
+        inside.set()
+        assert release.wait(10)
+        return None
+
+    monkeypatch.setattr(handlers, "reconcile_in_cluster", stand_in)
+    first = asyncio.create_task(reconcile(ctx, "default", "chat", LOG))
+    assert await asyncio.to_thread(inside.wait, 10)
+    waiting = asyncio.create_task(reconcile(ctx, "default", "chat", LOG))
+    await eventually(lambda: KEY in ctx.queued, 10, "the second reconcile to wait for the lock")
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    release.set()
+    await first
+    assert KEY not in ctx.queued
+    await asyncio.wait_for(reconcile(ctx, "default", "chat", LOG), 30)
+    assert runs == ["chat", "chat"]  # the later reconcile ran
+    assert ctx.locks == {} and ctx.queued == set()
