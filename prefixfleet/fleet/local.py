@@ -24,6 +24,7 @@ import numpy as np
 
 from prefixfleet.cli import counted
 from prefixfleet.emulator.config import EmulatorConfig
+from prefixfleet.emulator.vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV
 from prefixfleet.fleet.load import LoadRun, requests_from_workload, run_load
 from prefixfleet.fleet.processes import (
     LOOPBACK,
@@ -35,6 +36,7 @@ from prefixfleet.fleet.processes import (
 )
 from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
 from prefixfleet.fleet.reaper import ReplicaReaper
+from prefixfleet.router.engine_api import SGLANG, VLLM
 from prefixfleet.router.gateway import GatewayConfig
 from prefixfleet.router.policies import CostModel, make_policy
 from prefixfleet.router.radix import as_token_bytes
@@ -49,14 +51,14 @@ FLEET_NAME = "local"
 REPLICA_ROLES = ("engine", "sidecar")  # a replica's processes are named <role>-<index>
 # The HTTP API the emulated engines speak: SGLang's (the emulator's default) or vLLM's (`emulator
 # --api vllm`); the sidecars are told which (`router sidecar --engine-api`).
-ENGINE_APIS = ("sglang", "vllm")
+ENGINE_APIS = (SGLANG, VLLM)
 # vLLM's KV block size the vLLM-API emulators run with (the emulator's and vLLM's default): vLLM
 # caches, and reports cached, whole blocks only, and its KV pool is a whole number of blocks.
-VLLM_BLOCK_TOKENS = 16
+VLLM_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 # vLLM serves POST /reset_prefix_cache only in dev mode; the fleet flushes every engine's cache
 # between policies through it (the sidecar's /flush_cache). Safe here: every process listens on
 # 127.0.0.1. (The operator leaves it off: docs/operator.md.)
-VLLM_DEV_MODE_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+VLLM_DEV_MODE_ENV = {DEV_MODE_ENV: "1"}
 
 
 @dataclass(frozen=True, slots=True)
