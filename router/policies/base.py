@@ -137,12 +137,16 @@ def tie_break(request: RouteRequest, tied: Sequence[ReplicaState]) -> ReplicaSta
     return max(tied, key=rank)
 
 
+def _first(pair: tuple[Any, ReplicaState]) -> Any:
+    return pair[0]
+
+
 def least(
     request: RouteRequest, replicas: Sequence[ReplicaState], key: Callable[[ReplicaState], Any]
 ) -> ReplicaState:
     """The replica with the smallest ``key``; several with the same smallest key: :func:`tie_break`."""
-    best = min(replicas, key=key)
-    lowest = key(best)
-    tied = [r for r in replicas if key(r) == lowest]
+    keyed = [(key(r), r) for r in replicas]  # each key once: this runs on every routed request
+    lowest, best = min(keyed, key=_first)
+    tied = [r for k, r in keyed if k == lowest]
     # a NaN in the key equals nothing (tied can even be empty): keep what min() picked
     return tie_break(request, tied) if len(tied) > 1 else best
