@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
@@ -799,6 +800,81 @@ class AutoscalingSpec(CamelModel):
     )
 
 
+DEFAULT_BLOCK_TOKENS = 16  # router/blockhash.py's: summaries of an engine with no block size
+VLLM_DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
+BLOCK_SIZE_FLAGS = ("--block-size", "--block_size")  # vLLM's parser takes '_' for '-' in flag names
+
+
+def last_flag_value(args: Sequence[str], *spellings: str) -> tuple[int, str] | None:
+    """(index, value) of the last ``--flag X`` or ``--flag=X`` in ``args`` for any of ``spellings``,
+    as argparse reads a valued flag given more than once (the last one wins); None without one. A
+    bare flag with nothing after it is left out (argparse refuses it; the engine will say so)."""
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in spellings and eq:
+            found = (i, value)
+        elif arg in spellings and i + 1 < len(args):
+            found = (i, args[i + 1])
+    return found
+
+
+def vllm_block_size(kind: EngineKind, args: Sequence[str]) -> int | None:
+    """The KV cache block size of an engine speaking vLLM's API (``kind: vllm``, or the emulator with
+    ``--api vllm``: planner.sidecar_engine_api decides) from its ``args``: the last ``--block-size``,
+    else vLLM's default; None for an engine speaking SGLang's API (its radix cache has no blocks a
+    summary must follow). A value that is no whole number >= 1 is refused naming the arg."""
+    from .planner import sidecar_engine_api  # planner imports this module
+
+    if sidecar_engine_api(kind, args) != "vllm":
+        return None
+    given = last_flag_value(args, *BLOCK_SIZE_FLAGS)
+    if given is None:
+        return VLLM_DEFAULT_BLOCK_SIZE
+    i, value = given
+    # written as str(int) does (no sign, no leading zero): the CRD's rule compares the text with
+    # string(blockTokens), CEL's cheapest check on an arg of up to ENGINE_ARG_MAX_LENGTH characters
+    if not (value.isascii() and value.isdigit() and value == str(int(value)) and int(value) >= 1):
+        raise ValueError(
+            f"spec.engine.args[{i}]: --block-size {value!r} is not a whole number of tokens >= 1"
+            " (in decimal, no leading zero)"
+        )
+    return int(value)
+
+
+def _cel_block_size_rule() -> str:
+    """CEL of FleetSpec._block_tokens_are_the_engines's refusal, for the forms it can read without
+    loops: the API speaks vLLM (kind vllm, or the emulator with one --api item saying vllm) and
+    --block-size is given once (any spelling) or not at all. Other forms (a flag repeated: the last
+    one wins) are left to the models, which the operator and `operator validate` run: the rule never
+    refuses what the models accept."""
+    a = "self.engine.args"
+    api = "(x == '--api' || x.startsWith('--api='))"
+    emulator_vllm = (
+        f"(self.engine.kind == 'emulator' && has(self.engine.args) && {a}.exists_one(x, {api})"
+        f" && ({a}.exists(x, x == '--api=vllm') || ({a}.exists(x, x == '--api')"
+        f" && {a}.indexOf('--api') + 1 < size({a}) && {a}[{a}.indexOf('--api') + 1] == 'vllm')))"
+    )
+    valued = "(x.startsWith('--block-size=') || x.startsWith('--block_size='))"
+    bare = "(x == '--block-size' || x == '--block_size')"
+    at = f"({a}.indexOf('--block-size') >= 0 ? {a}.indexOf('--block-size') : {a}.indexOf('--block_size'))"
+    bt, default = "self.router.blockTokens", f"self.router.blockTokens == {VLLM_DEFAULT_BLOCK_SIZE}"
+    # a bare flag last has no value: argparse refuses it, the models read the default
+    given = (
+        f"({a}.exists(x, {valued}) ? {a}.exists(x, x == '--block-size=' + string({bt})"
+        f" || x == '--block_size=' + string({bt}))"
+        f" : ({at} + 1 < size({a}) ? {a}[{at} + 1] == string({bt}) : {default}))"
+    )
+    size = (
+        f"(!has(self.engine.args) || !{a}.exists(x, {valued} || {bare}) ? {default}"
+        f" : !{a}.exists_one(x, {valued} || {bare}) || {given})"
+    )
+    return (
+        "!has(self.router) || !has(self.router.blockTokens)"
+        f" || !(self.engine.kind == 'vllm' || {emulator_vllm}) || {size}"
+    )
+
+
 class RouterSpec(CamelModel):
     """The fleet's gateway (a Deployment + Service: the fleet's endpoint)."""
 
@@ -810,8 +886,15 @@ class RouterSpec(CamelModel):
     )
     image: str = Field(default=PROJECT_IMAGE, min_length=1, description="Gateway image.")
     port: int = Field(default=8080, ge=1, le=65535, description="Gateway HTTP port (also the Service port).")
-    block_tokens: int = Field(
-        default=16, ge=1, description="Tokens per hashed prefix block in replica summaries."
+    # No schema default: unset is the engine's block size, which depends on spec.engine (filled in
+    # by FleetSpec._block_tokens_are_the_engines, as the engine kind's image and port are).
+    block_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens per hashed prefix block in replica summaries. Default: the engine's block"
+        " size: for vLLM (and the emulator with --api vllm) its --block-size in spec.engine.args, 16"
+        f" if not given; {DEFAULT_BLOCK_TOKENS} for SGLang. In front of vLLM it must equal --block-size:"
+        " vLLM caches whole blocks of it.",
     )
     resources: ResourceRequirements = Field(
         default_factory=lambda: ResourceRequirements(requests={"cpu": "100m", "memory": "128Mi"}),
@@ -1044,6 +1127,24 @@ class FleetSpec(CamelModel):
         return self
 
     @model_validator(mode="after")
+    def _block_tokens_are_the_engines(self) -> FleetSpec:
+        # vLLM caches (and reports hits in) whole blocks of --block-size tokens; summaries hashed in
+        # other blocks claim prefixes it does not hold or miss ones it does. The sidecar is given
+        # blockTokens (planner), so it is the engine's or the fleet is refused.
+        size = vllm_block_size(self.engine.kind, self.engine.args)
+        if self.router.block_tokens is None:
+            self.router.block_tokens = DEFAULT_BLOCK_TOKENS if size is None else size
+        elif size is not None and self.router.block_tokens != size:
+            raise ValueError(
+                f"spec.router.blockTokens ({self.router.block_tokens}) must equal the engine's block"
+                f" size, --block-size in spec.engine.args ({size}; vLLM's default"
+                f" {VLLM_DEFAULT_BLOCK_SIZE} if not given): vLLM caches whole blocks of it, and the"
+                " replicas' summaries are hashed in blockTokens. Set blockTokens to it, or leave"
+                " blockTokens out to take it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engine_and_sidecar_ports_apart(self) -> FleetSpec:
         # Both containers share the replica pod's network namespace: one of them could not bind.
         if self.engine.port == self.sidecar.port:
@@ -1064,6 +1165,14 @@ class FleetSpec(CamelModel):
                     "spec.replicas must be within spec.autoscaling.minReplicas and"
                     " spec.autoscaling.maxReplicas when autoscaling is enabled",
                     ".replicas",
+                ),
+                cel(
+                    _cel_block_size_rule(),
+                    "spec.router.blockTokens must equal the engine's block size, --block-size in"
+                    f" spec.engine.args (vLLM's default {VLLM_DEFAULT_BLOCK_SIZE} if not given): vLLM"
+                    " caches whole blocks of it; set blockTokens to it, or leave blockTokens out to"
+                    " take it",
+                    ".router.blockTokens",
                 ),
                 cel(
                     "!has(self.sidecar) || !has(self.sidecar.port) || self.sidecar.port !="

@@ -39,6 +39,7 @@ from .models import (
     ROUTER_SETTINGS_VOLUME,
     EngineKind,
     FleetSpec,
+    last_flag_value,
 )
 
 JSON = dict[str, Any]
@@ -583,13 +584,8 @@ def sidecar_engine_api(kind: EngineKind, args: Sequence[str] = ()) -> str:
 def emulator_api(args: Sequence[str]) -> str:
     """The API an emulator's args select, as its parser reads ``--api`` (``--api X`` or
     ``--api=X``; the last one given wins); ``sglang``, its default, without one."""
-    api = "sglang"
-    for i, arg in enumerate(args):
-        if arg == "--api" and i + 1 < len(args):
-            api = args[i + 1]
-        elif arg.startswith("--api="):
-            api = arg.partition("=")[2]
-    return api
+    given = last_flag_value(args, "--api")
+    return "sglang" if given is None else given[1]
 
 
 # VLLM_SERVER_DEV_MODE is deliberately not set on vLLM engines, so the sidecar's flush (POST
