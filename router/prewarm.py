@@ -232,8 +232,13 @@ async def _warm_one(
         return {"status": "failed", "error": f"source {source} sent no token count for {sid}"}
     engine = sidecar.s.engine
     path, body = prefill_request(engine.api, exemplar, engine.served_model)  # ValueError: bad exemplar
+    # through this sidecar's own route, which forwards a request's headers: the sidecar's engine key
+    # rides along as a client's own would (the fetch from the source above never carries it)
     async with session.post(
-        f"{own}{path}", json=body, timeout=aiohttp.ClientTimeout(total=PREFILL_TIMEOUT_S)
+        f"{own}{path}",
+        json=body,
+        headers=sidecar.engine_headers,
+        timeout=aiohttp.ClientTimeout(total=PREFILL_TIMEOUT_S),
     ) as resp:
         data = await resp.read()
         if resp.status != 200:

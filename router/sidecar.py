@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import socket
 import time
@@ -117,6 +118,9 @@ from .upstream import (
 log = logging.getLogger("prefixfleet.sidecar")
 # an OpenAI stream's usage event: `"choices": []` (a content chunk names at least one choice)
 _NO_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+# The engine's API key (vLLM --api-key / VLLM_API_KEY, SGLang --api-key), for the requests the sidecar
+# itself sends its engine. An environment variable, never a flag: a flag shows in `ps` and the pod spec.
+ENGINE_API_KEY_ENV = "PREFIXFLEET_ENGINE_API_KEY"
 DEFAULT_CACHE_TOKENS = 200_000  # used until the engine reports its capacity
 
 
@@ -172,6 +176,8 @@ class SidecarConfig:
     client_write_timeout_s: float | None = None  # None: PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S, else 60 s
     # recent requests kept for pre-warming other replicas (router.exemplars); 0 keeps none
     warm_exemplar_bytes: int = DEFAULT_EXEMPLAR_BYTES
+    # None: PREFIXFLEET_ENGINE_API_KEY (unset or empty: no key); kept out of repr, so out of logs
+    engine_api_key: str | None = field(default=None, repr=False)
 
     def resolved_worker_id(self) -> str:
         wid = self.worker_id or f"{socket.gethostname().split('.')[0]}-{self.port}"
@@ -183,6 +189,21 @@ class SidecarConfig:
             return bracket_ipv6_url(self.advertise_url.rstrip("/"))
         host = self.host if self.host not in ("0.0.0.0", "::", "") else socket.gethostname()
         return base_url(host, self.port)
+
+
+def engine_auth(key: str | None) -> dict[str, str]:
+    """The headers that carry the sidecar's engine API key (none without one). A key no HTTP header
+    can carry (whitespace, a control character, non-ASCII: e.g. a Secret written with its trailing
+    newline) is refused here, at start, naming the variable."""
+    if not key:
+        return {}
+    if not all("!" <= c <= "~" for c in key):
+        raise ValueError(
+            f"{ENGINE_API_KEY_ENV} must be printable ASCII without spaces (it is sent as "
+            "'Authorization: Bearer <key>'); it has whitespace, a control or a non-ASCII character "
+            "(a Secret created from a file keeps the file's trailing newline)"
+        )
+    return {"Authorization": f"Bearer {key}"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +380,13 @@ class Sidecar:
         self._left = False  # deregistered from the fleet (shutting down)
         self.metrics = sidecar_registry(lambda: self.s)
         self.timeouts = ClientTimeouts.from_env(write_s=config.client_write_timeout_s)
+        key = config.engine_api_key
+        if key is None:
+            key = os.environ.get(ENGINE_API_KEY_ENV)
+        # on every request the sidecar itself sends its engine (probes, metrics, pre-warm replays);
+        # a client's request carries the client's own Authorization, never this
+        self.engine_headers = engine_auth(key)
+        self._refused_warned = False  # one warning for an engine refusing the sidecar's probes
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -438,7 +466,9 @@ class Sidecar:
                 if not self.s.engine.known:
                     await self._fetch_engine_info()
                 async with self.session.get(
-                    f"{self.config.engine_url}/health", timeout=aiohttp.ClientTimeout(total=2)
+                    f"{self.config.engine_url}/health",
+                    headers=self.engine_headers,
+                    timeout=aiohttp.ClientTimeout(total=2),
                 ) as resp:
                     await resp.read()
                     was_ok, self.s.engine_ok = self.s.engine_ok, resp.status == 200
@@ -488,7 +518,9 @@ class Sidecar:
         """
         assert self.session is not None
         async with self.session.get(
-            f"{self.config.engine_url}/get_server_info", timeout=aiohttp.ClientTimeout(total=2)
+            f"{self.config.engine_url}/get_server_info",
+            headers=self.engine_headers,
+            timeout=aiohttp.ClientTimeout(total=2),
         ) as resp:
             if resp.status != 200:
                 return
@@ -511,15 +543,44 @@ class Sidecar:
         assert self.session is not None
         try:
             async with self.session.get(
-                f"{self.config.engine_url}{path}", timeout=aiohttp.ClientTimeout(total=2)
+                f"{self.config.engine_url}{path}",
+                headers=self.engine_headers,
+                timeout=aiohttp.ClientTimeout(total=2),
             ) as resp:
                 status, data = resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
             return Probe(None)
+        if status in (401, 403):
+            self._engine_refused(path, status)
         try:
             return Probe(status, json.loads(data) if status == 200 else None)
         except (ValueError, RecursionError):
             return Probe(status)
+
+    def _engine_refused(self, path: str, status: int) -> None:
+        """An engine run with an API key refuses the sidecar's unkeyed (or wrongly keyed) probes: its
+        capacity stays unknown and a vLLM is not recognised as one. Said once, naming the fix."""
+        if self._refused_warned:
+            return
+        self._refused_warned = True
+        if self.engine_headers:
+            log.warning(
+                "engine %s refused the key in %s (HTTP %d on %s): it was started with another API key",
+                self.config.engine_url,
+                ENGINE_API_KEY_ENV,
+                status,
+                path,
+            )
+        else:
+            log.warning(
+                "engine %s answered HTTP %d on %s: it requires an API key; set %s to it (the sidecar "
+                "sends it on its own probes and pre-warm requests); until then the engine's API, "
+                "model and capacity are not learned",
+                self.config.engine_url,
+                status,
+                path,
+                ENGINE_API_KEY_ENV,
+            )
 
     async def _fetch_engine_info(self) -> None:
         """Learn the engine's API (detected under ``--engine-api auto``, at each engine start),
@@ -549,8 +610,12 @@ class Sidecar:
         for path in paths:
             try:
                 async with self.session.get(
-                    f"{self.config.engine_url}{path}", timeout=aiohttp.ClientTimeout(total=2)
+                    f"{self.config.engine_url}{path}",
+                    headers=self.engine_headers,
+                    timeout=aiohttp.ClientTimeout(total=2),
                 ) as resp:
+                    if resp.status in (401, 403):
+                        self._engine_refused(path, resp.status)
                     if resp.status == 200:
                         body = await resp.json(content_type=None)
                         if isinstance(body, dict):
@@ -568,7 +633,7 @@ class Sidecar:
             if models.status is None:
                 return None
         served = vllm_served_model(models.body) or ""
-        metrics = await fetch_engine_metrics(self.session, self.config.engine_url)
+        metrics = await fetch_engine_metrics(self.session, self.config.engine_url, self.engine_headers)
         cache = None
         try:
             if metrics is None:
@@ -834,7 +899,7 @@ class Sidecar:
     async def handle_metrics(self, _request: web.Request) -> web.Response:
         """The engine's metrics followed by the sidecar's own (docs/metrics.md)."""
         assert self.session is not None
-        engine = await fetch_engine_metrics(self.session, self.config.engine_url)
+        engine = await fetch_engine_metrics(self.session, self.config.engine_url, self.engine_headers)
         body = exposition(engine, self.metrics)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

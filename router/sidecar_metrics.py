@@ -10,7 +10,7 @@ the replica is named by the scrape target's ``pod`` label, never by a prompt or 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import aiohttp
@@ -116,8 +116,11 @@ def exposition(engine_text: bytes | None, registry: CollectorRegistry) -> bytes:
     return engine_text + (b"" if engine_text.endswith(b"\n") else b"\n") + own
 
 
-async def fetch_engine_metrics(session: aiohttp.ClientSession, engine_url: str) -> bytes | None:
-    """The engine's ``/metrics`` in the classic text format, or None if it does not answer."""
+async def fetch_engine_metrics(
+    session: aiohttp.ClientSession, engine_url: str, auth: Mapping[str, str] | None = None
+) -> bytes | None:
+    """The engine's ``/metrics`` in the classic text format, or None if it does not answer;
+    ``auth``: the sidecar's own engine credentials (its Authorization header), if any."""
     try:
         async with session.get(
             f"{engine_url}/metrics",
@@ -125,7 +128,7 @@ async def fetch_engine_metrics(session: aiohttp.ClientSession, engine_url: str) 
             # session does not decompress (it proxies bytes), and prometheus_client's ASGI app
             # (SGLang's /metrics, older vLLM's) gzips for anyone whose Accept-Encoding names gzip,
             # aiohttp's default
-            headers={"Accept": "text/plain", "Accept-Encoding": "identity"},
+            headers={"Accept": "text/plain", "Accept-Encoding": "identity", **(auth or {})},
             timeout=aiohttp.ClientTimeout(total=5),
         ) as resp:
             if resp.status != 200 or resp.headers.get("Content-Encoding", "identity") != "identity":
