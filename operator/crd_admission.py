@@ -151,7 +151,14 @@ def _index_of(target: Any, item: Any) -> Any:
     return celtypes.IntType(next((i for i, v in enumerate(target) if v == item), -1))
 
 
-_KUBERNETES_CEL_FUNCTIONS = {"indexOf": _index_of}
+def _substring(target: Any, start: Any, end: Any = None) -> Any:
+    """The strings extension's ``substring(start[, end])`` (code points), which cel-python lacks."""
+    from celpy import celtypes
+
+    return celtypes.StringType(target[int(start) : None if end is None else int(end)])
+
+
+_KUBERNETES_CEL_FUNCTIONS = {"indexOf": _index_of, "substring": _substring}
 
 
 def _rules_with_values(schema: Schema, value: Any, path: str) -> Iterator[tuple[str, dict[str, Any], Any]]:

@@ -90,7 +90,12 @@ def _last_index_of(target: Any, item: Any) -> celtypes.IntType:
     return celtypes.IntType(found[-1] if found else -1)
 
 
-KUBERNETES_EXTENSIONS = {"indexOf": _index_of, "lastIndexOf": _last_index_of}
+def _substring(target: Any, start: Any, end: Any = None) -> celtypes.StringType:
+    """``<string>.substring(start[, end])`` (strings extension), in code points."""
+    return celtypes.StringType(target[int(start) : None if end is None else int(end)])
+
+
+KUBERNETES_EXTENSIONS = {"indexOf": _index_of, "lastIndexOf": _last_index_of, "substring": _substring}
 CELPY_FUNCTIONS = frozenset(celpy.evaluation.base_functions) | MACROS | {"has"}
 
 ENV = celpy.Environment()
