@@ -600,6 +600,17 @@ class EngineSpec(CamelModel):
         max_length=256,
         description="Extra environment variables for the engine container.",
     )
+    # The engine's API key from a Secret: the sidecar must send it on its own requests to the engine
+    # (probes, pre-warm), else a keyed engine refuses them (docs/gateway.md). Env from secretKeyRef
+    # only, never args (a key in args shows in the pod spec); the kubelet reads the Secret, not the
+    # operator.
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="The engine's API key, from a Secret: the sidecar gets it as PREFIXFLEET_ENGINE_API_KEY"
+        " (for its own requests to the engine), the engine as VLLM_API_KEY (vllm) or --api-key"
+        " $(PREFIXFLEET_ENGINE_API_KEY) (sglang); the emulator checks no key (only its sidecar gets"
+        " it). Clients then send Authorization: Bearer <key>.",
+    )
     pod_template: EnginePodTemplate | None = Field(
         default=None,
         description="Pod fields merged into every replica pod: metadata (labels, annotations) and spec"
@@ -859,14 +870,10 @@ def _cel_block_size_rule() -> str:
     bare = "(x == '--block-size' || x == '--block_size')"
     at = f"({a}.indexOf('--block-size') >= 0 ? {a}.indexOf('--block-size') : {a}.indexOf('--block_size'))"
     bt, default = "self.router.blockTokens", f"self.router.blockTokens == {VLLM_DEFAULT_BLOCK_SIZE}"
-    # a bare flag last has no value: argparse refuses it, the models read the default. The valued
-    # form compares numbers, not '--block-size=' + string(blockTokens): the API server's cost
-    # estimate gives string(int) no size bound, so a concatenation with it is costed unbounded and
-    # the whole CRD refused (kubernetes/kubernetes#124234); an arg == string(int) costs the arg's
-    # maxLength. A value int() cannot read is one the models refuse too.
-    value = f"x.substring({len('--block-size=')})"  # both spellings are as long
+    # a bare flag last has no value: argparse refuses it, the models read the default
     given = (
-        f"({a}.exists(x, {valued}) ? {a}.exists(x, {valued} && int({value}) == {bt})"
+        f"({a}.exists(x, {valued}) ? {a}.exists(x, x == '--block-size=' + string({bt})"
+        f" || x == '--block_size=' + string({bt}))"
         f" : ({at} + 1 < size({a}) ? {a}[{at} + 1] == string({bt}) : {default}))"
     )
     size = (

@@ -502,6 +502,30 @@ def _redis_auth_env(spec: FleetSpec) -> list[JSON]:
     return env
 
 
+ENGINE_API_KEY_ENV = "PREFIXFLEET_ENGINE_API_KEY"  # router/sidecar.py reads it
+
+
+def _engine_key_env(spec: FleetSpec, name: str = ENGINE_API_KEY_ENV) -> list[JSON]:
+    """The engine's API key from its Secret as the variable ``name`` (none without
+    spec.engine.apiKeySecretRef); the kubelet resolves the reference, the operator never reads it."""
+    ref = spec.engine.api_key_secret_ref
+    if ref is None:
+        return []
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}]
+
+
+def _engine_key_wiring(spec: FleetSpec) -> tuple[list[JSON], list[str]]:
+    """The engine container's env and extra args that key it: vLLM reads VLLM_API_KEY; SGLang takes
+    only --api-key, given as $(VAR), which Kubernetes expands from the container's env (the pod spec
+    names the variable, not the key). The emulator checks no key: nothing."""
+    kind = spec.engine.kind
+    if spec.engine.api_key_secret_ref is None or kind == "emulator":
+        return [], []
+    if kind == "vllm":
+        return _engine_key_env(spec, "VLLM_API_KEY"), []
+    return _engine_key_env(spec), ["--api-key", f"$({ENGINE_API_KEY_ENV})"]
+
+
 def _pod_env() -> list[JSON]:
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -708,7 +732,10 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
     ]  # fmt: skip
     if model.adapter:
         sidecar_args += ["--adapter", model.adapter]
-    engine_env = [{k: v for k, v in e.to_wire().items()} for e in engine.env]
+    key_env, key_args = _engine_key_wiring(spec)
+    args = [*args, *key_args]
+    # the key first: a spec's own engine env comes after it, as it would without the key
+    engine_env = [*key_env, *({k: v for k, v in e.to_wire().items()} for e in engine.env)]
     pod_spec: JSON = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 30,
@@ -736,7 +763,12 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
                 "image": sidecar.image,
                 "command": ["prefixfleet", "router", "sidecar"],
                 "args": sidecar_args,
-                "env": [*_pod_env(), _redis_env(spec, default_redis_url), *_redis_auth_env(spec)],
+                "env": [
+                    *_pod_env(),
+                    _redis_env(spec, default_redis_url),
+                    *_redis_auth_env(spec),
+                    *_engine_key_env(spec),
+                ],
                 "ports": [{"name": "http", "containerPort": sidecar.port}],
                 "readinessProbe": _probe("http"),
                 "resources": _resources(sidecar.resources),
