@@ -870,10 +870,14 @@ def _cel_block_size_rule() -> str:
     bare = "(x == '--block-size' || x == '--block_size')"
     at = f"({a}.indexOf('--block-size') >= 0 ? {a}.indexOf('--block-size') : {a}.indexOf('--block_size'))"
     bt, default = "self.router.blockTokens", f"self.router.blockTokens == {VLLM_DEFAULT_BLOCK_SIZE}"
-    # a bare flag last has no value: argparse refuses it, the models read the default
+    # a bare flag last has no value: argparse refuses it, the models read the default. The valued
+    # form compares numbers, not '--block-size=' + string(blockTokens): the API server's cost
+    # estimate gives string(int) no size bound, so a concatenation with it is costed unbounded and
+    # the whole CRD refused (kubernetes/kubernetes#124234); an arg == string(int) costs the arg's
+    # maxLength. A value int() cannot read is one the models refuse too.
+    value = f"x.substring({len('--block-size=')})"  # both spellings are as long
     given = (
-        f"({a}.exists(x, {valued}) ? {a}.exists(x, x == '--block-size=' + string({bt})"
-        f" || x == '--block_size=' + string({bt}))"
+        f"({a}.exists(x, {valued}) ? {a}.exists(x, {valued} && int({value}) == {bt})"
         f" : ({at} + 1 < size({a}) ? {a}[{at} + 1] == string({bt}) : {default}))"
     )
     size = (
