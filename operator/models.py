@@ -853,6 +853,16 @@ def vllm_block_size(kind: EngineKind, args: Sequence[str]) -> int | None:
     return int(value)
 
 
+# A fleet created before blockTokens took the engine's block size holds the old CRD default, 16,
+# written by the API server though its manifest leaves blockTokens out (and an apply never removes
+# a field its last manifest lacked): "leave it out" alone does not help that user.
+STORED_BLOCK_TOKENS_HINT = (
+    f" (a fleet created under an older CRD holds blockTokens: {DEFAULT_BLOCK_TOKENS}, its default then,"
+    " even if the manifest leaves it out: remove it with kubectl patch prefixcachefleet NAME --type=json"
+    ' -p \'[{"op": "remove", "path": "/spec/router/blockTokens"}]\')'
+)
+
+
 def _cel_block_size_rule() -> str:
     """CEL of FleetSpec._block_tokens_are_the_engines's refusal, for the forms it can read without
     loops: the API speaks vLLM (kind vllm, or the emulator with one --api item saying vllm) and
@@ -1155,7 +1165,7 @@ class FleetSpec(CamelModel):
                 f" size, --block-size in spec.engine.args ({size}; vLLM's default"
                 f" {VLLM_DEFAULT_BLOCK_SIZE} if not given): vLLM caches whole blocks of it, and the"
                 " replicas' summaries are hashed in blockTokens. Set blockTokens to it, or leave"
-                " blockTokens out to take it"
+                f" blockTokens out to take it{STORED_BLOCK_TOKENS_HINT}"
             )
         return self
 
@@ -1186,7 +1196,7 @@ class FleetSpec(CamelModel):
                     "spec.router.blockTokens must equal the engine's block size, --block-size in"
                     f" spec.engine.args (vLLM's default {VLLM_DEFAULT_BLOCK_SIZE} if not given): vLLM"
                     " caches whole blocks of it; set blockTokens to it, or leave blockTokens out to"
-                    " take it",
+                    f" take it{STORED_BLOCK_TOKENS_HINT}",
                     ".router.blockTokens",
                 ),
                 cel(
