@@ -13,7 +13,6 @@ that the API server enforces on ``kubectl apply``. Both messages name the offend
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -123,19 +122,13 @@ def refused_engine_flags() -> dict[str, str]:
 
 def _no_engine_arg(message: str, *flags: str) -> dict[str, str]:
     """A CEL rule: no item of spec.engine.args spells one of ``flags`` (refused_engine_flags), bare or
-    =VALUE. Its messageExpression names the first such item by index, as the models do."""
+    =VALUE. Its message names the field, not the item's index: a messageExpression building
+    ``"spec.engine.args[" + string(index) + "]"`` is costed unbounded by the API server's static
+    estimate (it cannot size ``string(<int>)``), which refuses the whole CRD
+    (kubernetes/kubernetes#124234). The operator's own validation (the models) names the index."""
     spellings = [f for f, flag in refused_engine_flags().items() if flag in flags]
     spelled = " || ".join(f"a == '{f}' || a.startsWith('{f}=')" for f in spellings)
-    field = "spec.engine.args"
-    index = f"string(self.args.indexOf(self.args.filter(a, {spelled})[0]))"
-    rest = "]" + message.removeprefix(field)
-    return cel(
-        f"!has(self.args) || !self.args.exists(a, {spelled})",
-        message,
-        ".args",
-        # a JSON string literal is a CEL one (double quotes; the message has no escapes beyond JSON's)
-        message_expression=f"{json.dumps(field + '[')} + {index} + {json.dumps(rest)}",
-    )
+    return cel(f"!has(self.args) || !self.args.exists(a, {spelled})", message, ".args")
 
 
 def default_images() -> dict[str, str]:

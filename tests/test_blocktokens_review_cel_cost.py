@@ -65,10 +65,12 @@ def concatenations_of_a_conversion(expression: str) -> list[str]:
 
 
 def test_no_rule_concatenates_a_string_conversion_whose_cost_the_api_server_cannot_bound() -> None:
+    # a messageExpression is costed too, against the same budget (#124234's was one)
     offending = {
-        rule["rule"][:80]: found
+        expression[:80]: found
         for rule in rules(build_crd())
-        if (found := concatenations_of_a_conversion(rule["rule"]))
+        for expression in (rule["rule"], rule.get("messageExpression", ""))
+        if expression and (found := concatenations_of_a_conversion(expression))
     }
     assert offending == {}
 
