@@ -48,6 +48,15 @@ def _rebuilt(mirror: CacheMirror, *, max_blocks: int, hot_k: int):
     )
 
 
+def _same_summary(mirror: CacheMirror, *, max_blocks: int = 10_000, hot_k: int = 8) -> None:
+    """The kept summary and hot prefixes equal a from-scratch walk's."""
+    kept = mirror.summary(worker="w", version=1, max_blocks=max_blocks, hot_k=hot_k)
+    fresh, fresh_exports = _rebuilt(mirror, max_blocks=max_blocks, hot_k=hot_k)
+    assert list(kept.blocks) == list(fresh.blocks)
+    assert kept == fresh  # every other field: counts, hot nodes, truncation
+    assert mirror.hot_prefixes == fresh_exports
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     ops=operations,
@@ -69,12 +78,7 @@ def test_incremental_summary_equals_a_rebuild_after_any_inserts_and_evictions(
         elif op[0] == "flush":
             mirror.flush()
         else:
-            kept = mirror.summary(worker="w", version=1, max_blocks=max_blocks, hot_k=hot_k)
-            kept_exports = mirror.hot_prefixes
-            fresh, fresh_exports = _rebuilt(mirror, max_blocks=max_blocks, hot_k=hot_k)
-            assert list(kept.blocks) == list(fresh.blocks)
-            assert kept == fresh  # every other field: counts, hot nodes, truncation
-            assert kept_exports == fresh_exports
+            _same_summary(mirror, max_blocks=max_blocks, hot_k=hot_k)
 
 
 def test_incremental_summary_equals_a_rebuild_over_a_long_run_of_shared_prefixes():
@@ -90,9 +94,5 @@ def test_incremental_summary_equals_a_rebuild_over_a_long_run_of_shared_prefixes
             mirror.correct(200, 0, ran_alone=True)
         if i % 50 == 0:
             for max_blocks in (10_000, 150):
-                kept = mirror.summary(worker="w", version=1, max_blocks=max_blocks, hot_k=8)
-                fresh, fresh_exports = _rebuilt(mirror, max_blocks=max_blocks, hot_k=8)
-                assert list(kept.blocks) == list(fresh.blocks)
-                assert kept == fresh
-                assert mirror.hot_prefixes == fresh_exports
+                _same_summary(mirror, max_blocks=max_blocks, hot_k=8)
     assert mirror.tree.evictions_total > 0

@@ -17,19 +17,11 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_summary_index import B, _rebuilt  # the same 4-token blocks
+from test_summary_index import B, _same_summary  # the same 4-token blocks
 
 from prefixfleet.router.blockhash import CacheIdentity
 from prefixfleet.router.mirror import CacheMirror
 from prefixfleet.router.radix import RadixTree, as_token_bytes
-
-
-def _same_summary(mirror: CacheMirror, *, max_blocks: int = 10_000, hot_k: int = 8) -> None:
-    kept = mirror.summary(worker="w", version=1, max_blocks=max_blocks, hot_k=hot_k)
-    fresh, fresh_exports = _rebuilt(mirror, max_blocks=max_blocks, hot_k=hot_k)
-    assert list(kept.blocks) == list(fresh.blocks)
-    assert kept == fresh
-    assert mirror.hot_prefixes == fresh_exports
 
 
 def test_indexing_prompts_of_many_tenants_never_lists_the_namespaces() -> None:
