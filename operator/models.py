@@ -149,14 +149,11 @@ def _cel_default_port() -> str:
     return expr
 
 
-def cel(
-    rule: str, message: str, field_path: str | None = None, message_expression: str | None = None
-) -> dict[str, str]:
-    """One ``x-kubernetes-validations`` entry (CEL rule evaluated by the API server). The API server
-    says ``message_expression``'s value instead of ``message`` when it evaluates to a string."""
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One ``x-kubernetes-validations`` entry (CEL rule evaluated by the API server). No
+    messageExpression: one naming an item by index needs ``string(<int>)``, which the API server's
+    cost estimate cannot size, and it refuses the whole CRD (see _no_engine_arg)."""
     entry = {"rule": rule, "message": message}
-    if message_expression:
-        entry["messageExpression"] = message_expression
     if field_path:
         entry["fieldPath"] = field_path
     return entry
