@@ -68,6 +68,7 @@ class InProcess:
     cluster: EmulatedCluster
     ctx: OperatorContext
     acl: AclRedis
+    events: list[tuple[Any, ...]] = field(default_factory=list)  # (args, kwargs) of each Event posted
 
     async def reconciles(self, fleet: str, user: str, rounds: int = 2) -> None:
         """Apply ``fleet`` dialling Redis as ``user``, then reconcile it ``rounds`` times."""
@@ -75,13 +76,15 @@ class InProcess:
         for _ in range(rounds):
             await reconcile(self.ctx, NAMESPACE, fleet, LOG)
 
-    async def delete(self, fleet: str) -> None:
-        """The fleet deleted, as kopf hands it to fleet_deleted (its last body)."""
+    async def delete(self, fleet: str, passes: int = 1) -> None:
+        """The fleet deleted, as kopf hands it to fleet_deleted (its last body), ``passes`` times
+        (kopf processes a deletion again while a timer of the fleet is still exiting)."""
         body = self.cluster.kubectl_json("get", "pcf", fleet)
         self.cluster.kubectl("delete", "pcf", fleet)
         memo = kopf.Memo()
         memo.ctx = self.ctx
-        await fleet_deleted(body=kopf.Body(body), memo=memo, logger=LOG)
+        for _ in range(passes):
+            await fleet_deleted(body=kopf.Body(body), memo=memo, logger=LOG)
 
     def url(self, user: str) -> str:
         """What the operator dials for a fleet of ``user`` (the Secret's password in the URL)."""
@@ -101,7 +104,7 @@ async def operator(
     ctx = OperatorContext(kube=None)  # type: ignore[arg-type]
     try:
         ctx.kube = in_process_kube(cluster)
-        yield InProcess(cluster, ctx, acl_redis)
+        yield InProcess(cluster, ctx, acl_redis, events)
     finally:
         for client in ctx.redis_clients.values():
             await client.aclose()
