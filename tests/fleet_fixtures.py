@@ -20,7 +20,8 @@ can ``from fleet_fixtures import free_port, wait_for_http, ...`` and request ``r
 * ``popen_interruptible(argv, ...)`` — ``subprocess.Popen`` for a child the test sends SIGINT: it starts
   with SIGINT at its default, as a command typed at a terminal has it, whatever the test run inherited.
 * ``live_processes()`` — every non-zombie process (pid, parent, group) from ``/proc``: for
-  "nothing is left running" checks; ``live_children()`` — those whose parent is this process.
+  "nothing is left running" checks; ``live_children()`` — those whose parent is this process;
+  ``wait_stopped(processes, ...)`` / ``kill_left_behind(processes)`` — wait for / make them gone.
 """
 
 from __future__ import annotations
@@ -329,6 +330,26 @@ def live_children(parent: int | None = None) -> list[LiveProcess]:
     """The live (non-zombie) children of ``parent`` (default: this process)."""
     parent = os.getpid() if parent is None else parent
     return [p for p in live_processes() if p.ppid == parent]
+
+
+def wait_stopped(processes: Sequence[LiveProcess], timeout: float, what: str) -> None:
+    """Wait until none of ``processes`` is alive; on timeout the AssertionError names those left."""
+
+    def left() -> list[str]:
+        alive = {p.pid for p in live_processes()}
+        return [f"{p.pid} {p.command_line()[:80]}" for p in processes if p.pid in alive]
+
+    wait_until(left, timeout, what, done=lambda still: not still)
+
+
+def kill_left_behind(processes: Sequence[LiveProcess]) -> None:
+    """SIGKILL each of ``processes`` still there (test teardown): a group leader with its group."""
+    for p in processes:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(p.pid) == p.pid:  # now: one seen just before its setsid() leads a group by now
+                os.killpg(p.pid, signal.SIGKILL)
+            else:
+                os.kill(p.pid, signal.SIGKILL)
 
 
 @dataclass

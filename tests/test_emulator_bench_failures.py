@@ -7,9 +7,7 @@ answer as JSON before looking at its status (a plain-text 500 was a ``ContentTyp
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -19,10 +17,11 @@ import pytest
 from aiohttp import web
 from fleet_fixtures import (
     LiveProcess,
+    kill_left_behind,
     live_children,
-    live_processes,
     prefixfleet_argv,
     serve_aiohttp,
+    wait_stopped,
     wait_until,
 )
 
@@ -80,16 +79,9 @@ def test_sigterm_stops_the_emulator_process_the_benchmark_started(tmp_path: Path
         wait_until(lambda: b"emulator-bench http" in log_path.read_bytes(), 60, "the requests to start")
         bench_proc.send_signal(signal.SIGTERM)
         assert bench_proc.wait(timeout=30) == 143, log_path.read_text(errors="replace")
-
-        def still_running() -> list[int]:
-            alive = {p.pid for p in live_processes()}
-            return [e.pid for e in emulators if e.pid in alive]
-
-        wait_until(still_running, 15, "the emulator to be stopped", done=lambda pids: not pids)
+        wait_stopped(emulators, 15, "the emulator to be stopped")
     finally:
         if bench_proc.poll() is None:
             bench_proc.kill()
             bench_proc.wait()
-        for e in emulators:  # started by this test's emulator-bench: never left behind
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(e.pid, signal.SIGKILL)
+        kill_left_behind(emulators)  # started by this test's emulator-bench: never left behind

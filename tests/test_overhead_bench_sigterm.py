@@ -6,14 +6,19 @@ its Valkey, emulator, sidecar and gateway running on their ports, each in its ow
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import subprocess
 from pathlib import Path
 
 import pytest
-from fleet_fixtures import LiveProcess, live_children, live_processes, prefixfleet_argv, wait_until
+from fleet_fixtures import (
+    LiveProcess,
+    kill_left_behind,
+    live_children,
+    prefixfleet_argv,
+    wait_stopped,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,16 +36,9 @@ def test_sigterm_stops_every_process_bench_overhead_started(tmp_path: Path) -> N
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=40) != -signal.SIGTERM, "killed by SIGTERM with no teardown"
         assert "stopped by SIGTERM" in log_path.read_text(errors="replace")
-
-        def still_running() -> list[str]:
-            alive = {p.pid for p in live_processes()}
-            return [c.command_line()[:80] for c in children if c.pid in alive]
-
-        wait_until(still_running, 20, "its processes to be stopped", done=lambda left: not left)
+        wait_stopped(children, 20, "its processes to be stopped")
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait()
-        for child in children:  # started by this test's benchmark: never left behind
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
+        kill_left_behind(children)  # started by this test's benchmark (each its group): never left behind
