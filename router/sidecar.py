@@ -465,11 +465,7 @@ class Sidecar:
             try:
                 if not self.s.engine.known:
                     await self._fetch_engine_info()
-                async with self.session.get(
-                    f"{self.config.engine_url}/health",
-                    headers=self.engine_headers,
-                    timeout=aiohttp.ClientTimeout(total=2),
-                ) as resp:
+                async with self._engine_get("/health") as resp:
                     await resp.read()
                     was_ok, self.s.engine_ok = self.s.engine_ok, resp.status == 200
                 if was_ok != self.s.engine_ok:
@@ -516,12 +512,7 @@ class Sidecar:
         Engines that report it (the emulator's ``internal_states[0].cached_tokens_in_tree``) let the
         mirror drop what the engine no longer holds; others are left alone.
         """
-        assert self.session is not None
-        async with self.session.get(
-            f"{self.config.engine_url}/get_server_info",
-            headers=self.engine_headers,
-            timeout=aiohttp.ClientTimeout(total=2),
-        ) as resp:
+        async with self._engine_get("/get_server_info") as resp:
             if resp.status != 200:
                 return
             try:
@@ -538,15 +529,22 @@ class Sidecar:
                 tree.evict(min(excess, tree.cached_tokens - tree.pinned_tokens))
             self.s.mirror.changes += 1
 
+    @contextlib.asynccontextmanager
+    async def _engine_get(self, path: str) -> AsyncIterator[aiohttp.ClientResponse]:
+        """GET a route of the engine as the sidecar itself (its key, if any; 2 s in all). Callers
+        read the answer their own way: what a failure or a bad body means differs per route."""
+        assert self.session is not None
+        async with self.session.get(
+            f"{self.config.engine_url}{path}",
+            headers=self.engine_headers,
+            timeout=aiohttp.ClientTimeout(total=2),
+        ) as resp:
+            yield resp
+
     async def _get_json(self, path: str) -> Probe:
         """GET an engine route: its status and JSON body (Probe(None) when the engine did not answer)."""
-        assert self.session is not None
         try:
-            async with self.session.get(
-                f"{self.config.engine_url}{path}",
-                headers=self.engine_headers,
-                timeout=aiohttp.ClientTimeout(total=2),
-            ) as resp:
+            async with self._engine_get(path) as resp:
                 status, data = resp.status, await resp.read()
         except (aiohttp.ClientError, TimeoutError, OSError):
             return Probe(None)
@@ -604,16 +602,13 @@ class Sidecar:
     async def _sglang_facts(self, server_info: dict[str, object] | None = None) -> EngineFacts | None:
         """SGLang: ``/get_server_info`` (unless ``server_info`` is its answer, read already) merged with
         ``/get_model_info``."""
-        assert self.session is not None
         info: dict = dict(server_info or {})
         paths = ("/get_server_info", "/get_model_info") if server_info is None else ("/get_model_info",)
         for path in paths:
+            # not _get_json: a 200 whose body is not JSON leaves the facts unknown (asked again next
+            # round) rather than read as an answer without them
             try:
-                async with self.session.get(
-                    f"{self.config.engine_url}{path}",
-                    headers=self.engine_headers,
-                    timeout=aiohttp.ClientTimeout(total=2),
-                ) as resp:
+                async with self._engine_get(path) as resp:
                     if resp.status in (401, 403):
                         self._engine_refused(path, resp.status)
                     if resp.status == 200:
