@@ -70,6 +70,7 @@ def fleet_commands(keys: FleetKeys, worker: str) -> tuple[FleetCommand, ...]:
     fleet's Redis besides PING, with the keys and channels they run it on (docs/redis.md)."""
     members, load, summary = keys.members, keys.load(worker), keys.summary(worker)
     operator, sidecars, gateways = "the operator", "the sidecars", "the gateways"
+    control, token = keys.control, "the control token"
 
     def key(*names: str) -> str:
         return ("key " if len(names) == 1 else "keys ") + ", ".join(names)
@@ -90,6 +91,8 @@ def fleet_commands(keys: FleetKeys, worker: str) -> tuple[FleetCommand, ...]:
         FleetCommand(("PEXPIRE", summary, "10000"), f"{sidecars}: cache summaries", key(summary)),
         FleetCommand(("DEL", load, summary), f"{sidecars}: leaving", key(load, summary)),
         FleetCommand(("PUBLISH", keys.loads, ""), f"{sidecars}: load pushes", channel(keys.loads)),
+        FleetCommand(("SET", control, "", "NX"), f"{operator} and {sidecars}: {token}", key(control)),
+        FleetCommand(("GET", control), f"{operator} and {sidecars}: {token}", key(control)),
         FleetCommand(
             ("PUBLISH", keys.events, ""), f"{operator} and {sidecars}: change notices", channel(keys.events)
         ),

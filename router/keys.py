@@ -63,6 +63,13 @@ class FleetKeys:
         return f"{self.prefix}sends"
 
     @property
+    def control(self) -> str:
+        """STRING, no TTL: the fleet's control token (``router.control``). A sidecar refuses its control
+        routes and the engine's admin routes without it; created by the first member that needs it
+        (``SET NX``). Delete it to rotate: every member reads the new one at its next need."""
+        return f"{self.prefix}control"
+
+    @property
     def events(self) -> str:
         """Pub/sub channel: change notices, one line each: ``joined <id>`` and ``left <id>`` (the
         operator, a sidecar leaving, the local fleet's reaper) and ``state <id> <state>`` (a sidecar).
