@@ -42,6 +42,7 @@ from aiohttp import web
 from prefixfleet.operator.hot_subtrees import find_prefix, parse_subtree_id
 
 from .addresses import local_url
+from .control import control_headers
 from .engine_api import VLLM
 from .exemplars import Exemplar
 from .proxying import ExpectHandler, bad_request, find_cached_tokens, json_error, read_json_object
@@ -369,6 +370,7 @@ async def warm_replica(
     exclude: str,
     hold_traffic: bool,
     timeout_s: Callable[[], float],
+    control_token: str | None = None,
 ) -> WarmOutcome:
     """Warm the replica whose sidecar is at ``url`` with ``subtree_ids``: one ``/prefixfleet/warm``
     request per holder (see :func:`warm_sources`; ``exclude`` is the target's own name), in turn.
@@ -376,14 +378,15 @@ async def warm_replica(
     false for an existing replica, which keeps serving (its warm-up queues with its traffic).
 
     ``timeout_s`` gives each request's timeout as it is sent (a caller with an overall deadline
-    returns what is left of it). A request that fails or answers other than 200 with a JSON object
+    returns what is left of it). ``control_token``: the fleet's (:mod:`.control`), sent as its header.
+    A request that fails or answers other than 200 with a JSON object
     counts all its prefixes failed and adds an entry to ``errors`` (the caller decides how to log it).
     """
     warmed, ok, failed = 0, 0, 0
     errors: list[tuple[str, str]] = []
     for source, sids in warm_sources(subtree_ids, subtrees, sidecar_urls, exclude=exclude).items():
         try:
-            result = await _request_warm(http, url, source, sids, hold_traffic, timeout_s())
+            result = await _request_warm(http, url, source, sids, hold_traffic, timeout_s(), control_token)
         except (httpx.HTTPError, ValueError) as exc:
             errors.append((source, f"{exc.__class__.__name__}: {exc}"[:300]))
             failed += len(sids)
@@ -396,11 +399,18 @@ async def warm_replica(
 
 
 async def _request_warm(
-    http: httpx.AsyncClient, url: str, source: str, sids: Sequence[str], hold_traffic: bool, timeout_s: float
+    http: httpx.AsyncClient,
+    url: str,
+    source: str,
+    sids: Sequence[str],
+    hold_traffic: bool,
+    timeout_s: float,
+    control_token: str | None,
 ) -> dict[str, Any]:
     """The target's answer to one warm request; ValueError when it is not a 200 with a JSON object."""
     body = {"source": source, "hashes": list(sids), "hold_traffic": hold_traffic}
-    resp = await http.post(f"{url}/prefixfleet/warm", json=body, timeout=timeout_s)
+    headers = control_headers(control_token) if control_token else None
+    resp = await http.post(f"{url}/prefixfleet/warm", json=body, timeout=timeout_s, headers=headers)
     if resp.status_code != 200:
         raise ValueError(f"{url} answered HTTP {resp.status_code}: {resp.text[:200]}")
     result = resp.json()
