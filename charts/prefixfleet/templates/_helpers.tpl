@@ -97,11 +97,20 @@ seccompProfile:
        chart's of a name it sets (Helm 4's server-side apply refuses a name listed twice). */}}
 {{- define "prefixfleet.operatorEnv" -}}
 {{- $extra := dict }}
+{{- $extraEnv := list }}
 {{- range .Values.operator.extraEnv }}
 {{- if hasKey $extra .name }}
 {{- fail (printf "operator.extraEnv: %q is set twice; give each variable once" .name) }}
 {{- end }}
 {{- $_ := set $extra .name true }}
+{{- /* An EnvVar's value is a string, but `--set ...value=30` and a values file's `value: true` give a
+       number or a boolean, which the API server refuses: render the text written (toJson: 1000000,
+       not toString's 1e+06). A null value and valueFrom entries stay as they are. */}}
+{{- $entry := . }}
+{{- if and (hasKey . "value") (not (kindIs "string" .value)) (not (kindIs "invalid" .value)) }}
+{{- $entry = set (deepCopy .) "value" (toJson .value) }}
+{{- end }}
+{{- $extraEnv = append $extraEnv $entry }}
 {{- end }}
 {{- $own := list
   (dict "name" "PYTHONDONTWRITEBYTECODE" "value" "1")
@@ -120,5 +129,5 @@ seccompProfile:
 {{- $env = append $env . }}
 {{- end }}
 {{- end }}
-{{- toYaml (dict "env" (concat $env (.Values.operator.extraEnv | default list))) }}
+{{- toYaml (dict "env" (concat $env $extraEnv)) }}
 {{- end }}
