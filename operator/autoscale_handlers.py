@@ -16,8 +16,10 @@ Every ``spec.autoscaling.intervalSeconds`` per fleet with ``spec.autoscaling.ena
    * scale up: ``spec.replicas`` through the ``/scale`` subresource (the reconcile handler creates
      the pods); each new pod is marked ``prefixfleet.io/state: warming`` as soon as it exists, and
      once its sidecar answers it gets ``POST /prefixfleet/warm`` with the hot subtrees the plan
-     assigned to it and a holder's sidecar as the source (``hold_traffic``: no traffic until warmed);
-     then the mark is removed (ready). Unless a ready replica waits past saturation when it arrives
+     assigned to it and a holder's sidecar as the source (``hold_traffic``: no traffic until warmed),
+     carrying the fleet's control token read from its Redis (a sidecar refuses a warm request
+     without it; unreadable, the warm-up fails with a Warning ``Prewarmed`` Event); then the mark
+     is removed (ready). Unless a ready replica waits past saturation when it arrives
      (:func:`~.autoscale.warm_on_arrival`, on load records read then): it serves at once, cold;
    * pre-warm of an idle existing replica: the same warm request without ``hold_traffic`` and
      without the mark: it keeps serving while it warms (as the simulator models it);
@@ -50,6 +52,7 @@ import kopf
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from redis.exceptions import RedisError
 
+from prefixfleet.router.control import fleet_control_token
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.prewarm import warm_replica
 
@@ -658,6 +661,15 @@ async def prewarm_replica(
             return
         if new and await skipped_on_arrival(ctx, state, fleet, ref, pod_name):
             return
+        try:
+            token = await _control_token(ctx, state, ref)
+        except (RedisError, OSError) as exc:
+            # a sidecar refuses a warm request without the fleet's token: said as a failed warm-up
+            why = f"cannot read the fleet's control token from Redis: {redis_error_text(exc)}"
+            logger.warning("pre-warm of %s failed: %s", pod_name, why)
+            message = f"pod {pod_name}: 0 hot prefix(es) warmed, {len(set(subtree_ids))} failed ({why})"
+            kopf.event(fleet, type="Warning", reason="Prewarmed", message=message)
+            return
         deadline = time.monotonic() + WARM_TIMEOUT_S  # the warm requests' own budget
         outcome = await warm_replica(
             auto.http,
@@ -668,6 +680,7 @@ async def prewarm_replica(
             exclude=pod_name,
             hold_traffic=new,
             timeout_s=lambda: max(deadline - time.monotonic(), 1.0),  # what is left of the deadline
+            control_token=token,
         )
         for source, error in outcome.errors:
             logger.warning("pre-warm of %s from %s failed: %s", pod_name, source, error)
@@ -721,6 +734,16 @@ async def _arrived_to(
     pods = await _list_pods(ctx, ref)
     async with ctx.using_redis(state.redis_url) as client:
         return await replicas_now(client, FleetKeys(ref.redis_fleet), pods, last)
+
+
+async def _control_token(ctx: OperatorContext, state: FleetAutoscale, ref: FleetRef) -> str:
+    """The fleet's control token (:mod:`prefixfleet.router.control`), which a sidecar's control routes
+    require, read from the fleet's Redis with the operator's client of the last round's URL. Read at
+    each warm-up, not kept: a rotation (``DEL pf:{fleet}:control``) holds for the next one."""
+    if not state.redis_url:
+        raise RedisError("no Redis URL known for the fleet yet")
+    async with ctx.using_redis(state.redis_url) as client:
+        return await fleet_control_token(client, FleetKeys(ref.redis_fleet))
 
 
 async def _unmark(ctx: OperatorContext, namespace: str, pod_name: str) -> None:

@@ -7,7 +7,8 @@ Specification: the time a new pod needs to become Ready does not eat into its wa
 warmed (``hold_traffic``) once its sidecar answers, then unmarked. Before, one 180 s deadline counted
 from the scale-up covered both: a pod Ready after it was never warmed ("its sidecar did not become
 ready in time") and served cold. A pod deleted while it starts ends the task (no warm request, no
-mark left); so does one not Ready within ``START_TIMEOUT_S``.
+mark left); so does one not Ready within ``START_TIMEOUT_S``. The warm request carries the fleet's
+control token from the fleet's Redis (a real Valkey: the operator reads it there).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import httpx
 import kopf
 import kubernetes
 import pytest
+import redis
 from kopf._core.engines import posting
 
 from prefixfleet.operator import autoscale_handlers
@@ -35,7 +37,9 @@ from prefixfleet.operator.autoscale_handlers import (
 from prefixfleet.operator.handlers import OperatorContext
 from prefixfleet.operator.kube import Kube
 from prefixfleet.operator.planner import ANNOTATION_STATE, FleetRef
-from tests.fleet_fixtures import eventually
+from prefixfleet.router.control import CONTROL_HEADER
+from prefixfleet.router.keys import FleetKeys
+from tests.fleet_fixtures import RedisServer, eventually
 from tests.k8s.apiserver import ApiServerThread
 from tests.test_autoscale_e2e import FLEET, SIDECAR_PORT, replica_pod
 
@@ -50,6 +54,7 @@ class Sidecars:
 
     def __init__(self) -> None:
         self.warm_requests: list[tuple[str, dict[str, Any]]] = []
+        self.warm_tokens: list[str | None] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/prefixfleet/status":
@@ -57,6 +62,7 @@ class Sidecars:
         if request.url.path == "/prefixfleet/warm":
             body = json.loads(request.content)
             self.warm_requests.append((str(request.url.port), body))
+            self.warm_tokens.append(request.headers.get(CONTROL_HEADER))
             results = {h: {"status": "ok", "tokens": 64, "cached_before": 0} for h in body["hashes"]}
             return httpx.Response(200, json={"worker_id": NEW, "state": "ready", "warmed_tokens": 64,
                                              "results": results})  # fmt: skip
@@ -64,9 +70,11 @@ class Sidecars:
 
 
 class Harness:
-    def __init__(self, api: ApiServerThread) -> None:
+    def __init__(self, api: ApiServerThread, redis_url: str) -> None:
+        self.redis_url = redis_url  # the fleet's
         self.kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration(host=api.url)))
         self.sidecars = Sidecars()
+        self.ctx = OperatorContext(kube=self.kube)
         self.auto = AutoscaleContext(
             OperatorMetrics(), httpx.AsyncClient(transport=httpx.MockTransport(self.sidecars))
         )
@@ -99,9 +107,16 @@ class Harness:
                 "metadata": {"name": FLEET, "namespace": "default", "uid": ref.uid}}  # fmt: skip
         subtrees = [SubtreeObservation(SID, tokens=64, rate_rps=1.0, holders=holders)]
         return asyncio.create_task(
-            prewarm_replica(OperatorContext(kube=self.kube), self.auto, FleetAutoscale(), body, ref,
+            prewarm_replica(self.ctx, self.auto, FleetAutoscale(redis_url=self.redis_url), body, ref,
                             SIDECAR_PORT, target, [SID], subtrees, {HOLDER}, logging.getLogger("test"))
         )  # fmt: skip
+
+    def stored_token(self) -> str | None:
+        """What ``redis-cli GET pf:{fleet}:control`` answers."""
+        ref = FleetRef(name=FLEET, namespace="default", uid="fleet-uid")
+        with redis.Redis.from_url(self.redis_url) as client:
+            value = client.get(FleetKeys(ref.redis_fleet).control)
+        return value.decode() if value is not None else None
 
     def posted(self) -> list[posting.K8sEvent]:
         out = []
@@ -114,14 +129,16 @@ class Harness:
 
 
 @pytest.fixture
-async def harness(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
+async def harness(monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer) -> AsyncIterator[Harness]:
     monkeypatch.setattr(autoscale_handlers, "WARM_TIMEOUT_S", WARM_BUDGET_S)
     api = ApiServerThread().start()
-    h = Harness(api)
+    h = Harness(api, redis_server.url)
     try:
         yield h
     finally:
         await h.auto.http.aclose()
+        for client in h.ctx.redis_clients.values():
+            await client.aclose()
         api.stop()
 
 
@@ -137,6 +154,7 @@ async def test_a_pod_ready_after_the_warm_budget_is_still_warmed_before_it_serve
     assert [body["hold_traffic"] for _, body in harness.sidecars.warm_requests] == [True]
     assert harness.sidecars.warm_requests[0][0] == "41001"  # the new pod was warmed...
     assert harness.sidecars.warm_requests[0][1]["source"] == "http://127.0.0.1:41000"  # ...from the holder
+    assert harness.sidecars.warm_tokens == [harness.stored_token()] != [None]  # with the fleet's token
     assert harness.reasons() == ["Prewarmed"]
     assert harness.mark() is None  # then serves
 

@@ -11,17 +11,19 @@ import pytest
 from fleet_fixtures import eventually, free_port
 
 from prefixfleet.fleet.local import FleetSpec, LocalFleet, Replica
-from prefixfleet.fleet.processes import ChildFailedError, Supervisor
+from prefixfleet.fleet.processes import ChildFailedError, Supervisor, start_redis
 
 
 async def _fleet_with_a_dead_sidecar(sup: Supervisor) -> LocalFleet:
     """One replica whose engine runs and whose sidecar was SIGKILLed (nothing listens at its URL)."""
+    redis = await start_redis(sup)  # the flush carries the fleet's control token, kept there
     engine = await sup.start("engine-0", ["sleep", "300"])
     sidecar = await sup.start("sidecar-0", ["sh", "-c", "echo sidecar says goodbye; exec sleep 300"])
     await eventually(lambda: "goodbye" in sidecar.log_path.read_text(), 30, "the sidecar's log line")
     os.kill(sidecar.pid, signal.SIGKILL)
     await sidecar.process.wait()
     fleet = LocalFleet(sup, FleetSpec(replicas=1, gateways=1))
+    fleet.redis = redis
     url = f"http://127.0.0.1:{free_port()}"  # refused, as a dead sidecar's
     fleet.replicas = [Replica(0, engine, f"http://127.0.0.1:{free_port()}", sidecar, url)]
     return fleet

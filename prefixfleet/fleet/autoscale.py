@@ -58,6 +58,7 @@ from prefixfleet.operator.autoscale_sources import read_engine_metrics, read_rec
 from prefixfleet.operator.hot_subtrees import HotState, hot_subtrees
 from prefixfleet.operator.planner import ObservedPod
 from prefixfleet.operator.prometheus_source import PrometheusScope, PrometheusSource
+from prefixfleet.router.control import control_headers, fleet_control_token
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.prewarm import warm_replica
 from prefixfleet.router.redis_conn import redis_error_text
@@ -307,6 +308,11 @@ class LocalAutoscaler:
         keys = FleetKeys(self.fleet.spec.fleet_name)
         return await replicas_now(redis, keys, self.view().pods(), self.observed)
 
+    async def control_token(self, redis: aioredis.Redis) -> str:
+        """The fleet's control token, which a sidecar's control routes require, read from the fleet's
+        Redis at each warm-up or drain (a rotation, ``DEL pf:{fleet}:control``, holds for the next)."""
+        return await fleet_control_token(redis, FleetKeys(self.fleet.spec.fleet_name))
+
     def _observed_replica(self, name: str, urls: Mapping[str, str]) -> Replica | None:
         """The fleet's replica ``name`` if it is still the process the round observed (same sidecar
         URL): during the round's awaits it may have been reaped and its index reused by a new
@@ -335,16 +341,15 @@ class LocalAutoscaler:
             # it keeps serving while it warms, so the next round may plan the same warm-up again
             if existing and warm.target not in self.prewarming:
                 self.prewarming.add(warm.target)
-                self._spawn(
-                    self._warm(warm.target, urls[warm.target], warm.subtree_ids, subtrees, http, new=False)
-                )
+                url, sids = urls[warm.target], warm.subtree_ids
+                self._spawn(self._warm(warm.target, url, sids, subtrees, http, redis, new=False))
         for victim in plan.drain:
             replica = self._observed_replica(victim, urls)
             if replica is not None and victim not in self.draining:
                 self._event("scale_down", plan.reason)
                 self.draining.add(victim)
                 self.reserved.add(replica.index)  # (released by _drain) no new replica takes its name
-                self._spawn(self._drain(replica, http))
+                self._spawn(self._drain(replica, http, redis))
 
     async def _add_replica(
         self,
@@ -368,7 +373,7 @@ class LocalAutoscaler:
             # decided on arrival: a replica the fleet is already queueing for serves at once, cold
             if subtree_ids and warm_on_arrival(await self.arrived_to(redis), self.policy):
                 url = replica.sidecar_url
-                await self._warm(replica.worker_id, url, subtree_ids, subtrees, http, new=True)
+                await self._warm(replica.worker_id, url, subtree_ids, subtrees, http, redis, new=True)
             elif subtree_ids:
                 self._event("prewarm", f"{replica.worker_id}: skipped, a ready replica waits past saturation")
         finally:
@@ -385,6 +390,7 @@ class LocalAutoscaler:
         subtree_ids: Sequence[str],
         subtrees: Sequence[SubtreeObservation],
         http: httpx.AsyncClient,
+        redis: aioredis.Redis,
         *,
         new: bool,
     ) -> None:
@@ -392,31 +398,39 @@ class LocalAutoscaler:
         one keeps serving meanwhile (its warm-up queues with its traffic, as in the simulator)."""
         if new:
             self.warming.add(name)
-            with contextlib.suppress(httpx.HTTPError):  # no traffic until warmed (best effort)
-                await http.post(f"{url}/prefixfleet/state", json={"state": "warming"})
-        holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
-        live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
+        token: str | None = None  # none: the token is unreadable, nothing was changed
+        headers: dict[str, str] = {}
         try:
+            token = await self.control_token(redis)
+            headers = control_headers(token)
+            if new:
+                with contextlib.suppress(httpx.HTTPError):  # no traffic until warmed (best effort)
+                    await http.post(f"{url}/prefixfleet/state", json={"state": "warming"}, headers=headers)
+            holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
+            live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
             outcome = await warm_replica(
                 http, url, subtree_ids, subtrees, live, exclude=name, hold_traffic=new,
-                timeout_s=lambda: WARM_TIMEOUT_S,
+                timeout_s=lambda: WARM_TIMEOUT_S, control_token=token,
             )  # fmt: skip
         finally:
             self.prewarming.discard(name)
             if new:  # warmed or not, it serves from here on (a failed warm-up is said by the caller)
-                with contextlib.suppress(httpx.HTTPError):
-                    await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
+                if token is not None:
+                    with contextlib.suppress(httpx.HTTPError):
+                        await http.post(f"{url}/prefixfleet/state", json={"state": "ready"}, headers=headers)
                 self.warming.discard(name)
         self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
 
-    async def _drain(self, replica: Replica, http: httpx.AsyncClient) -> None:
+    async def _drain(self, replica: Replica, http: httpx.AsyncClient, redis: aioredis.Redis) -> None:
         # This replica, not whichever holds its name at the end: if it dies while draining, the
         # reaper takes it out, and its index stays reserved (by execute) so no new replica gets its
         # name meanwhile.
         name, url = replica.worker_id, replica.sidecar_url
         try:
+            # unreadable, the drain fails before anything changed (said by _task_done); it still serves
+            headers = control_headers(await self.control_token(redis))
             with contextlib.suppress(httpx.HTTPError):
-                await http.post(f"{url}/prefixfleet/state", json={"state": "draining"})
+                await http.post(f"{url}/prefixfleet/state", json={"state": "draining"}, headers=headers)
             self._event("drain", name)
             started = time.monotonic()
             while time.monotonic() - started < self.drain_timeout_s:
@@ -436,7 +450,7 @@ class LocalAutoscaler:
                     # still in the fleet, so counted as serving from now on: it serves again too
                     # (gateways skip a draining sidecar); a later round may choose it again
                     with contextlib.suppress(httpx.HTTPError):
-                        await http.post(f"{url}/prefixfleet/state", json={"state": "ready"})
+                        await http.post(f"{url}/prefixfleet/state", json={"state": "ready"}, headers=headers)
                     raise
                 with contextlib.suppress(ValueError):  # (the reaper may have taken it out meanwhile)
                     self.fleet.replicas.remove(replica)

@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+from redis.exceptions import RedisError
 
 from prefixfleet.cli import counted
 from prefixfleet.emulator.config import EmulatorConfig
@@ -36,10 +37,13 @@ from prefixfleet.fleet.processes import (
 )
 from prefixfleet.fleet.ranking import compare_rankings, compare_resolved
 from prefixfleet.fleet.reaper import ReplicaReaper
+from prefixfleet.router.control import control_headers, fleet_control_token
 from prefixfleet.router.engine_api import SGLANG, VLLM
 from prefixfleet.router.gateway import GatewayConfig
+from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.policies import CostModel, make_policy
 from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.router.redis_conn import connect_redis
 from prefixfleet.router.sidecar import SidecarConfig
 from prefixfleet.router.view import OVERLAY_SUMMARY_SLACK_S
 from prefixfleet.sim.engine import EmulatedReplica, ServiceConfig
@@ -225,6 +229,19 @@ class LocalFleet:
             raise RuntimeError("the fleet's Redis is not started")
         return self.redis.url
 
+    async def control_headers(self) -> dict[str, str]:
+        """The header of a request to a sidecar's control routes (``/prefixfleet/state``...) or, through
+        it, to an engine's admin routes (``/flush_cache``): the fleet's token (:mod:`.router.control`),
+        read from the fleet's Redis as every member does, at each use (a rotation holds at once)."""
+        client = connect_redis(self.redis_url, timeout_s=2.0)
+        try:
+            return control_headers(await fleet_control_token(client, FleetKeys(self.spec.fleet_name)))
+        except (RedisError, OSError):
+            self.sup.check_alive()  # a dead Redis is named, with its log, rather than as a refused connection
+            raise
+        finally:
+            await client.aclose()
+
     async def start_engines(self) -> None:
         """Redis, then every emulator (in parallel), then every sidecar (in parallel)."""
         self.redis = await start_redis(self.sup)
@@ -345,7 +362,8 @@ class LocalFleet:
             (r.sidecar, r.sidecar_url) if r.sidecar and r.sidecar_url else (r.engine, r.engine_url)
             for r in self.replicas
         ]
-        async with aiohttp.ClientSession() as session:
+        # an engine without a sidecar ignores the header; a sidecar refuses an admin route without it
+        async with aiohttp.ClientSession(headers=await self.control_headers()) as session:
             check = self.sup.check_alive
             await asyncio.gather(*(_flush(session, child, url, check) for child, url in targets))
 

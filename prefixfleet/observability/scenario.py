@@ -170,7 +170,8 @@ async def run_scenario(
                 await action
 
             await load(requests[:cut_a], "both replicas")
-            async with aiohttp.ClientSession() as session:
+            # a sidecar refuses a state change without the fleet's control token
+            async with aiohttp.ClientSession(headers=await fleet.control_headers()) as session:
                 await _set_state(session, sidecar_1, "warming")
                 ready_again = _set_state(session, sidecar_1, "ready")
                 await asyncio.gather(load(requests[cut_a:cut_b], "pre-warm"), after_hold(ready_again))
