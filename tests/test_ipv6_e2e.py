@@ -19,6 +19,7 @@ Skipped only when this host has no IPv6 loopback.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import subprocess
@@ -30,9 +31,11 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+import redis.asyncio as aioredis
 from fleet_fixtures import Spawner, prefixfleet_argv, redis_server_binary
 
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, block_hashes
+from prefixfleet.router.control import control_headers, fleet_control_token
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import decode_member
 from prefixfleet.tokenizer import tokenize
@@ -191,6 +194,17 @@ def test_a_repeated_prefix_is_routed_to_its_holder_and_served_from_cache(fleet: 
     assert cached >= len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
 
 
+def control_token(redis_url: str) -> str:
+    """The fleet's control token, from its Redis (``redis-cli GET pf:six:control``; created by the
+    first member that needs it, as the operator would)."""
+
+    async def read() -> str:
+        async with aioredis.from_url(redis_url) as client:
+            return await fleet_control_token(client, FleetKeys(FLEET))
+
+    return asyncio.run(read())
+
+
 def test_a_replica_listening_on_ipv6_only_is_warmed_from_another(fleet: Fleet) -> None:
     warm_prefix = "System: warm-up prefix for the IPv6 replica, policies follow. " * 30
     source, target = fleet.sidecars["w0"], fleet.sidecars["w1"]
@@ -201,6 +215,7 @@ def test_a_replica_listening_on_ipv6_only_is_warmed_from_another(fleet: Fleet) -
     resp = httpx.post(
         f"{target}/prefixfleet/warm",
         json={"source": source, "hashes": [sid], "hold_traffic": False},
+        headers=control_headers(control_token(fleet.redis_url)),  # a control route: the fleet's token
         timeout=60,
     )
     assert resp.status_code == 200, resp.text
