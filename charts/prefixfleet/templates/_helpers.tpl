@@ -131,3 +131,22 @@ seccompProfile:
 {{- end }}
 {{- toYaml (dict "env" (concat $env $extraEnv)) }}
 {{- end }}
+
+{{/* A valkey memory size as values.schema.json admits it (256mb, 1GB, 512m, 300000000: b, k, kb, m,
+     mb, g, gb in any case; k/m/g are powers of 1000, kb/mb/gb of 1024), in bytes. */}}
+{{- define "prefixfleet.valkeyBytes" -}}
+{{- $v := lower (toString .) }}
+{{- $units := dict "" 1.0 "b" 1.0 "k" 1000.0 "kb" 1024.0 "m" 1000000.0 "mb" 1048576.0 "g" 1000000000.0 "gb" 1073741824.0 }}
+{{- mulf (regexFind "^[0-9]+" $v | float64) (get $units (regexReplaceAll "^[0-9]+" $v "")) }}
+{{- end }}
+
+{{/* A Kubernetes quantity (384Mi, 1.5Gi, 1G, 100000000) in bytes; empty for a form it does not read
+     (an exponent: 1e9), which is then not compared. */}}
+{{- define "prefixfleet.quantityBytes" -}}
+{{- $q := toString . }}
+{{- $number := "^([0-9]+([.][0-9]*)?|[.][0-9]+)" }}
+{{- if regexMatch (printf "%s(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$" $number) $q }}
+{{- $units := dict "" 1.0 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "P" 1e15 "E" 1e18 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0 "Pi" 1125899906842624.0 "Ei" 1152921504606846976.0 }}
+{{- mulf (regexFind $number $q | float64) (get $units (regexReplaceAll $number $q "")) }}
+{{- end }}
+{{- end }}
