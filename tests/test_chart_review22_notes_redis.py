@@ -85,3 +85,17 @@ def test_without_an_extra_env_url_the_notes_name_the_chart_default(values: dict[
     assert (url is None) == (NO_DEFAULT in text)
     if url is not None:
         assert url in said
+
+
+def test_a_value_from_that_is_no_object_is_refused_by_name_not_by_a_template_error() -> None:
+    entry = {"name": "PREFIXFLEET_REDIS_URL", "valueFrom": "redis-default"}
+    with helm_python.Chart.load(CHART) as chart, pytest.raises(helm_python.HelmValuesError) as err:
+        chart.render({"operator": {"extraEnv": [entry]}}, name=RELEASE, namespace=NAMESPACE)
+    assert "/operator/extraEnv/0/valueFrom" in str(err.value)
+
+
+def test_a_value_from_other_than_a_secret_is_said_without_naming_one() -> None:
+    entry = {"name": "PREFIXFLEET_REDIS_URL", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "url"}}}
+    text, _ = notes_and_env({"operator": {"extraEnv": [entry]}})
+    assert "Fleets without spec.redis use the Redis URL operator.extraEnv gives PREFIXFLEET_REDIS_URL" in text
+    assert NO_DEFAULT not in text and "Secret" not in text.split("Create a fleet")[0]
