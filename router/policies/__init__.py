@@ -34,10 +34,10 @@ POLICIES: dict[str, type[RoutingPolicy]] = {
     )
 }
 
-# Chosen by the simulator comparison (docs/policies.md, `prefixfleet bench policies`). It does not
-# win everywhere. It equals the ideal on lab-burst and beats every peer on the Mooncake trace (p99
-# 0.92x, mean 0.95x). On the generated workloads it is level with the best peer over nine seeds:
-# prefixroute mean 1.01-1.08x the best peer's (p99 0.43-1.93x), gsp mean 0.96-1.05x.
+# Chosen by the simulator comparison (docs/policies.md, `prefixfleet bench policies --seeds 0-8`). It
+# does not win everywhere. It equals the ideal on lab-burst and beats every peer on the Mooncake trace
+# (p99 0.92x, mean 0.94x). On the generated workloads it is level with the best peer over nine seeds:
+# prefixroute mean 0.97-1.08x the best peer's (p99 0.40-2.20x), gsp mean 0.96-1.05x.
 DEFAULT_POLICY = "queue_aware"
 
 
