@@ -571,6 +571,12 @@ class Gateway:
                     w.healthy = False
                 except Exception:  # a bug must not end the checks: every worker's health would freeze
                     log.exception("health check of %s failed unexpectedly: health left as it was", w.url)
+            # The worker gauges and overlay pruning otherwise follow only a Redis refresh: a gateway
+            # without Redis had no prefixfleet_gateway_workers series at all, whatever its health.
+            try:
+                self._after_refresh()
+            except Exception:  # as above: the checks go on
+                log.exception("updating the worker figures after health checks failed unexpectedly")
             await asyncio.sleep(self.config.health_interval_s)
 
     # -- request handling ------------------------------------------------------------------------
