@@ -44,7 +44,21 @@ SHORT_NAMES: tuple[str, ...] = ("pcf",)
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # The project's one image: operator, gateway, sidecar and emulator are subcommands of `prefixfleet`.
+# It follows the release; read it at validation time (not import time) wherever it fills a default.
 PROJECT_IMAGE = "ghcr.io/prefixfleet/prefixfleet:0.1.0"
+# spec.sidecar.image and spec.router.image had this schema default in the CRD up to 0.1.0, and the API
+# server wrote it into every fleet stored then (an apply never removes a field its manifest lacks).
+# Stored, it is read as unset (FleetSpec._project_images), so those fleets take the operator's image
+# after an upgrade instead of staying on the old public one. A literal: it must not follow
+# PROJECT_IMAGE, whatever the next release's is.
+CRD_0_1_0_DEFAULT_IMAGE = "ghcr.io/prefixfleet/prefixfleet:0.1.0"
+FORMER_CRD_DEFAULT_IMAGES: frozenset[str] = frozenset({CRD_0_1_0_DEFAULT_IMAGE})
+# What the descriptions of spec.sidecar.image and spec.router.image say unset means.
+_PROJECT_IMAGE_DEFAULT_DOC = (
+    " Default: the operator's image (PREFIXFLEET_IMAGE, which the chart sets to its"
+    " image.repository:image.tag), so it follows operator upgrades;"
+    f" {CRD_0_1_0_DEFAULT_IMAGE}, the default an older CRD stored into fleets, is read as unset too."
+)
 
 EngineKind = Literal["sglang", "vllm", "emulator"]
 ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
@@ -627,7 +641,8 @@ class EngineSpec(CamelModel):
     def _kind_defaults(self) -> EngineSpec:
         # Kind-dependent defaults cannot be expressed as schema defaults; fill them here, once.
         if self.image is None:
-            self.image = _DEFAULT_ENGINE_IMAGES[self.kind]
+            # The emulator's is PROJECT_IMAGE as it is now, as the sidecar's (FleetSpec._project_images).
+            self.image = PROJECT_IMAGE if self.kind == "emulator" else _DEFAULT_ENGINE_IMAGES[self.kind]
         if self.port is None:
             self.port = _DEFAULT_ENGINE_PORTS[self.kind]
         return self
@@ -899,7 +914,11 @@ class RouterSpec(CamelModel):
         default_factory=dict,
         description="Numeric parameters of the policy by snake_case name, e.g. {cache_threshold: 0.3}.",
     )
-    image: str = Field(default=PROJECT_IMAGE, min_length=1, description="Gateway image.")
+    # No schema default: the API server would store it in every fleet, where it stays after the
+    # operator's image changes. Unset is filled in by FleetSpec._project_images; a str from then on.
+    image: str | None = Field(
+        default=None, min_length=1, description="Gateway image." + _PROJECT_IMAGE_DEFAULT_DOC
+    )
     port: int = Field(default=8080, ge=1, le=65535, description="Gateway HTTP port (also the Service port).")
     # No schema default: unset is the engine's block size, which depends on spec.engine (filled in
     # by FleetSpec._block_tokens_are_the_engines, as the engine kind's image and port are).
@@ -947,7 +966,10 @@ class RouterSpec(CamelModel):
 class SidecarSpec(CamelModel):
     """The prefixfleet sidecar in every replica pod (reverse proxy + prefix summary publisher)."""
 
-    image: str = Field(default=PROJECT_IMAGE, min_length=1, description="Sidecar image.")
+    # No schema default, as RouterSpec.image (filled in by FleetSpec._project_images).
+    image: str | None = Field(
+        default=None, min_length=1, description="Sidecar image." + _PROJECT_IMAGE_DEFAULT_DOC
+    )
     port: int = Field(default=8100, ge=1, le=65535, description="Sidecar HTTP port (what the gateway calls).")
     resources: ResourceRequirements = Field(
         default_factory=lambda: ResourceRequirements(requests={"cpu": "50m", "memory": "64Mi"}),
@@ -1139,6 +1161,17 @@ class FleetSpec(CamelModel):
                 f"spec.autoscaling.minReplicas ({a.min_replicas}) "
                 f"and spec.autoscaling.maxReplicas ({a.max_replicas}) when autoscaling is enabled"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _project_images(self) -> FleetSpec:
+        # Here, not in RouterSpec/SidecarSpec: FleetSpec's defaults for router and sidecar are
+        # RouterSpec() and SidecarSpec(), which become the CRD's object defaults, and an image filled
+        # in there would be stored again. PROJECT_IMAGE as it is now, so planner.with_project_image
+        # (which swaps a value equal to it) gives these pods the operator's configured image.
+        for part in (self.router, self.sidecar):
+            if part.image is None or part.image in FORMER_CRD_DEFAULT_IMAGES:
+                part.image = PROJECT_IMAGE
         return self
 
     @model_validator(mode="after")
@@ -1421,11 +1454,13 @@ def validate_spec(spec: dict[str, Any]) -> FleetSpec:
 __all__ = [
     "API_VERSION",
     "CONDITION_TYPES",
+    "CRD_0_1_0_DEFAULT_IMAGE",
     "CRD_NAME",
     "DEFAULT_ROUTING_POLICY",
     "ENGINE_KINDS",
     "FLEET_NAME_MAX_LENGTH",
     "FLEET_NAME_PATTERN",
+    "FORMER_CRD_DEFAULT_IMAGES",
     "GROUP",
     "KIND",
     "PLURAL",
