@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -315,7 +316,7 @@ def _check_authority(flag: str, url: str) -> None:
 
 
 def run_sidecar(args: argparse.Namespace) -> int:
-    from .sidecar import SidecarConfig, serve
+    from .sidecar import ENGINE_API_KEY_ENV, SidecarConfig, control_source, engine_auth, serve
 
     _check_common(args)
     engine = check_http_url("--engine", args.engine)
@@ -361,6 +362,11 @@ def run_sidecar(args: argparse.Namespace) -> int:
         config.resolved_worker_id()
     except ValueError as exc:
         raise UsageError(f"--worker-id: {exc}") from None
+    try:  # a secret no header can carry: said before starting, naming its variable (no traceback)
+        engine_auth(os.environ.get(ENGINE_API_KEY_ENV))
+        control_source(config, os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return _run(serve(config), args.host, args.port)
 
 

@@ -14,9 +14,16 @@ the key. The first member that needs it creates it with ``SET NX`` (so concurren
 
 from __future__ import annotations
 
+import asyncio
+import enum
 import hmac
 import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
 
 if TYPE_CHECKING:
     import redis.asyncio as aioredis
@@ -25,6 +32,19 @@ if TYPE_CHECKING:
 
 CONTROL_HEADER = "X-Prefixfleet-Token"
 TOKEN_BYTES = 32  # 256 bits, as URL-safe base64 (43 characters)
+# A sidecar with no Redis (standalone, no fleet) takes its token from here; unset, its control routes
+# are open (it says so once at start)
+CONTROL_TOKEN_ENV = "PREFIXFLEET_CONTROL_TOKEN"
+# The sidecar's own routes that need the token (aiohttp route templates): they change what the replica
+# does, or give out what its clients sent (a kept request body, hot prefixes' tokens). Its
+# /prefixfleet/status and /metrics stay open: read-only figures (what it publishes to Redis anyway,
+# and the engine's metrics), read by drain checks, probes and Prometheus, which hold no token.
+CONTROL_ROUTES = frozenset(
+    {"/prefixfleet/state", "/prefixfleet/warm", "/prefixfleet/prefix/{hash}", "/prefixfleet/hot"}
+)
+# A request bringing another token than the cached one re-reads the fleet's at most this often, so a
+# rotation is picked up within a second and a flood of wrong tokens costs Redis one GET a second
+REREAD_INTERVAL_S = 1.0
 
 
 async def fleet_control_token(redis: aioredis.Redis, keys: FleetKeys) -> str:
@@ -43,7 +63,78 @@ def control_headers(token: str) -> dict[str, str]:
 
 
 def token_matches(expected: str | None, given: str | None) -> bool:
-    """Whether ``given`` is the fleet's token; in constant time, so timing does not give it away."""
+    """Whether ``given`` is the fleet's token; in constant time, so timing does not give it away.
+    A header value that was not UTF-8 (aiohttp keeps such bytes as surrogate escapes) is compared
+    as its bytes, never an error."""
     if not expected or not given:
         return False
-    return hmac.compare_digest(expected.encode(), given.encode())
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogateescape"))
+
+
+class Verdict(enum.Enum):
+    """What a control request's token was found to be."""
+
+    ACCEPTED = "accepted"
+    MISSING = "missing"  # no header (or an empty one)
+    WRONG = "wrong"  # not the fleet's token
+    UNAVAILABLE = "unavailable"  # no token known and none could be read (Redis down)
+
+
+def reread_due(last_read: float | None, now: float, interval_s: float) -> bool:
+    """Whether a token that does not match may send the sidecar to Redis again."""
+    return last_read is None or now - last_read >= interval_s
+
+
+@dataclass(slots=True)
+class ControlTokenSource:
+    """The token a sidecar checks control requests against: fixed (``read`` None: a standalone
+    sidecar's :data:`CONTROL_TOKEN_ENV`) or the fleet's, read through ``read`` (from Redis: see
+    :func:`fleet_control_token`) when none is cached or a request brings another one (the key was
+    deleted to rotate it), at most once per ``interval_s``; concurrent checks share one read.
+    ``error``: why the last read failed (None after a success)."""
+
+    read: Callable[[], Awaitable[str]] | None = None
+    token: str | None = None
+    interval_s: float = REREAD_INTERVAL_S
+    clock: Callable[[], float] = time.monotonic
+    error: str | None = None
+    describe_error: Callable[[BaseException], str] = str
+    _last_read: float | None = None
+    _reading: asyncio.Task[None] | None = None
+
+    async def check(self, given: str | None) -> Verdict:
+        if not given:
+            return Verdict.MISSING  # nothing Redis could say changes this: no read
+        if token_matches(self.token, given):
+            return Verdict.ACCEPTED
+        await self.refresh()
+        if token_matches(self.token, given):
+            return Verdict.ACCEPTED
+        return Verdict.UNAVAILABLE if self.token is None else Verdict.WRONG
+
+    async def refresh(self) -> None:
+        """Read the token if a read is due (none within ``interval_s``), or wait for the one in
+        flight; a fixed token is never read. Failures are kept in :attr:`error`, never raised."""
+        if self.read is not None and self._reading is None:
+            now = self.clock()
+            if reread_due(self._last_read, now, self.interval_s):
+                self._last_read = now
+                self._reading = asyncio.ensure_future(self._read_once(self.read))
+        reading = self._reading
+        if reading is not None:
+            # shielded: a client leaving cancels its own wait, not the read others wait on
+            await asyncio.shield(reading)
+
+    async def _read_once(self, read: Callable[[], Awaitable[str]]) -> None:
+        try:
+            self.token = await read()
+            self.error = None
+        except (RedisError, OSError, TimeoutError) as exc:  # down, refused (ACL), slow: said, never open
+            self.error = self.describe_error(exc)
+        finally:
+            self._reading = None
+
+    def close(self) -> None:
+        """Cancel a read in flight (the sidecar is stopping)."""
+        if self._reading is not None:
+            self._reading.cancel()

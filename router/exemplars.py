@@ -8,7 +8,8 @@ the engine's cache is the request that filled it: its route and JSON body as the
 namespace, which the gateway writes into the body). So each sidecar keeps an :class:`ExemplarStore`
 of recent requests, keyed by prompt (the newest request per distinct prompt and salt), bounded in
 bytes with least-recently-used eviction; ``GET /prefixfleet/prefix/{hash}`` answers with the newest
-one whose prompt starts with the prefix (:meth:`ExemplarStore.holding`).
+one whose prompt starts with the prefix (:meth:`ExemplarStore.holding`): a client's prompt, so that
+route needs the fleet's control token (router.control).
 
 No header is kept: ``Authorization`` and every other credential stay out of the store. Pure data
 structure, no I/O.

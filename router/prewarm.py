@@ -1,6 +1,8 @@
 """Pre-warming a replica from another replica's cache, sidecar to sidecar.
 
-Two endpoints on every sidecar, called by the autoscaler (never by clients, never through Redis):
+Two endpoints on every sidecar, called by the autoscaler (never by clients, never through Redis);
+both are control routes: they need the fleet's control token (:mod:`.control`), and the replica
+being warmed sends its own with each fetch from the source:
 
 * ``GET /prefixfleet/prefix/{hash}`` on a replica that holds a hot prefix: the token ids of the cached
   prefix whose chained block hash (16 hex digits, as published in the summaries) is ``hash``, found in
@@ -45,7 +47,14 @@ from .addresses import local_url
 from .control import control_headers
 from .engine_api import VLLM
 from .exemplars import Exemplar
-from .proxying import ExpectHandler, bad_request, find_cached_tokens, json_error, read_json_object
+from .proxying import (
+    ExpectHandler,
+    bad_request,
+    error_message,
+    find_cached_tokens,
+    json_error,
+    read_json_object,
+)
 from .requests import GENERATE_PATHS, BadRequest
 from .summary import HotPrefix
 
@@ -210,11 +219,17 @@ async def warm_prefixes(sidecar: Sidecar, source: str, hashes: Sequence[str]) ->
 async def _warm_one(
     session: aiohttp.ClientSession, sidecar: Sidecar, source: str, own: str, sid: str
 ) -> dict[str, Any]:
+    # a control route on the source (it answers with a client's kept request): this sidecar's token
     async with session.get(
-        f"{source}/prefixfleet/prefix/{sid}", timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
+        f"{source}/prefixfleet/prefix/{sid}",
+        headers=sidecar.peer_control_headers(),
+        timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S),
     ) as resp:
         if resp.status == 404:
             return {"status": "failed", "error": f"source {source} does not hold prefix {sid}"}
+        if resp.status == 401:
+            said = error_message(await resp.read()) or "no reason given"
+            return {"status": "failed", "error": f"source {source} refused this sidecar's token: {said}"}
         if resp.status != 200:
             return {"status": "failed", "error": f"source {source} answered HTTP {resp.status}"}
         prefix = await resp.json(content_type=None)

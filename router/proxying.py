@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from prefixfleet.sglang_fields import AS_BOOL
 
 from .content_coding import content_coding
+from .control import CONTROL_HEADER
 from .front import ClientStalled, HotRequest, HotStream, StallWatch
 from .requests import BadRequest, load_json_object
 from .slow_clients import ClientTimeouts, Responder, body_deadline, declared_too_large, too_large
@@ -48,6 +49,9 @@ HOP_BY_HOP = frozenset(
         "content-encoding",
     }
 )
+# Not hop-by-hop, but never passed on either: the fleet's control token is for the sidecar that checks
+# it, and forwarded it would land in the engine's request logs (and a gateway's client's in a sidecar's)
+NOT_FORWARDED = HOP_BY_HOP | {CONTROL_HEADER.lower()}
 RETRYABLE_HEADER = "X-Prefixfleet-Retryable"
 WORKER_HEADER = "X-Prefixfleet-Worker"
 _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
@@ -55,12 +59,12 @@ _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 
 
 def hop_by_hop(headers: MultiMapping[str]) -> frozenset[str]:
-    """The lower-cased names of a message's headers not to pass on: :data:`HOP_BY_HOP` and those
+    """The lower-cased names of a message's headers not to pass on: :data:`NOT_FORWARDED` and those
     its ``Connection`` header lists (RFC 9110 §7.6.1: meant for that connection only)."""
     listed = headers.getall("Connection", ())
     if not listed:
-        return HOP_BY_HOP
-    return HOP_BY_HOP.union(name.strip().lower() for line in listed for name in line.split(","))
+        return NOT_FORWARDED
+    return NOT_FORWARDED.union(name.strip().lower() for line in listed for name in line.split(","))
 
 
 def forward_header_pairs(headers: MultiMapping[str]) -> list[tuple[str, str]]:

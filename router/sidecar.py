@@ -18,13 +18,14 @@ import os
 import re
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
 import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -33,6 +34,15 @@ from prefixfleet.tokenizer import tokenize
 
 from .addresses import base_url, bracket_ipv6_url
 from .blockhash import CacheIdentity
+from .control import (
+    CONTROL_HEADER,
+    CONTROL_ROUTES,
+    CONTROL_TOKEN_ENV,
+    ControlTokenSource,
+    Verdict,
+    control_headers,
+    fleet_control_token,
+)
 from .engine_api import (
     AUTO,
     VLLM,
@@ -48,6 +58,7 @@ from .engine_api import (
     vllm_served_model,
     vllm_visible_hit,
 )
+from .engine_routes import engine_route_is_open, refused_route_label
 from .exemplars import DEFAULT_EXEMPLAR_BYTES, ExemplarStore
 from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
@@ -178,6 +189,9 @@ class SidecarConfig:
     warm_exemplar_bytes: int = DEFAULT_EXEMPLAR_BYTES
     # None: PREFIXFLEET_ENGINE_API_KEY (unset or empty: no key); kept out of repr, so out of logs
     engine_api_key: str | None = field(default=None, repr=False)
+    # Standalone (no redis_url) only: the token its control routes need; None: PREFIXFLEET_CONTROL_TOKEN,
+    # and unset or empty, they are open. With Redis the fleet's token is used (router.control).
+    control_token: str | None = field(default=None, repr=False)
 
     def resolved_worker_id(self) -> str:
         wid = self.worker_id or f"{socket.gethostname().split('.')[0]}-{self.port}"
@@ -191,19 +205,40 @@ class SidecarConfig:
         return base_url(host, self.port)
 
 
+def header_safe(secret: str, name: str, sent_as: str) -> str:
+    """``secret`` when an HTTP header can carry it as it is; else a ValueError naming ``name`` (the
+    variable it came from): whitespace, a control or a non-ASCII character, e.g. a Secret written
+    with its trailing newline, refused at start rather than sent mangled or not at all."""
+    if not all("!" <= c <= "~" for c in secret):
+        raise ValueError(
+            f"{name} must be printable ASCII without spaces (it is sent as '{sent_as}'); it has "
+            "whitespace, a control or a non-ASCII character (a Secret created from a file keeps "
+            "the file's trailing newline)"
+        )
+    return secret
+
+
 def engine_auth(key: str | None) -> dict[str, str]:
-    """The headers that carry the sidecar's engine API key (none without one). A key no HTTP header
-    can carry (whitespace, a control character, non-ASCII: e.g. a Secret written with its trailing
-    newline) is refused here, at start, naming the variable."""
+    """The headers that carry the sidecar's engine API key (none without one; a key no header can
+    carry is refused: :func:`header_safe`)."""
     if not key:
         return {}
-    if not all("!" <= c <= "~" for c in key):
-        raise ValueError(
-            f"{ENGINE_API_KEY_ENV} must be printable ASCII without spaces (it is sent as "
-            "'Authorization: Bearer <key>'); it has whitespace, a control or a non-ASCII character "
-            "(a Secret created from a file keeps the file's trailing newline)"
-        )
+    header_safe(key, ENGINE_API_KEY_ENV, "Authorization: Bearer <key>")
     return {"Authorization": f"Bearer {key}"}
+
+
+def control_source(
+    config: SidecarConfig, environ: Mapping[str, str], read: Callable[[], Awaitable[str]] | None = None
+) -> ControlTokenSource | None:
+    """What the sidecar checks control requests against: with Redis, the fleet's token, read by
+    ``read`` (:meth:`Sidecar.read_control_token`); standalone, ``config.control_token`` or
+    :data:`~.control.CONTROL_TOKEN_ENV`; None (open) for a standalone sidecar given neither."""
+    if config.redis_url:
+        return ControlTokenSource(read=read, describe_error=redis_error_text)
+    token = config.control_token if config.control_token is not None else environ.get(CONTROL_TOKEN_ENV)
+    if not token:
+        return None
+    return ControlTokenSource(token=header_safe(token, CONTROL_TOKEN_ENV, f"{CONTROL_HEADER}: <token>"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +379,9 @@ class SidecarState:
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # any reason to publish (load or state)
     engine_was_down: bool = False  # it refused a connection since it last answered
     redis_ok: bool = True
+    # control requests refused 401, by route (router.control.CONTROL_ROUTES, or a known engine admin
+    # path, or "other": bounded, never a client's made-up path)
+    control_refused: dict[str, int] = field(default_factory=dict)
     state_changed: asyncio.Event = field(init=False)
 
     def __post_init__(self) -> None:
@@ -387,13 +425,21 @@ class Sidecar:
         # a client's request carries the client's own Authorization, never this
         self.engine_headers = engine_auth(key)
         self._refused_warned = False  # one warning for an engine refusing the sidecar's probes
+        # None: a standalone sidecar without a token, whose control routes are open (warned at start)
+        self.control = control_source(config, os.environ, self.read_control_token)
+        self._proxy_resource: web.AbstractResource | None = None  # the catch-all route to the engine
+        self._refusals_said: set[str] = set()  # routes whose first refusal was logged
+        self._unavailable_said: str | None = None  # the Redis error last logged with a 503
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         guards = body_guards(self.timeouts, _body_error)
+        # the control guard innermost: a refused request's body was read within the limits (so the
+        # answer reaches a client still sending it), and an unknown path or method keeps its 404/405
         app = web.Application(
-            client_max_size=self.config.max_body_bytes, middlewares=[json_route_errors, *guards.middlewares]
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[json_route_errors, *guards.middlewares, self._control_guard],
         )
         app[SIDECAR_KEY] = self
         expect = guards.expect_handler
@@ -406,7 +452,9 @@ class Sidecar:
         app.router.add_get("/metrics", self.handle_metrics)
         # Everything else goes to the engine, but not the sidecar's own /prefixfleet/ paths: a wrong
         # method or an unknown one there is answered here (405 with Allow, 404), not by the engine.
-        app.router.add_route("*", "/{tail:(?!prefixfleet/).*}", self.handle_proxy, expect_handler=expect)
+        engine = "/{tail:(?!prefixfleet/).*}"
+        proxy = app.router.add_route("*", engine, self.handle_proxy, expect_handler=expect)
+        self._proxy_resource = proxy.resource
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -421,6 +469,23 @@ class Sidecar:
         self.upstream = UpstreamPool(connect_timeout_s=3.0, read_timeout_s=self._read_timeout_s)
         if self.config.redis_url:
             self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
+            if os.environ.get(CONTROL_TOKEN_ENV) or self.config.control_token:
+                log.warning(
+                    "%s is ignored: a sidecar with Redis checks control requests against its fleet's "
+                    "token (%s in Redis)",
+                    CONTROL_TOKEN_ENV,
+                    self.keys.control,
+                )
+        elif self.control is None:
+            log.warning(
+                "no Redis and no %s: this standalone sidecar's control routes (%s) and its engine's "
+                "admin routes are open to anyone who can reach %s:%d; set %s to require a token",
+                CONTROL_TOKEN_ENV,
+                ", ".join(sorted(CONTROL_ROUTES)),
+                self.config.host,
+                self.config.port,
+                CONTROL_TOKEN_ENV,
+            )
         self._tasks = [asyncio.create_task(self._engine_watch())]
         if self.redis is not None:
             self._tasks.append(asyncio.create_task(self._publish_loop()))
@@ -446,6 +511,8 @@ class Sidecar:
 
     async def _on_cleanup(self, _app: web.Application) -> None:
         await self.leave_fleet()
+        if self.control is not None:
+            self.control.close()
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()
@@ -823,6 +890,10 @@ class Sidecar:
         # instead made the wait below return at once: a tight retry loop for the whole outage.)
         unpublished_state = False
         while True:
+            if self.control is not None and self.control.token is None:
+                # known before the first control request (one Redis read), so a Redis outage after
+                # the start does not refuse the operator's drain; a failed read is retried here
+                await self.control.refresh()
             state_change = self.s.state_changed.is_set() or unpublished_state
             self.s.state_changed.clear()
             self.s.wake.clear()
@@ -875,6 +946,79 @@ class Sidecar:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await event.wait()
+
+    # -- the control token -----------------------------------------------------------------------
+
+    async def read_control_token(self) -> str:
+        """The fleet's control token from its Redis (created there when missing)."""
+        if self.redis is None:
+            raise ConnectionError("the sidecar's Redis client is not open yet")
+        return await fleet_control_token(self.redis, self.keys)
+
+    def peer_control_headers(self) -> dict[str, str]:
+        """The header of this sidecar's own control requests to other sidecars of its fleet (pre-warm's
+        fetch from a source): its token, none when it has none (a standalone sidecar left open). A
+        warm request was checked against the cached token just before, so it is the fleet's current one."""
+        token = self.control.token if self.control is not None else None
+        return control_headers(token) if token else {}
+
+    @web.middleware
+    async def _control_guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Control routes and the engine's non-data-plane routes need the control token."""
+        if self.control is None:
+            return await handler(request)
+        resource = request.match_info.route.resource
+        if resource is None:  # aiohttp's own 404/405: nothing runs
+            return await handler(request)
+        forwarded = resource is self._proxy_resource or resource.canonical in GENERATE_PATHS
+        if resource.canonical in CONTROL_ROUTES:
+            label = resource.canonical
+        elif forwarded and not engine_route_is_open(request_target(request)):
+            # judged on the target as the engine gets it (a generation route is matched here on
+            # aiohttp's normalised path, while the target goes on as the client wrote it)
+            label = refused_route_label(request_target(request))
+        else:
+            return await handler(request)
+        verdict = await self.control.check(request.headers.get(CONTROL_HEADER))
+        if verdict is Verdict.ACCEPTED:
+            return await handler(request)
+        return self._refused(request, label, verdict)
+
+    def _refused(self, request: web.Request, label: str, verdict: Verdict) -> web.Response:
+        """The 401 (or, the token unknown with Redis down, the 503) of a control request, counted."""
+        assert self.control is not None
+        where = (
+            f"the fleet's Redis holds it: redis-cli GET {self.keys.control}"
+            if self.control.read is not None
+            else f"it is this sidecar's {CONTROL_TOKEN_ENV}"
+        )
+        what = f"{request.method} {request.path}"
+        if verdict is Verdict.UNAVAILABLE:
+            if self._unavailable_said != self.control.error:  # once per error, not per request
+                self._unavailable_said = self.control.error
+                log.warning("refused %s: the control token could not be read: %s", what, self.control.error)
+            response = json_error(
+                503,
+                f"{what} needs the fleet's control token, which lives in the fleet's Redis "
+                f"({self.keys.control}), and Redis could not be read: {self.control.error}; retry "
+                "when Redis is back",
+                kind="service_unavailable",
+            )
+            response.headers["Retry-After"] = "1"
+            return response
+        self.s.control_refused[label] = self.s.control_refused.get(label, 0) + 1
+        if label not in self._refusals_said:  # once per route: a flood of refusals is no flood of logs
+            self._refusals_said.add(label)
+            log.warning("refused %s from %s: %s control token", what, request.remote, verdict.value)
+        problem = "none was sent" if verdict is Verdict.MISSING else "the one sent is not the fleet's"
+        response = json_error(
+            401,
+            f"{what} needs the fleet's control token in the {CONTROL_HEADER} header ({problem}); {where}",
+            kind="authentication_error",
+            param=CONTROL_HEADER,
+        )
+        response.headers["WWW-Authenticate"] = f'Prefixfleet-Token realm="{self.keys.control}"'
+        return response
 
     # -- admin endpoints -------------------------------------------------------------------------
 

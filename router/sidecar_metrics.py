@@ -3,8 +3,10 @@
 In a pod the engine listens on loopback only and the sidecar's port is the one Prometheus scrapes, so
 the sidecar answers ``/metrics`` with the engine's exposition (``sglang:*``) followed by its own
 ``prefixfleet_sidecar_*`` series. Those are read from the sidecar's state at scrape time by a
-collector (nothing is instrumented on the request path). Labels: ``state`` (three values) only;
-the replica is named by the scrape target's ``pod`` label, never by a prompt or hash.
+collector (nothing is instrumented on the request path). Labels: ``state`` (three values),
+``outcome`` (two) and ``route`` (the refused control requests': bounded, see
+router.engine_routes.refused_route_label); the replica is named by the scrape target's ``pod`` label,
+never by a prompt or hash.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .control import CONTROL_ROUTES
 from .records import WORKER_STATES
 
 
@@ -48,6 +51,7 @@ class _State(Protocol):
     engine_ok: bool
     redis_ok: bool
     summary_version: int
+    control_refused: Mapping[str, int]
 
 
 class SidecarCollector(Collector):
@@ -100,6 +104,17 @@ class SidecarCollector(Collector):
         requests.add_metric(["ok"], s.load.completed)
         requests.add_metric(["failed"], s.load.failed)
         yield requests
+        refused = CounterMetricFamily(
+            p + "control_refused",
+            "Requests refused 401 for want of the fleet's control token, by route: a control "
+            "route of the sidecar, a known engine admin route, or other.",
+            labels=["route"],
+        )
+        # the control routes from the start (a rate over a series that appears at its first
+        # refusal misses that refusal), engine routes as they are refused
+        for route, count in sorted({**dict.fromkeys(CONTROL_ROUTES, 0), **s.control_refused}.items()):
+            refused.add_metric([route], count)
+        yield refused
 
 
 def sidecar_registry(state: Callable[[], _State]) -> CollectorRegistry:

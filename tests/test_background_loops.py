@@ -28,6 +28,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from control_fixtures import fleet_token, token_header
 from fleet_fixtures import LOOPBACK, RedisServer, eventually
 
 from prefixfleet.router.gateway import Gateway, GatewayConfig
@@ -237,13 +238,18 @@ async def test_sidecar_retries_a_state_change_during_a_redis_outage_with_backoff
 
         try:
             await eventually(registered, 20, "the sidecar to register")
+            # the operator's drain carries the fleet's control token, read before the outage; the
+            # sidecar read it before it first registered, so it still checks it with Redis down
+            token = await fleet_token(redis_server.url, "loops")
             redis_server.stop()
             # In Redis's place, a server that hangs up at once: each publish attempt is one connection.
             outage = await asyncio.start_server(hang_up, LOOPBACK, redis_server.port)
             try:
                 await eventually(lambda: attempts > 0, 20, "the sidecar to try to publish")
                 async with http.post(
-                    front.make_url("/prefixfleet/state"), json={"state": "draining"}
+                    front.make_url("/prefixfleet/state"),
+                    json={"state": "draining"},
+                    headers=token_header(token),
                 ) as resp:
                     assert resp.status == 200, await resp.text()
                 before = attempts

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import (
     LOOPBACK,
     RedisServer,
@@ -65,6 +66,11 @@ class Services:
     children: list[Spawned]
     sidecar: str
     gateway: str
+    token: str  # the fleet's control token, read from its Redis as the operator does
+
+    def control(self, headers: dict[str, str] | None = None) -> dict[str, str]:
+        """``headers`` and the control token, for the sidecar's control routes."""
+        return {**(headers or {}), **token_header(self.token)}
 
     def url(self, service: str) -> str:
         return self.gateway if service == "gateway" else self.sidecar
@@ -102,7 +108,9 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             name="gateway", env=env,
         )  # fmt: skip
         wait_for_http(f"{url['gateway']}/health", proc=gateway.proc)  # 200 once w0 is routable
-        yield Services(list(spawn.children), url["sidecar"], url["gateway"])
+        yield Services(
+            list(spawn.children), url["sidecar"], url["gateway"], fleet_token_now(redis.url, FLEET)
+        )
     finally:
         spawn.stop_all()
         redis.stop()
@@ -212,7 +220,8 @@ def test_the_gateway_refuses_a_bad_generation_request_naming_what_is_wrong(
 def test_the_sidecar_refuses_a_bad_admin_request_naming_what_is_wrong(
     services: Services, client: httpx.Client, path: str, raw: bytes, status: int, param: str | None, word: str
 ) -> None:
-    assert_error(client.post(services.sidecar + path, content=raw, headers=JSON), status, param, word)
+    resp = client.post(services.sidecar + path, content=raw, headers=services.control(JSON))
+    assert_error(resp, status, param, word)
 
 
 @pytest.mark.parametrize(
@@ -226,7 +235,7 @@ def test_the_sidecar_refuses_a_bad_admin_request_naming_what_is_wrong(
 def test_the_sidecar_reads_admin_json_as_utf8_whatever_charset_is_named(
     services: Services, client: httpx.Client, path: str, raw: bytes
 ) -> None:
-    headers = {"Content-Type": "application/json; charset=no-such-charset"}
+    headers = services.control({"Content-Type": "application/json; charset=no-such-charset"})
     resp = client.post(services.sidecar + path, content=raw, headers=headers)
     assert resp.status_code == 200, resp.text[:300]
     assert resp.json()["worker_id"] == "w0"
@@ -245,7 +254,8 @@ def test_the_sidecar_reads_admin_json_as_utf8_whatever_charset_is_named(
 def test_a_prefix_lookup_with_a_bad_or_unknown_hash_names_the_hash(
     services: Services, client: httpx.Client, hash_: str, status: int, word: str
 ) -> None:
-    assert_error(client.get(f"{services.sidecar}/prefixfleet/prefix/{hash_}"), status, "hash", word)
+    resp = client.get(f"{services.sidecar}/prefixfleet/prefix/{hash_}", headers=services.control())
+    assert_error(resp, status, "hash", word)
 
 
 @pytest.mark.parametrize(
@@ -304,7 +314,7 @@ def test_a_warm_up_from_a_source_answering_junk_reports_each_prefix_failed(
 ) -> None:
     with serve_http(JunkSource) as source:
         request = {"source": source, "hashes": list(JUNK_PREFIXES), "hold_traffic": False}
-        resp = client.post(services.sidecar + "/prefixfleet/warm", json=request)
+        resp = client.post(services.sidecar + "/prefixfleet/warm", json=request, headers=services.control())
     assert resp.status_code == 200, resp.text[:300]
     results = resp.json()["results"]
     assert {h: r["status"] for h, r in results.items()} == dict.fromkeys(JUNK_PREFIXES, "failed")
@@ -374,7 +384,7 @@ def test_a_body_in_a_coding_not_decoded_is_a_415_naming_it(
 ) -> None:
     """br and zstd got aiohttp's parser error ('Please install Brotli'), any other coding was read as
     plain bytes: 415 with the Accept-Encoding a client can fall back to (RFC 9110 §15.5.16)."""
-    headers = {**JSON, "Content-Encoding": coding}
+    headers = services.control({**JSON, "Content-Encoding": coding})
     resp = client.post(services.url(service) + path, content=COMPLETION, headers=headers)
     assert_error(resp, 415, "body", f"Content-Encoding {coding!r} is not supported")
     assert resp.headers["Accept-Encoding"] == "gzip, deflate"
@@ -410,7 +420,7 @@ def test_a_body_that_does_not_decode_as_its_coding_is_a_400(
     services: Services, client: httpx.Client, service: str, path: str
 ) -> None:
     """The sidecar's admin endpoints answered aiohttp's plain-text 500."""
-    headers = {**JSON, "Content-Encoding": "gzip"}
+    headers = services.control({**JSON, "Content-Encoding": "gzip"})
     resp = client.post(services.url(service) + path, content=COMPLETION, headers=headers)
     assert_error(resp, 400, "body", "cannot be decoded as its Content-Encoding 'gzip'")
 

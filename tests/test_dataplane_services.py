@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
+from control_fixtures import fleet_token, token_header
 from fleet_fixtures import (
     RedisServer,
     Spawned,
@@ -432,9 +433,11 @@ async def test_malformed_records_in_redis_are_ignored_and_the_gateway_keeps_serv
 
 
 async def test_a_draining_worker_gets_no_new_requests(fleet, http):
-    async with http.post(f"{fleet.sidecar_urls[0]}/prefixfleet/state", json={"state": "draining"}) as resp:
+    control = token_header(await fleet_token(fleet.redis.url, FLEET))  # as the operator sends it
+    state = f"{fleet.sidecar_urls[0]}/prefixfleet/state"
+    async with http.post(state, json={"state": "draining"}, headers=control) as resp:
         assert resp.status == 200 and (await resp.json())["previous"] == "ready"
-    async with http.post(f"{fleet.sidecar_urls[0]}/prefixfleet/state", json={"state": "asleep"}) as resp:
+    async with http.post(state, json={"state": "asleep"}, headers=control) as resp:
         assert resp.status == 400 and "state must be one of" in (await resp.json())["error"]["message"]
     for gw in fleet.gateway_urls:
         await eventually(
@@ -578,12 +581,14 @@ async def test_the_sidecar_mirror_tracks_the_engine_cache_through_a_streamed_con
     assert mirror_tokens == engine_tokens  # prompt + streamed answer, exactly as the engine caches
 
     # the sidecar's hot prefixes (pod-local, for pre-warming another replica) name their hashes
+    control = token_header(await fleet_token(fleet.redis.url, FLEET))
+
     async def hot_listed() -> bool:
-        async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot") as resp:
+        async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot", headers=control) as resp:
             return bool((await resp.json())["prefixes"])
 
     await eventually(hot_listed, EVENTUALLY_S, "a summary with hot prefixes")
-    async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot") as resp:
+    async with http.get(f"{fleet.sidecar_urls[0]}/prefixfleet/hot", headers=control) as resp:
         top = (await resp.json())["prefixes"][0]
     identity = CacheIdentity("emulated-llm", "main").seed()
     assert f"{block_hashes(top['input_ids'], identity)[-1]:016x}" == top["hash"]

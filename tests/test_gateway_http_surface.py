@@ -52,6 +52,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import (
     LOOPBACK,
     RedisServer,
@@ -83,6 +84,7 @@ class Services:
     gateway: str
     tenant_gateway: str
     empty_gateway: str  # its fleet has no worker
+    token: str  # the fleet's control token, read from its Redis as the operator does
 
     def all_running(self) -> bool:
         return all(c.running() for c in self.children)
@@ -132,6 +134,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             url["gateway"],
             url["tenant_gateway"],
             url["empty_gateway"],
+            fleet_token_now(redis.url, FLEET),
         )
     finally:
         spawn.stop_all()
@@ -188,7 +191,7 @@ def test_json_the_parser_gives_up_on_is_a_400_naming_the_json(
 def test_the_sidecar_state_endpoint_refuses_json_the_parser_gives_up_on(
     services: Services, client: httpx.Client, body: bytes
 ) -> None:
-    resp = post(client, f"{services.sidecar}/prefixfleet/state", body)
+    resp = post(client, f"{services.sidecar}/prefixfleet/state", body, token_header(services.token))
     assert_openai_error(resp, 400, None, "not valid JSON")
     status = client.get(f"{services.sidecar}/prefixfleet/status").json()
     assert status["state"] == "ready"

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import (
     LOOPBACK,
     RedisServer,
@@ -65,6 +66,7 @@ class Fleet:
     tenant_gateway: str  # --tenant-header X-Tenant
     empty_gateway: str  # its fleet has no worker
     dead_gateway: str  # its only (static) worker refuses connections
+    token: str  # the fleet's control token, read from its Redis as the operator does
 
     def log(self, name: str) -> str:
         return next(c for c in self.children if c.name == name).log()
@@ -120,6 +122,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             url(ports["tenant"]),
             url(ports["empty"]),
             url(ports["dead"]),
+            fleet_token_now(redis.url, FLEET),
         )
     finally:
         spawn.stop_all()
@@ -147,8 +150,10 @@ def assert_unavailable(resp: httpx.Response, *words: str) -> None:
         assert word in error["message"], error["message"]
 
 
-def set_state(client: httpx.Client, sidecar: str, state: str) -> None:
-    resp = client.post(f"{sidecar}/prefixfleet/state", json={"state": state})
+def set_state(client: httpx.Client, fleet: Fleet, state: str) -> None:
+    resp = client.post(
+        f"{fleet.sidecar}/prefixfleet/state", json={"state": state}, headers=token_header(fleet.token)
+    )
     assert resp.status_code == 200, resp.text
 
 
@@ -160,7 +165,7 @@ def test_every_503_of_the_gateway_says_when_to_retry(fleet: Fleet, client: httpx
     # every worker failing: the retries run out
     assert_unavailable(chat(client, fleet.dead_gateway))
     # every worker draining
-    set_state(client, fleet.sidecar, "draining")
+    set_state(client, fleet, "draining")
     try:
         wait_until(
             lambda: chat(client, fleet.gateway).status_code, 20, "the gateway to see w0 draining",
@@ -168,7 +173,7 @@ def test_every_503_of_the_gateway_says_when_to_retry(fleet: Fleet, client: httpx
         )  # fmt: skip
         assert_unavailable(chat(client, fleet.gateway), "no worker")
     finally:
-        set_state(client, fleet.sidecar, "ready")
+        set_state(client, fleet, "ready")
     ok = wait_until(
         lambda: chat(client, fleet.gateway), 20, "the gateway to route to w0 again",
         done=lambda resp: resp.status_code == 200,

@@ -27,6 +27,9 @@ BOUNDED_LABELS |= {"model_name", "outcome", "le"}
 # The operator's: a custom resource's namespace and name (one series per fleet, removed with it),
 # and fixed vocabularies.
 BOUNDED_LABELS |= {"namespace", "fleet", "source", "action"}
+# The sidecar's refused control requests: a control route, a known engine admin route or "other"
+# (router.engine_routes.refused_route_label); not "endpoint", the Prometheus Operator's target label
+BOUNDED_LABELS |= {"route"}
 FORBIDDEN = re.compile(r"prompt|text|hash|request|token_id|user|tenant|salt", re.IGNORECASE)
 
 

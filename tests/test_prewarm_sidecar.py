@@ -28,6 +28,7 @@ import aiohttp
 import httpx
 import pytest
 import redis
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import RedisServer, Spawner, free_port, prefixfleet_argv, wait_for_http
 
 from prefixfleet.operator.autoscale import SubtreeObservation
@@ -47,6 +48,11 @@ class Pair:
     holder: str
     cold: str
     redis_url: str
+    token: str  # the fleet's control token, read from its Redis as the operator does
+
+    @property
+    def control(self) -> dict[str, str]:
+        return token_header(self.token)
 
 
 @pytest.fixture
@@ -64,7 +70,7 @@ def pair(spawn: Spawner, redis_server: RedisServer) -> Iterator[Pair]:
         wait_for_http(f"http://127.0.0.1:{engine_port}/health", proc=engine.proc)
         wait_for_http(f"http://127.0.0.1:{sidecar_port}/prefixfleet/status", proc=sidecar.proc)
         urls.append(f"http://127.0.0.1:{sidecar_port}")
-    yield Pair(urls[0], urls[1], redis_server.url)
+    yield Pair(urls[0], urls[1], redis_server.url, fleet_token_now(redis_server.url, FLEET))
 
 
 async def generate(http: aiohttp.ClientSession, url: str, text: str) -> dict:
@@ -120,7 +126,7 @@ async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hi
         sid = await prefix_hash(http, pair.holder)
         prefix_tokens = len(tokenize(PREFIX)) // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
 
-        async with http.get(f"{pair.holder}/prefixfleet/prefix/{sid}") as resp:
+        async with http.get(f"{pair.holder}/prefixfleet/prefix/{sid}", headers=pair.control) as resp:
             assert resp.status == 200, await resp.text()
             held = await resp.json()
         assert held["hash"] == sid and held["num_tokens"] == prefix_tokens
@@ -131,14 +137,14 @@ async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hi
         # not warmed yet: the cold replica recomputes the whole prompt
         cold_first = await generate(http, pair.cold, PREFIX + "cold probe?")
         assert cold_first["meta_info"]["cached_tokens"] == 0
-        async with http.post(f"{pair.cold}/flush_cache") as resp:
+        async with http.post(f"{pair.cold}/flush_cache", headers=pair.control) as resp:
             assert resp.status == 200
 
         # watch the cold replica's published state changes while it warms (no hold_traffic field:
         # the default, a new replica held out of rotation until warm)
         events = await subscribed_events(pair.redis_url)
         unknown = "00000000deadbeef"
-        async with http.post(f"{pair.cold}/prefixfleet/warm",
+        async with http.post(f"{pair.cold}/prefixfleet/warm", headers=pair.control,
                              json={"source": pair.holder, "hashes": [sid, unknown]}) as resp:  # fmt: skip
             assert resp.status == 200, await resp.text()
             summary = await resp.json()
@@ -167,9 +173,11 @@ async def test_warm_copies_a_prefix_from_the_holder_and_the_cold_replica_then_hi
 
 async def test_bad_requests_get_a_clear_4xx_and_the_sidecar_stays_up(pair: Pair) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        async with http.get(f"{pair.holder}/prefixfleet/prefix/not-a-hash") as resp:
+        async with http.get(f"{pair.holder}/prefixfleet/prefix/not-a-hash", headers=pair.control) as resp:
             assert resp.status == 400 and "16 hex digits" in await resp.text()
-        async with http.get(f"{pair.holder}/prefixfleet/prefix/0123456789abcdef") as resp:
+        async with http.get(
+            f"{pair.holder}/prefixfleet/prefix/0123456789abcdef", headers=pair.control
+        ) as resp:
             assert resp.status == 404 and "not cached" in await resp.text()
         for body, field in [
             ({"hashes": []}, "source"),
@@ -178,11 +186,11 @@ async def test_bad_requests_get_a_clear_4xx_and_the_sidecar_stays_up(pair: Pair)
             ({"source": pair.holder, "hashes": ["xyz"]}, "16 hex digits"),
             ({"source": pair.holder, "hashes": [], "hold_traffic": "no"}, "hold_traffic"),
         ]:
-            async with http.post(f"{pair.cold}/prefixfleet/warm", json=body) as resp:
+            async with http.post(f"{pair.cold}/prefixfleet/warm", json=body, headers=pair.control) as resp:
                 assert resp.status == 400 and field in await resp.text()
         # an unreachable source: every hash reported failed, state back to ready
         dead = f"http://127.0.0.1:{free_port()}"
-        async with http.post(f"{pair.cold}/prefixfleet/warm",
+        async with http.post(f"{pair.cold}/prefixfleet/warm", headers=pair.control,
                              json={"source": dead, "hashes": ["0123456789abcdef"]}) as resp:  # fmt: skip
             assert resp.status == 200
             summary = await resp.json()
@@ -207,7 +215,7 @@ async def test_warm_replica_counts_each_source_and_names_the_failed_one(pair: Pa
     async with httpx.AsyncClient(timeout=30.0) as http:
         outcome = await warm_replica(
             http, pair.cold, [sid, other], subtrees, urls, exclude="w1", hold_traffic=True,
-            timeout_s=lambda: 30.0,
+            timeout_s=lambda: 30.0, control_token=pair.token,
         )  # fmt: skip
         assert (outcome.warmed_tokens, outcome.ok, outcome.failed) == (prefix_tokens, 1, 1)
         assert [source for source, _ in outcome.errors] == [urls["odd"]]
@@ -217,7 +225,7 @@ async def test_warm_replica_counts_each_source_and_names_the_failed_one(pair: Pa
         dead = f"http://127.0.0.1:{free_port()}"
         outcome = await warm_replica(
             http, dead, [sid, other], subtrees, urls, exclude="new-0", hold_traffic=True,
-            timeout_s=lambda: 5.0,
+            timeout_s=lambda: 5.0, control_token=pair.token,
         )  # fmt: skip
         assert (outcome.warmed_tokens, outcome.ok, outcome.failed) == (0, 0, 2)
         assert sorted(source for source, _ in outcome.errors) == sorted([pair.holder, urls["odd"]])
@@ -237,7 +245,7 @@ async def test_a_warm_without_holding_traffic_leaves_the_replica_ready_throughou
     async with httpx.AsyncClient(timeout=30.0) as http:
         warm = asyncio.create_task(
             warm_replica(http, pair.cold, [sid], subtrees, {"w0": pair.holder}, exclude="w1",
-                         hold_traffic=False, timeout_s=lambda: 30.0)
+                         hold_traffic=False, timeout_s=lambda: 30.0, control_token=pair.token)
         )  # fmt: skip
         while not warm.done():  # the sidecar's own state, polled while the warm-up runs
             seen.append((await http.get(f"{pair.cold}/prefixfleet/status")).json()["state"])

@@ -28,7 +28,10 @@ from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import LOOPBACK, RedisServer, Spawner, free_port, prefixfleet_argv, serve_http, wait_until
+
+from prefixfleet.router.keys import FleetKeys
 
 pytestmark = pytest.mark.timeout(120)
 FLUSH_ANSWER_DELAY_S = 1.0  # the engine answers the flush after its client (the sidecar's) left
@@ -55,12 +58,19 @@ def test_a_warm_whose_client_leaves_still_ends_with_the_replica_ready(
         ),
         name="sidecar", ready_url=f"{sidecar}/prefixfleet/status",
     )  # fmt: skip
+    # the autoscaler's token; the sidecar read it before it first registered, so it checks it with
+    # Redis stalled below
+    control = token_header(fleet_token_now(redis_server.url, "leaves"))
+    members = FleetKeys("leaves").members
+    wait_until(lambda: redis_server.client().hexists(members, "w0"), 20, "the sidecar to register")
     assert redis_server.proc is not None
     redis_server.proc.send_signal(signal.SIGSTOP)  # stalled: announcing the state waits on it
     try:
         warm = {"source": f"http://{LOOPBACK}:{free_port()}", "hashes": ["0123456789abcdef"]}
         with pytest.raises(httpx.ReadTimeout):  # the client gives up while the state is announced
-            httpx.post(f"{sidecar}/prefixfleet/warm", json=warm, timeout=httpx.Timeout(10, read=0.3))
+            httpx.post(
+                f"{sidecar}/prefixfleet/warm", json=warm, headers=control, timeout=httpx.Timeout(10, read=0.3)
+            )
         wait_until(
             lambda: sidecar_status(sidecar)["state"],
             20,

@@ -45,4 +45,4 @@ def test_no_label_carries_a_prompt_or_hash() -> None:
     sc = sidecar()
     for family in families(exposition(None, sidecar_registry(lambda: sc.s))).values():
         for sample in family.samples:
-            assert set(sample.labels) <= {"state", "outcome"}, sample
+            assert set(sample.labels) <= {"state", "outcome", "route"}, sample

@@ -23,6 +23,7 @@ import urllib.request
 import aiohttp
 import pytest
 import redis
+from control_fixtures import fleet_token, token_header
 from fleet_fixtures import (
     RedisServer,
     Spawned,
@@ -87,7 +88,12 @@ def settled(client: redis.Redis, events: redis.client.PubSub, url: str) -> None:
 
 
 async def one_try(
-    http: aiohttp.ClientSession, url: str, client: redis.Redis, events: redis.client.PubSub, sidecar: Spawned
+    http: aiohttp.ClientSession,
+    url: str,
+    client: redis.Redis,
+    events: redis.client.PubSub,
+    sidecar: Spawned,
+    control: dict[str, str],
 ) -> list[str] | None:
     """warming (write blocked) -> ready -> unpause; the notices seen, or None when the try proves
     nothing: the sidecar's paused write timed out after all, or the blocked write was another round's
@@ -95,11 +101,11 @@ async def one_try(
     timed_out_before = sidecar.log().count("redis unavailable")
     client.execute_command("CLIENT", "PAUSE", str(PAUSE_MS), "WRITE")
     try:
-        async with http.post(f"{url}/prefixfleet/state", json={"state": "warming"}) as resp:
+        async with http.post(f"{url}/prefixfleet/state", json={"state": "warming"}, headers=control) as resp:
             assert resp.status == 200, await resp.text()
         # the round has built its 'warming' record and its write waits on the pause
         await asyncio.to_thread(wait_until, lambda: blocked_writes(client), 30, "the round's write to block")
-        async with http.post(f"{url}/prefixfleet/state", json={"state": "ready"}) as resp:
+        async with http.post(f"{url}/prefixfleet/state", json={"state": "ready"}, headers=control) as resp:
             assert resp.status == 200, await resp.text()
     finally:
         client.execute_command("CLIENT", "UNPAUSE")
@@ -134,11 +140,12 @@ async def test_a_state_notice_never_runs_ahead_of_the_load_record(
     events = client.pubsub(ignore_subscribe_messages=True)
     events.subscribe(FleetKeys(FLEET).events)
 
+    control = token_header(await fleet_token(redis_server.url, FLEET))  # as the operator sends it
     tries: list[list[str] | None] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         while len(tries) < ATTEMPTS and (not tries or tries[-1] is None):
             await asyncio.to_thread(settled, client, events, url)
-            tries.append(await one_try(http, url, client, events, sidecar))
+            tries.append(await one_try(http, url, client, events, sidecar, control))
     events.close()
     assert tries[-1] is not None, f"no try was conclusive: {tries}\n{sidecar.log()[-2000:]}"
     assert tries[-1] == ["warming", "ready"]

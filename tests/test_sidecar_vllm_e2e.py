@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import pytest
 import redis
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import RedisServer, Spawner, eventually, free_port, prefixfleet_argv, wait_for_http
 
 from prefixfleet.router.blockhash import CacheIdentity, block_hashes
@@ -43,6 +44,7 @@ QUESTION = PROMPT + "where is my refund for the order of last week please?"
 class Replica:
     worker: str
     url: str  # the sidecar's
+    control: dict[str, str]  # the fleet's control token, read from its Redis as the operator does
 
 
 def start_replica(
@@ -61,7 +63,9 @@ def start_replica(
         name=f"sidecar-{worker}")  # fmt: skip
     wait_for_http(f"http://127.0.0.1:{engine_port}/health", proc=engine.proc)
     wait_for_http(f"http://127.0.0.1:{sidecar_port}/prefixfleet/status", proc=sidecar.proc)
-    return Replica(worker, f"http://127.0.0.1:{sidecar_port}")
+    return Replica(
+        worker, f"http://127.0.0.1:{sidecar_port}", token_header(fleet_token_now(redis_server.url, FLEET))
+    )
 
 
 async def status(http: aiohttp.ClientSession, replica: Replica) -> dict[str, Any]:
@@ -100,7 +104,7 @@ def summary_holds(redis_url: str, worker: str, prompt: str) -> bool:
 
 
 async def flush(http: aiohttp.ClientSession, replica: Replica) -> tuple[int, dict[str, Any]]:
-    async with http.post(f"{replica.url}/flush_cache") as resp:
+    async with http.post(f"{replica.url}/flush_cache", headers=replica.control) as resp:
         return resp.status, await resp.json(content_type=None) if resp.status != 200 else {}
 
 
@@ -145,7 +149,7 @@ async def test_prewarm_then_flush_in_dev_mode(spawn: Spawner, redis_server: Redi
         last = block_hashes(tokenize(PROMPT), CacheIdentity(MODEL, "", "").seed(), BLOCK)[-1]
         sid = f"{last:016x}"
         async with http.post(
-            f"{cold.url}/prefixfleet/warm", json={"source": holder.url, "hashes": [sid]}
+            f"{cold.url}/prefixfleet/warm", json={"source": holder.url, "hashes": [sid]}, headers=cold.control
         ) as resp:
             assert resp.status == 200, await resp.text()
             warmed = await resp.json()
