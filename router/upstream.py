@@ -7,7 +7,8 @@ does only what a hop needs: write one request on a pooled connection, parse the 
 unbuffered). Bodies are framed by Content-Length, chunked encoding (extensions and trailers read and
 dropped) or connection close; llhttp refuses ambiguous framing. A reused connection the
 server closed while idle is detected before any response byte and the request re-sent once on a new
-connection; every other failure raises a :class:`ConnectionError` (``ConnectionRefusedError`` when
+connection (only one idle for :data:`STALE_AFTER_IDLE_S`: sooner, the server had the request); every
+other failure raises a :class:`ConnectionError` (``ConnectionRefusedError`` when
 nothing listens, :class:`UpstreamClosed` when the server broke off mid-answer, :class:`UpstreamTimeout`
 when it sent nothing for the read-idle limit). :func:`reached_upstream` tells a failure before the
 request could reach the upstream (safe to send elsewhere) from one after (it may have run it).
@@ -44,6 +45,11 @@ READ_TIMEOUT_ENV = "PREFIXFLEET_UPSTREAM_READ_TIMEOUT_S"
 # generation, a 100k-token prefill) or between chunks. Generous, as only a hung upstream (alive to
 # TCP, so keepalive does not end it) should reach it; 0 in the variable turns the limit off.
 DEFAULT_READ_TIMEOUT_S = 600.0
+# A reused connection that closes before any answer byte is taken for one the server closed as idle
+# (and re-sent once) only if it sat idle this long: no server a hop talks to closes a keep-alive
+# connection sooner (uvicorn, under SGLang and vLLM: 5 s; aiohttp and the front: 75 s). One idle for
+# less was closed by a server that read the request: an engine that died of it, or broke off.
+STALE_AFTER_IDLE_S = 2.0
 
 
 class Origin(NamedTuple):
@@ -401,7 +407,7 @@ class _HeadAnswered(Exception):
 class Exchange:
     """A request written to an upstream; :meth:`response` waits for its head."""
 
-    __slots__ = ("_conn", "_head", "_method", "_origin", "_pool", "_request", "_response", "_reused")
+    __slots__ = ("_conn", "_head", "_maybe_stale", "_method", "_origin", "_pool", "_request", "_response")
 
     def __init__(self, pool: UpstreamPool, origin: Origin, method: bytes, request: bytes) -> None:
         self._pool = pool
@@ -410,11 +416,12 @@ class Exchange:
         self._request = request
         self._conn: _Connection | None = None
         self._head: asyncio.Future[UpstreamResponse] | None = None
-        self._reused = False
+        self._maybe_stale = False  # a reused connection the server may have closed as idle
         self._response: UpstreamResponse | None = None
 
     async def _send(self) -> None:
-        self._conn, self._reused = await self._pool._acquire(self._origin)
+        self._conn, idle_s = await self._pool._acquire(self._origin)
+        self._maybe_stale = idle_s >= STALE_AFTER_IDLE_S
         self._head = self._conn.send(self._method, self._request)
 
     async def response(self) -> UpstreamResponse:
@@ -423,7 +430,9 @@ class Exchange:
         try:
             self._response = await pool._within_read_timeout(self._head)
         except UpstreamClosed as closed:
-            if not self._reused or self._conn._got_bytes:
+            if not self._maybe_stale or self._conn._got_bytes:
+                # A fresh connection, or one idle too briefly for an idle close: the server had the
+                # request (sending it again would hit the same engine twice with a query of death).
                 raise
             # The server closed this idle keep-alive connection as we reused it: it never saw the
             # request, so sending it once more on a fresh connection is safe.
@@ -434,7 +443,7 @@ class Exchange:
                 # The first write may have reached a server that then died (of it, maybe): not a
                 # failure before the request could arrive, whatever the reconnect's error says.
                 raise UpstreamClosed(f"{closed}; reconnecting failed: {exc.__class__.__name__}") from exc
-            self._reused = False
+            self._maybe_stale = False
             self._head = self._conn.send(self._method, self._request)
             self._response = await pool._within_read_timeout(self._head)
         return self._response
@@ -512,16 +521,18 @@ class UpstreamPool:
                 raise  # an UpstreamTimeout of its own
             raise UpstreamTimeout(f"the upstream sent nothing for {limit:g} s") from None
 
-    async def _acquire(self, origin: Origin) -> tuple[_Connection, bool]:
+    async def _acquire(self, origin: Origin) -> tuple[_Connection, float]:
+        """A connection to ``origin`` and how long it sat idle (0: a new one)."""
         idle = self._idle.get(origin)
         if idle:
-            deadline = time.monotonic() - self.idle_timeout_s
+            now = time.monotonic()
+            deadline = now - self.idle_timeout_s
             while idle:
                 conn = idle.pop()
                 if not conn.closed and conn.idle_since >= deadline:
-                    return conn, True
+                    return conn, now - conn.idle_since
                 conn.abort()
-        return await self._connect(origin), False
+        return await self._connect(origin), 0.0
 
     async def _connect(self, origin: Origin) -> _Connection:
         if self._closed:
