@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
-import zlib
+import hashlib
 from collections.abc import Sequence
 
 from .base import Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise, least
+
+_HEAD_BYTES = 64  # the first 16 tokens (4 bytes each) name a new prefix's home
+
+
+def home(request: RouteRequest, replicas: Sequence[ReplicaState]) -> ReplicaState:
+    """The replica a prefix nobody holds goes to: the highest hash of the prompt's head with the
+    replica's id (rendezvous hashing). A hash modulo the list's length moved nearly every new prefix
+    whenever a replica joined or left, and two gateways listing the same replicas in different orders
+    (each lists them as it first saw them) sent the same prefix to different replicas; this moves only
+    the prefixes of the replica that came or went, whatever the order."""
+    head = hashlib.blake2b(request.tokens[:_HEAD_BYTES], digest_size=8)
+
+    def rank(r: ReplicaState) -> bytes:
+        h = head.copy()
+        h.update(str(r.replica_id).encode())
+        return h.digest()
+
+    return max(replicas, key=rank)
 
 
 class Affinity(RoutingPolicy):
@@ -18,5 +36,4 @@ class Affinity(RoutingPolicy):
         if best.matched_tokens > 0:
             return Decision(best.replica_id, "cache_hit", best.matched_tokens)
         # Nobody has it: a stable hash of the first tokens keeps a new prefix on one replica.
-        chosen = live[zlib.crc32(request.tokens[:64]) % len(live)]
-        return Decision(chosen.replica_id, "no_match", 0)
+        return Decision(home(request, live).replica_id, "no_match", 0)
