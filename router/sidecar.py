@@ -469,6 +469,14 @@ class Sidecar:
         self.upstream = UpstreamPool(connect_timeout_s=3.0, read_timeout_s=self._read_timeout_s)
         if self.config.redis_url:
             self.redis = connect_redis(self.config.redis_url, timeout_s=1.0)
+        self._tasks = [asyncio.create_task(self._engine_watch())]
+        if self.redis is not None:
+            self._tasks.append(asyncio.create_task(self._publish_loop()))
+
+    def say_how_control_is_guarded(self) -> None:
+        """Warn when the control routes are open (or PREFIXFLEET_CONTROL_TOKEN is ignored). Called
+        once listening, not at app start-up: a sidecar that cannot bind says only that, in one line."""
+        if self.config.redis_url:
             if os.environ.get(CONTROL_TOKEN_ENV) or self.config.control_token:
                 log.warning(
                     "%s is ignored: a sidecar with Redis checks control requests against its fleet's "
@@ -486,9 +494,6 @@ class Sidecar:
                 self.config.port,
                 CONTROL_TOKEN_ENV,
             )
-        self._tasks = [asyncio.create_task(self._engine_watch())]
-        if self.redis is not None:
-            self._tasks.append(asyncio.create_task(self._publish_loop()))
 
     async def leave_fleet(self) -> None:
         """Stop publishing and deregister, so gateways stop routing here (idempotent).
@@ -1376,6 +1381,7 @@ async def listening(config: SidecarConfig) -> AsyncIterator[Listening]:
         timeouts=sidecar.timeouts,
         max_body_bytes=config.max_body_bytes,
     ) as serving:
+        sidecar.say_how_control_is_guarded()
         try:
             yield Listening(server=serving.server, front=serving.front, sidecar=sidecar)
         finally:
