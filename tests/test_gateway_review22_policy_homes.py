@@ -14,9 +14,14 @@ at an offset hashed from its first request's time (deterministic for the simulat
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import pytest
 
 from prefixfleet.router.policies import ReplicaState, RouteRequest, make_policy
+from prefixfleet.router.policies.affinity import home
+from prefixfleet.router.policies.base import rendezvous, tie_break
 from prefixfleet.router.radix import as_token_bytes
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,3 +90,20 @@ def test_round_robin_still_rotates_through_every_replica() -> None:
     replicas = fleet(["w0", "w1", "w2"])
     picks = [policy.choose(new_prefix(0, now=5.0 + i), replicas).replica_id for i in range(6)]
     assert sorted(picks[:3]) == ["w0", "w1", "w2"] and picks[3:] == picks[:3]
+
+
+def test_affinity_homes_and_tie_breaks_share_one_rendezvous_hash_with_unchanged_picks() -> None:
+    # affinity.home and base.tie_break rank replicas by one helper (they had a copy each); the picks
+    # are those of the formula both used: blake2b(seed + id, 8 bytes), the highest wins
+    def by_formula(seed: bytes, replicas: list[ReplicaState]) -> object:
+        return max(
+            replicas, key=lambda r: hashlib.blake2b(seed + str(r.replica_id).encode(), digest_size=8).digest()
+        )
+
+    replicas = fleet(["w0", "w1", "w2", "w3", "w4"])
+    for i in range(PREFIXES):
+        request = new_prefix(i, now=1.7e9 + i * 0.37)
+        head, when = request.tokens[:64], struct.pack("<d", request.now)
+        assert rendezvous(head, replicas) is home(request, replicas) is by_formula(head, replicas)
+        assert rendezvous(when, replicas) is tie_break(request, replicas) is by_formula(when, replicas)
+        assert rendezvous(head, replicas[::-1]) is rendezvous(head, replicas)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
-from .base import Decision, ReplicaState, RouteRequest, RoutingPolicy, healthy_or_raise, least
+from .base import (
+    Decision,
+    ReplicaState,
+    RouteRequest,
+    RoutingPolicy,
+    healthy_or_raise,
+    least,
+    rendezvous,
+)
 
 _HEAD_BYTES = 64  # the first 16 tokens (4 bytes each) name a new prefix's home
 
@@ -16,14 +23,7 @@ def home(request: RouteRequest, replicas: Sequence[ReplicaState]) -> ReplicaStat
     whenever a replica joined or left, and two gateways listing the same replicas in different orders
     (each lists them as it first saw them) sent the same prefix to different replicas; this moves only
     the prefixes of the replica that came or went, whatever the order."""
-    head = hashlib.blake2b(request.tokens[:_HEAD_BYTES], digest_size=8)
-
-    def rank(r: ReplicaState) -> bytes:
-        h = head.copy()
-        h.update(str(r.replica_id).encode())
-        return h.digest()
-
-    return max(replicas, key=rank)
+    return rendezvous(request.tokens[:_HEAD_BYTES], replicas)
 
 
 class Affinity(RoutingPolicy):

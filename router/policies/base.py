@@ -116,6 +116,20 @@ def healthy_or_raise(replicas: Sequence[ReplicaState]) -> Sequence[ReplicaState]
     return live
 
 
+def rendezvous(seed: bytes, replicas: Sequence[ReplicaState]) -> ReplicaState:
+    """The replica ranked highest by a hash of ``seed`` with its id (rendezvous hashing): the same
+    pick whatever the order ``replicas`` come in, and one joining or leaving moves only the seeds it
+    wins or held. ``replicas`` must not be empty."""
+    seeded = hashlib.blake2b(seed, digest_size=8)
+
+    def rank(r: ReplicaState) -> bytes:
+        h = seeded.copy()
+        h.update(str(r.replica_id).encode())
+        return h.digest()
+
+    return max(replicas, key=rank)
+
+
 def tie_break(request: RouteRequest, tied: Sequence[ReplicaState]) -> ReplicaState:
     """One of ``tied`` — replicas equal on everything a policy weighs — chosen by the request's time.
 
@@ -129,12 +143,7 @@ def tie_break(request: RouteRequest, tied: Sequence[ReplicaState]) -> ReplicaSta
     """
     if len(tied) == 1:
         return tied[0]
-    when = struct.pack("<d", request.now)
-
-    def rank(r: ReplicaState) -> bytes:
-        return hashlib.blake2b(when + str(r.replica_id).encode(), digest_size=8).digest()
-
-    return max(tied, key=rank)
+    return rendezvous(struct.pack("<d", request.now), tied)
 
 
 def _first(pair: tuple[Any, ReplicaState]) -> Any:
