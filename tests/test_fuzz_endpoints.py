@@ -100,7 +100,12 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=httpx.Timeout(20.0)) as c:
+    # No kept-alive connections: the services close an idle one after SLOW_S (1.5 s), and drawing a
+    # large example on a loaded machine can take longer, so a reused connection could be closed by
+    # the server just as the next request goes out ("Server disconnected without sending a
+    # response": a race of the client's reuse, not an answer to the body).
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(timeout=httpx.Timeout(20.0), limits=limits) as c:
         yield c
 
 
