@@ -976,12 +976,13 @@ class Sidecar:
         if resource is None:  # aiohttp's own 404/405: nothing runs
             return await handler(request)
         forwarded = resource is self._proxy_resource or resource.canonical in GENERATE_PATHS
+        # judged on the target as the engine gets it (a generation route is matched here on
+        # aiohttp's normalised path, while the target goes on as the client wrote it)
+        target = request_target(request) if forwarded else ""
         if resource.canonical in CONTROL_ROUTES:
             label = resource.canonical
-        elif forwarded and not engine_route_is_open(request_target(request)):
-            # judged on the target as the engine gets it (a generation route is matched here on
-            # aiohttp's normalised path, while the target goes on as the client wrote it)
-            label = refused_route_label(request_target(request))
+        elif forwarded and not engine_route_is_open(target):
+            label = refused_route_label(target)
         else:
             return await handler(request)
         verdict = await self.control.check(request.headers.get(CONTROL_HEADER))
