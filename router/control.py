@@ -42,9 +42,17 @@ CONTROL_TOKEN_ENV = "PREFIXFLEET_CONTROL_TOKEN"
 CONTROL_ROUTES = frozenset(
     {"/prefixfleet/state", "/prefixfleet/warm", "/prefixfleet/prefix/{hash}", "/prefixfleet/hot"}
 )
-# A request bringing another token than the cached one re-reads the fleet's at most this often, so a
-# rotation is picked up within a second and a flood of wrong tokens costs Redis one GET a second
+# A cached token is checked against only while its reading is younger than this; an older one is read
+# again first (concurrent checks share the read). So a rotation (the key deleted) holds within a
+# second even for a client that keeps sending the old token, and a flood of control requests costs
+# Redis at most one read a second. Data-plane routes never ask.
 REREAD_INTERVAL_S = 1.0
+# Redis cannot be read: the cached token is still checked against for this long after the last read
+# that worked, then control requests get 503 until Redis answers (never open). Why a grace: a Redis
+# blip in the middle of a sequence (warming -> warm -> ready, draining -> ready when the stop failed)
+# must not leave the replica out of rotation; why bounded: a sidecar cut off from Redis cannot see a
+# rotation, so an old token must not live on for the whole outage.
+UNCONFIRMED_GRACE_S = 30.0
 
 
 async def fleet_control_token(redis: aioredis.Redis, keys: FleetKeys) -> str:
@@ -81,36 +89,55 @@ class Verdict(enum.Enum):
 
 
 def reread_due(last_read: float | None, now: float, interval_s: float) -> bool:
-    """Whether a token that does not match may send the sidecar to Redis again."""
+    """Whether a check may send the sidecar to Redis again (none within ``interval_s``)."""
     return last_read is None or now - last_read >= interval_s
+
+
+def token_verdict(expected: str | None, given: str | None, age_s: float | None, grace_s: float) -> Verdict:
+    """What a control request's token is, checked against ``expected``, read ``age_s`` ago (None:
+    never read; a fixed token is age 0). A token unknown, or known but unconfirmed for longer than
+    ``grace_s``, judges nothing: UNAVAILABLE (503), never open."""
+    if not given:
+        return Verdict.MISSING
+    if expected is None or age_s is None or age_s > grace_s:
+        return Verdict.UNAVAILABLE
+    return Verdict.ACCEPTED if token_matches(expected, given) else Verdict.WRONG
 
 
 @dataclass(slots=True)
 class ControlTokenSource:
     """The token a sidecar checks control requests against: fixed (``read`` None: a standalone
     sidecar's :data:`CONTROL_TOKEN_ENV`) or the fleet's, read through ``read`` (from Redis: see
-    :func:`fleet_control_token`) when none is cached or a request brings another one (the key was
-    deleted to rotate it), at most once per ``interval_s``; concurrent checks share one read.
+    :func:`fleet_control_token`) whenever the cached one was read more than ``interval_s`` ago, at
+    most once per ``interval_s``; concurrent checks share one read. When reads fail, the cached
+    token serves for ``grace_s`` after the last read that worked (:data:`UNCONFIRMED_GRACE_S`).
     ``error``: why the last read failed (None after a success)."""
 
     read: Callable[[], Awaitable[str]] | None = None
     token: str | None = None
     interval_s: float = REREAD_INTERVAL_S
+    grace_s: float = UNCONFIRMED_GRACE_S
     clock: Callable[[], float] = time.monotonic
     error: str | None = None
     describe_error: Callable[[BaseException], str] = str
-    _last_read: float | None = None
+    _last_read: float | None = None  # when the last read started, whatever its outcome
+    _confirmed: float | None = None  # when the last read that worked started: the token's age
     _reading: asyncio.Task[None] | None = None
 
     async def check(self, given: str | None) -> Verdict:
         if not given:
             return Verdict.MISSING  # nothing Redis could say changes this: no read
-        if token_matches(self.token, given):
-            return Verdict.ACCEPTED
-        await self.refresh()
-        if token_matches(self.token, given):
-            return Verdict.ACCEPTED
-        return Verdict.UNAVAILABLE if self.token is None else Verdict.WRONG
+        if self.read is None:
+            return token_verdict(self.token, given, 0.0, self.grace_s)
+        age = self._age()
+        if age is None or age >= self.interval_s:  # a matching token is no reason to skip the read
+            await self.refresh()
+            age = self._age()
+        return token_verdict(self.token, given, age, self.grace_s)
+
+    def _age(self) -> float | None:
+        """Seconds since the cached token was read (None: never read)."""
+        return None if self._confirmed is None else self.clock() - self._confirmed
 
     async def refresh(self) -> None:
         """Read the token if a read is due (none within ``interval_s``), or wait for the one in
@@ -119,15 +146,17 @@ class ControlTokenSource:
             now = self.clock()
             if reread_due(self._last_read, now, self.interval_s):
                 self._last_read = now
-                self._reading = asyncio.ensure_future(self._read_once(self.read))
+                self._reading = asyncio.ensure_future(self._read_once(self.read, now))
         reading = self._reading
         if reading is not None:
             # shielded: a client leaving cancels its own wait, not the read others wait on
             await asyncio.shield(reading)
 
-    async def _read_once(self, read: Callable[[], Awaitable[str]]) -> None:
+    async def _read_once(self, read: Callable[[], Awaitable[str]], started: float) -> None:
         try:
             self.token = await read()
+            # aged from the read's start: Redis held this value at some moment since then
+            self._confirmed = started
             self.error = None
         except (RedisError, OSError, TimeoutError) as exc:  # down, refused (ACL), slow: said, never open
             self.error = self.describe_error(exc)

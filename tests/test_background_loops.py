@@ -221,6 +221,12 @@ async def test_sidecar_retries_a_state_change_during_a_redis_outage_with_backoff
         engine_url="http://127.0.0.1:9", redis_url=redis_server.url, port=1, worker_id="w0", fleet="loops"
     )
     sidecar = Sidecar(config)
+    # The drain below is checked against the token the sidecar read before the outage, within the
+    # grace after its last read (router.control.UNCONFIRMED_GRACE_S, tested in
+    # test_sidecar_control_token.py); not what this test is about, so a stalled machine must not
+    # make the grace run out first
+    assert sidecar.control is not None
+    sidecar.control.grace_s = 3600.0
     attempts = 0
 
     async def hang_up(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -240,6 +246,7 @@ async def test_sidecar_retries_a_state_change_during_a_redis_outage_with_backoff
             await eventually(registered, 20, "the sidecar to register")
             # the operator's drain carries the fleet's control token, read before the outage; the
             # sidecar read it before it first registered, so it still checks it with Redis down
+            # (within the grace)
             token = await fleet_token(redis_server.url, "loops")
             redis_server.stop()
             # In Redis's place, a server that hangs up at once: each publish attempt is one connection.

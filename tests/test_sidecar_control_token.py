@@ -14,7 +14,10 @@ Specification:
   before the engine sees it, forwarded with it; the header never reaches the engine;
 * a flush passing through with the token still empties the sidecar's mirror;
 * a rotation (the key deleted, a new token made by the next reader) is picked up: the new token is
-  accepted, the old one refused; Redis is asked again at most once a second;
+  accepted, the old one refused within a second, also when a client keeps sending it; a token is
+  accepted only against a read younger than a second, and Redis is asked at most once a second;
+* a token known and Redis unreachable: the cached token serves for a bounded grace after the last
+  read that worked, then 503 naming Redis;
 * no token cached and Redis unreachable: 503 naming Redis, never open;
 * a standalone sidecar (no Redis) is open (one startup warning) unless given PREFIXFLEET_CONTROL_TOKEN;
 * pre-warming sends the sidecar's token with its fetch from the source sidecar.
@@ -176,6 +179,48 @@ async def test_the_token_source_never_opens_when_redis_fails() -> None:
     now[0] += 1.0
     assert await source.check("other") is Verdict.WRONG  # a cached token: not the fleet's, said so
     assert await source.check("t1") is Verdict.ACCEPTED
+
+
+async def test_a_matching_token_is_accepted_only_against_a_recent_read() -> None:
+    now = [0.0]
+    read = FakeRead()
+    read.gate.set()
+    source = ControlTokenSource(read=read, clock=lambda: now[0])
+    assert await source.check("t1") is Verdict.ACCEPTED and read.calls == 1
+    now[0] += 0.5
+    assert await source.check("t1") is Verdict.ACCEPTED and read.calls == 1  # read 0.5 s ago: no read
+    read.token = "t2"  # rotated
+    now[0] += 0.5
+    # read a second ago: read again before accepting, though the token matches the cached one
+    assert await source.check("t1") is Verdict.WRONG and read.calls == 2
+    assert await source.check("t2") is Verdict.ACCEPTED and read.calls == 2
+
+
+async def test_redis_down_keeps_the_cached_token_for_the_grace_only() -> None:
+    now = [0.0]
+    read = FakeRead()
+    read.gate.set()
+    source = ControlTokenSource(read=read, clock=lambda: now[0], grace_s=30.0)
+    assert await source.check("t1") is Verdict.ACCEPTED  # read at 0
+    read.error = ConnectionError("Connection refused")
+    now[0] = 29.0
+    assert await source.check("t1") is Verdict.ACCEPTED and read.calls == 2  # tried, failed: grace
+    assert await source.check("t0") is Verdict.WRONG
+    now[0] = 30.5
+    # unconfirmed for longer than the grace: neither accepted nor called wrong; Redis named
+    assert await source.check("t1") is Verdict.UNAVAILABLE and read.calls == 3
+    assert await source.check("t0") is Verdict.UNAVAILABLE and "Connection refused" in (source.error or "")
+    read.error = None
+    now[0] = 31.5
+    assert await source.check("t1") is Verdict.ACCEPTED and source.error is None and read.calls == 4
+
+
+async def test_a_fixed_token_is_never_read_and_never_ages() -> None:
+    now = [0.0]
+    source = ControlTokenSource(token="fixed", clock=lambda: now[0])
+    now[0] = 1e6
+    assert await source.check("fixed") is Verdict.ACCEPTED
+    assert await source.check("other") is Verdict.WRONG
 
 
 # -- a sidecar in front of a recording engine --------------------------------------------------------
@@ -397,6 +442,29 @@ async def test_a_rotation_is_picked_up_and_the_old_token_refused(redis_server: R
         # the sidecar asks Redis again at most once a second: within a few seconds, not at once
         await eventually(lambda: call(http, "GET", hot, None, new), 10, "the new token to be accepted",
                          done=lambda answer: answer[0] == 200)  # fmt: skip
+        assert (await call(http, "GET", hot, None, old))[0] == 401
+
+
+async def test_a_rotated_token_kept_in_use_is_refused_within_the_bound(redis_server: RedisServer) -> None:
+    """The old token sent again and again (a leaked token in use) stops working once the sidecar's
+    reading of the key is older than REREAD_INTERVAL_S: a matching token is no reason to skip the
+    read. (Before, only a request bringing another token made it read again, so this one never did.)"""
+    async with recorded(redis_server.url) as (_seen, sidecar, http):
+        hot = sidecar + "/prefixfleet/hot"
+        old = await fleet_token(redis_server.url, FLEET)
+        assert (await call(http, "GET", hot, None, old))[0] == 200
+        redis_server.client().delete(FleetKeys(FLEET).control)  # rotated; nobody has read the new one
+        answer = await eventually(
+            lambda: call(http, "GET", hot, None, old),
+            15,
+            "the old token to be refused",
+            done=lambda a: a[0] != 200,
+        )
+        assert answer[0] == 401, answer
+        # the sidecar's read made the new token (SET NX): it is the one Redis holds, and accepted
+        new = await fleet_token(redis_server.url, FLEET)
+        assert new != old
+        assert (await call(http, "GET", hot, None, new))[0] == 200
         assert (await call(http, "GET", hot, None, old))[0] == 401
 
 
