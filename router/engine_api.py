@@ -86,6 +86,15 @@ def vllm_served_model(models_body: object) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+def vllm_model_ids(models_body: object) -> list[object]:
+    """Every ``id`` of a vLLM ``/v1/models`` answer's ``data`` (its served names and loaded LoRA
+    adapters: each a name its requests' "model" may give), as stated: the caller checks them."""
+    data = models_body.get("data") if isinstance(models_body, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [card.get("id") for card in data if isinstance(card, dict)]
+
+
 @dataclass(frozen=True, slots=True)
 class VllmCache:
     """What ``vllm:cache_config_info`` says of an engine's prefix cache."""

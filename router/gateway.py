@@ -81,6 +81,7 @@ from .requests import (
     load_json_body,
     parse_inference_request,
 )
+from .served import merge_model_lists, model_list_ids, workers_for_model, workers_to_ask
 from .slow_clients import ClientTimeouts
 from .tenancy import checked_tenant, salted_body
 from .upstream import (
@@ -693,7 +694,10 @@ class Gateway:
         t0 = time.perf_counter()
         now = time.monotonic()
         wall = time.time()
-        workers = [w for w in self.view.routable(now) if w.worker_id not in excluded]
+        # chosen among the routable before the exclusions: a retry stays among the workers that
+        # serve the model, rather than going on to one that does not once they all failed
+        candidates = workers_for_model(parsed.model, self.view.routable(now))
+        workers = [w for w in candidates if w.worker_id not in excluded]
         if not workers:
             return None
         hashes = self.view.request_hashes(parsed.token_bytes, parsed.tenant_salt, workers)
@@ -771,7 +775,7 @@ class Gateway:
                         f"request may be what made it fail ({received} worker(s) failed so)",
                         kind="upstream_error",
                     )
-                if exc.answer is not None and not self._unsuspected_left(excluded):
+                if exc.answer is not None and not self._unsuspected_left(excluded, parsed.model):
                     # every other worker failed or refused work lately: re-sending would only add
                     # load to a busy fleet (each request asking every engine), so its 503 goes out
                     log.info("request %s: %s; no other worker is free", rid, last_error)
@@ -786,10 +790,11 @@ class Gateway:
         self.metrics.errors.labels(kind).inc()
         return unavailable(last_error) if refused is None else refused
 
-    def _unsuspected_left(self, excluded: set[str]) -> bool:
-        """Whether a routable worker not tried yet has not failed nor refused work lately."""
+    def _unsuspected_left(self, excluded: set[str], model: str | None) -> bool:
+        """Whether a routable worker for ``model`` not tried yet has not failed nor refused work lately."""
         now = time.monotonic()
-        return any(w.suspect_until <= now and w.worker_id not in excluded for w in self.view.routable(now))
+        candidates = workers_for_model(model, self.view.routable(now))
+        return any(w.suspect_until <= now and w.worker_id not in excluded for w in candidates)
 
     def _origin(self, url: str) -> tuple[Origin, str]:
         found = self._origins.get(url)
@@ -953,26 +958,52 @@ class Gateway:
         # the client's headers (an engine's API key) as for generation; identity, since the answer's
         # Content-Encoding is not passed on
         sent = [*self._upstream_headers(request, self._request_id(request)), ("Accept-Encoding", "identity")]
-        for w in self.view.routable(time.monotonic()):
-            try:
-                async with self.session.request(
-                    request.method,
-                    yarl.URL(w.url + request_target(request), encoded=True),
-                    headers=sent,
-                    data=body,
-                    timeout=aiohttp.ClientTimeout(total=5),
-                ) as up:
-                    data = await up.read()
-                    if up.status < 500:
-                        headers = answer_headers(up.headers)
-                        headers[WORKER_HEADER] = w.worker_id
-                        return self._answer(
-                            endpoint, web.Response(status=up.status, body=data, headers=headers), started
-                        )
-            except (aiohttp.ClientError, OSError, TimeoutError):
+        workers = self.view.routable(time.monotonic())
+        named = request.match_info.get("model")
+        if named is not None:  # /v1/models/{model}: the workers serving it (another would 404)
+            workers = workers_for_model(named, workers)
+        for w in workers:
+            got = await self._ask_info(w, request, sent, body)
+            if got is None or got[0] >= 500:
                 continue
+            status, data, headers = got
+            if endpoint == "/v1/models" and status == 200:
+                # a fleet serving several models (a rollout, two served names) lists them all
+                data = await self._all_models(data, [o for o in workers if o is not w], request, sent)
+                headers.pop("Content-Length", None)
+            headers[WORKER_HEADER] = w.worker_id
+            return self._answer(endpoint, web.Response(status=status, body=data, headers=headers), started)
         self.metrics.errors.labels("no_worker").inc()
         return self._answer(endpoint, unavailable("no worker is available"), started)
+
+    async def _ask_info(
+        self, w: WorkerView, request: web.Request, sent: list[tuple[str, str]], body: bytes | None
+    ) -> tuple[int, bytes, CIMultiDict[str]] | None:
+        """A worker's answer to an information request; None if it gave none."""
+        assert self.session is not None
+        try:
+            async with self.session.request(
+                request.method,
+                yarl.URL(w.url + request_target(request), encoded=True),
+                headers=sent,
+                data=body,
+                timeout=aiohttp.ClientTimeout(total=5),
+            ) as up:
+                return up.status, await up.read(), answer_headers(up.headers)
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return None
+
+    async def _all_models(
+        self, first: bytes, others: list[WorkerView], request: web.Request, sent: list[tuple[str, str]]
+    ) -> bytes:
+        """``first`` (a worker's model list) with the models other workers serve and it lacks, asked
+        of one worker each (none when every worker serves the same names)."""
+        listed = model_list_ids(first)
+        if listed is None:
+            return first
+        asked = workers_to_ask(listed, others)
+        answers = await asyncio.gather(*(self._ask_info(w, request, sent, None) for w in asked))
+        return merge_model_lists(first, [a[1] for a in answers if a is not None and a[0] == 200])
 
     async def handle_health(self, _request: web.Request) -> web.Response:
         routable = len(self.view.routable(time.monotonic()))
@@ -1006,6 +1037,7 @@ class Gateway:
                     "url": w.url,
                     "static": w.static,
                     "state": w.state,
+                    "served_models": list(w.served_models),
                     "routable": w.worker_id in routable,
                     "healthy": w.healthy,
                     "in_flight": w.load.in_flight if w.load else None,

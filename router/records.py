@@ -8,7 +8,7 @@ import json
 import math
 import re
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -64,6 +64,9 @@ class MemberRecord:
     adapter: str = ""
     block_tokens: int = 16
     registered_at: float = 0.0
+    # The model names its engine answers to (vLLM: every /v1/models id; SGLang: its served model
+    # name). Empty: not stated (a sidecar that predates the field, or an engine not asked yet).
+    served_models: tuple[str, ...] = ()
     v: int = RECORD_VERSION
 
 
@@ -124,6 +127,33 @@ def _seconds_or_rate(obj: dict[str, Any], name: str, what: str, default: Any = N
     return finite_field(_typed(obj, name, (int, float), what, default), name, what)
 
 
+MAX_SERVED_MODELS = 256  # a vLLM engine lists its base model and each LoRA adapter it loaded
+MAX_MODEL_NAME = 1024
+
+
+def servable_names(names: Iterable[object]) -> tuple[str, ...]:
+    """The names a member record can carry, from what an engine stated: strings of 1 to
+    MAX_MODEL_NAME characters, each once, at most MAX_SERVED_MODELS. A sidecar publishing more would
+    have its whole record refused by gateways (its worker dropped from routing)."""
+    kept = dict.fromkeys(n for n in names if isinstance(n, str) and 0 < len(n) <= MAX_MODEL_NAME)
+    return tuple(kept)[:MAX_SERVED_MODELS]
+
+
+def _served_models(obj: dict[str, Any], what: str) -> tuple[str, ...]:
+    names = obj.get("served_models", [])  # absent from records of sidecars that predate it
+    if not isinstance(names, list) or len(names) > MAX_SERVED_MODELS:
+        raise SummaryError(
+            f"{what}: field 'served_models' must be a list of at most {MAX_SERVED_MODELS} names"
+        )
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > MAX_MODEL_NAME:
+            shown = str(name)[:140]
+            raise SummaryError(
+                f"{what}: field 'served_models' holds {shown!r}, not a name of 1-{MAX_MODEL_NAME} characters"
+            )
+    return tuple(dict.fromkeys(names))  # in order, once each
+
+
 def decode_member(raw: str | bytes) -> MemberRecord:
     what = "member record"
     obj = _load_json(raw, what)
@@ -144,6 +174,7 @@ def decode_member(raw: str | bytes) -> MemberRecord:
         adapter=_typed(obj, "adapter", str, what, ""),
         block_tokens=block_tokens,
         registered_at=_seconds_or_rate(obj, "registered_at", what, 0.0),
+        served_models=_served_models(obj, what),
     )
 
 

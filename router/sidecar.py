@@ -54,6 +54,7 @@ from .engine_api import (
     mirror_block_tokens,
     pick_engine_api,
     vllm_cache_config,
+    vllm_model_ids,
     vllm_resets_running,
     vllm_served_model,
     vllm_visible_hit,
@@ -100,6 +101,7 @@ from .records import (
     MemberRecord,
     encode_load_push,
     encode_record,
+    servable_names,
     validate_state,
     validate_worker_id,
 )
@@ -311,6 +313,7 @@ class _EngineInfo:
     cache_report: bool = False
     api: str = ""  # sglang or vllm once known (--engine-api, or detected)
     served_model: str = ""  # vLLM: /v1/models data[0].id, the name its requests' "model" must give
+    served_models: tuple[str, ...] = ()  # every name it answers to, for the member record
     match_unit: int | None = None  # vLLM: the token boundary its cache hits land on (block_size)
     # False: the engine keeps no prefix cache (vLLM --no-enable-prefix-caching, SGLang
     # --disable-radix-cache): the mirror stays empty, so no hit is predicted or published
@@ -329,6 +332,7 @@ class EngineFacts:
     served_model: str = ""
     match_unit: int | None = None
     prefix_caching: bool = True
+    served_models: tuple[str, ...] = ()  # the names clients may give as "model" (not --model)
 
 
 def sglang_facts(info: dict[str, object], model: str | None, revision: str | None) -> EngineFacts:
@@ -342,6 +346,8 @@ def sglang_facts(info: dict[str, object], model: str | None, revision: str | Non
         emulator=info.get("emulator"),
         # SGLang's server args: --disable-radix-cache turns its prefix cache off
         prefix_caching=info.get("disable_radix_cache") is not True,
+        # what the engine calls itself, whatever --model names the cache
+        served_models=servable_names([info.get("served_model_name") or info.get("model_path")]),
     )
 
 
@@ -718,6 +724,7 @@ class Sidecar:
             revision=self.config.revision or "",
             capacity_tokens=cache.capacity_tokens if cache is not None else None,
             served_model=served,
+            served_models=servable_names(vllm_model_ids(models.body)),
             match_unit=cache.match_unit if cache is not None else None,
             prefix_caching=cache.prefix_caching if cache is not None else True,
         )
@@ -728,6 +735,7 @@ class Sidecar:
         e.model, e.revision, e.known, e.api = model, revision, True, api
         e.cache_report = facts.cache_report
         e.served_model, e.match_unit = facts.served_model, facts.match_unit
+        e.served_models = facts.served_models
         e.prefix_caching = facts.prefix_caching
         if not facts.prefix_caching:
             log.warning(
@@ -804,6 +812,7 @@ class Sidecar:
             adapter=self.config.adapter,
             block_tokens=self.s.mirror.block_tokens,
             registered_at=time.time(),
+            served_models=e.served_models,
         )
 
     def load_report(self) -> LoadReport:

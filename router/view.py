@@ -88,6 +88,12 @@ class WorkerView:
             return self.member.block_tokens
         return default
 
+    @property
+    def served_models(self) -> tuple[str, ...]:
+        """The model names its sidecar says the engine answers to; () if unknown (a static worker, a
+        sidecar that predates the field, an engine not asked yet)."""
+        return self.member.served_models if self.member is not None else ()
+
 
 @dataclass(frozen=True, slots=True)
 class SnapshotResult:

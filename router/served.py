@@ -1,0 +1,75 @@
+"""Which workers a request naming a model may go to, and the gateway's merged ``/v1/models``: pure
+functions over the model names each worker's sidecar says its engine serves (its member record's
+``served_models``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+
+class Serving(Protocol):
+    @property
+    def served_models(self) -> tuple[str, ...]: ...
+
+
+W = TypeVar("W", bound=Serving)
+
+
+def workers_for_model(model: str | None, workers: Sequence[W]) -> list[W]:
+    """The workers a request naming ``model`` may go to, in their order.
+
+    When some worker lists ``model`` among its served names, the workers that list other names only
+    are left out: a vLLM engine answers 404 for a name it does not serve, an SGLang engine answers
+    with its own model. Workers that list nothing stay in: nothing says they do not serve it, and
+    leaving them out would, during an upgrade of the sidecars, send every request naming the model
+    to the first upgraded replica. A request naming no model, or one no worker lists (SGLang ignores
+    the field; clients send "default"), may go to any worker, as before."""
+    if not model or not any(model in w.served_models for w in workers):
+        return list(workers)
+    return [w for w in workers if not w.served_models or model in w.served_models]
+
+
+def model_list_ids(body: bytes) -> list[str] | None:
+    """The ``id`` of each entry of an OpenAI model list (``GET /v1/models``); None if ``body`` is
+    not one (then it is passed on as it came)."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list) or not all(isinstance(card, dict) for card in data):
+        return None
+    return [card["id"] for card in data if isinstance(card.get("id"), str)]
+
+
+def workers_to_ask(listed: Sequence[str], workers: Sequence[W]) -> list[W]:
+    """Workers to ask for their model list so that every name some worker serves, and ``listed``
+    does not hold, is asked of one of them (the fewest asks in the workers' order)."""
+    covered = set(listed)
+    ask = []
+    for w in workers:
+        if not covered.issuperset(w.served_models):
+            ask.append(w)
+            covered.update(w.served_models)
+    return ask
+
+
+def merge_model_lists(first: bytes, others: Sequence[bytes]) -> bytes:
+    """``first`` (an OpenAI model list) with the entries of ``others`` whose ``id`` it lacks, each id
+    once, first's entries first; an answer that is not a model list adds nothing."""
+    if model_list_ids(first) is None:
+        return first
+    merged = json.loads(first)
+    seen = {card.get("id") for card in merged["data"]}
+    added = False
+    for body in others:
+        if model_list_ids(body) is None:
+            continue
+        for card in json.loads(body)["data"]:
+            if isinstance(card.get("id"), str) and card["id"] not in seen:
+                seen.add(card["id"])
+                merged["data"].append(card)
+                added = True
+    return json.dumps(merged, separators=(",", ":")).encode() if added else first
