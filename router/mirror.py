@@ -12,6 +12,7 @@ answer) takes its new tokens back (:meth:`CacheMirror.withdraw`).
 from __future__ import annotations
 
 import bisect
+import operator
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from .radix import CacheFullError, RadixNode, RadixTree
 from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, BlockIndex, HotPrefix, Summary
 
 _TICK_SAMPLES = 4096
+_tick_of = operator.itemgetter(0)
 _PRUNE_MIN_EVICTIONS = 1024  # see CacheMirror._prune
 
 
@@ -90,6 +92,7 @@ class CacheMirror:
             self._prune()
             if added_tokens:
                 added = node  # the insert's new leaf: it ends exactly at the prompt's end
+        self.index.touched(node)  # its path's hits and recency rose: the hot ranking looks there
         self._ticks.append((node.last_access, self._clock()))
         return Admission(matched, added, node.last_access, self.tree)
 
@@ -157,15 +160,16 @@ class CacheMirror:
         return self._tick_clock()(tick)
 
     def _tick_clock(self) -> Callable[[int], float]:
-        """A tick -> unix time mapping frozen at this moment (built once per summary)."""
-        samples = list(self._ticks)
-        ticks = [t for t, _ in samples]
+        """A tick -> unix time mapping frozen at this moment (built once per summary). A copy of the
+        samples, searched by their tick: no list of the ticks built first (4096 of them at each
+        summary, which asks for only its few hot nodes' times)."""
+        samples = self._ticks.copy()
         now = self._clock()
 
         def wall(tick: int) -> float:
             if not samples:
                 return now
-            i = bisect.bisect_left(ticks, tick)
+            i = bisect.bisect_left(samples, tick, key=_tick_of)
             return samples[min(i, len(samples) - 1)][1]
 
         return wall

@@ -397,6 +397,9 @@ def _patched(blocks: array, added: list[int], removed: list[int]) -> array:
 
 
 _RANK = operator.attrgetter("hits", "last_access")
+# Touched paths kept between two summaries before the index gives up and ranks every node: a sidecar
+# without Redis builds none, and its set must not grow with every request it serves
+_MAX_TOUCHED = 4096
 _first = operator.itemgetter(0)
 
 
@@ -451,6 +454,12 @@ class BlockIndex:
         self._added: set[int] = set()  # distinct hashes gained / lost since then
         self._removed: set[int] = set()
         self._evictions_seen = tree.evictions_total
+        # The hot ranking, kept between summaries (see _ranked_since): the last summary's top nodes,
+        # and the deepest node of each path touched since (None: too many, or a flush: rank all)
+        self._ranked: list[RadixNode] | None = None
+        self._ranked_k = 0  # the hot_k it was ranked for
+        self._touched: set[RadixNode] | None = set()
+        self.full_rankings = 0  # summaries that ranked every node (a figure for tests, no behaviour)
 
     def clear(self) -> None:
         self._nodes.clear()
@@ -462,11 +471,22 @@ class BlockIndex:
         self._added.clear()
         self._removed.clear()
         self._evictions_seen = self.tree.evictions_total
+        self._ranked = None
+        self._touched = set()
 
     def __len__(self) -> int:
         return len(self._nodes)
 
     # -- following the tree ----------------------------------------------------------------------
+
+    def touched(self, node: RadixNode) -> None:
+        """A match or insert just touched the path from ``node``'s root down to ``node`` (the
+        deepest node it reached): the nodes whose rank may have risen since the last summary."""
+        touched = self._touched
+        if touched is not None:
+            touched.add(node)
+            if len(touched) > _MAX_TOUCHED:  # no summary for long (no Redis): rank all next time
+                self._touched = None
 
     def track_path(self, node: RadixNode) -> None:
         """Index the nodes from ``node``'s root down to ``node`` that are new since the last call."""
@@ -596,6 +616,51 @@ class BlockIndex:
             return nodes[0]
         return max(nodes, key=lambda n: (n.hits, -order[self._nodes[n].namespace]))
 
+    def _ranks(self, node: RadixNode) -> bool:
+        """Whether ``node`` is one the hot ranking looks at (no namespaces sharing a seed): in the
+        tree, completing a block, and the node its last block's hash is kept for."""
+        info = self._nodes.get(node)
+        if info is None or not info.hashes or node.parent is None:
+            return False
+        owners = self._owners.get(info.last_hash)
+        return owners is not None and owners[0] is node
+
+    def _ranked_since(self, hot_k: int) -> list[RadixNode] | None:
+        """The top ``hot_k`` nodes by (hits, recency) from the last summary's top and the paths
+        touched since, without ranking every node; None when that cannot be known so.
+
+        A node's (hits, last_access) changes only when a match or insert touches it, and every node
+        so touched (a new leaf, the upper half of a split edge included) lies on the path from the
+        root to the deepest node that operation reached, which the mirror hands to :meth:`touched`;
+        a node starts completing a block only when indexed, on such a path too. So a node that was
+        outside the last top and has not been touched since is still outranked by every node of
+        that top; as long as all of them still rank, the new top is among them and the touched
+        paths. Otherwise (one was evicted, withdrawn or split off its block, a touched node left
+        the tree, too many touches, or a flush), None: rank every node. Two nodes never tie (one
+        operation's tick goes to one path, whose hits fall strictly from the root down); were two
+        candidates to tie, the full ranking, which breaks ties by position, is asked too."""
+        last, touched = self._ranked, self._touched
+        # (a top of fewer than hot_k nodes held every node that ranked then)
+        if last is None or touched is None or hot_k > self._ranked_k:
+            return None
+        if not all(map(self._ranks, last)):
+            return None
+        candidates = set(last)
+        seen: set[RadixNode] = set()
+        for node in touched:
+            if node.parent is None:
+                return None  # left the tree since: the ancestors it was touched with are unknown
+            cur: RadixNode | None = node
+            while cur is not None and cur.parent is not None and cur not in seen:
+                seen.add(cur)
+                if self._ranks(cur):
+                    candidates.add(cur)
+                cur = cur.parent
+        keys = set(map(_RANK, candidates))
+        if len(keys) != len(candidates):
+            return None
+        return heapq.nlargest(hot_k, candidates, key=_RANK)
+
     def summary(
         self,
         *,
@@ -619,10 +684,16 @@ class BlockIndex:
             candidates = [(h, self._candidate(nodes, order)) for h, nodes in self._owners.items()]
             top = heapq.nlargest(hot_k, candidates, key=lambda hn: (hn[1].hits, hn[1].last_access))
         else:
-            # One node per hash: rank the nodes with a C-level key, newest first so that the many
-            # nodes tying on hits with a newer one are rejected without entering the heap.
-            ranked = heapq.nlargest(hot_k, map(_first, reversed(self._owners.values())), key=_RANK)
+            ranked = self._ranked_since(hot_k)
+            if ranked is None:
+                # One node per hash: rank the nodes with a C-level key, newest first so that the
+                # many nodes tying on hits with a newer one are rejected without entering the heap.
+                ranked = heapq.nlargest(hot_k, map(_first, reversed(self._owners.values())), key=_RANK)
+                self.full_rankings += 1
             top = [(self._nodes[node].last_hash, node) for node in ranked]
+        self._ranked = None if self._shared else [node for _h, node in top]
+        self._ranked_k = hot_k
+        self._touched = set()
         step = self.block_tokens
         hot: list[HotNode] = []
         exports: dict[int, HotPrefix] = {}
