@@ -905,8 +905,9 @@ class Sidecar:
         unpublished_state = False
         while True:
             if self.control is not None and self.control.token is None:
-                # known before the first control request (one Redis read), so a Redis outage after
-                # the start does not refuse the operator's drain; a failed read is retried here
+                # known before the first control request (one Redis read); a failed read is retried
+                # here. A control request reads it again when this reading is over a second old, and
+                # with Redis down the cached one serves only for router.control.UNCONFIRMED_GRACE_S
                 await self.control.refresh()
             state_change = self.s.state_changed.is_set() or unpublished_state
             self.s.state_changed.clear()
