@@ -509,17 +509,19 @@ class UpstreamPool:
         return exchange
 
     async def _within_read_timeout(self, waiter: asyncio.Future[_T]) -> _T:
-        """``waiter``'s result, or :class:`UpstreamTimeout` when nothing arrived within the limit."""
+        """``waiter``'s result, or :class:`UpstreamTimeout` when nothing arrived within the limit.
+
+        A bare timer that fails ``waiter`` itself, not ``asyncio.timeout``: that one builds a context
+        manager, looks the task up and cancels it to time out, ~9 µs per wait where this costs ~1 µs,
+        and every exchange waits twice (its head, its body) on both hops."""
         limit = self.read_timeout_s
         if limit is None:
             return await waiter
+        timer = waiter.get_loop().call_later(limit, _time_out, waiter, limit)
         try:
-            async with asyncio.timeout(limit):
-                return await waiter
-        except TimeoutError as exc:
-            if isinstance(exc, ConnectionError):
-                raise  # an UpstreamTimeout of its own
-            raise UpstreamTimeout(f"the upstream sent nothing for {limit:g} s") from None
+            return await waiter
+        finally:
+            timer.cancel()
 
     async def _acquire(self, origin: Origin) -> tuple[_Connection, float]:
         """A connection to ``origin`` and how long it sat idle (0: a new one)."""
@@ -574,6 +576,14 @@ class UpstreamPool:
                 with contextlib.suppress(Exception):
                     conn.abort()
         self._idle.clear()
+
+
+def _time_out(waiter: asyncio.Future[object], limit: float) -> None:
+    """Fail a wait the upstream left unanswered for ``limit`` seconds (see ``_within_read_timeout``)."""
+    if not waiter.done():
+        waiter.set_exception(UpstreamTimeout(f"the upstream sent nothing for {limit:g} s"))
+        # marked retrieved: a task cancelled just as this fired never awaits it (no "never retrieved" log)
+        waiter.exception()
 
 
 def split_url(url: str) -> tuple[Origin, str]:
