@@ -67,6 +67,9 @@ class WorkerView:
     sends: dict[int, _Send] = field(default_factory=dict)  # own in-flight requests
     # own requests that ended recently: a load report written before they ended still counts them
     done: deque[_Send] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DONE))
+    # ends recorded before ``done`` is surely in done_at order again (0: it is): the wall clock
+    # stepped back between two ends. In order, :func:`ended_since` reads only the newest entries.
+    done_unordered: int = 0
 
     @property
     def state(self) -> str:
@@ -338,7 +341,7 @@ class FleetView:
                 unreported = [s for s in w.sends.values() if s.sent_at > load.ts]
                 # own sends the report counts as in flight though they have ended since: subtract
                 # them (a burst right after a reply must not see the replied request as still queued)
-                ended = [d for d in w.done if d.sent_at <= load.ts < d.done_at]
+                ended = ended_since(w, load.ts)
             in_flight = max((load.in_flight if load else 0) + len(unreported) - len(ended), 0)
             pending = max(
                 (load.pending_prefill_tokens if load else 0)
@@ -402,7 +405,13 @@ class FleetView:
         send = w.sends.pop(handle, None)
         if send is not None and wall_now is not None:
             send.done_at = wall_now
-            w.done.append(send)
+            done = w.done
+            if done and wall_now < done[-1].done_at:
+                # out of order until the entry before it leaves the deque: at most maxlen ends later
+                w.done_unordered = done.maxlen or len(done) + 1
+            elif w.done_unordered:
+                w.done_unordered -= 1
+            done.append(send)
 
     def release_send(self, worker_id: str, hashes: Iterable[int], sent_at: float) -> int:
         """Forget the overlay entries of a send made at ``sent_at`` that never reached the engine's
@@ -437,6 +446,22 @@ class FleetView:
                 del w.overlay[h]
             if not w.overlay:
                 w.overlay_keys.clear()
+
+
+def ended_since(w: WorkerView, ts: float) -> list[_Send]:
+    """``w``'s own sends that a load report written at ``ts`` counts as in flight though they have
+    ended: sent at or before ``ts``, ended after it. While ``w.done`` is in done_at order (the usual
+    case) only the entries ended after ``ts`` are read, newest first, not all MAX_RECENT_DONE (a full
+    scan per worker per request was most of the scoring's time); the same sends either way."""
+    if w.done_unordered:
+        return [d for d in w.done if d.sent_at <= ts < d.done_at]
+    ended = []
+    for d in reversed(w.done):
+        if d.done_at <= ts:
+            break  # so did every older one
+        if d.sent_at <= ts:
+            ended.append(d)
+    return ended
 
 
 def _add_to_overlay(overlay: dict[int, float], hashes: Iterable[int], sent_at: float) -> None:
