@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
+from types import EllipsisType
 from typing import Any
 
 import httptools
@@ -190,8 +191,7 @@ class HotRequest:
     @property
     def remote(self) -> str | None:
         """The client's address, as ``web.Request.remote`` (the gateway's X-Forwarded-For)."""
-        peer = self._conn.transport.get_extra_info("peername") if self._conn.transport else None
-        return str(peer[0]) if isinstance(peer, tuple | list) and peer else None
+        return self._conn.peer_host()
 
     async def read(self) -> bytes:
         return self._body
@@ -349,6 +349,16 @@ class _FrontConnection(asyncio.Protocol):
         self._probed = 0  # bytes of the buffer fed to the probe
         self._scanned = 0  # where the search for the head's end resumes (see head_end)
         self._running: tuple[HotRequest, asyncio.Task[None]] | None = None  # the request being handled
+        self._peer: str | EllipsisType | None = ...  # the client's address, once asked (...: not yet)
+
+    def peer_host(self) -> str | None:
+        """The client's address (None if unknown), read once per connection: every request on it
+        comes from the same peer."""
+        host = self._peer
+        if host is ...:
+            peer = self.transport.get_extra_info("peername") if self.transport else None
+            host = self._peer = str(peer[0]) if isinstance(peer, tuple | list) and peer else None
+        return host
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 

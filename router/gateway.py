@@ -128,6 +128,22 @@ class _Inbound:
     rid: str  # its id (the client's or generated): upstream, in the answer, in log lines
 
 
+@dataclass(slots=True)
+class _Pick:
+    """A routing decision: where a request goes, and the figures its metrics record once the request
+    is on its way (:meth:`Gateway._note_decision`), off the path between its arrival and its send."""
+
+    worker: WorkerView
+    chain: list[int]  # the request's block hashes under the worker's cache name
+    uncached: int  # prompt tokens the worker is expected to prefill
+    matched_blocks: int
+    reason: str
+    matched_tokens: int
+    num_tokens: int
+    decided_s: float  # scoring + policy time
+    noted: bool = False
+
+
 _arrival: contextvars.ContextVar[_Arrival | None] = contextvars.ContextVar("gateway_arrival", default=None)
 
 
@@ -688,9 +704,7 @@ class Gateway:
             return exc.response
         return self._answer(endpoint, response, started)
 
-    def _decide(
-        self, parsed: InferenceRequest, excluded: set[str]
-    ) -> tuple[WorkerView, list[int], int, int] | None:
+    def _decide(self, parsed: InferenceRequest, excluded: set[str]) -> _Pick | None:
         t0 = time.perf_counter()
         now = time.monotonic()
         wall = time.time()
@@ -717,15 +731,34 @@ class Gateway:
         chosen = self.view.workers[str(decision.replica_id)]
         row = next(r for r in rows if r.replica_id == decision.replica_id)
         key = (chosen.identity_seed(self.view.default_seed), chosen.block_tokens(self.view.block_tokens))
-        chain = hashes[key]
-        self.metrics.decision_latency.observe(time.perf_counter() - t0)
-        self.metrics.routed(
-            self.policy.name, decision.reason, chosen.worker_id, parsed.num_tokens, row.matched_tokens
+        return _Pick(
+            worker=chosen,
+            chain=hashes[key],
+            uncached=parsed.uncached_tokens(row.matched_tokens),
+            matched_blocks=row.matched_tokens // key[1],
+            reason=decision.reason,
+            matched_tokens=row.matched_tokens,
+            num_tokens=parsed.num_tokens,
+            decided_s=time.perf_counter() - t0,
         )
-        self.metrics.matched_ratio.observe(
-            row.matched_tokens / parsed.num_tokens if parsed.num_tokens else 0.0
-        )
-        return chosen, chain, parsed.uncached_tokens(row.matched_tokens), row.matched_tokens // key[1]
+
+    def _note_decision(self, pick: _Pick) -> None:
+        """Record a decision's metrics, once: right after its request was written to the worker (the
+        worker is busy with it meanwhile), or as its attempt ends if it never was. A failure here is
+        logged, never the request's."""
+        if pick.noted:
+            return
+        pick.noted = True
+        try:
+            self.metrics.decision_latency.observe(pick.decided_s)
+            self.metrics.routed(
+                self.policy.name, pick.reason, pick.worker.worker_id, pick.num_tokens, pick.matched_tokens
+            )
+            self.metrics.matched_ratio.observe(
+                pick.matched_tokens / pick.num_tokens if pick.num_tokens else 0.0
+            )
+        except Exception:
+            log.exception("recording a routing decision's metrics failed")
 
     async def _route_and_forward(self, inbound: _Inbound, parsed: InferenceRequest) -> Answer:
         rid = inbound.rid
@@ -734,14 +767,14 @@ class Gateway:
         refused: web.Response | None = None  # the latest worker's own 503, if one answered so
         received = 0  # failures after a worker may have taken the request
         for attempt in range(self.config.max_retries + 1):
-            picked = self._decide(parsed, excluded)
-            if picked is None:
+            pick = self._decide(parsed, excluded)
+            if pick is None:
                 break
-            worker, chain, uncached, matched_blocks = picked
+            worker, chain = pick.worker, pick.chain
             if attempt:
                 self.metrics.retries.inc()
             wall = time.time()
-            handle = self.view.record_send(worker.worker_id, chain, uncached, wall)
+            handle = self.view.record_send(worker.worker_id, chain, pick.uncached, wall)
             # Not for a static worker: its id is a URL from this gateway's flags, which peers do not
             # share and a notice's worker field does not admit (encoding it failed the request).
             shared = not worker.static and self._share_send(worker.worker_id, chain, wall)
@@ -751,7 +784,7 @@ class Gateway:
             # no gateway then routes the prefix there as a hit the engine never computed.
             prefilled = [False]
             try:
-                return await self._forward(inbound, worker, prefilled)
+                return await self._forward(inbound, pick, prefilled)
             except _Retryable as exc:
                 last_error = f"worker {worker.worker_id} failed: {exc}"
                 if exc.answer is None:
@@ -782,9 +815,10 @@ class Gateway:
                     break
                 log.info("request %s: %s; retrying elsewhere", rid, last_error)
             finally:
+                self._note_decision(pick)  # when the request was never written (else a no-op)
                 # failed and retried, client left, or an error answer (or a timeout) before the first token
                 if not prefilled[0]:
-                    self._withdraw_send(worker.worker_id, chain[matched_blocks:], wall, shared)
+                    self._withdraw_send(worker.worker_id, chain[pick.matched_blocks :], wall, shared)
                 self.view.record_done(worker.worker_id, handle, time.time())
         kind = "no_worker" if not excluded else "upstream"
         self.metrics.errors.labels(kind).inc()
@@ -805,12 +839,13 @@ class Gateway:
             self._origins[url] = found
         return found
 
-    async def _forward(self, inbound: _Inbound, worker: WorkerView, prefilled: list[bool]) -> Answer:
+    async def _forward(self, inbound: _Inbound, pick: _Pick, prefilled: list[bool]) -> Answer:
+        worker = pick.worker
         if self.config.upstream_timeout_s is None:
-            return await self._exchange(inbound, worker, prefilled)
+            return await self._exchange(inbound, pick, prefilled)
         try:
             async with asyncio.timeout(self.config.upstream_timeout_s):
-                return await self._exchange(inbound, worker, prefilled)
+                return await self._exchange(inbound, pick, prefilled)
         except TimeoutError as exc:
             if isinstance(exc, ConnectionError):
                 raise _Retryable(failure_text(exc)) from exc
@@ -823,9 +858,9 @@ class Gateway:
             )
             return json_error(504, f"worker {worker.worker_id} timed out", kind="timeout")
 
-    async def _exchange(self, inbound: _Inbound, worker: WorkerView, prefilled: list[bool]) -> Answer:
+    async def _exchange(self, inbound: _Inbound, pick: _Pick, prefilled: list[bool]) -> Answer:
         assert self.upstream is not None
-        request, rid = inbound.request, inbound.rid
+        request, rid, worker = inbound.request, inbound.rid, pick.worker
         try:
             origin, prefix = self._origin(worker.url)
         except ValueError as exc:
@@ -840,6 +875,7 @@ class Gateway:
             )
         except _RETRY_ERRORS as exc:
             raise _Retryable(failure_text(exc)) from exc
+        self._note_decision(pick)  # the worker has the request: its answer is not waiting for this
         async with exchange:
             try:
                 upstream = await exchange.response()
@@ -875,7 +911,12 @@ class Gateway:
                 prefilled[0] = upstream.status == 200
                 if upstream.status >= 500:
                     self.metrics.errors.labels("upstream").inc()
-                return web.Response(status=upstream.status, body=data, headers=headers)
+                response = web.Response(status=upstream.status, body=data, headers=headers)
+                if isinstance(request, HotRequest):
+                    # written now: giving the connection back, the bookkeeping and the metrics of the
+                    # request's end (all synchronous from here) need not precede the client's answer
+                    request.send_response(response)
+                return response
             return await self._stream(inbound, upstream, headers, prefilled, worker)
 
     async def _stream(

@@ -1,11 +1,21 @@
-"""The gateway's per-request shortcuts give the answers of the plain computations they replace."""
+"""The gateway's per-request shortcuts: the same answers as the plain computations they replace, and
+what need not precede an exchange (metrics, bookkeeping) done off its path."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from fleet_fixtures import eventually, serve_aiohttp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
+from prefixfleet.router.front import HotRequest
+from prefixfleet.router.gateway import GatewayConfig, listening
 from prefixfleet.router.gateway_metrics import GatewayMetrics
 from prefixfleet.router.hotspots import HotSubtree
 from prefixfleet.router.view import MAX_RECENT_DONE, FleetView, ended_since
@@ -98,3 +108,69 @@ def test_hot_subtree_series_updated_in_place_equal_a_rebuild(rankings: list[list
             fresh = GatewayMetrics()
             fresh.set_hot_subtrees(shown)
             assert _hot_series(metrics) == _hot_series(fresh)
+
+
+def _sidecar() -> web.Application:
+    async def generate(_request: web.Request) -> web.Response:
+        return web.json_response({"text": "ok", "meta_info": {"prompt_tokens": 3, "cached_tokens": 0}})
+
+    async def health(_request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    app.router.add_get("/health", health)
+    return app
+
+
+async def test_the_answer_is_written_before_the_requests_bookkeeping_and_metrics_after_its_send(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What need not precede an exchange stays off its path: a decision's metrics are recorded once
+    the request went to the worker, and the client's answer is written before the request's end is
+    booked (its worker's in-flight count, the answered-requests metrics). Both were done first."""
+    events: list[tuple[str, bool]] = []
+    async with (
+        serve_aiohttp(_sidecar()) as worker,
+        listening(GatewayConfig(port=0, workers=(worker,), health_interval_s=3600)) as served,
+        aiohttp.ClientSession() as http,
+    ):
+        gateway = served.gateway
+        assert gateway.upstream is not None
+        running: list[HotRequest] = []
+        handle = gateway.handle_generate
+
+        async def generate(request: HotRequest) -> object:
+            running.append(request)
+            return await handle(request)
+
+        served.front.handlers["/generate"] = generate
+        send, routed = gateway.upstream.send, gateway.metrics.routed
+        record_done, answered = gateway.view.record_done, gateway.metrics.request_answered
+
+        def sent_yet() -> bool:
+            return bool(running) and running[-1].sent
+
+        async def traced_send(*args: Any, **kwargs: Any) -> Any:
+            exchange = await send(*args, **kwargs)
+            events.append(("upstream send", sent_yet()))
+            return exchange
+
+        def traced(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                events.append((name, sent_yet()))
+                return call(*args, **kwargs)
+
+            return wrapper
+
+        monkeypatch.setattr(gateway.upstream, "send", traced_send)
+        monkeypatch.setattr(gateway.metrics, "routed", traced("routed", routed))
+        monkeypatch.setattr(gateway.view, "record_done", traced("record_done", record_done))
+        monkeypatch.setattr(gateway.metrics, "request_answered", traced("answered", answered))
+        body = {"text": "one two three", "sampling_params": {"max_new_tokens": 1}}
+        async with http.post(f"http://127.0.0.1:{served.port}/generate", json=body) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["text"] == "ok"
+        await eventually(lambda: events, 10.0, "the request's end booked", done=lambda got: len(got) == 4)
+    # (name, whether the client's answer had been written by then)
+    assert events == [("upstream send", False), ("routed", False), ("record_done", True), ("answered", True)]
