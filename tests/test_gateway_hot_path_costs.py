@@ -3,21 +3,26 @@ what need not precede an exchange (metrics, bookkeeping) done off its path."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio as aioredis
 from aiohttp import web
-from fleet_fixtures import eventually, serve_aiohttp
+from fleet_fixtures import RedisServer, eventually, serve_aiohttp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from prefixfleet.router.front import HotRequest
-from prefixfleet.router.gateway import GatewayConfig, listening
+from prefixfleet.router.gateway import Gateway, GatewayConfig, listening
 from prefixfleet.router.gateway_metrics import GatewayMetrics
 from prefixfleet.router.hotspots import HotSubtree
+from prefixfleet.router.keys import FleetKeys
+from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
+from prefixfleet.router.redis_conn import connect_redis
 from prefixfleet.router.view import MAX_RECENT_DONE, FleetView, ended_since
 
 # wall-clock readings as a gateway may take them: mostly rising, sometimes stepping back (NTP)
@@ -174,3 +179,69 @@ async def test_the_answer_is_written_before_the_requests_bookkeeping_and_metrics
         await eventually(lambda: events, 10.0, "the request's end booked", done=lambda got: len(got) == 4)
     # (name, whether the client's answer had been written by then)
     assert events == [("upstream send", False), ("routed", False), ("record_done", True), ("answered", True)]
+
+
+def _load(seq: int, in_flight: int) -> bytes:
+    return encode_record(
+        LoadReport(
+            seq=seq, ts=time.time(), state="ready", engine_ok=True, in_flight=in_flight, queued=0,
+            pending_prefill_tokens=0, prefill_tokens_per_s=1000.0, cached_tokens=0,
+            capacity_tokens=1000, summary_version=0,
+        )
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+async def test_a_refresh_reads_known_members_loads_in_the_members_round_trip(
+    redis_server: RedisServer,
+) -> None:
+    """Five refreshes a second: the members hash and the loads of the members it held last time
+    are read in one round trip (they were two); a member new since has its load read after."""
+    fleet = "hotpathrefresh"
+    keys = FleetKeys(fleet)
+    client = aioredis.from_url(redis_server.url)
+    gateway = Gateway(GatewayConfig(port=0, redis_url=redis_server.url, fleet=fleet))
+    gateway.redis = connect_redis(redis_server.url, timeout_s=5.0)
+    trips: list[str] = []
+    pipeline, mget = gateway.redis.pipeline, gateway.redis.mget
+
+    def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
+        trips.append("pipeline")
+        return pipeline(*args, **kwargs)
+
+    async def counted_mget(*args: Any, **kwargs: Any) -> Any:
+        trips.append("mget")
+        return await mget(*args, **kwargs)
+
+    gateway.redis.pipeline = counted_pipeline  # type: ignore[method-assign]
+    gateway.redis.mget = counted_mget  # type: ignore[method-assign]
+    try:
+        await client.hset(keys.members, "w0", encode_record(MemberRecord(url="http://127.0.0.1:9")))
+        await client.set(keys.load("w0"), _load(1, 3))
+        await gateway.refresh_once()  # w0 is new: its load is read after the members
+        assert trips == ["pipeline", "mget"]
+        assert gateway.view.workers["w0"].load.in_flight == 3  # type: ignore[union-attr]
+
+        trips.clear()
+        await client.set(keys.load("w0"), _load(2, 5))
+        await gateway.refresh_once()
+        assert trips == ["pipeline"]
+        assert gateway.view.workers["w0"].load.in_flight == 5  # type: ignore[union-attr]
+
+        trips.clear()
+        await client.hset(keys.members, "w1", encode_record(MemberRecord(url="http://127.0.0.1:10")))
+        await client.set(keys.load("w1"), _load(1, 7))
+        await client.set(keys.load("w0"), _load(3, 6))
+        await gateway.refresh_once()
+        assert trips == ["pipeline", "mget"]
+        assert {w: v.load.in_flight for w, v in gateway.view.workers.items() if v.load} == {"w0": 6, "w1": 7}
+
+        trips.clear()
+        await client.hdel(keys.members, "w0")
+        await client.set(keys.load("w1"), _load(2, 1))
+        await gateway.refresh_once()
+        assert trips == ["pipeline"]
+        assert gateway.view.workers["w1"].load.in_flight == 1  # type: ignore[union-attr]
+    finally:
+        await gateway.redis.aclose()
+        await client.aclose()
