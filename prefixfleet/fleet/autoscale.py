@@ -17,14 +17,22 @@ whenever that fails from the sidecar's ``/metrics``. Execution with processes:
 * scale down: the planner's victim is set ``draining`` through its sidecar (gateways stop sending it
   new requests); once nothing is in flight (at least :data:`MIN_DRAIN_S`, at most ``drain_timeout_s``)
   its sidecar and engine are stopped (the sidecar deregisters itself from Redis on the way out).
+
+Every state change is checked (:meth:`LocalAutoscaler._post_state`): a 401 (the token rotated since it
+was read) reads the token again, a 503 (the sidecar cannot confirm the token: Redis down past its
+grace) or no answer is tried again briefly, and a change that still fails is an ``error`` event naming
+the replica, the state and the sidecar's answer. A replica whose published state is ``warming`` or
+``draining`` while no warm-up or drain of the loop holds it (a ``ready`` that never got through) is set
+``ready`` by a later round (:func:`stranded`), as the operator removes a leftover warming mark.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +66,7 @@ from prefixfleet.operator.autoscale_sources import read_engine_metrics, read_rec
 from prefixfleet.operator.hot_subtrees import HotState, hot_subtrees
 from prefixfleet.operator.planner import ObservedPod
 from prefixfleet.operator.prometheus_source import PrometheusScope, PrometheusSource
-from prefixfleet.router.control import control_headers, fleet_control_token
+from prefixfleet.router.control import REREAD_INTERVAL_S, control_headers, fleet_control_token
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.prewarm import warm_replica
 from prefixfleet.router.redis_conn import redis_error_text
@@ -67,6 +75,11 @@ LOCAL_NAMESPACE = "local"  # the namespace label local_prometheus gives a local 
 MIN_DRAIN_S = 2.0  # every gateway has refreshed its view (0.2 s polls) before the process goes
 HTTP_TIMEOUT_S = 5.0
 WARM_TIMEOUT_S = 120.0
+# A state post is sent at most this many times; the pause before a retry starts at STATE_RETRY_S and
+# doubles (0.25, 0.5, 1 s: ~2 s in all, enough for a sidecar restarting its listener or a Redis blip;
+# a longer outage is left to the next rounds, see `stranded`).
+STATE_POST_ATTEMPTS = 4
+STATE_RETRY_S = 0.25
 
 
 def fleet_targets(fleet: LocalFleet) -> list[ScrapeTarget]:
@@ -167,6 +180,75 @@ class FleetSnapshot:
         ]
 
 
+class PostStep(enum.Enum):
+    """What to do after a sidecar's answer to a state post."""
+
+    DONE = "done"  # 2xx: the state is set
+    REREAD = "reread"  # 401: the token rotated since it was read; read it again, then retry
+    RETRY = "retry"  # 5xx (503: the sidecar cannot confirm the token) or no answer: retry after a pause
+    GIVE_UP = "give_up"  # another 4xx (the same request gets the same answer), or no attempt left
+
+
+def state_post_step(status: int | None, attempt: int, attempts: int = STATE_POST_ATTEMPTS) -> PostStep:
+    """The next step after attempt ``attempt`` (0-based) of a state post answered ``status`` (None:
+    no answer, e.g. the connection was refused or timed out)."""
+    if status is not None and 200 <= status < 300:
+        return PostStep.DONE
+    if attempt + 1 >= attempts:
+        return PostStep.GIVE_UP
+    if status == 401:
+        return PostStep.REREAD
+    if status is None or status >= 500:
+        return PostStep.RETRY
+    return PostStep.GIVE_UP
+
+
+def retry_pause_s(step: PostStep, attempt: int, token_changed: bool) -> float:
+    """The pause before the next attempt. After a 401 with a token that did not change on re-reading,
+    at least the sidecar's re-read interval: it checks a token against a reading up to that old, so it
+    may still hold the token from before a rotation; a changed token is sent at once."""
+    pause = STATE_RETRY_S * 2**attempt
+    if step is PostStep.REREAD:
+        return 0.0 if token_changed else max(pause, REREAD_INTERVAL_S)
+    return pause
+
+
+def stranded(
+    states: Mapping[str, str], warming: Set[str], draining: Set[str], present: Set[str]
+) -> list[str]:
+    """The replicas (of ``present``, the fleet now) whose published state (``states``, from their load
+    records) keeps them out of rotation though the loop neither warms (``warming``) nor drains
+    (``draining``) them: their ``ready`` never got through (answered 401/503, or not at all), so every
+    gateway skips them while the planner counts them as serving. They are to be set ``ready``."""
+    return sorted(
+        name
+        for name, state in states.items()
+        if state in ("warming", "draining")
+        and name in present
+        and name not in warming
+        and name not in draining
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StatePosted:
+    """How a state post ended: ``ok`` (the sidecar answered 2xx), the token last sent (re-read after a
+    401: the one for the next control request), the sidecar's last status (None: no answer) and its
+    answer in words (for the event)."""
+
+    ok: bool
+    token: str
+    status: int | None
+    answer: str
+
+
+def drain_goes_on(posted: StatePosted) -> bool:
+    """Whether a drain goes on to stop its replica after its ``draining`` post: when it was set, or
+    when the sidecar gave no answer (unreachable, it serves nobody). Not when it answered a refusal:
+    it is up and gateways still send it requests, which the stop would cut."""
+    return posted.ok or posted.status is None
+
+
 def in_flight(status: Any) -> bool:
     """Whether a sidecar's ``/prefixfleet/status`` answer says requests are still in flight. An answer
     of another shape tells nothing to wait for (as an unreachable sidecar): the drain goes on."""
@@ -201,6 +283,7 @@ class LocalAutoscaler:
     draining: set[str] = field(default_factory=set)
     warming: set[str] = field(default_factory=set)
     prewarming: set[str] = field(default_factory=set)  # existing replicas with a warm-up in flight
+    restoring: set[str] = field(default_factory=set)  # stranded replicas being set ready (one task each)
     created: dict[str, float] = field(default_factory=dict)  # of the fleet's replicas (pruned each round)
     observed: FleetObservation | None = None  # the last round's (whether a new one warms, if Redis fails)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -290,8 +373,39 @@ class LocalAutoscaler:
         )
         plan = plan_scale(observed, self.policy, self.memory)
         self.memory, self.observed = plan.memory, observed
+        self.restore_stranded({n: load.state for n, load in loads.items()}, urls, http, redis)
         await self.execute(plan, subtrees, urls, http, redis)
         return plan
+
+    def restore_stranded(
+        self,
+        states: Mapping[str, str],
+        urls: Mapping[str, str],
+        http: httpx.AsyncClient,
+        redis: aioredis.Redis,
+    ) -> None:
+        """Set ``ready`` every replica :func:`stranded` names. Judged against ``warming`` and
+        ``draining`` as they are now, with no await before the tasks are started: a warm-up or drain
+        adds its replica to them before its first state post and removes it only after its last."""
+        present = {n for n in urls if self._observed_replica(n, urls) is not None}
+        for name in stranded(states, self.warming, self.draining | self.restoring, present):
+            self.restoring.add(name)
+            self._spawn(self._restore(name, states[name], urls[name], http, redis))
+
+    async def _restore(
+        self, name: str, state: str, url: str, http: httpx.AsyncClient, redis: aioredis.Redis
+    ) -> None:
+        try:
+            # the load record may lag a `ready` that did get through: the sidecar's own word first
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                status = (await http.get(f"{url}/prefixfleet/status")).json()
+                if isinstance(status, dict) and status.get("state") == "ready":
+                    return
+            posted = await self._post_state(http, redis, name, url, "ready", None)
+        finally:
+            self.restoring.discard(name)
+        if posted.ok:
+            self._event("state", f"{name}: its sidecar still said {state}; set ready")
 
     def view(self) -> FleetSnapshot:
         """The fleet as it is now (copies: what the autoscaler's tasks change later is not in it)."""
@@ -345,7 +459,9 @@ class LocalAutoscaler:
                 self._spawn(self._warm(warm.target, url, sids, subtrees, http, redis, new=False))
         for victim in plan.drain:
             replica = self._observed_replica(victim, urls)
-            if replica is not None and victim not in self.draining:
+            # (one being set ready again is left to a later round: its `ready` could land after the
+            # drain's `draining` and put it back into rotation while it is stopped)
+            if replica is not None and victim not in self.draining and victim not in self.restoring:
                 self._event("scale_down", plan.reason)
                 self.draining.add(victim)
                 self.reserved.add(replica.index)  # (released by _drain) no new replica takes its name
@@ -399,13 +515,10 @@ class LocalAutoscaler:
         if new:
             self.warming.add(name)
         token: str | None = None  # none: the token is unreadable, nothing was changed
-        headers: dict[str, str] = {}
         try:
             token = await self.control_token(redis)
-            headers = control_headers(token)
-            if new:
-                with contextlib.suppress(httpx.HTTPError):  # no traffic until warmed (best effort)
-                    await http.post(f"{url}/prefixfleet/state", json={"state": "warming"}, headers=headers)
+            if new:  # no traffic until warmed; not set (said as an error), it serves cold meanwhile
+                token = (await self._post_state(http, redis, name, url, "warming", token)).token
             holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
             live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
             outcome = await warm_replica(
@@ -415,10 +528,11 @@ class LocalAutoscaler:
         finally:
             self.prewarming.discard(name)
             if new:  # warmed or not, it serves from here on (a failed warm-up is said by the caller)
-                if token is not None:
-                    with contextlib.suppress(httpx.HTTPError):
-                        await http.post(f"{url}/prefixfleet/state", json={"state": "ready"}, headers=headers)
-                self.warming.discard(name)
+                try:
+                    if token is not None:  # not set: said as an error; a later round sets it (stranded)
+                        await self._post_state(http, redis, name, url, "ready", token)
+                finally:
+                    self.warming.discard(name)
         self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
 
     async def _drain(self, replica: Replica, http: httpx.AsyncClient, redis: aioredis.Redis) -> None:
@@ -427,10 +541,12 @@ class LocalAutoscaler:
         # name meanwhile.
         name, url = replica.worker_id, replica.sidecar_url
         try:
-            # unreadable, the drain fails before anything changed (said by _task_done); it still serves
-            headers = control_headers(await self.control_token(redis))
-            with contextlib.suppress(httpx.HTTPError):
-                await http.post(f"{url}/prefixfleet/state", json={"state": "draining"}, headers=headers)
+            assert url is not None  # a replica joins the fleet once its sidecar answers
+            # token unreadable: the drain fails before anything changed (said by _task_done); it serves
+            posted = await self._post_state(http, redis, name, url, "draining", None)
+            if not drain_goes_on(posted):  # (said as an error by _post_state) it serves on; a later
+                return  # round may choose it again
+            token = posted.token
             self._event("drain", name)
             started = time.monotonic()
             while time.monotonic() - started < self.drain_timeout_s:
@@ -449,8 +565,8 @@ class LocalAutoscaler:
                 except Exception:
                     # still in the fleet, so counted as serving from now on: it serves again too
                     # (gateways skip a draining sidecar); a later round may choose it again
-                    with contextlib.suppress(httpx.HTTPError):
-                        await http.post(f"{url}/prefixfleet/state", json={"state": "ready"}, headers=headers)
+                    # (not set: said as an error; a later round sets it, see `stranded`)
+                    await self._post_state(http, redis, name, url, "ready", token)
                     raise
                 with contextlib.suppress(ValueError):  # (the reaper may have taken it out meanwhile)
                     self.fleet.replicas.remove(replica)
@@ -460,3 +576,41 @@ class LocalAutoscaler:
             self.reserved.discard(replica.index)
             self.draining.discard(name)
         self._event("removed", name)
+
+    async def _post_state(
+        self,
+        http: httpx.AsyncClient,
+        redis: aioredis.Redis,
+        name: str,
+        url: str,
+        state: str,
+        token: str | None,
+    ) -> StatePosted:
+        """``POST {url}/prefixfleet/state {"state": state}`` with the control token (``token``; None:
+        read it first), checked: retried as :func:`state_post_step` says; a failure is an ``error``
+        event naming the replica, the state and the sidecar's last answer. Never raises for the
+        sidecar's answer; a token that cannot be read again raises (RedisError, OSError)."""
+        if token is None:
+            token = await self.control_token(redis)
+        answer = ""
+        for attempt in range(STATE_POST_ATTEMPTS):
+            status: int | None
+            try:
+                resp = await http.post(
+                    f"{url}/prefixfleet/state", json={"state": state}, headers=control_headers(token)
+                )
+                status, answer = resp.status_code, f"HTTP {resp.status_code} {resp.text.strip()[:200]}"
+            except httpx.HTTPError as exc:
+                status, answer = None, f"no answer ({exc.__class__.__name__}: {exc})"[:300]
+            step = state_post_step(status, attempt)
+            if step is PostStep.DONE:
+                return StatePosted(True, token, status, answer)
+            if step is PostStep.GIVE_UP:
+                break
+            changed = False
+            if step is PostStep.REREAD:
+                fresh = await self.control_token(redis)
+                changed, token = fresh != token, fresh
+            await asyncio.sleep(retry_pause_s(step, attempt, changed))
+        self._event("error", f"{name}: state {state} not set after {attempt + 1} attempt(s): {answer}")
+        return StatePosted(False, token, status, answer)
