@@ -43,6 +43,8 @@ from .slow_clients import ClientTimeouts
 log = logging.getLogger("prefixfleet.front")
 
 _MAX_HEAD_BYTES = 8190  # aiohttp's own line limit: a longer head is aiohttp's to refuse
+# an idle timer firing this close to its limit closes (uvloop's timers have a 1 ms resolution)
+_TIMER_SLACK_S = 0.001
 _PIPELINE_PAUSE_BYTES = 256 * 1024  # stop reading while a handler runs and this much is queued
 _FRAMING = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive"})
 _NO_BODY_STATUS = frozenset({204, 304})
@@ -342,6 +344,7 @@ class _FrontConnection(asyncio.Protocol):
         self._read_paused = False
         self._timer: asyncio.TimerHandle | None = None
         self._body_wait = False  # the timer is the body deadline (else the idle/head limit)
+        self._idle_from = 0.0  # loop time the idle limit counts from (see _arm_idle)
         # the request at the front of the buffer, once its head is parsed
         self._head: _RequestParse | None = None
         # llhttp fed a head's bytes while its CRLF blank line has not come (see _refused_so_far)
@@ -433,18 +436,28 @@ class _FrontConnection(asyncio.Protocol):
             self._timer = None
 
     def _arm_idle(self) -> None:
-        self._cancel_timer()
-        self._body_wait = False
-        self._timer = self.loop.call_later(self.front.timeouts.idle_s, self._on_timer)
+        """The idle limit counts from now. A timer already armed for it is kept (it fires early and
+        re-arms for the rest, see :meth:`_on_timer`): a cancelled and new timer per request cost more
+        than the one re-arm per idle period of a busy keep-alive connection."""
+        if self._body_wait:
+            self._cancel_timer()
+            self._body_wait = False
+        self._idle_from = self.loop.time()
+        if self._timer is None:
+            self._timer = self.loop.call_later(self.front.timeouts.idle_s, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
         if self.closed or self._busy:
-            return
+            return  # a request's end arms the idle limit again
         if self._body_wait:
             self._body_timed_out()
-        else:
-            self.transport.close()  # idle keep-alive, or a head that never completed
+            return
+        left = self._idle_from + self.front.timeouts.idle_s - self.loop.time()
+        if left > _TIMER_SLACK_S:  # a request came and went since it was armed
+            self._timer = self.loop.call_later(left, self._on_timer)
+            return
+        self.transport.close()  # idle keep-alive, or a head that never completed
 
     # -- requests --------------------------------------------------------------------------------
 
@@ -486,8 +499,9 @@ class _FrontConnection(asyncio.Protocol):
         if not head.complete:  # llhttp disagrees with the framing: let aiohttp answer it
             self._hand_over()
             return
-        self._cancel_timer()
-        self._body_wait = False
+        if self._body_wait:  # the body deadline; an idle limit's timer is left to run (_arm_idle)
+            self._cancel_timer()
+            self._body_wait = False
         self._head = None
         self._buffer = buffer[size:]
         self.close_after = not head.keep_alive

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -16,13 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from prefixfleet.router.front import HotRequest
+from prefixfleet.router.front import HotRequest, _FrontConnection
 from prefixfleet.router.gateway import Gateway, GatewayConfig, listening
 from prefixfleet.router.gateway_metrics import GatewayMetrics
 from prefixfleet.router.hotspots import HotSubtree
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.records import LoadReport, MemberRecord, encode_record
 from prefixfleet.router.redis_conn import connect_redis
+from prefixfleet.router.slow_clients import ClientTimeouts
 from prefixfleet.router.view import MAX_RECENT_DONE, FleetView, ended_since
 
 # wall-clock readings as a gateway may take them: mostly rising, sometimes stepping back (NTP)
@@ -245,3 +247,52 @@ async def test_a_refresh_reads_known_members_loads_in_the_members_round_trip(
     finally:
         await gateway.redis.aclose()
         await client.aclose()
+
+
+class _Clock:
+    """A loop's time and timers, run by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.armed: list[tuple[float, Callable[[], object], list[bool]]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Callable[[], object]) -> Any:
+        cancelled = [False]
+        self.armed.append((self.now + delay, callback, cancelled))
+        return SimpleNamespace(cancel=lambda: cancelled.__setitem__(0, True))
+
+    def run_until(self, when: float) -> None:
+        """Fire every timer due by ``when``, in order."""
+        while True:
+            due = sorted((t, i) for i, (t, _, c) in enumerate(self.armed) if t <= when and not c[0])
+            if not due:
+                break
+            t, i = due[0]
+            self.now = max(self.now, t)
+            _, callback, cancelled = self.armed[i]
+            cancelled[0] = True  # fired
+            callback()
+        self.now = when
+
+
+def test_a_front_connection_keeps_one_idle_timer_across_requests_and_closes_at_the_limit() -> None:
+    """The idle limit counts from the end of the last request, as before, but requests no longer
+    cancel and arm a timer each: the one armed fires early and re-arms for the rest."""
+    clock = _Clock()
+    closed: list[float] = []
+    front = SimpleNamespace(loop=clock, timeouts=ClientTimeouts(idle_s=30.0), connections=set())
+    conn = _FrontConnection(front)  # type: ignore[arg-type]
+    conn.connection_made(SimpleNamespace(close=lambda: closed.append(clock.now)))  # type: ignore[arg-type]
+    for end in range(1, 101):  # a request ending every 0.25 s for 25 s
+        clock.run_until(end * 0.25)
+        conn._arm_idle()  # what a request's end does (_done)
+    assert len(clock.armed) == 1  # one timer for a hundred requests (a hundred before)
+    clock.run_until(30.0)  # the first timer fires: 5 s since the last request, not idle yet
+    assert closed == []
+    clock.run_until(54.99)
+    assert closed == []
+    clock.run_until(60.0)
+    assert closed == [55.0]  # 30 s after the last request ended
