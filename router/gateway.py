@@ -720,10 +720,9 @@ class Gateway:
         t0 = time.perf_counter()
         now = time.monotonic()
         wall = time.time()
-        # chosen among the routable before the exclusions: a retry stays among the workers that
-        # serve the model, rather than going on to one that does not once they all failed
-        candidates = workers_for_model(parsed.model, self.view.routable(now))
-        workers = [w for w in candidates if w.worker_id not in excluded]
+        # the model is matched before the exclusions (and before suspects are set aside): a retry
+        # stays among the workers that serve it, rather than going on to one that does not
+        workers = [w for w in self.view.routable(now, parsed.model) if w.worker_id not in excluded]
         if not workers:
             return None
         hashes = self.view.request_hashes(parsed.token_bytes, parsed.tenant_salt, workers)
@@ -839,8 +838,9 @@ class Gateway:
     def _unsuspected_left(self, excluded: set[str], model: str | None) -> bool:
         """Whether a routable worker for ``model`` not tried yet has not failed nor refused work lately."""
         now = time.monotonic()
-        candidates = workers_for_model(model, self.view.routable(now))
-        return any(w.suspect_until <= now and w.worker_id not in excluded for w in candidates)
+        return any(
+            w.suspect_until <= now and w.worker_id not in excluded for w in self.view.routable(now, model)
+        )
 
     def _origin(self, url: str) -> tuple[Origin, str]:
         found = self._origins.get(url)

@@ -23,6 +23,7 @@ from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .policies import ReplicaState
 from .records import LoadReport, MemberRecord, decode_load, decode_member
+from .served import workers_for_model
 from .summary import Summary, SummaryError, decode_summary
 
 DEFAULT_DEAD_AFTER_S = 3.0
@@ -251,9 +252,16 @@ class FleetView:
         # age measured up to the last successful Redis read: a Redis outage freezes it
         return (self.last_refresh_ok - w.load_changed_at) <= self.dead_after_s and w.healthy
 
-    def routable(self, now: float) -> list[WorkerView]:
-        """Live, ready workers; suspects only when nothing else is left."""
+    def routable(self, now: float, model: str | None = None) -> list[WorkerView]:
+        """Live, ready workers (those serving ``model`` when some worker lists it:
+        :func:`workers_for_model`); suspects only when nothing else is left.
+
+        The model is matched before suspects are set aside: the only worker serving a model, just
+        failed, must not make the model look served by nobody (then every worker would qualify, and
+        another model's worker would answer the retry)."""
         live = [w for w in self.workers.values() if w.state == "ready" and self.alive(w, now)]
+        if model:
+            live = workers_for_model(model, live)
         fresh = [w for w in live if w.suspect_until <= now]
         return fresh or live
 

@@ -5,10 +5,10 @@ in process, member and load records written as a sidecar writes them; worker ``a
 Specification:
 * a request naming ``model-b`` goes to ``b``;
 * a request naming ``model-a`` is never answered by ``b`` (its model is not the one asked for):
-  once ``a`` failed, the client gets the gateway's error. Known gap (xfail, strict): a failed worker
-  sits out of the routable set for SUSPECT_S, so on the retry no routable worker lists ``model-a``
-  and the rule falls back to every worker. The fix: decide "some worker lists the name" over the
-  live members (suspects and every state included), not only the routable ones.
+  once ``a`` failed, the client gets the gateway's error. A failed worker sits out for SUSPECT_S
+  while others are fresh; the model is matched before suspects are set aside, so on the retry
+  ``model-a`` is still served by ``a`` alone (before, the rule saw no routable worker listing it and
+  fell back to every worker: ``b`` answered).
 """
 
 from __future__ import annotations
@@ -91,10 +91,6 @@ async def test_a_request_naming_the_other_model_goes_to_its_worker(
     assert served == ["model-b"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the failed worker leaves the routable set, so the retry falls back to every worker",
-)
 async def test_once_the_models_only_worker_failed_another_models_worker_does_not_answer(
     gateway: tuple[Listening, list[str]],
 ) -> None:
