@@ -81,7 +81,7 @@ from .requests import (
     load_json_body,
     parse_inference_request,
 )
-from .served import merge_model_lists, model_list_ids, workers_for_model, workers_to_ask
+from .served import merge_model_lists, model_list_ids, workers_to_ask
 from .slow_clients import ClientTimeouts
 from .tenancy import checked_tenant, salted_body
 from .upstream import (
@@ -1011,10 +1011,9 @@ class Gateway:
         # the client's headers (an engine's API key) as for generation; identity, since the answer's
         # Content-Encoding is not passed on
         sent = [*self._upstream_headers(request, self._request_id(request)), ("Accept-Encoding", "identity")]
-        workers = self.view.routable(time.monotonic())
-        named = request.match_info.get("model")
-        if named is not None:  # /v1/models/{model}: the workers serving it (another would 404)
-            workers = workers_for_model(named, workers)
+        # /v1/models/{model}: the workers serving it (another would 404), matched before suspects
+        # are set aside as for generation (its only worker just failed: not asked of another)
+        workers = self.view.routable(time.monotonic(), request.match_info.get("model"))
         for w in workers:
             got = await self._ask_info(w, request, sent, body)
             if got is None or got[0] >= 500:

@@ -98,3 +98,20 @@ async def test_once_the_models_only_worker_failed_another_models_worker_does_not
     status, _worker = await complete(served_gateway.port, "model-a")
     assert served == []  # b never saw it
     assert status in (502, 503)
+
+
+async def test_once_the_models_only_worker_failed_its_model_card_is_not_asked_of_another(
+    gateway: tuple[Listening, list[str]],
+) -> None:
+    """``GET /v1/models/{model}`` follows the same rule as generation: with ``a`` a suspect (its
+    request failed), ``model-a``'s card is not asked of ``b``, which would answer 404 (no such model)
+    for a model the fleet serves; the client gets the gateway's 503 (no worker serving it answered)."""
+    served_gateway, _served = gateway
+    status, _worker = await complete(served_gateway.port, "model-a")  # a refuses: now a suspect
+    assert status in (502, 503)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{served_gateway.port}/v1/models/model-a") as resp,
+    ):
+        await resp.read()
+        assert (resp.status, resp.headers.get(WORKER_HEADER)) == (503, None)
