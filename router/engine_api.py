@@ -88,7 +88,9 @@ def vllm_served_model(models_body: object) -> str | None:
 
 def vllm_model_ids(models_body: object) -> list[object]:
     """Every ``id`` of a vLLM ``/v1/models`` answer's ``data`` (its served names and loaded LoRA
-    adapters: each a name its requests' "model" may give), as stated: the caller checks them."""
+    adapters: each a name its requests' "model" may give), as stated: the caller checks them.
+    Entries that are not objects are skipped; served.model_list_ids, which refuses such a list,
+    builds on this."""
     data = models_body.get("data") if isinstance(models_body, dict) else None
     if not isinstance(data, list):
         return []

@@ -10,7 +10,7 @@ import re
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from .little_endian import pack_le, unpack_le
 from .summary import MAX_RECORD_INT, SummaryError, finite_field
@@ -131,11 +131,18 @@ MAX_SERVED_MODELS = 256  # a vLLM engine lists its base model and each LoRA adap
 MAX_MODEL_NAME = 1024
 
 
+def _is_model_name(name: object) -> TypeGuard[str]:
+    """Whether a member record's served_models may hold ``name``: a string of 1 to MAX_MODEL_NAME
+    characters. The one rule behind both the sidecar's filter and the gateway's decoder, so what a
+    sidecar publishes is what a gateway accepts."""
+    return isinstance(name, str) and 0 < len(name) <= MAX_MODEL_NAME
+
+
 def servable_names(names: Iterable[object]) -> tuple[str, ...]:
     """The names a member record can carry, from what an engine stated: strings of 1 to
     MAX_MODEL_NAME characters, each once, at most MAX_SERVED_MODELS. A sidecar publishing more would
     have its whole record refused by gateways (its worker dropped from routing)."""
-    kept = dict.fromkeys(n for n in names if isinstance(n, str) and 0 < len(n) <= MAX_MODEL_NAME)
+    kept = dict.fromkeys(n for n in names if _is_model_name(n))
     return tuple(kept)[:MAX_SERVED_MODELS]
 
 
@@ -146,7 +153,7 @@ def _served_models(obj: dict[str, Any], what: str) -> tuple[str, ...]:
             f"{what}: field 'served_models' must be a list of at most {MAX_SERVED_MODELS} names"
         )
     for name in names:
-        if not isinstance(name, str) or not name or len(name) > MAX_MODEL_NAME:
+        if not _is_model_name(name):
             shown = str(name)[:140]
             raise SummaryError(
                 f"{what}: field 'served_models' holds {shown!r}, not a name of 1-{MAX_MODEL_NAME} characters"

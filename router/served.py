@@ -8,6 +8,8 @@ import json
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
+from .engine_api import vllm_model_ids
+
 
 class Serving(Protocol):
     @property
@@ -40,8 +42,8 @@ def model_list_ids(body: bytes) -> list[str] | None:
         return None
     data = obj.get("data") if isinstance(obj, dict) else None
     if not isinstance(data, list) or not all(isinstance(card, dict) for card in data):
-        return None
-    return [card["id"] for card in data if isinstance(card.get("id"), str)]
+        return None  # stricter than vllm_model_ids, which skips entries that are not objects
+    return [name for name in vllm_model_ids(obj) if isinstance(name, str)]
 
 
 def workers_to_ask(listed: Sequence[str], workers: Sequence[W]) -> list[W]:
