@@ -11,8 +11,8 @@ Before, every ``POST /prefixfleet/state`` of a warm-up or drain was sent once, i
 
 Now a 401 reads the token again and retries, a 503 or no answer is retried briefly, a failure is an
 ``error`` event naming the replica, the state and the answer; a drain whose ``draining`` was refused
-stops nothing; and a round sets ``ready`` a replica whose published state is ``warming`` or
-``draining`` while the loop neither warms nor drains it.
+stops nothing; and a round sets ``ready`` a replica the loop itself left ``warming`` or ``draining``
+while the loop neither warms nor drains it (one a person set ``draining`` by hand stays draining).
 """
 
 from __future__ import annotations
@@ -138,27 +138,88 @@ async def test_a_ready_refused_after_a_token_rotation_still_puts_the_new_replica
     assert any(e.action == "prewarm" and e.detail.startswith("replica-1:") for e in scaler.events)
 
 
+async def refuse_the_held_token(
+    http: httpx.AsyncClient, redis: aioredis.Redis, fleet: LocalFleet, scaler: LocalAutoscaler
+) -> None:
+    """Rotate the fleet's token and wait until the replica refuses the one held before; from then on
+    the loop reads a token not the fleet's: its next state post is refused (401) every time."""
+    (replica,) = fleet.replicas
+    old = await control_token(redis, fleet)
+    await redis.delete(FleetKeys(fleet.spec.fleet_name).control)
+
+    async def hot_with_old_token() -> int:
+        url = f"{replica.sidecar_url}/prefixfleet/hot"
+        return (await http.get(url, headers=control_headers(old))).status_code
+
+    await eventually(hot_with_old_token, 30, "the sidecar to refuse the old token", done=lambda s: s == 401)
+
+    async def not_the_fleets_token(_redis: aioredis.Redis) -> str:
+        return "not-the-fleets-token"
+
+    scaler.control_token = not_the_fleets_token  # type: ignore[method-assign]
+
+
+async def settle(scaler: LocalAutoscaler, redis: aioredis.Redis, http: httpx.AsyncClient) -> None:
+    """One round, and the tasks it started run to their end."""
+    await scaler.round(redis, http)
+    await eventually(lambda: not scaler.tasks, 30, "the round's tasks to end")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-async def test_a_round_sets_ready_a_replica_left_warming_or_draining(tmp_path: Path) -> None:
+async def test_a_round_sets_ready_a_replica_the_loop_left_and_leaves_a_hand_drain_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(autoscale, "STATE_RETRY_S", 0.01)
     async with local_fleet(tmp_path, gateways=0) as (fleet, scaler, redis, http):
         (replica,) = fleet.replicas
         name = replica.worker_id
-        for left in ("warming", "draining"):
-            # as a `ready` that never got through leaves it: out of rotation, no warm-up or drain of
-            # the loop holding it
-            await set_state(http, redis, fleet, left)
-            await scaler.round(redis, http)
-            await eventually(lambda: not scaler.tasks, 30, "the round's tasks to end")
-            assert await sidecar_state(http, replica) == "ready", scaler.events
-            assert scaler.events[-1].action == "state", scaler.events
-            assert scaler.events[-1].detail == f"{name}: its sidecar still said {left}; set ready"
-        # one the loop is warming is left alone
+        # drained by a person (POST /prefixfleet/state with the fleet's token), to test failover: no
+        # warm-up or drain of the loop holds it, and it is not the loop's to undo
+        for by_hand in ("draining", "warming"):
+            await set_state(http, redis, fleet, by_hand)
+            await settle(scaler, redis, http)
+            assert await sidecar_state(http, replica) == by_hand, scaler.events
+            assert await published_state(redis, fleet, name) == by_hand
+            assert not [e for e in scaler.events if e.action == "state"], scaler.events
+        await set_state(http, redis, fleet, "ready")
+
+        # left draining by the loop: its drain set `draining`, the stop failed, and its `ready` was
+        # refused (the token rotated meanwhile, the loop reads one not the fleet's)
+        async def stop_fails(_replica: Replica) -> None:
+            await refuse_the_held_token(http, redis, fleet, scaler)
+            raise RuntimeError("the stop failed")
+
+        monkeypatch.setattr(fleet, "stop_replica", stop_fails)
+        monkeypatch.setattr(autoscale, "MIN_DRAIN_S", 0.0)
+        scaler.draining.add(name)
+        scaler.reserved.add(replica.index)
+        with pytest.raises(RuntimeError, match="the stop failed"):
+            await scaler._drain(replica, http, redis)
+        assert await sidecar_state(http, replica) == "draining", scaler.events
+        assert scaler.left == {name}
+        del scaler.control_token  # the loop reads the fleet's token again
+        await eventually(lambda: published_state(redis, fleet, name), 30, "draining published",
+                         done=lambda published: published == "draining")  # fmt: skip
+        await settle(scaler, redis, http)
+        assert await sidecar_state(http, replica) == "ready", scaler.events
+        assert scaler.events[-1].action == "state", scaler.events
+        assert scaler.events[-1].detail == f"{name}: its sidecar still said draining; set ready"
+        assert not scaler.left  # repaired: forgotten (a later hand drain stays)
+        await set_state(http, redis, fleet, "draining")
+        await settle(scaler, redis, http)
+        assert await sidecar_state(http, replica) == "draining"
+
+        # left warming by the loop (its warm-up's `ready` refused): repaired, unless it is warming it
         await set_state(http, redis, fleet, "warming")
+        scaler.left.add(name)
         scaler.warming.add(name)
-        await scaler.round(redis, http)
-        await eventually(lambda: not scaler.tasks, 30, "the round's tasks to end")
+        await settle(scaler, redis, http)
         assert await sidecar_state(http, replica) == "warming"
+        scaler.warming.discard(name)
+        await settle(scaler, redis, http)
+        assert await sidecar_state(http, replica) == "ready", scaler.events
+        assert scaler.events[-1].detail == f"{name}: its sidecar still said warming; set ready"
 
 
 @pytest.mark.slow
@@ -217,7 +278,11 @@ def test_stranded_names_only_present_replicas_the_loop_does_not_hold() -> None:
     states = {"r0": "warming", "r1": "draining", "r2": "ready", "r3": "warming", "r4": "draining"}
     states["r5"] = "warming"
     present = {"r0", "r1", "r2", "r3", "r4"}  # r5 left the fleet
-    assert stranded(states, warming={"r3"}, draining={"r4"}, present=present) == ["r0", "r1"]
+    left = {"r0", "r1", "r3", "r4", "r5"}
+    assert stranded(states, left, warming={"r3"}, draining={"r4"}, present=present) == ["r0", "r1"]
+    # a state the loop did not leave (a person drained r1 by hand) is not the loop's to undo
+    by_hand = stranded(states, left - {"r1"}, warming=set(), draining=set(), present=present)
+    assert by_hand == ["r0", "r3", "r4"]
 
 
 @pytest.mark.parametrize(

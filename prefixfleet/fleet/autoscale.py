@@ -21,9 +21,10 @@ whenever that fails from the sidecar's ``/metrics``. Execution with processes:
 Every state change is checked (:meth:`LocalAutoscaler._post_state`): a 401 (the token rotated since it
 was read) reads the token again, a 503 (the sidecar cannot confirm the token: Redis down past its
 grace) or no answer is tried again briefly, and a change that still fails is an ``error`` event naming
-the replica, the state and the sidecar's answer. A replica whose published state is ``warming`` or
-``draining`` while no warm-up or drain of the loop holds it (a ``ready`` that never got through) is set
-``ready`` by a later round (:func:`stranded`), as the operator removes a leftover warming mark.
+the replica, the state and the sidecar's answer. A replica the loop itself left ``warming`` or
+``draining`` (its ``ready`` never got through after a warm-up, or after a drain whose stop failed) is
+set ``ready`` by a later round (:func:`stranded`), as the operator removes a leftover warming mark; a
+state set by someone else (a person draining a replica by hand) is left as it is.
 """
 
 from __future__ import annotations
@@ -214,16 +215,20 @@ def retry_pause_s(step: PostStep, attempt: int, token_changed: bool) -> float:
 
 
 def stranded(
-    states: Mapping[str, str], warming: Set[str], draining: Set[str], present: Set[str]
+    states: Mapping[str, str], left: Set[str], warming: Set[str], draining: Set[str], present: Set[str]
 ) -> list[str]:
-    """The replicas (of ``present``, the fleet now) whose published state (``states``, from their load
-    records) keeps them out of rotation though the loop neither warms (``warming``) nor drains
-    (``draining``) them: their ``ready`` never got through (answered 401/503, or not at all), so every
-    gateway skips them while the planner counts them as serving. They are to be set ``ready``."""
+    """The replicas (of ``present``, the fleet now) the loop itself left out of rotation (``left``: it
+    set them ``warming`` or ``draining`` and their ``ready`` never got through, answered 401/503 or not
+    at all) whose published state (``states``, from their load records) still says so though the loop
+    neither warms (``warming``) nor drains (``draining``) them: every gateway skips them while the
+    planner counts them as serving. They are to be set ``ready``. A state the loop did not set (a
+    person's ``POST /prefixfleet/state {"state": "draining"}`` to test failover) is not the loop's to
+    undo: such a replica is not in ``left``."""
     return sorted(
         name
         for name, state in states.items()
         if state in ("warming", "draining")
+        and name in left
         and name in present
         and name not in warming
         and name not in draining
@@ -242,11 +247,17 @@ class StatePosted:
     answer: str
 
 
+def may_have_landed(posted: StatePosted) -> bool:
+    """Whether a state post may have set its state: it was answered 2xx, or not answered at all (the
+    sidecar may have set it before the connection broke). A refusal (any other answer) set nothing."""
+    return posted.ok or posted.status is None
+
+
 def drain_goes_on(posted: StatePosted) -> bool:
     """Whether a drain goes on to stop its replica after its ``draining`` post: when it was set, or
     when the sidecar gave no answer (unreachable, it serves nobody). Not when it answered a refusal:
     it is up and gateways still send it requests, which the stop would cut."""
-    return posted.ok or posted.status is None
+    return may_have_landed(posted)
 
 
 def in_flight(status: Any) -> bool:
@@ -284,6 +295,9 @@ class LocalAutoscaler:
     warming: set[str] = field(default_factory=set)
     prewarming: set[str] = field(default_factory=set)  # existing replicas with a warm-up in flight
     restoring: set[str] = field(default_factory=set)  # stranded replicas being set ready (one task each)
+    # replicas whose `warming` or `draining` the loop set (or may have: no answer) and has not undone
+    # yet; only these are ever set ready by `stranded` (forgotten once ready again or gone)
+    left: set[str] = field(default_factory=set)
     created: dict[str, float] = field(default_factory=dict)  # of the fleet's replicas (pruned each round)
     observed: FleetObservation | None = None  # the last round's (whether a new one warms, if Redis fails)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -363,6 +377,7 @@ class LocalAutoscaler:
         # (drained, or reaped) and is forgotten; after the awaits, a replica that joined meanwhile
         # would be missing from `names` and lose its own.
         self.created = present_only(self.created, names)
+        self.left &= set(names)
         loads, summaries = await read_records(redis, FleetKeys(self.fleet.spec.fleet_name), names)
         urls = {r.worker_id: r.sidecar_url for r in view.replicas if r.sidecar_url}
         reading = await self.read_engines(http, urls, prometheus)
@@ -388,7 +403,7 @@ class LocalAutoscaler:
         ``draining`` as they are now, with no await before the tasks are started: a warm-up or drain
         adds its replica to them before its first state post and removes it only after its last."""
         present = {n for n in urls if self._observed_replica(n, urls) is not None}
-        for name in stranded(states, self.warming, self.draining | self.restoring, present):
+        for name in stranded(states, self.left, self.warming, self.draining | self.restoring, present):
             self.restoring.add(name)
             self._spawn(self._restore(name, states[name], urls[name], http, redis))
 
@@ -400,11 +415,13 @@ class LocalAutoscaler:
             with contextlib.suppress(httpx.HTTPError, ValueError):
                 status = (await http.get(f"{url}/prefixfleet/status")).json()
                 if isinstance(status, dict) and status.get("state") == "ready":
+                    self.left.discard(name)
                     return
             posted = await self._post_state(http, redis, name, url, "ready", None)
         finally:
             self.restoring.discard(name)
         if posted.ok:
+            self.left.discard(name)
             self._event("state", f"{name}: its sidecar still said {state}; set ready")
 
     def view(self) -> FleetSnapshot:
@@ -481,6 +498,7 @@ class LocalAutoscaler:
             replica = await self.fleet.start_replica(index)
             assert replica.sidecar_url is not None
             self.created[replica.worker_id] = time.time()
+            self.left.discard(replica.worker_id)  # a new sidecar starts ready: no mark of an old one's
             self.warming.add(replica.worker_id)
             # from here on it is observed as a replica (warming), no longer as one still starting
             self.fleet.add_replica(replica)
@@ -518,7 +536,10 @@ class LocalAutoscaler:
         try:
             token = await self.control_token(redis)
             if new:  # no traffic until warmed; not set (said as an error), it serves cold meanwhile
-                token = (await self._post_state(http, redis, name, url, "warming", token)).token
+                posted = await self._post_state(http, redis, name, url, "warming", token)
+                token = posted.token
+                if may_have_landed(posted):  # the loop's own mark, for `stranded` if `ready` fails
+                    self.left.add(name)
             holders = {r.worker_id: r.sidecar_url for r in self.fleet.replicas if r.sidecar_url}
             live = {n: u for n, u in holders.items() if n not in self.draining and u is not None}
             outcome = await warm_replica(
@@ -530,7 +551,9 @@ class LocalAutoscaler:
             if new:  # warmed or not, it serves from here on (a failed warm-up is said by the caller)
                 try:
                     if token is not None:  # not set: said as an error; a later round sets it (stranded)
-                        await self._post_state(http, redis, name, url, "ready", token)
+                        ready = await self._post_state(http, redis, name, url, "ready", token)
+                        if ready.ok:
+                            self.left.discard(name)
                 finally:
                     self.warming.discard(name)
         self._event("prewarm", f"{name}: {outcome.warmed_tokens} tokens warmed, {outcome.failed} failed")
@@ -546,6 +569,7 @@ class LocalAutoscaler:
             posted = await self._post_state(http, redis, name, url, "draining", None)
             if not drain_goes_on(posted):  # (said as an error by _post_state) it serves on; a later
                 return  # round may choose it again
+            self.left.add(name)  # the loop's own mark: undone by the ready below, or gone with it
             token = posted.token
             self._event("drain", name)
             started = time.monotonic()
@@ -566,7 +590,8 @@ class LocalAutoscaler:
                     # still in the fleet, so counted as serving from now on: it serves again too
                     # (gateways skip a draining sidecar); a later round may choose it again
                     # (not set: said as an error; a later round sets it, see `stranded`)
-                    await self._post_state(http, redis, name, url, "ready", token)
+                    if (await self._post_state(http, redis, name, url, "ready", token)).ok:
+                        self.left.discard(name)
                     raise
                 with contextlib.suppress(ValueError):  # (the reaper may have taken it out meanwhile)
                     self.fleet.replicas.remove(replica)
@@ -575,6 +600,8 @@ class LocalAutoscaler:
             # good, and so would a later replica of the same name
             self.reserved.discard(replica.index)
             self.draining.discard(name)
+            if replica not in self.fleet.replicas:  # gone (stopped, or reaped): no mark of ours left
+                self.left.discard(name)
         self._event("removed", name)
 
     async def _post_state(
