@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .engine_api import vllm_model_ids
 
@@ -36,6 +36,12 @@ def workers_for_model(model: str | None, workers: Sequence[W]) -> list[W]:
 def model_list_ids(body: bytes) -> list[str] | None:
     """The ``id`` of each entry of an OpenAI model list (``GET /v1/models``); None if ``body`` is
     not one (then it is passed on as it came)."""
+    parsed = _model_list(body)
+    return None if parsed is None else [name for name in vllm_model_ids(parsed) if isinstance(name, str)]
+
+
+def _model_list(body: bytes) -> dict[str, Any] | None:
+    """``body`` parsed, if it is an OpenAI model list (an object whose ``data`` is a list of objects)."""
     try:
         obj = json.loads(body)
     except (ValueError, RecursionError):
@@ -43,7 +49,7 @@ def model_list_ids(body: bytes) -> list[str] | None:
     data = obj.get("data") if isinstance(obj, dict) else None
     if not isinstance(data, list) or not all(isinstance(card, dict) for card in data):
         return None  # stricter than vllm_model_ids, which skips entries that are not objects
-    return [name for name in vllm_model_ids(obj) if isinstance(name, str)]
+    return obj
 
 
 def workers_to_ask(listed: Sequence[str], workers: Sequence[W]) -> list[W]:
@@ -61,15 +67,16 @@ def workers_to_ask(listed: Sequence[str], workers: Sequence[W]) -> list[W]:
 def merge_model_lists(first: bytes, others: Sequence[bytes]) -> bytes:
     """``first`` (an OpenAI model list) with the entries of ``others`` whose ``id`` it lacks, each id
     once, first's entries first; an answer that is not a model list adds nothing."""
-    if model_list_ids(first) is None:
+    merged = _model_list(first)
+    if merged is None:
         return first
-    merged = json.loads(first)
     seen = {card.get("id") for card in merged["data"]}
     added = False
-    for body in others:
-        if model_list_ids(body) is None:
+    for body in others:  # each parsed once
+        other = _model_list(body)
+        if other is None:
             continue
-        for card in json.loads(body)["data"]:
+        for card in other["data"]:
             if isinstance(card.get("id"), str) and card["id"] not in seen:
                 seen.add(card["id"])
                 merged["data"].append(card)
