@@ -146,6 +146,9 @@ class OperatorContext:
     # per fleet: (monotonic due time, task) of the next reconcile planned ahead of the timer (a drain
     # in progress, or an unready replica's allowance running out); the task removes it when it ends
     rechecks: dict[str, tuple[float, asyncio.Task[None]]] = field(default_factory=dict)
+    # the deletions ("namespace/name/uid") whose Deleted Event was posted: kopf runs fleet_deleted
+    # again while a timer of the fleet is still exiting; fleet_gone forgets one once the fleet is gone
+    deletions_said: set[str] = field(default_factory=set)
 
     @contextlib.asynccontextmanager
     async def using_redis(self, url: str) -> AsyncIterator[aioredis.Redis]:
@@ -339,11 +342,28 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
         forget_fleet_series(ctx, namespace, name)  # autoscaled or not (OperatorMetrics.forget is not)
         ctx.dial_redis(f"{namespace}/{name}", "")
         await ctx.close_unused_redis()  # its URL's clients, unless another fleet uses it or a call is on
-    if removed:
-        # Only the pass that removed something: kopf runs this handler again every
-        # TIMER_EXIT_POLL_S while a timer of the fleet is still exiting, and each such pass finds
-        # nothing left ("removed 0 children" once per pass would flood the fleet's Events).
+    # Once per deletion, children or none (a fleet refused from the start, or whose children a
+    # foreground cascade removed first, is deleted too): kopf runs this handler again every
+    # TIMER_EXIT_POLL_S while a timer of the fleet is still exiting, and each such pass finds
+    # nothing left ("removed 0 children" once per pass would flood the fleet's Events). By uid: a
+    # fleet created again under the name is another deletion.
+    said = f"{namespace}/{name}/{ref.uid}"
+    if said not in ctx.deletions_said:
         kopf.info(body, reason="Deleted", message=f"removed {removed} children")
+        ctx.deletions_said.add(said)
+
+
+def _gone(type: str | None, **_: Any) -> bool:  # kopf names the watch event's type so
+    return type == "DELETED"
+
+
+@kopf.on.event(**FLEET_RESOURCE, when=_gone)
+def fleet_gone(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The fleet is gone (its finalizer removed): no pass of its deletion follows."""
+    ctx: OperatorContext | None = getattr(memo, "ctx", None)
+    if ctx is not None:
+        meta = body.metadata
+        ctx.deletions_said.discard(f"{meta.namespace or 'default'}/{meta.name or ''}/{meta.uid or ''}")
 
 
 def forget_fleet_series(ctx: OperatorContext, namespace: str, name: str) -> None:
