@@ -11,8 +11,9 @@ be named stably.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import xxhash
 
@@ -34,6 +35,66 @@ class CacheIdentity:
         """64-bit seed of block 0 for this identity (no tenant salt)."""
         key = "\x1f".join(("prefixfleet-v1", self.model, self.revision, self.adapter))
         return xxhash.xxh64_intdigest(key.encode("utf-8"))
+
+
+@lru_cache(maxsize=1024)
+def identity_seed(identity: CacheIdentity) -> int:
+    """``identity.seed()``, remembered: a request naming an adapter is hashed under that adapter's
+    identity on every such request, and the few adapters a fleet serves are seeded once each."""
+    return identity.seed()
+
+
+# The engine APIs whose rule for naming a LoRA adapter in a request is known (engine_api.SGLANG, VLLM).
+_SGLANG = "sglang"
+_VLLM = "vllm"
+
+
+def requested_adapter(engine_api: str, model: str | None, lora_path: str | None) -> str | None:
+    """The adapter name a request asks an engine speaking ``engine_api`` for, by that engine's own
+    rule; None: none (the base model). Whether the engine has such an adapter is
+    :func:`request_identity`'s question.
+
+    * vLLM: the request's ``model`` is a served name or a LoRA adapter's name (its ``/v1/models``
+      lists each adapter with a ``parent``); a ``lora_path`` field is ignored by vLLM.
+    * SGLang (``serving_base._resolve_lora_path``): ``model`` of the form ``"base:adapter"``, split at
+      its first ``:`` and stripped, names the adapter (an empty part after the ``:`` names none);
+      else the request's ``lora_path`` (``/generate`` and, as an extra field, the OpenAI routes; a
+      batch's is its first prompt's). A bare adapter name as ``model`` is the base model there.
+    * Any other API: none (its rule is not known; its requests keep the worker's identity).
+    """
+    if engine_api == _VLLM:
+        return model or None
+    if engine_api == _SGLANG:
+        if model and ":" in model:
+            adapter = model.split(":", 1)[1].strip()
+            if adapter:
+                return adapter
+        return lora_path or None
+    return None
+
+
+def request_identity(
+    configured: CacheIdentity,
+    adapters: Collection[str],
+    engine_api: str,
+    model: str | None,
+    lora_path: str | None,
+) -> CacheIdentity:
+    """The cache identity a request is hashed under on a worker whose configured identity is
+    ``configured``, whose engine speaks ``engine_api`` and has the LoRA ``adapters`` loaded.
+
+    vLLM keys its KV blocks per LoRA adapter (the adapter is among a block hash's extra keys) and
+    SGLang keys its radix cache per adapter too, so a prompt cached under one adapter (or the base
+    model) is a miss under another. A request naming one of ``adapters`` (:func:`requested_adapter`)
+    is hashed with that adapter in the identity; a request naming the base model, an alias, an
+    adapter this worker does not have, or nothing keeps ``configured``. The one rule the gateway
+    (hashing a request per worker) and the sidecar's mirror (recording it) both apply."""
+    if not adapters:  # the usual worker: nothing to look up
+        return configured
+    adapter = requested_adapter(engine_api, model, lora_path)
+    if adapter is None or adapter == configured.adapter or adapter not in adapters:
+        return configured
+    return CacheIdentity(configured.model, configured.revision, adapter)
 
 
 def salted_seed(identity_seed: int, tenant_salt: str | None) -> int:

@@ -97,6 +97,34 @@ def vllm_model_ids(models_body: object) -> list[object]:
     return [card.get("id") for card in data if isinstance(card, dict)]
 
 
+def vllm_adapter_ids(models_body: object) -> list[object]:
+    """The ``id`` of each LoRA adapter in a vLLM ``/v1/models`` answer: the entries with a
+    ``parent`` (vLLM's ``show_available_models`` gives each adapter card ``parent`` = its base
+    model's name; the base model's served names have none, ``null`` in the JSON), as stated."""
+    data = models_body.get("data") if isinstance(models_body, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [card.get("id") for card in data if isinstance(card, dict) and card.get("parent") is not None]
+
+
+def sglang_adapter_names(lora_paths: object) -> list[object]:
+    """The adapter names in SGLang's ``lora_paths`` server argument as ``/get_server_info`` states
+    it, in each form SGLang has had: a {name: path} object (older releases), a list of ``name=path``
+    or ``path`` strings (a bare path is its own name), or a list of objects with ``lora_name``
+    (``LoRARef``, as later releases normalise it); as stated: the caller checks them."""
+    if isinstance(lora_paths, dict):
+        return list(lora_paths)
+    if not isinstance(lora_paths, list):
+        return []
+    names: list[object] = []
+    for entry in lora_paths:
+        if isinstance(entry, str):
+            names.append(entry.split("=", 1)[0] if "=" in entry else entry)
+        elif isinstance(entry, dict):
+            names.append(entry.get("lora_name"))
+    return names
+
+
 @dataclass(frozen=True, slots=True)
 class VllmCache:
     """What ``vllm:cache_config_info`` says of an engine's prefix cache."""

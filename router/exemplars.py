@@ -31,18 +31,21 @@ MAX_SCAN = 20_000
 
 @dataclass(frozen=True, slots=True)
 class Exemplar:
-    """One proxied generation request: its route, the body as received, the cache salt its prompt
-    was cached under (None: unsalted) and the prompt's mirror tokens (little-endian uint32 bytes,
-    the sidecar's own tokenizer: used to find it by prefix, never sent to an engine)."""
+    """One proxied generation request: its route, the body as received, the mirror namespace its
+    prompt was cached under (its cache salt, None: unsalted; a ``mirror.AdapterNamespace`` for a
+    request naming a LoRA adapter, so a base-model request never stands in for an adapter's) and
+    the prompt's mirror tokens (little-endian uint32 bytes, the sidecar's own tokenizer: used to
+    find it by prefix, never sent to an engine)."""
 
     path: str
     body: bytes
-    salt: str | None
+    salt: object
     token_bytes: bytes
 
     @property
     def size(self) -> int:
-        fields = len(self.path) + len(self.body) + len(self.token_bytes) + len(self.salt or "")
+        # the namespace's size is bounded by the body that named it, already counted
+        fields = len(self.path) + len(self.body) + len(self.token_bytes)
         return fields + EXEMPLAR_OVERHEAD_BYTES
 
 
@@ -55,12 +58,12 @@ class ExemplarStore:
             raise ValueError(f"max_bytes must be 0 or more, got {max_bytes}")
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._items: OrderedDict[tuple[str | None, bytes], Exemplar] = OrderedDict()
+        self._items: OrderedDict[tuple[object, bytes], Exemplar] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def record(self, path: str, body: bytes, salt: str | None, token_bytes: bytes) -> bool:
+    def record(self, path: str, body: bytes, salt: object, token_bytes: bytes) -> bool:
         """Keep this request as the newest exemplar of its prompt; False when it is not kept (the
         store is off, or the request alone is larger than the whole store)."""
         exemplar = Exemplar(path, body, salt, token_bytes)
@@ -78,7 +81,7 @@ class ExemplarStore:
             self.bytes -= evicted.size
         return True
 
-    def holding(self, prefix: bytes, salt: str | None) -> Exemplar | None:
+    def holding(self, prefix: bytes, salt: object) -> Exemplar | None:
         """The most recent exemplar under ``salt`` whose prompt starts with the token bytes
         ``prefix`` (None when none does among the newest :data:`MAX_SCAN`); it becomes the most
         recently used."""

@@ -135,6 +135,7 @@ class _Pick:
 
     worker: WorkerView
     chain: list[int]  # the request's block hashes under the worker's cache name
+    key: tuple[int, int]  # that name: (identity seed, block size), FleetView.request_key
     uncached: int  # prompt tokens the worker is expected to prefill
     matched_blocks: int
     reason: str
@@ -725,8 +726,9 @@ class Gateway:
         workers = [w for w in self.view.routable(now, parsed.model) if w.worker_id not in excluded]
         if not workers:
             return None
-        hashes = self.view.request_hashes(parsed.token_bytes, parsed.tenant_salt, workers)
-        rows = self.view.replica_states(workers, hashes, parsed.num_tokens, wall)
+        model, lora_path = parsed.model, parsed.lora_path
+        hashes = self.view.request_hashes(parsed.token_bytes, parsed.tenant_salt, workers, model, lora_path)
+        rows = self.view.replica_states(workers, hashes, parsed.num_tokens, wall, model, lora_path)
         route = RouteRequest(
             tokens=parsed.token_bytes,
             num_tokens=parsed.num_tokens,
@@ -741,10 +743,11 @@ class Gateway:
         self.policy.on_routed(route, decision)
         chosen = self.view.workers[str(decision.replica_id)]
         row = next(r for r in rows if r.replica_id == decision.replica_id)
-        key = (chosen.identity_seed(self.view.default_seed), chosen.block_tokens(self.view.block_tokens))
+        key = self.view.request_key(chosen, model, lora_path)
         return _Pick(
             worker=chosen,
             chain=hashes[key],
+            key=key,
             uncached=parsed.uncached_tokens(row.matched_tokens),
             matched_blocks=row.matched_tokens // key[1],
             reason=decision.reason,
@@ -785,7 +788,7 @@ class Gateway:
             if attempt:
                 self.metrics.retries.inc()
             wall = time.time()
-            handle = self.view.record_send(worker.worker_id, chain, pick.uncached, wall)
+            handle = self.view.record_send(worker.worker_id, chain, pick.uncached, wall, pick.key)
             # Not for a static worker: its id is a URL from this gateway's flags, which peers do not
             # share and a notice's worker field does not admit (encoding it failed the request).
             shared = not worker.static and self._share_send(worker.worker_id, chain, wall)

@@ -17,13 +17,36 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, salted_seed
+from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, identity_seed, request_identity, salted_seed
 from .radix import CacheFullError, RadixNode, RadixTree
 from .summary import DEFAULT_HOT_K, DEFAULT_MAX_BLOCKS, BlockIndex, HotPrefix, Summary
 
 _TICK_SAMPLES = 4096
 _tick_of = operator.itemgetter(0)
 _PRUNE_MIN_EVICTIONS = 1024  # see CacheMirror._prune
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterNamespace:
+    """The mirror's namespace of a request hashed under a LoRA adapter (``blockhash.request_identity``):
+    its own root per adapter and tenant salt, as the engine keeps an adapter's blocks apart from the
+    base model's. Requests under the worker's own identity keep their salt (a str, or None) as the
+    namespace, as before adapters."""
+
+    adapter: str
+    salt: str | None = None
+
+
+def namespace_salt(namespace: object) -> str | None:
+    """The tenant salt of a mirror namespace (None: unsalted)."""
+    if isinstance(namespace, AdapterNamespace):
+        return namespace.salt
+    return namespace if isinstance(namespace, str) else None
+
+
+def namespace_adapter(namespace: object) -> str | None:
+    """The LoRA adapter a mirror namespace is under; None: the worker's own identity."""
+    return namespace.adapter if isinstance(namespace, AdapterNamespace) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +89,33 @@ class CacheMirror:
         self.overpredicted_tokens_total = 0
 
     def namespace_seed(self, namespace: object) -> int:
+        if isinstance(namespace, AdapterNamespace):
+            adapter = CacheIdentity(self.identity.model, self.identity.revision, namespace.adapter)
+            return salted_seed(identity_seed(adapter), namespace.salt)
         return salted_seed(self.identity_seed, namespace if isinstance(namespace, str) else None)
 
-    def admit(self, token_bytes: bytes, namespace: str | None) -> int:
+    def request_namespace(
+        self,
+        tenant_salt: str | None,
+        adapters: tuple[str, ...],
+        engine_api: str,
+        model: str | None,
+        lora_path: str | None,
+    ) -> object:
+        """Where a request's prompt goes: ``tenant_salt`` under the worker's own identity, or an
+        :class:`AdapterNamespace` when it names a LoRA adapter the engine has loaded, by the rule
+        the gateways hash it by (``blockhash.request_identity``), so the summary names its blocks
+        as they do."""
+        identity = request_identity(self.identity, adapters, engine_api, model, lora_path)
+        if identity is self.identity:
+            return tenant_salt
+        return AdapterNamespace(identity.adapter, tenant_salt)
+
+    def admit(self, token_bytes: bytes, namespace: object) -> int:
         """Record tokens the engine holds (a prompt and its answer); return how many the mirror had."""
         return self.admit_sent(token_bytes, namespace).matched_tokens
 
-    def admit_sent(self, token_bytes: bytes, namespace: str | None) -> Admission:
+    def admit_sent(self, token_bytes: bytes, namespace: object) -> Admission:
         """Record a prompt sent to the engine, before it is prefilled; :meth:`withdraw` takes its new
         tokens back if the request ends before the engine's first token."""
         matched = self.tree.matched_tokens(token_bytes, namespace)

@@ -47,6 +47,7 @@ from .addresses import local_url
 from .control import control_headers
 from .engine_api import VLLM
 from .exemplars import Exemplar
+from .mirror import namespace_adapter, namespace_salt
 from .proxying import (
     ExpectHandler,
     bad_request,
@@ -126,16 +127,19 @@ async def handle_prefix(request: web.Request) -> web.Response:
     if prefix is None:
         return json_error(404, f"prefix {sid} is not cached on {sidecar.s.worker_id}", param="hash")
     engine = sidecar.s.engine
-    salt = prefix.namespace if isinstance(prefix.namespace, str) else None
-    exemplar = sidecar.s.exemplars.holding(prefix.token_bytes, salt)
+    # the kept request of the prefix's own namespace: its tenant salt and, for a prefix cached under
+    # a LoRA adapter, that adapter (a base-model request with the same prompt warms other blocks)
+    exemplar = sidecar.s.exemplars.holding(prefix.token_bytes, prefix.namespace)
     return web.json_response(
         {
             "hash": sid,
             "worker_id": sidecar.s.worker_id,
-            "namespace": salt,
+            "namespace": namespace_salt(prefix.namespace),
             "model": engine.model,
             "revision": engine.revision,
             "adapter": sidecar.config.adapter,
+            # the LoRA adapter the prefix is cached under (its requests named it); None: none
+            "lora_adapter": namespace_adapter(prefix.namespace),
             "num_tokens": len(prefix.token_bytes) // 4,
             # the sidecar's own word-tokenizer ids: they find the prefix, no engine takes them
             "mirror_token_ids": list(memoryview(prefix.token_bytes).cast("I")),
@@ -239,6 +243,14 @@ async def _warm_one(
     theirs = (prefix.get("model", ""), prefix.get("revision", ""), prefix.get("adapter", ""))
     if sidecar.s.engine.known and theirs != mine:
         return {"status": "failed", "error": f"cache identity differs: source {theirs}, this replica {mine}"}
+    adapter = prefix.get("lora_adapter")
+    if adapter is not None and (not isinstance(adapter, str) or adapter not in sidecar.s.engine.adapters):
+        # replayed here it would be cached under another identity (or refused): useless blocks
+        return {
+            "status": "failed",
+            "error": f"the prefix is cached under LoRA adapter {str(adapter)[:140]!r}, "
+            "which this replica's engine has not loaded",
+        }
     exemplar = prefix.get("request")
     if exemplar is None:
         # the source's mirror ids are its word tokenizer's, not the engine's: never replayed

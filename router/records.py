@@ -67,6 +67,12 @@ class MemberRecord:
     # The model names its engine answers to (vLLM: every /v1/models id; SGLang: its served model
     # name). Empty: not stated (a sidecar that predates the field, or an engine not asked yet).
     served_models: tuple[str, ...] = ()
+    # The LoRA adapters its engine has loaded (vLLM: the /v1/models ids with a parent; SGLang: its
+    # lora_paths' names) and the API it speaks, which says how a request names one
+    # (blockhash.request_identity). Empty: none, or not stated (older sidecars): every request is
+    # hashed under the identity above.
+    adapters: tuple[str, ...] = ()
+    engine_api: str = ""
     v: int = RECORD_VERSION
 
 
@@ -146,19 +152,33 @@ def servable_names(names: Iterable[object]) -> tuple[str, ...]:
     return tuple(kept)[:MAX_SERVED_MODELS]
 
 
-def _served_models(obj: dict[str, Any], what: str) -> tuple[str, ...]:
-    names = obj.get("served_models", [])  # absent from records of sidecars that predate it
+def _model_names(obj: dict[str, Any], field: str, what: str) -> tuple[str, ...]:
+    """An optional list of model names (``served_models``, ``adapters``): absent from records of
+    sidecars that predate it, read as none."""
+    names = obj.get(field, [])
     if not isinstance(names, list) or len(names) > MAX_SERVED_MODELS:
-        raise SummaryError(
-            f"{what}: field 'served_models' must be a list of at most {MAX_SERVED_MODELS} names"
-        )
+        raise SummaryError(f"{what}: field {field!r} must be a list of at most {MAX_SERVED_MODELS} names")
     for name in names:
         if not _is_model_name(name):
             shown = str(name)[:140]
             raise SummaryError(
-                f"{what}: field 'served_models' holds {shown!r}, not a name of 1-{MAX_MODEL_NAME} characters"
+                f"{what}: field {field!r} holds {shown!r}, not a name of 1-{MAX_MODEL_NAME} characters"
             )
     return tuple(dict.fromkeys(names))  # in order, once each
+
+
+MAX_ENGINE_API = 32
+
+
+def _engine_api(obj: dict[str, Any], what: str) -> str:
+    """The optional ``engine_api``: any short string (an API a later sidecar speaks is read, and its
+    requests keep the worker's identity), "" when absent."""
+    api = obj.get("engine_api", "")
+    if not isinstance(api, str) or len(api) > MAX_ENGINE_API:
+        raise SummaryError(
+            f"{what}: field 'engine_api' must be a string of at most {MAX_ENGINE_API} characters"
+        )
+    return api
 
 
 def decode_member(raw: str | bytes) -> MemberRecord:
@@ -181,7 +201,9 @@ def decode_member(raw: str | bytes) -> MemberRecord:
         adapter=_typed(obj, "adapter", str, what, ""),
         block_tokens=block_tokens,
         registered_at=_seconds_or_rate(obj, "registered_at", what, 0.0),
-        served_models=_served_models(obj, what),
+        served_models=_model_names(obj, "served_models", what),
+        adapters=_model_names(obj, "adapters", what),
+        engine_api=_engine_api(obj, what),
     )
 
 

@@ -57,6 +57,9 @@ class InferenceRequest:
     tenant_salt: str | None  # cache-isolation salt (vLLM's ``cache_salt``), None = shared
     model: str | None
     prompts: int = 1  # a batch's prompts; the fields above describe its first
+    # SGLang's LoRA adapter field (/generate; an extra field on its OpenAI routes), the first
+    # prompt's; None: none given. What it means is blockhash.requested_adapter's to say.
+    lora_path: str | None = None
     other_prompts_tokens: int = 0  # the tokens of a batch's prompts after its first
 
     def uncached_tokens(self, matched_tokens: int) -> int:
@@ -142,6 +145,15 @@ def _first_salt(value: Any, prompts: int, batch: bool) -> str | None:
                 param="cache_salt",
             )
     return salts[0] if salts else None
+
+
+def _first_lora_path(value: Any) -> str | None:
+    """The first prompt's ``lora_path``: a string, or a batch's list of one per prompt (entries may
+    be null). Read leniently: only SGLang reads the field (vLLM ignores it), and a value SGLang
+    refuses is its error to give; here anything else is no adapter."""
+    if isinstance(value, list):
+        value = value[0] if value else None
+    return value if isinstance(value, str) and value else None
 
 
 def _first_max_new_tokens(sampling: Any, prompts: int, batch: bool) -> int | None:
@@ -268,4 +280,5 @@ def inference_request(
         model=model,
         prompts=prompts,
         other_prompts_tokens=others,
+        lora_path=_first_lora_path(obj.get("lora_path")),
     )

@@ -53,6 +53,8 @@ from .engine_api import (
     is_sglang_info,
     mirror_block_tokens,
     pick_engine_api,
+    sglang_adapter_names,
+    vllm_adapter_ids,
     vllm_cache_config,
     vllm_model_ids,
     vllm_resets_running,
@@ -64,7 +66,7 @@ from .exemplars import DEFAULT_EXEMPLAR_BYTES, ExemplarStore
 from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
-from .mirror import Admission, CacheMirror
+from .mirror import Admission, CacheMirror, namespace_adapter, namespace_salt
 from .prewarm import SIDECAR_KEY
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
@@ -314,6 +316,7 @@ class _EngineInfo:
     api: str = ""  # sglang or vllm once known (--engine-api, or detected)
     served_model: str = ""  # vLLM: /v1/models data[0].id, the name its requests' "model" must give
     served_models: tuple[str, ...] = ()  # every name it answers to, for the member record
+    adapters: tuple[str, ...] = ()  # the LoRA adapters it has loaded (blockhash.request_identity)
     match_unit: int | None = None  # vLLM: the token boundary its cache hits land on (block_size)
     # False: the engine keeps no prefix cache (vLLM --no-enable-prefix-caching, SGLang
     # --disable-radix-cache): the mirror stays empty, so no hit is predicted or published
@@ -333,6 +336,7 @@ class EngineFacts:
     match_unit: int | None = None
     prefix_caching: bool = True
     served_models: tuple[str, ...] = ()  # the names clients may give as "model" (not --model)
+    adapters: tuple[str, ...] = ()  # its LoRA adapters' names
 
 
 def sglang_facts(info: dict[str, object], model: str | None, revision: str | None) -> EngineFacts:
@@ -348,6 +352,7 @@ def sglang_facts(info: dict[str, object], model: str | None, revision: str | Non
         prefix_caching=info.get("disable_radix_cache") is not True,
         # what the engine calls itself, whatever --model names the cache
         served_models=servable_names([info.get("served_model_name") or info.get("model_path")]),
+        adapters=servable_names(sglang_adapter_names(info.get("lora_paths"))),
     )
 
 
@@ -725,6 +730,7 @@ class Sidecar:
             capacity_tokens=cache.capacity_tokens if cache is not None else None,
             served_model=served,
             served_models=servable_names(vllm_model_ids(models.body)),
+            adapters=servable_names(vllm_adapter_ids(models.body)),
             match_unit=cache.match_unit if cache is not None else None,
             prefix_caching=cache.prefix_caching if cache is not None else True,
         )
@@ -736,6 +742,7 @@ class Sidecar:
         e.cache_report = facts.cache_report
         e.served_model, e.match_unit = facts.served_model, facts.match_unit
         e.served_models = facts.served_models
+        e.adapters = facts.adapters
         e.prefix_caching = facts.prefix_caching
         if not facts.prefix_caching:
             log.warning(
@@ -813,6 +820,8 @@ class Sidecar:
             block_tokens=self.s.mirror.block_tokens,
             registered_at=time.time(),
             served_models=e.served_models,
+            adapters=e.adapters,
+            engine_api=e.api,
         )
 
     def load_report(self) -> LoadReport:
@@ -1087,7 +1096,8 @@ class Sidecar:
         out = [
             {
                 "hash": f"{h:016x}",
-                "namespace": p.namespace,
+                "namespace": namespace_salt(p.namespace),  # the tenant salt
+                "adapter": namespace_adapter(p.namespace),  # None: the worker's own identity
                 "num_tokens": len(p.token_bytes) // 4,
                 "input_ids": list(memoryview(p.token_bytes).cast("I")),
             }
@@ -1111,7 +1121,7 @@ class Sidecar:
         engine = self.s.engine
         # an engine without a prefix cache reuses nothing: nothing is mirrored, no hit predicted
         admission = (
-            self.s.mirror.admit_sent(parsed.token_bytes, parsed.tenant_salt)
+            self.s.mirror.admit_sent(parsed.token_bytes, self._namespace(parsed))
             if engine.prefix_caching
             else None
         )
@@ -1128,6 +1138,14 @@ class Sidecar:
         )
         self.load_changed()
         return parsed, admission, handle, predicted
+
+    def _namespace(self, parsed: InferenceRequest) -> object:
+        """The mirror namespace ``parsed`` is cached under: its tenant salt, under the LoRA adapter it
+        names when the engine has that adapter loaded (CacheMirror.request_namespace)."""
+        e = self.s.engine
+        return self.s.mirror.request_namespace(
+            parsed.tenant_salt, e.adapters, e.api, parsed.model, parsed.lora_path
+        )
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()  # within the limit: body_deadline read it
@@ -1246,7 +1264,7 @@ class Sidecar:
             elif admission is not None and parsed is not None and parsed.prompts == 1:
                 # the engine cached this prompt: keep the request, to replay when pre-warming
                 # another replica (a batch is not kept: its other prompts are not mirrored)
-                self.s.exemplars.record(request.path, body, parsed.tenant_salt, parsed.token_bytes)
+                self.s.exemplars.record(request.path, body, self._namespace(parsed), parsed.token_bytes)
             if handle is not None:
                 # ok only if the engine prefilled it: an error answer (a 4xx refusal comes at once)
                 # timed as a prefill read as millions of tokens a second, and gateways then sent
@@ -1323,7 +1341,9 @@ class Sidecar:
         text = collected.text if complete and collected is not None else None
         output = after_echo(text, echoed) if text else None
         if parsed is not None and output and self.s.engine.prefix_caching:
-            self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(output)), parsed.tenant_salt)
+            self.s.mirror.admit(
+                parsed.token_bytes + as_token_bytes(tokenize(output)), self._namespace(parsed)
+            )
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
         return response
@@ -1368,7 +1388,7 @@ class Sidecar:
         if text and self.s.engine.prefix_caching:
             # The engine keeps prompt + generated tokens cached (so does SGLang): mirror that too,
             # so the next turn of a conversation is predicted as the hit it will be.
-            self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(text)), parsed.tenant_salt)
+            self.s.mirror.admit(parsed.token_bytes + as_token_bytes(tokenize(text)), self._namespace(parsed))
 
 
 @dataclass(frozen=True, slots=True)

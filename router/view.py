@@ -18,7 +18,14 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .blockhash import DEFAULT_BLOCK_TOKENS, CacheIdentity, block_hashes, salted_seed
+from .blockhash import (
+    DEFAULT_BLOCK_TOKENS,
+    CacheIdentity,
+    block_hashes,
+    identity_seed,
+    request_identity,
+    salted_seed,
+)
 from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .policies import ReplicaState
@@ -275,19 +282,42 @@ class FleetView:
     # -- per-request scoring -----------------------------------------------------------------------
 
     def request_hashes(
-        self, token_bytes: bytes, tenant_salt: str | None, workers: Iterable[WorkerView]
+        self,
+        token_bytes: bytes,
+        tenant_salt: str | None,
+        workers: Iterable[WorkerView],
+        model: str | None = None,
+        lora_path: str | None = None,
     ) -> dict[tuple[int, int], list[int]]:
-        """The request's hash chain under each distinct (seed, block size) among ``workers``."""
+        """The request's hash chain under each distinct (seed, block size) among ``workers``: each
+        worker's :meth:`request_key` for a request naming ``model`` / ``lora_path``, and the former
+        cache names of its own sends (those only for a request under the worker's own identity)."""
         out: dict[tuple[int, int], list[int]] = {}
         for w in workers:
-            for key in (self.cache_key(w), *(w.overlay_keys if w.overlay else ())):
-                if key not in out:
-                    out[key] = block_hashes(token_bytes, salted_seed(key[0], tenant_salt), key[1])
+            key = self.request_key(w, model, lora_path)
+            own = key == self.cache_key(w)
+            for k in (key, *(w.overlay_keys if own and w.overlay else ())):
+                if k not in out:
+                    out[k] = block_hashes(token_bytes, salted_seed(k[0], tenant_salt), k[1])
         return out
 
     def cache_key(self, w: WorkerView) -> tuple[int, int]:
-        """The (identity seed, block size) ``w``'s cache is named by now: what a request is hashed under."""
+        """The (identity seed, block size) ``w``'s cache is named by now: what a request naming no
+        adapter is hashed under."""
         return (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
+
+    def request_key(self, w: WorkerView, model: str | None, lora_path: str | None) -> tuple[int, int]:
+        """The (identity seed, block size) a request naming ``model`` / ``lora_path`` is hashed under
+        at ``w``: :meth:`cache_key`, unless it names a LoRA adapter ``w``'s engine has loaded
+        (``blockhash.request_identity``, the rule the worker's sidecar records it by)."""
+        member = w.member
+        if member is None or not member.adapters or (model is None and lora_path is None):
+            return self.cache_key(w)  # the usual worker or request: its own identity, no allocation
+        configured = CacheIdentity(member.model, member.revision, member.adapter)
+        identity = request_identity(configured, member.adapters, member.engine_api, model, lora_path)
+        if identity is configured:
+            return self.cache_key(w)
+        return (identity_seed(identity), w.block_tokens(self.block_tokens))
 
     def matched_tokens(
         self, w: WorkerView, hashes: list[int], block_tokens: int, wall_now: float, *, summary: bool = True
@@ -332,13 +362,20 @@ class FleetView:
         hashes: Mapping[tuple[int, int], list[int]],
         num_tokens: int,
         wall_now: float,
+        model: str | None = None,
+        lora_path: str | None = None,
     ) -> list[ReplicaState]:
+        """One row per worker, matched under its :meth:`request_key` for a request naming ``model``
+        / ``lora_path`` (``hashes``: :meth:`request_hashes` for the same request)."""
         rows: list[ReplicaState] = []
         for w in workers:
-            key = self.cache_key(w)
+            key = self.request_key(w, model, lora_path)
             matched = self.matched_tokens(w, hashes[key], key[1], wall_now)
-            for old in w.overlay_keys:
-                if old != key and old in hashes:  # own sends under the worker's former cache name
+            # own sends under the worker's former cache name: for requests under its own identity
+            # (an adapter's blocks were never sent under the worker's base names)
+            former_keys = w.overlay_keys if key == self.cache_key(w) else ()
+            for old in former_keys:
+                if old != key and old in hashes:
                     former = self.matched_tokens(w, hashes[old], old[1], wall_now, summary=False)
                     matched = max(matched, former)
             matched = min(matched, num_tokens)
@@ -377,18 +414,29 @@ class FleetView:
 
     # -- own sends ---------------------------------------------------------------------------------
 
-    def record_send(self, worker_id: str, hashes: list[int], uncached_tokens: int, wall_now: float) -> int:
-        """Remember a request sent to ``worker_id`` (overlay + unreported load); returns a handle."""
+    def record_send(
+        self,
+        worker_id: str,
+        hashes: list[int],
+        uncached_tokens: int,
+        wall_now: float,
+        key: tuple[int, int] | None = None,
+    ) -> int:
+        """Remember a request sent to ``worker_id`` (overlay + unreported load); returns a handle.
+        ``key``: what the caller hashed ``hashes`` under (:meth:`request_key`; None: the worker's
+        :meth:`cache_key`). Only sends under the worker's own cache name are remembered as under a
+        name it may later drop (an adapter's are matched by the adapter's requests alone)."""
         handle = next(self._send_ids)
         w = self.workers.get(worker_id)
         if w is None:
             return handle
         _add_to_overlay(w.overlay, hashes, wall_now)
-        key = self.cache_key(w)  # what the caller hashed ``hashes`` under (request_hashes)
-        w.overlay_keys.pop(key, None)
-        w.overlay_keys[key] = None
-        while len(w.overlay_keys) > MAX_OVERLAY_KEYS:
-            del w.overlay_keys[next(iter(w.overlay_keys))]
+        own = self.cache_key(w)
+        if key is None or key == own:
+            w.overlay_keys.pop(own, None)
+            w.overlay_keys[own] = None
+            while len(w.overlay_keys) > MAX_OVERLAY_KEYS:
+                del w.overlay_keys[next(iter(w.overlay_keys))]
         w.sends[handle] = _Send(wall_now, uncached_tokens)
         return handle
 
