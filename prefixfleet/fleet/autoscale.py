@@ -20,8 +20,9 @@ whenever that fails from the sidecar's ``/metrics``. Execution with processes:
 
 Every state change is checked (:meth:`LocalAutoscaler._post_state`): a 401 (the token rotated since it
 was read) reads the token again, a 503 (the sidecar cannot confirm the token: Redis down past its
-grace) or no answer is tried again briefly, and a change that still fails is an ``error`` event naming
-the replica, the state and the sidecar's answer. A replica the loop itself left ``warming`` or
+grace) or a refused or reset connection is tried again briefly (a timeout is not: each attempt would
+wait it out again), and a change that still fails is an ``error`` event naming the replica, the state
+and the sidecar's answer. A replica the loop itself left ``warming`` or
 ``draining`` (its ``ready`` never got through after a warm-up, or after a drain whose stop failed) is
 set ``ready`` by a later round (:func:`stranded`), as the operator removes a leftover warming mark; a
 state set by someone else (a person draining a replica by hand) is left as it is.
@@ -78,7 +79,8 @@ HTTP_TIMEOUT_S = 5.0
 WARM_TIMEOUT_S = 120.0
 # A state post is sent at most this many times; the pause before a retry starts at STATE_RETRY_S and
 # doubles (0.25, 0.5, 1 s: ~2 s in all, enough for a sidecar restarting its listener or a Redis blip;
-# a longer outage is left to the next rounds, see `stranded`).
+# a longer outage is left to the next rounds, see `stranded`). Not after a timeout: each attempt at a
+# silent sidecar costs HTTP_TIMEOUT_S, and four would hold a drain or warm-up back ~22 s.
 STATE_POST_ATTEMPTS = 4
 STATE_RETRY_S = 0.25
 
@@ -186,16 +188,19 @@ class PostStep(enum.Enum):
 
     DONE = "done"  # 2xx: the state is set
     REREAD = "reread"  # 401: the token rotated since it was read; read it again, then retry
-    RETRY = "retry"  # 5xx (503: the sidecar cannot confirm the token) or no answer: retry after a pause
-    GIVE_UP = "give_up"  # another 4xx (the same request gets the same answer), or no attempt left
+    RETRY = "retry"  # 5xx (503: the sidecar cannot confirm the token) or no quick answer: retry after a pause
+    GIVE_UP = "give_up"  # another 4xx (the same request gets the same answer), a timeout, or no attempt left
 
 
-def state_post_step(status: int | None, attempt: int, attempts: int = STATE_POST_ATTEMPTS) -> PostStep:
+def state_post_step(
+    status: int | None, attempt: int, attempts: int = STATE_POST_ATTEMPTS, *, silent: bool = False
+) -> PostStep:
     """The next step after attempt ``attempt`` (0-based) of a state post answered ``status`` (None:
-    no answer, e.g. the connection was refused or timed out)."""
+    no answer, e.g. the connection was refused or reset; ``silent``: none within the timeout, which
+    a retry would only wait out again)."""
     if status is not None and 200 <= status < 300:
         return PostStep.DONE
-    if attempt + 1 >= attempts:
+    if attempt + 1 >= attempts or (status is None and silent):
         return PostStep.GIVE_UP
     if status == 401:
         return PostStep.REREAD
@@ -238,13 +243,15 @@ def stranded(
 @dataclass(frozen=True, slots=True)
 class StatePosted:
     """How a state post ended: ``ok`` (the sidecar answered 2xx), the token last sent (re-read after a
-    401: the one for the next control request), the sidecar's last status (None: no answer) and its
-    answer in words (for the event)."""
+    401: the one for the next control request), the sidecar's last status (None: no answer), its
+    answer in words (for the event), and whether the last attempt timed out (``silent``: the sidecar
+    took the connection, or may still, and said nothing)."""
 
     ok: bool
     token: str
     status: int | None
     answer: str
+    silent: bool = False
 
 
 def may_have_landed(posted: StatePosted) -> bool:
@@ -255,9 +262,11 @@ def may_have_landed(posted: StatePosted) -> bool:
 
 def drain_goes_on(posted: StatePosted) -> bool:
     """Whether a drain goes on to stop its replica after its ``draining`` post: when it was set, or
-    when the sidecar gave no answer (unreachable, it serves nobody). Not when it answered a refusal:
-    it is up and gateways still send it requests, which the stop would cut."""
-    return may_have_landed(posted)
+    when the sidecar could not be reached (refused, reset: nothing serves there). Not when it
+    answered a refusal: it is up and gateways still send it requests, which the stop would cut. Nor
+    when it kept silent past the timeout: it holds connections, gateways' included, and nothing says
+    it left rotation (a later round may choose it again; `stranded` undoes a draining that landed)."""
+    return posted.ok or (posted.status is None and not posted.silent)
 
 
 def in_flight(status: Any) -> bool:
@@ -567,9 +576,10 @@ class LocalAutoscaler:
             assert url is not None  # a replica joins the fleet once its sidecar answers
             # token unreadable: the drain fails before anything changed (said by _task_done); it serves
             posted = await self._post_state(http, redis, name, url, "draining", None)
+            if may_have_landed(posted):  # the loop's own mark: undone by the ready below, gone with
+                self.left.add(name)  # it, or by a later round (`stranded`) if the drain stops here
             if not drain_goes_on(posted):  # (said as an error by _post_state) it serves on; a later
                 return  # round may choose it again
-            self.left.add(name)  # the loop's own mark: undone by the ready below, or gone with it
             token = posted.token
             self._event("drain", name)
             started = time.monotonic()
@@ -622,14 +632,16 @@ class LocalAutoscaler:
         answer = ""
         for attempt in range(STATE_POST_ATTEMPTS):
             status: int | None
+            silent = False
             try:
                 resp = await http.post(
                     f"{url}/prefixfleet/state", json={"state": state}, headers=control_headers(token)
                 )
                 status, answer = resp.status_code, f"HTTP {resp.status_code} {resp.text.strip()[:200]}"
             except httpx.HTTPError as exc:
+                silent = isinstance(exc, httpx.TimeoutException)
                 status, answer = None, f"no answer ({exc.__class__.__name__}: {exc})"[:300]
-            step = state_post_step(status, attempt)
+            step = state_post_step(status, attempt, silent=silent)
             if step is PostStep.DONE:
                 return StatePosted(True, token, status, answer)
             if step is PostStep.GIVE_UP:
@@ -640,4 +652,4 @@ class LocalAutoscaler:
                 changed, token = fresh != token, fresh
             await asyncio.sleep(retry_pause_s(step, attempt, changed))
         self._event("error", f"{name}: state {state} not set after {attempt + 1} attempt(s): {answer}")
-        return StatePosted(False, token, status, answer)
+        return StatePosted(False, token, status, answer, silent)
