@@ -199,7 +199,10 @@ def run_validate(args: argparse.Namespace) -> int:
                 print(f"{name}: {skipped_line(where, doc)}")
                 continue
             fleets += 1
-            label = f"{name}: {(doc.get('metadata') or {}).get('name', '<unnamed>')}"
+            metadata = doc.get("metadata")
+            # (a string or a list in a hand-written manifest: the schema's error says so below)
+            named = metadata.get("name", "<unnamed>") if isinstance(metadata, dict) else "<unnamed>"
+            label = f"{name}: {named}"
             if doc.get("kind") == KIND:
                 found += problems_of(doc, crd, with_cel)
             invalid += bool(found)
