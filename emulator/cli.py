@@ -16,6 +16,7 @@ from prefixfleet.cli import DefaultsHelpFormatter, check_positive, listen_error
 
 from .config import DEFAULT_MODEL, EmulatorConfig
 from .vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, VllmOptions
+from .vllm_protocol import parse_lora_module
 
 _DEFAULTS = EmulatorConfig()
 
@@ -126,6 +127,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "without it null",
     )
     p.add_argument(
+        "--enable-lora",
+        action="store_true",
+        help="as vLLM's flag (--api vllm only): serve LoRA adapters; requests naming one are cached apart",
+    )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="MODULE",
+        help="as vLLM's flag (--api vllm only, with --enable-lora): adapters loaded at start, each "
+        'name=path or JSON {"name": ..., "path": ..., "base_model_name": ...}; /v1/models lists each '
+        "with its parent, a request whose model names one is cached under it (no weights are read)",
+    )
+    p.add_argument(
         "--vocab-size",
         type=int,
         default=None,
@@ -184,10 +199,14 @@ def vllm_options_from_args(
     api = getattr(args, "api", "sglang")
     block_size = getattr(args, "block_size", None)
     details = getattr(args, "enable_prompt_tokens_details", False)
+    enable_lora = getattr(args, "enable_lora", False)
+    lora_modules = getattr(args, "lora_modules", None)
     if api != "vllm":
         for flag, given in (
             ("--block-size", block_size is not None),
             ("--enable-prompt-tokens-details", details),
+            ("--enable-lora", enable_lora),
+            ("--lora-modules", lora_modules is not None),
         ):
             if given:
                 raise UsageError(f"{flag} is vLLM's flag: give it with --api vllm")
@@ -201,10 +220,16 @@ def vllm_options_from_args(
         dev_mode = bool(int(raw))
     except ValueError:
         raise UsageError(f"{DEV_MODE_ENV} must be an integer (0 or 1), got {raw!r}") from None
+    try:
+        loras = tuple(parse_lora_module(item) for item in lora_modules or () if item)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     options = VllmOptions(
         block_size=DEFAULT_BLOCK_SIZE if block_size is None else block_size,
         enable_prompt_tokens_details=details,
         dev_mode=dev_mode,
+        enable_lora=enable_lora,
+        lora_modules=loras,
     )
     problems = options.problems(config)
     if problems:

@@ -91,7 +91,8 @@ class EngineRequest:
     prefill_started_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
-    namespace: str | None = None  # tenant salt: its own radix root, never shared with others
+    # tenant salt (and LoRA adapter, as (adapter, salt)): its own radix root, never shared with others
+    namespace: object = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -218,7 +219,7 @@ class EngineModel:
         self.totals.aborted_requests += 1
         return True
 
-    def _unpinned_matched_tokens(self, prompt: bytes, namespace: str | None = None) -> int:
+    def _unpinned_matched_tokens(self, prompt: bytes, namespace: object = None) -> int:
         """Matched tokens an insert would protect from eviction that no pin protects already."""
         match = self.tree.match_prefix(prompt, namespace, touch=False)
         node, depth, total = match.node, match.depth_in_node, 0
@@ -322,7 +323,7 @@ class EngineModel:
             take = min(request.uncached_tokens - request.computed_tokens, budget)
             parts.append(PrefillPart(request, take, admitted=False))
             budget -= take
-        batch: dict[str | None, list[bytes]] = {}  # namespace -> prompts admitted into this pass
+        batch: dict[object, list[bytes]] = {}  # namespace -> prompts admitted into this pass
         deferred: list[EngineRequest] = []
         while budget > 0 and self.waiting and self.num_running < cfg.max_running:
             request = self.waiting[0]

@@ -64,9 +64,18 @@ class Call:
     model: str | None = None
     # tenant isolation (cache_salt): a separate prefix cache per salt; one per prompt, () for none
     cache_salts: tuple[str | None, ...] = ()
+    # the LoRA adapter the request names (vLLM face: its model is an adapter's name); None: the base
+    adapter: str | None = None
 
     def cache_salt(self, index: int) -> str | None:
         return self.cache_salts[index] if self.cache_salts else None
+
+    def namespace(self, index: int) -> object:
+        """The radix namespace prompt ``index`` is cached under: its salt, and the adapter when one
+        is named (vLLM's block hashes take the LoRA name and the salt as extra keys: a prompt
+        cached under one adapter is a miss under another and under the base model)."""
+        salt = self.cache_salt(index)
+        return salt if self.adapter is None else (self.adapter, salt)
 
 
 def error_body(message: str, param: str | None, status: int) -> dict[str, object]:

@@ -177,7 +177,7 @@ class EngineRunner:
         max_new_tokens: int,
         rid: str | None = None,
         *,
-        namespace: str | None = None,
+        namespace: object = None,
         log_metrics: bool = True,
     ) -> RequestHandle:
         """Queue a request. Raises :class:`RequestRejected` when it can never run here."""

@@ -111,7 +111,7 @@ def submit(engine: EngineRunner, call: Call) -> list[RequestHandle]:
         for i, (prompt, max_new, rid) in enumerate(
             zip(call.prompts, call.max_new_tokens, call.rids, strict=True)
         ):
-            handles.append(engine.submit(prompt, max_new, rid, namespace=call.cache_salt(i)))
+            handles.append(engine.submit(prompt, max_new, rid, namespace=call.namespace(i)))
     except Exception:
         for h in handles:
             h.abort()

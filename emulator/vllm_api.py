@@ -14,6 +14,7 @@ route: /generate, /get_server_info, /get_model_info, /flush_cache answer 404 as 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,7 @@ from .vllm_protocol import (
     CompletionBody,
     DetokenizeBody,
     Limits,
+    LoraModule,
     SamplingBody,
     TokenizeBody,
     VllmBadRequest,
@@ -82,9 +84,18 @@ class VllmOptions:
     block_size: int = DEFAULT_BLOCK_SIZE  # --block-size: cache hits count whole blocks of this many tokens
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /reset_prefix_cache exists
+    enable_lora: bool = False  # --enable-lora
+    lora_modules: tuple[LoraModule, ...] = ()  # --lora-modules: adapters loaded at start
 
     def problems(self, config: EmulatorConfig) -> list[str]:
         out: list[str] = []
+        if self.lora_modules and not self.enable_lora:
+            out.append("--lora-modules needs --enable-lora (without it the engine loads no adapter)")
+        names = [lora.name for lora in self.lora_modules]
+        if len(set(names)) != len(names):
+            out.append(f"--lora-modules names an adapter twice: {names}")
+        if config.model in names:
+            out.append(f"--lora-modules: adapter name {config.model!r} is also the name the engine serves")
         size = self.block_size
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             return [f"block_size must be a positive integer, got {size!r}"]
@@ -169,7 +180,8 @@ async def version(_request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     cfg = request.app[ENGINE_KEY].config
-    return web.json_response(model_list(cfg.model, cfg.model, max_model_len(cfg), unix_now()))
+    loras = request.app[OPTIONS_KEY].lora_modules
+    return web.json_response(model_list(cfg.model, cfg.model, max_model_len(cfg), unix_now(), loras))
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -200,7 +212,7 @@ def _remember(words: dict[int, str], text: str, ids: list[int]) -> list[str]:
 async def tokenize_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request, TokenizeBody)
-    check_model(body.model, engine.config.model)
+    check_model(body.model, engine.config.model, request.app[OPTIONS_KEY].lora_modules)
     if body.prompt is not None:
         ids = list(tokenize(body.prompt))
         pieces = _remember(request.app[WORDS_KEY], body.prompt, ids)
@@ -219,7 +231,7 @@ async def tokenize_route(request: web.Request) -> web.Response:
 async def detokenize_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request, DetokenizeBody)
-    check_model(body.model, engine.config.model)
+    check_model(body.model, engine.config.model, request.app[OPTIONS_KEY].lora_modules)
     words = request.app[WORDS_KEY]
     for t in body.tokens:
         if not 0 <= t < VOCAB_SIZE:
@@ -256,10 +268,15 @@ async def _prepared(
 ) -> tuple[Call, list[RequestHandle], _Answer]:
     engine = request.app[ENGINE_KEY]
     body = await _body(request, model)
-    check_model(body.model, engine.config.model)
+    options = request.app[OPTIONS_KEY]
+    adapter = check_model(body.model, engine.config.model, options.lora_modules)
     call = build(body, _limits(engine.config))
-    details = request.app[OPTIONS_KEY].enable_prompt_tokens_details
-    answer = _Answer(request_id(prefix), engine.config.model, unix_now(), details, continuous_usage(body))
+    if adapter is not None:  # cached under the adapter; the answer names it, as vLLM's does
+        call = dataclasses.replace(call, adapter=adapter)
+    details = options.enable_prompt_tokens_details
+    answer = _Answer(
+        request_id(prefix), adapter or engine.config.model, unix_now(), details, continuous_usage(body)
+    )
     return call, submit(engine, call), answer
 
 

@@ -14,6 +14,7 @@ serving layer refuses afterwards (sampling parameters, lengths) is type ``"BadRe
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from array import array
@@ -216,10 +217,52 @@ def _verify_sampling(body: SamplingBody) -> None:
         raise VllmBadRequest(f"n must be 1 on the emulator, got {body.n}", "n")
 
 
-def check_model(requested: str | None, served: str) -> None:
-    """vLLM's _check_model: an absent model is the served one; another name is a 404."""
-    if requested and requested != served:
-        raise VllmBadRequest(f"The model `{requested}` does not exist.", "model", 404)
+@dataclass(frozen=True, slots=True)
+class LoraModule:
+    """One ``--lora-modules`` entry (vLLM's LoRAModulePath): the adapter's name, its path, and the base
+    model it belongs to (None: the served model)."""
+
+    name: str
+    path: str
+    base_model_name: str | None = None
+
+
+def parse_lora_module(item: str) -> LoraModule:
+    """One ``--lora-modules`` value as vLLM's LoRAParserAction reads it: ``name=path`` (an ``=`` and no
+    ``,``), else a JSON object ``{"name": ..., "path": ..., "base_model_name": ...}``. Raises
+    ValueError naming what is wrong."""
+    if "=" in item and "," not in item:
+        parts = item.split("=")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise ValueError(f"--lora-modules {item!r}: expected name=path")
+        return LoraModule(parts[0], parts[1])
+    try:
+        obj = json.loads(item)
+    except ValueError:
+        raise ValueError(f"Invalid JSON format for --lora-modules: {item}") from None
+    fields = {"name", "path", "base_model_name"}
+    if not isinstance(obj, dict) or not {"name", "path"} <= obj.keys() or not obj.keys() <= fields:
+        raise ValueError(
+            f"Invalid fields for --lora-modules: {item} - give name, path and optionally base_model_name"
+        )
+    name, path, base = obj["name"], obj["path"], obj.get("base_model_name")
+    if not (isinstance(name, str) and name and isinstance(path, str) and path):
+        raise ValueError(
+            f"Invalid fields for --lora-modules: {item} - name and path must be non-empty strings"
+        )
+    if base is not None and not isinstance(base, str):
+        raise ValueError(f"Invalid fields for --lora-modules: {item} - base_model_name must be a string")
+    return LoraModule(name, path, base)
+
+
+def check_model(requested: str | None, served: str, loras: Sequence[LoraModule] = ()) -> str | None:
+    """vLLM's _check_model: an absent model is the served one; a loaded LoRA adapter's name is that
+    adapter (returned: its requests are cached under it); another name is a 404."""
+    if not requested or requested == served:
+        return None
+    if any(lora.name == requested for lora in loras):
+        return requested
+    raise VllmBadRequest(f"The model `{requested}` does not exist.", "model", 404)
 
 
 def _token_ids(ids: Sequence[int], vocab_size: int) -> array:
@@ -444,8 +487,21 @@ def chat_chunk(
     return {**_envelope(rid, "chat.completion.chunk", model, created), "choices": [choice]}
 
 
-def model_list(served: str, root: str, max_model_len: int, created: int) -> dict[str, object]:
-    """GET /v1/models: vLLM's ModelList of one ModelCard (owned_by "vllm") with one ModelPermission."""
+def model_list(
+    served: str, root: str, max_model_len: int, created: int, loras: Sequence[LoraModule] = ()
+) -> dict[str, object]:
+    """GET /v1/models: vLLM's ModelList: the served model's ModelCard (owned_by "vllm") with one
+    ModelPermission, then one card per LoRA adapter (vLLM's show_available_models: id the adapter's
+    name, root its path, parent its base model, else the served one; no max_model_len)."""
+    cards = [_model_card(served, root, created, parent=None, max_model_len=max_model_len)]
+    for lora in loras:
+        cards.append(_model_card(lora.name, lora.path, created, lora.base_model_name or served, None))
+    return {"object": "list", "data": cards}
+
+
+def _model_card(
+    name: str, root: str, created: int, parent: str | None, max_model_len: int | None
+) -> dict[str, object]:
     permission = {
         "id": f"modelperm-{uuid.uuid4().hex}",
         "object": "model_permission",
@@ -460,14 +516,13 @@ def model_list(served: str, root: str, max_model_len: int, created: int) -> dict
         "group": None,
         "is_blocking": False,
     }
-    card = {
-        "id": served,
+    return {
+        "id": name,
         "object": "model",
         "created": created,
         "owned_by": "vllm",
         "root": root,
-        "parent": None,
+        "parent": parent,
         "max_model_len": max_model_len,
         "permission": [permission],
     }
-    return {"object": "list", "data": [card]}

@@ -1093,6 +1093,7 @@ class Gateway:
                     "static": w.static,
                     "state": w.state,
                     "served_models": list(w.served_models),
+                    "adapters": list(w.member.adapters) if w.member is not None else [],
                     "routable": w.worker_id in routable,
                     "healthy": w.healthy,
                     "in_flight": w.load.in_flight if w.load else None,
