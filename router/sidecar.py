@@ -1080,6 +1080,7 @@ class Sidecar:
                 "model": self.s.engine.model,
                 "revision": self.s.engine.revision,
                 "engine_api": self.s.engine.api or None,  # None: not known yet
+                "adapters": list(self.s.engine.adapters),  # its LoRA adapters (blockhash.request_identity)
                 "block_tokens": self.s.mirror.block_tokens,
                 "load": {k: getattr(report, k) for k in report.__dataclass_fields__},
                 "mirror": {
