@@ -54,7 +54,7 @@ from .autoscale import (
     ScalePolicy,
     SubtreeObservation,
 )
-from .models import ENGINE_KINDS, EngineKind, FleetSpec
+from .models import ENGINE_KINDS, HOT_PREFIX_HOLDERS_MAX, EngineKind, FleetSpec
 from .planner import ObservedPod, sidecar_engine_api, stays_unavailable
 
 
@@ -375,7 +375,8 @@ def hot_prefixes_status(subtrees: Sequence[SubtreeObservation]) -> list[dict[str
             "hash": s.subtree_id,
             "tokens": s.tokens,
             "rate": round(s.rate_rps, 1),
-            "holders": sorted(s.holders),
+            # the CRD's cap: beyond it the API server refuses the round's whole status patch
+            "holders": sorted(s.holders)[:HOT_PREFIX_HOLDERS_MAX],
         }
         for s in subtrees[:HOT_PREFIXES_IN_STATUS]
     ]

@@ -1256,13 +1256,20 @@ class Condition(CamelModel):
     observed_generation: int | None = Field(default=None, ge=0)
 
 
+# status.hotPrefixes[].holders names at most this many pods (a shared system prompt is held by every
+# replica: a bigger fleet's status names the first ones, autoscale_observe.hot_prefixes_status)
+HOT_PREFIX_HOLDERS_MAX = 256
+
+
 class HotPrefix(CamelModel):
     """A hot prefix subtree, by hash only: never raw prompt text."""
 
     hash: str = Field(min_length=1, description="Hex hash of the prefix node.")
     tokens: int = Field(ge=0, description="Prefix length in tokens.")
     rate: float = Field(ge=0, description="Decayed request rate (requests/s).")
-    holders: list[str] = Field(default_factory=list, max_length=256, description="Replica pods that hold it.")
+    holders: list[str] = Field(
+        default_factory=list, max_length=HOT_PREFIX_HOLDERS_MAX, description="Replica pods that hold it."
+    )
 
 
 EngineMetricsSourceName = Literal["prometheus", "scrape", "mixed", "none"]
