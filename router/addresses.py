@@ -9,6 +9,7 @@ pod spec as ``http://$(POD_IP):<port>``, an expansion that cannot add the bracke
 from __future__ import annotations
 
 import ipaddress
+import re
 
 
 def host_for_url(host: str) -> str:
@@ -103,6 +104,32 @@ def authority_error(url: str) -> str | None:
 REDIS_URL_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
+def _client_options_error(url: str) -> str | None:
+    """Why redis-py would refuse the URL's query options, or None. It reads them only when it makes
+    its first connection (``?db=x``: "Invalid value for 'db'"; ``?sslcert=...``, an option no
+    connection takes: a TypeError), so a URL that passed every other check failed at the first
+    command, far from the flag or Secret that gave it. Asked of redis-py itself (its rules change
+    between versions), with no I/O: making a connection object does not connect. The reasons name
+    the option, never a value. A redis:// URL is judged as rediss://, whose connections take the TLS
+    options too: PREFIXFLEET_REDIS_TLS turns it into one where it is used."""
+    from redis.asyncio.connection import ConnectionPool
+
+    probe = "rediss://" + url.removeprefix("redis://") if url.startswith("redis://") else url
+    try:
+        ConnectionPool.from_url(probe).make_connection()
+    except ValueError as exc:
+        named = _QUOTED_NAME.search(str(exc))
+        return f"its query option {named[1]!r} has a value redis-py cannot read" if named else str(exc)
+    except TypeError as exc:  # "...__init__() got an unexpected keyword argument 'sslcert'"
+        named = _QUOTED_NAME.search(str(exc))
+        option = repr(named[1]) if named else "in its query"
+        return f"redis-py takes no connection option {option}"
+    return None
+
+
+_QUOTED_NAME = re.compile(r"'([^']*)'")
+
+
 def without_userinfo(url: str) -> str:
     """``url`` with everything between its scheme and its last ``@`` (user and password) as
     ``***``: safe to print however broken the URL is (a parser may not find the password in it)."""
@@ -120,7 +147,7 @@ def redis_url_error(url: str) -> str | None:
         return "not a redis://, rediss:// or unix:// URL"
     problem = authority_error(url)
     if problem is None:
-        return None
+        return _client_options_error(url)
     userinfo = url.partition("://")[2].rpartition("@")[0]
     if not userinfo:
         return problem  # nothing secret in it: the hint may write the URL out again
