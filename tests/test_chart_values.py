@@ -43,6 +43,8 @@ MISTYPED = {
     "a flag written as a word": ({"redis": {"enabled": "yes"}}, "/redis/enabled"),
     "a misspelt key two levels down": ({"redis": {"networkPolicy": {"enable": False}}}, "enable"),
     "pull secrets as a string": ({"imagePullSecrets": "ghcr"}, "/imagePullSecrets"),
+    # rendered "valkey/valkey:", an image reference no runtime can pull
+    "an empty Redis image tag": ({"redis": {"enabled": True, "image": {"tag": ""}}}, "/redis/image/tag"),
     "a label value that is a number": ({"grafanaDashboards": {"labels": {"grafana_dashboard": 1}}}, "labels"),
     "an unbracketed IPv6 Redis host": (
         {"operator": {"defaultRedisUrl": "redis://fd00::12:6379/0"}},
