@@ -396,7 +396,8 @@ async def autoscale_round(
         auto, state, spec, ref, {n: u for n, u in urls.items() if n in loads}, logger
     )
     now = time.time()
-    subtrees, state.hot = hot_subtrees(summaries, state.hot, now)
+    # (a pod whose summary is missing this round keeps its counters: hot_subtrees)
+    subtrees, state.hot = hot_subtrees(summaries, state.hot, now, workers={p.name for p in pods})
     # hung pods nothing replaces hold their slots but are no capacity (autoscale_observe)
     unavailable = unavailable_replicas(pods, spec)
     observed = observe_fleet(

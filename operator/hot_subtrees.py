@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from prefixfleet.router.blockhash import extend_chain
@@ -69,6 +69,7 @@ def hot_subtrees(
     previous: HotState | None,
     now: float,
     *,
+    workers: Collection[str] | None = None,
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     min_rate_rps: float = DEFAULT_MIN_RATE_RPS,
     limit: int = DEFAULT_LIMIT,
@@ -77,6 +78,12 @@ def hot_subtrees(
 
     The first observation (``previous`` None) only records the counters: a rate needs two points.
     Returns at most ``limit`` subtrees, most valuable first, and the state for the next round.
+
+    ``workers`` are the workers there are now, whose summaries may be missing this round (expired
+    while their sidecar could not reach Redis, or not yet written again after a Redis restart): their
+    counters are kept, so that when their summaries are back the hits counted before are not counted
+    again as new (a counter of an hour's hits read as one round's: a rate ~100 times too high). A
+    worker not among them is forgotten; None: every worker without a summary this round is.
     """
     if half_life_s <= 0:
         raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
@@ -100,9 +107,15 @@ def hot_subtrees(
             delta = count if before is None or count < before else count - before
             increments[h] = increments.get(h, 0) + delta
         # Counters of nodes a worker stopped ranking but still holds: kept, so a return to its
-        # top-K is not counted twice. Gone from its cache means the counter restarts anyway.
+        # top-K is not counted twice. Gone from its cache means the counter restarts anyway. Those
+        # of a worker whose summary is missing this round are kept too while it is there.
         for (worker, h), count in previous.hits.items():
-            if (worker, h) not in hits and worker in summaries and summaries[worker].has_block(h):
+            if (worker, h) in hits:
+                continue
+            if worker in summaries:
+                if summaries[worker].has_block(h):
+                    hits[(worker, h)] = count
+            elif workers is not None and worker in workers:
                 hits[(worker, h)] = count
 
     dt = now - previous.observed_s if previous is not None else 0.0

@@ -391,7 +391,7 @@ class LocalAutoscaler:
         urls = {r.worker_id: r.sidecar_url for r in view.replicas if r.sidecar_url}
         reading = await self.read_engines(http, urls, prometheus)
         now = time.time()
-        subtrees, self.hot = hot_subtrees(summaries, self.hot, now)
+        subtrees, self.hot = hot_subtrees(summaries, self.hot, now, workers=set(names))
         observed = observe_fleet(
             now, view.wanted(), view.pods(), loads, reading.prefill_loads(loads), subtrees, reading.queues()
         )
