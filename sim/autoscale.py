@@ -97,6 +97,7 @@ class Member:
         "initial",
         "model",
         "name",
+        "outstanding",
         "phase",
         "prewarm",
         "ready_s",
@@ -119,10 +120,20 @@ class Member:
         self.warmups: list[Job] = []
         self.uncached_total = 0  # uncached prompt tokens sent here (what its sidecar counts)
         self.uncached_samples: deque[tuple[float, int]] = deque([(created_s, 0)])
+        self.outstanding: list[Job] = []  # sent here, not known to have finished
 
     def accept(self, job: Job, now: float) -> None:
         self.model.accept(job, now)
         self.uncached_total += job.est_uncached
+        self.outstanding.append(job)
+
+    def idle(self, now: float) -> bool:
+        """Every request sent here (warm-ups included) has finished by ``now``. The load a planner
+        reads can miss one: a request still on its way to an emulated sidecar (``forward_delay_s``)
+        is in no load record built meanwhile, so a drained replica can read idle while one is in
+        transit; removed then, that request was never served."""
+        self.outstanding = [j for j in self.outstanding if not j.finish_s <= now]  # nan: not finished
+        return not self.outstanding
 
     def prefill_load(self, now: float, window_s: float, prefill_s_per_token: float) -> float:
         """Prefill seconds per second sent here over the last ``window_s`` (like a Prometheus rate)."""
@@ -335,7 +346,9 @@ class ElasticFleet:
         by_name = {m.name: m for m in self.live}
         for name in plan.remove:
             m = by_name.get(name)
-            if m is not None and m.phase == "draining" and m.model.view(_at(now)).in_flight == 0:
+            if m is None or m.phase != "draining" or m.model.view(_at(now)).in_flight:
+                continue
+            if m.idle(now):  # the plan saw it idle; it goes once it is (a graceful stop serves what arrives)
                 m.removed_s = now
                 self.live.remove(m)
                 self.routing.on_replica_removed(m.model.replica_id)
