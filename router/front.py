@@ -13,7 +13,9 @@ aiohttp answers it exactly as it would have (errors, 413, admin endpoints); that
 with aiohttp.
 
 Slow clients are bounded as under aiohttp: a connection idle (or sending a head) longer than the idle
-limit is closed; a body not complete within the body limit gets the app's 408 answer.
+limit is closed; a body not complete within the body limit gets the app's 408 answer. Every answer
+that keeps its connection (here and from aiohttp behind) advertises the idle limit as
+``Keep-Alive: timeout=N``, so the hop in front retires a pooled connection before it is closed.
 """
 
 from __future__ import annotations
@@ -206,6 +208,8 @@ class HotRequest:
         head = [b"HTTP/1.1 %d %s\r\n" % (status, _reason(status).encode())]
         head.extend(_header_lines(headers))
         head.append(b"Transfer-Encoding: chunked\r\n")
+        if not conn.close_after:
+            head.append(conn.front.keep_alive_line)
         if "Date" not in headers:  # a proxied answer keeps its origin's Date (a single-valued field)
             head.append(conn.front.date.line())
         head.append(b"\r\n")
@@ -242,8 +246,7 @@ class HotRequest:
             head.append(conn.front.date.line())
         if response.keep_alive is False:
             conn.close_after = True
-        if conn.close_after:
-            head.append(b"Connection: close\r\n")
+        head.append(b"Connection: close\r\n" if conn.close_after else conn.front.keep_alive_line)
         head.append(b"\r\n")
         conn.transport.write(b"".join(head) + data)
 
@@ -704,6 +707,8 @@ class HotFront:
         self.max_body_bytes = max_body_bytes
         self.loop = asyncio.get_running_loop()
         self.date = _DateHeader()
+        # on every answer that keeps its connection (see ClientTimeouts.keep_alive)
+        self.keep_alive_line = b"Keep-Alive: %s\r\n" % timeouts.keep_alive.encode()
         self.connections: set[_FrontConnection] = set()
 
     def __call__(self) -> _FrontConnection:
@@ -726,6 +731,17 @@ class HotFront:
             conn.transport.abort()
 
 
+def _advertising_idle_limit(value: str) -> Callable[[web.BaseRequest, web.StreamResponse], Awaitable[None]]:
+    """An ``on_response_prepare`` hook: ``Keep-Alive: value`` on every answer that keeps its
+    connection (aiohttp has settled that before the hook runs; undecided counts as not)."""
+
+    async def advertise(_request: web.BaseRequest, response: web.StreamResponse) -> None:
+        if response.keep_alive:
+            response.headers["Keep-Alive"] = value
+
+    return advertise
+
+
 async def fallback_runner(
     app: web.Application, timeouts: ClientTimeouts, *, shutdown_timeout_s: float = 60.0
 ) -> web.AppRunner:
@@ -733,7 +749,9 @@ async def fallback_runner(
     (the emulator serves everything with it, having no front).
 
     handler_cancellation: a client gone before its answer stops the work upstream too, as on the
-    front. ``shutdown_timeout_s``: how long cleanup waits for running handlers (aiohttp's default)."""
+    front. ``shutdown_timeout_s``: how long cleanup waits for running handlers (aiohttp's default).
+    Its answers that keep their connection advertise the idle limit, as the front's do."""
+    app.on_response_prepare.append(_advertising_idle_limit(timeouts.keep_alive))
     runner = web.AppRunner(
         app,
         access_log=None,

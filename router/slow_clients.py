@@ -1,15 +1,17 @@
 """Time limits on slow HTTP clients, shared by the gateway, the sidecar and the emulator.
 
 A client that opens a connection and sends nothing, or half its headers, is closed after the idle
-limit (aiohttp's keep-alive timer, which also runs before the first request). A client that sends
-its headers and then trickles or stalls its body would hold a handler (and the body buffer) forever:
-:func:`body_deadline` reads every request body within the body limit first and answers 408 otherwise,
-closing the connection. A client that stops reading a streamed answer but keeps its connection
-open would hold the engine's work (and its KV cache) for as long as it likes: a write that cannot
-complete within the write limit ends the stream, closes the connection and aborts the request
-upstream, as when the client leaves (the proxies apply it; the gateway and sidecar also take it as
-``--client-write-timeout``). The limits come from the environment so every service and every
-deployment (chart, operator pods, local fleet) can tune them without new flags.
+limit (aiohttp's keep-alive timer, which also runs before the first request); every answer that
+keeps its connection says that limit in a ``Keep-Alive: timeout=N`` header, so a client that honours
+it (the hops' :class:`~.upstream.UpstreamPool`) stops reusing an idle connection before it is
+closed. A client that sends its headers and then trickles or stalls its body would hold a handler
+(and the body buffer) forever: :func:`body_deadline` reads every request body within the body limit
+first and answers 408 otherwise, closing the connection. A client that stops reading a streamed
+answer but keeps its connection open would hold the engine's work (and its KV cache) for as long as
+it likes: a write that cannot complete within the write limit ends the stream, closes the connection
+and aborts the request upstream, as when the client leaves (the proxies apply it; the gateway and
+sidecar also take it as ``--client-write-timeout``). The limits come from the environment so every
+service and every deployment (chart, operator pods, local fleet) can tune them without new flags.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ IDLE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_IDLE_TIMEOUT_S"
 WRITE_TIMEOUT_ENV = "PREFIXFLEET_CLIENT_WRITE_TIMEOUT_S"
 DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_IDLE_TIMEOUT_S = 75.0
+# The shortest idle limit PREFIXFLEET_CLIENT_IDLE_TIMEOUT_S takes. The limit is advertised to clients
+# in whole seconds (``Keep-Alive: timeout=N``, as nginx and Apache send it): below 1 s that says 0, so
+# no client could keep a connection at all, and the same limit also closes a connection whose
+# client has not finished its head, which a sub-second limit does to ordinary clients on a busy node.
+# A value that short is a mistake (milliseconds meant?): refused at start-up, naming the variable.
+MIN_IDLE_TIMEOUT_S = 1.0
 # nginx's send_timeout: a client that accepts no byte for a minute is gone (its socket buffers hold
 # hundreds of streamed tokens, so a slow reader never waits this long)
 DEFAULT_WRITE_TIMEOUT_S = 60.0
@@ -53,9 +61,18 @@ class ClientTimeouts:
             write_s = _positive(env, WRITE_TIMEOUT_ENV, DEFAULT_WRITE_TIMEOUT_S)
         return cls(
             body_s=_positive(env, BODY_TIMEOUT_ENV, DEFAULT_BODY_TIMEOUT_S),
-            idle_s=_positive(env, IDLE_TIMEOUT_ENV, DEFAULT_IDLE_TIMEOUT_S),
+            idle_s=_positive(
+                env, IDLE_TIMEOUT_ENV, DEFAULT_IDLE_TIMEOUT_S, at_least=(MIN_IDLE_TIMEOUT_S, _IDLE_FLOOR_WHY)
+            ),
             write_s=write_s,
         )
+
+    @property
+    def keep_alive(self) -> str:
+        """The ``Keep-Alive`` header's value on an answer that keeps its connection: the idle limit in
+        whole seconds, rounded down (a client that honours it retires the connection before this
+        server closes it, rather than send a request on a connection being closed)."""
+        return f"timeout={math.floor(self.idle_s)}"
 
     def runner_kwargs(self) -> dict[str, float]:
         """Keyword arguments for ``web.AppRunner``: close idle and header-stalled connections, and
@@ -63,7 +80,15 @@ class ClientTimeouts:
         return {"keepalive_timeout": self.idle_s, "lingering_time": min(2.0, self.body_s)}
 
 
-def _positive(env: Mapping[str, str], name: str, default: float) -> float:
+_IDLE_FLOOR_WHY = (
+    "a shorter limit would close connections of clients still sending their request, and the"
+    " Keep-Alive header advertising it counts whole seconds"
+)
+
+
+def _positive(
+    env: Mapping[str, str], name: str, default: float, *, at_least: tuple[float, str] | None = None
+) -> float:
     raw = env.get(name)
     if raw is None or not raw.strip():
         return default
@@ -73,6 +98,8 @@ def _positive(env: Mapping[str, str], name: str, default: float) -> float:
         raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {raw!r}")
+    if at_least is not None and value < at_least[0]:
+        raise ValueError(f"{name} must be at least {at_least[0]:g} s ({at_least[1]}), got {raw!r}")
     return value
 
 

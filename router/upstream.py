@@ -5,13 +5,16 @@ connector, timers, trace hooks); a proxy hop spends more on that than on its own
 does only what a hop needs: write one request on a pooled connection, parse the answer with llhttp
 (via ``httptools``), and hand the body over whole or chunk by chunk as it arrives (streams stay
 unbuffered). Bodies are framed by Content-Length, chunked encoding (extensions and trailers read and
-dropped) or connection close; llhttp refuses ambiguous framing. A reused connection the
-server closed while idle is detected before any response byte and the request re-sent once on a new
-connection (only one idle for :data:`STALE_AFTER_IDLE_S`: sooner, the server had the request); every
-other failure raises a :class:`ConnectionError` (``ConnectionRefusedError`` when
-nothing listens, :class:`UpstreamClosed` when the server broke off mid-answer, :class:`UpstreamTimeout`
-when it sent nothing for the read-idle limit). :func:`reached_upstream` tells a failure before the
-request could reach the upstream (safe to send elsewhere) from one after (it may have run it).
+dropped) or connection close; llhttp refuses ambiguous framing. A server's ``Keep-Alive: timeout=N``
+(nginx, Apache, our front) is honoured: a connection idle for N less :data:`KEEP_ALIVE_MARGIN_S` is
+retired, not reused, so a server with a short idle limit does not close it under a request. A reused
+connection the server closed while idle is detected before any response byte and the request re-sent
+once on a new connection (only one idle for :data:`STALE_AFTER_IDLE_S`: sooner, the server had the
+request); every other failure raises a :class:`ConnectionError` (``ConnectionRefusedError`` when
+nothing listens, :class:`UpstreamClosed` when the server broke off mid-answer,
+:class:`UpstreamTimeout` when it sent nothing for the read-idle limit). :func:`reached_upstream`
+tells a failure before the request could reach the upstream (safe to send elsewhere) from one after
+(it may have run it).
 
 Upstream sockets have TCP keepalive on (:func:`set_keepalive`): a peer whose node died without
 closing its connections is found in about a minute instead of never.
@@ -47,9 +50,17 @@ READ_TIMEOUT_ENV = "PREFIXFLEET_UPSTREAM_READ_TIMEOUT_S"
 DEFAULT_READ_TIMEOUT_S = 600.0
 # A reused connection that closes before any answer byte is taken for one the server closed as idle
 # (and re-sent once) only if it sat idle this long: no server a hop talks to closes a keep-alive
-# connection sooner (uvicorn, under SGLang and vLLM: 5 s; aiohttp and the front: 75 s). One idle for
-# less was closed by a server that read the request: an engine that died of it, or broke off.
+# connection sooner without saying so (uvicorn, under SGLang and vLLM: 5 s, no Keep-Alive header;
+# aiohttp and the front: PREFIXFLEET_CLIENT_IDLE_TIMEOUT_S, 75 s by default, at least 1 s, advertised
+# and honoured below). One idle for less was closed by a server that read the request: an engine
+# that died of it, or broke off.
 STALE_AFTER_IDLE_S = 2.0
+# A server's Keep-Alive: timeout=N says it closes a connection idle for N s: one idle for N less this
+# margin is retired, not reused (the front, aiohttp, nginx: a request written as the server closes is
+# lost, and below STALE_AFTER_IDLE_S it is not re-sent). The margin covers the server's idle clock
+# starting before ours (it ended the answer before we read it) and a busy loop noticing the close
+# late; Node's http.Agent likewise subtracts a buffer from the hint. A hint of 1 s or less: no reuse.
+KEEP_ALIVE_MARGIN_S = 1.0
 
 
 class Origin(NamedTuple):
@@ -107,6 +118,29 @@ def read_timeout_from_env(environ: Mapping[str, str] | None = None) -> float | N
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{READ_TIMEOUT_ENV}={raw!r} must be 0 (no limit) or a positive number of seconds")
     return value or None
+
+
+def keep_alive_timeout(value: str) -> float | None:
+    """The ``timeout`` parameter of a ``Keep-Alive`` header value, in seconds (``"timeout=5, max=100"``
+    -> 5.0); None when it has none or a malformed one (then it is ignored, as HTTP clients do). The
+    header counts whole seconds; a decimal is taken as sent rather than ignored."""
+    for param in value.split(","):
+        name, equals, number = param.partition("=")
+        if equals and name.strip().lower() == "timeout":
+            try:
+                seconds = float(number.strip().strip('"'))
+            except ValueError:
+                return None
+            return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    return None
+
+
+def reuse_limit_s(pool_limit_s: float, hint_s: float | None) -> float:
+    """How long a pooled connection may sit idle and still be reused: the pool's own limit, below a
+    server's advertised idle limit (``hint_s``) by :data:`KEEP_ALIVE_MARGIN_S`; 0: not at all."""
+    if hint_s is None:
+        return pool_limit_s
+    return max(0.0, min(pool_limit_s, hint_s - KEEP_ALIVE_MARGIN_S))
 
 
 def set_keepalive(sock: socket.socket) -> None:
@@ -236,6 +270,9 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reusable = False  # the last response ended cleanly on a keep-alive connection
         self.idle_since = 0.0
+        self.retire_at = 0.0  # pooled: reused only before this (time.monotonic(); UpstreamPool._release)
+        self.hinted_s: float | None = None  # the server's Keep-Alive timeout, once an answer said it
+        self._hint = ""  # that header's value as sent (the same on every answer: parsed once)
         self.served = 0  # responses completed on this connection
         self._paused = False
         self._parser: httptools.HttpResponseParser | None = None  # None: no request in flight
@@ -347,6 +384,10 @@ class _Connection(asyncio.Protocol):
             return  # an interim answer (100 Continue): llhttp goes on to the real head
         headless = self._method == b"HEAD"
         self._keep_alive = parser.should_keep_alive()  # only valid before the message ends
+        hint = self._headers.get("Keep-Alive")
+        if hint is not None and hint != self._hint:
+            self._hint = hint
+            self.hinted_s = keep_alive_timeout(hint)
         self._until_close = not headless and status not in _NO_BODY_STATUS and _framed_by_close(self._headers)
         response = UpstreamResponse(self, status, self._reason, self._headers)
         self._response = response
@@ -480,7 +521,9 @@ class UpstreamPool:
     ) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s  # the longest silence once a request is sent (None: none)
-        self.idle_timeout_s = idle_timeout_s  # below the servers' own keep-alive limit (aiohttp 75 s)
+        # below the servers' own keep-alive limit (uvicorn 5 s, aiohttp 75 s); lower still for a server
+        # whose Keep-Alive header says its limit is shorter (reuse_limit_s)
+        self.idle_timeout_s = idle_timeout_s
         self.max_idle = max_idle
         self._idle: dict[Origin, list[_Connection]] = {}
         self._closed = False
@@ -528,10 +571,9 @@ class UpstreamPool:
         idle = self._idle.get(origin)
         if idle:
             now = time.monotonic()
-            deadline = now - self.idle_timeout_s
             while idle:
                 conn = idle.pop()
-                if not conn.closed and conn.idle_since >= deadline:
+                if not conn.closed and now <= conn.retire_at:
                     return conn, now - conn.idle_since
                 conn.abort()
         return await self._connect(origin), 0.0
@@ -563,10 +605,12 @@ class UpstreamPool:
 
     def _release(self, conn: _Connection) -> None:
         idle = self._idle.setdefault(conn.origin, [])
-        if self._closed or len(idle) >= self.max_idle:
-            conn.abort()
+        limit = reuse_limit_s(self.idle_timeout_s, conn.hinted_s)
+        if self._closed or len(idle) >= self.max_idle or limit <= 0:
+            conn.abort()  # limit 0: the server closes idle connections too soon to reuse one safely
             return
-        conn.idle_since = time.monotonic()
+        now = conn.idle_since = time.monotonic()
+        conn.retire_at = now + limit
         idle.append(conn)
 
     def close(self) -> None:
