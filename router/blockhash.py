@@ -97,6 +97,19 @@ def request_identity(
     return CacheIdentity(configured.model, configured.revision, adapter)
 
 
+def adapter_seeds(configured: CacheIdentity, adapters: Collection[str]) -> dict[str, int]:
+    """:func:`request_identity` tabulated for a worker: the seed of each adapter name a request may
+    name there to be hashed under another identity than ``configured`` (absent: ``configured``).
+    ``adapter_seeds(c, a).get(requested_adapter(api, model, lora_path))`` is the seed of
+    ``request_identity(c, a, api, model, lora_path)`` whenever that is not ``c``, else None: a
+    gateway builds it once per member record instead of an identity per request per worker."""
+    return {
+        adapter: identity_seed(CacheIdentity(configured.model, configured.revision, adapter))
+        for adapter in adapters
+        if adapter != configured.adapter
+    }
+
+
 def salted_seed(identity_seed: int, tenant_salt: str | None) -> int:
     """Seed for one tenant under ``identity_seed``; ``None``/empty salt is the shared (unsalted) seed."""
     if not tenant_salt:

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from .blockhash import (
     DEFAULT_BLOCK_TOKENS,
     CacheIdentity,
+    adapter_seeds,
     block_hashes,
-    identity_seed,
-    request_identity,
+    requested_adapter,
     salted_seed,
 )
 from .keys import DEFAULT_FLEET, FleetKeys
@@ -75,6 +75,10 @@ class WorkerView:
     sends: dict[int, _Send] = field(default_factory=dict)  # own in-flight requests
     # own requests that ended recently: a load report written before they ended still counts them
     done: deque[_Send] = field(default_factory=lambda: deque(maxlen=MAX_RECENT_DONE))
+    # blockhash.adapter_seeds of ``seeds_member`` (the member record they were built from): its LoRA
+    # adapters' seeds, built once per record read rather than an identity per request
+    seeds_member: MemberRecord | None = None
+    seeds: dict[str, int] = field(default_factory=dict)
     # ends recorded before ``done`` is surely in done_at order again (0: it is): the wall clock
     # stepped back between two ends. In order, :func:`ended_since` reads only the newest entries.
     done_unordered: int = 0
@@ -91,6 +95,13 @@ class WorkerView:
         if self.member is not None:
             return CacheIdentity(self.member.model, self.member.revision, self.member.adapter).seed()
         return default_seed
+
+    def adapter_seeds(self, member: MemberRecord) -> dict[str, int]:
+        """The seeds of the adapters ``member`` (this worker's record) lists, by name."""
+        if self.seeds_member is not member:
+            configured = CacheIdentity(member.model, member.revision, member.adapter)
+            self.seeds, self.seeds_member = adapter_seeds(configured, member.adapters), member
+        return self.seeds
 
     def block_tokens(self, default: int) -> int:
         if self.summary is not None:
@@ -294,9 +305,9 @@ class FleetView:
         cache names of its own sends (those only for a request under the worker's own identity)."""
         out: dict[tuple[int, int], list[int]] = {}
         for w in workers:
-            key = self.request_key(w, model, lora_path)
-            own = key == self.cache_key(w)
-            for k in (key, *(w.overlay_keys if own and w.overlay else ())):
+            own = self.cache_key(w)
+            key = self.request_key(w, model, lora_path, own)
+            for k in (key, *(w.overlay_keys if key is own and w.overlay else ())):
                 if k not in out:
                     out[k] = block_hashes(token_bytes, salted_seed(k[0], tenant_salt), k[1])
         return out
@@ -306,18 +317,26 @@ class FleetView:
         adapter is hashed under."""
         return (w.identity_seed(self.default_seed), w.block_tokens(self.block_tokens))
 
-    def request_key(self, w: WorkerView, model: str | None, lora_path: str | None) -> tuple[int, int]:
+    def request_key(
+        self,
+        w: WorkerView,
+        model: str | None,
+        lora_path: str | None,
+        own: tuple[int, int] | None = None,
+    ) -> tuple[int, int]:
         """The (identity seed, block size) a request naming ``model`` / ``lora_path`` is hashed under
-        at ``w``: :meth:`cache_key`, unless it names a LoRA adapter ``w``'s engine has loaded
-        (``blockhash.request_identity``, the rule the worker's sidecar records it by)."""
+        at ``w``: :meth:`cache_key` (``own``, when the caller has it: then that very tuple), unless it
+        names a LoRA adapter ``w``'s engine has loaded (``blockhash.request_identity``, the rule the
+        worker's sidecar records it by)."""
+        if own is None:
+            own = self.cache_key(w)
         member = w.member
         if member is None or not member.adapters or (model is None and lora_path is None):
-            return self.cache_key(w)  # the usual worker or request: its own identity, no allocation
-        configured = CacheIdentity(member.model, member.revision, member.adapter)
-        identity = request_identity(configured, member.adapters, member.engine_api, model, lora_path)
-        if identity is configured:
-            return self.cache_key(w)
-        return (identity_seed(identity), w.block_tokens(self.block_tokens))
+            return own  # the usual worker or request: its own identity, no allocation
+        adapter = requested_adapter(member.engine_api, model, lora_path)
+        # blockhash.request_identity, tabulated per member record (adapter_seeds)
+        seed = w.adapter_seeds(member).get(adapter) if adapter is not None else None
+        return own if seed is None else (seed, own[1])
 
     def matched_tokens(
         self, w: WorkerView, hashes: list[int], block_tokens: int, wall_now: float, *, summary: bool = True
@@ -369,11 +388,12 @@ class FleetView:
         / ``lora_path`` (``hashes``: :meth:`request_hashes` for the same request)."""
         rows: list[ReplicaState] = []
         for w in workers:
-            key = self.request_key(w, model, lora_path)
+            own = self.cache_key(w)
+            key = self.request_key(w, model, lora_path, own)
             matched = self.matched_tokens(w, hashes[key], key[1], wall_now)
             # own sends under the worker's former cache name: for requests under its own identity
             # (an adapter's blocks were never sent under the worker's base names)
-            former_keys = w.overlay_keys if key == self.cache_key(w) else ()
+            former_keys = w.overlay_keys if key is own else ()
             for old in former_keys:
                 if old != key and old in hashes:
                     former = self.matched_tokens(w, hashes[old], old[1], wall_now, summary=False)

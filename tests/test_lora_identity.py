@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prefixfleet.router.blockhash import CacheIdentity, request_identity, requested_adapter
+from prefixfleet.router.blockhash import CacheIdentity, adapter_seeds, request_identity, requested_adapter
 from prefixfleet.router.engine_api import sglang_adapter_names, vllm_adapter_ids
 from prefixfleet.router.exemplars import ExemplarStore
 from prefixfleet.router.mirror import AdapterNamespace, CacheMirror, namespace_adapter, namespace_salt
@@ -87,6 +87,32 @@ def test_the_identity_is_the_configured_one_or_the_same_model_under_a_loaded_ada
         assert got is configured
     # never another model or revision: only the adapter part moves
     assert (got.model, got.revision) == (configured.model, configured.revision)
+
+
+@given(
+    configured=st.builds(CacheIdentity, names, names, st.sampled_from(["", "A"])),
+    adapters=st.lists(st.sampled_from(["A", "B", "m:B", " B"]) | names, max_size=4),
+    api=st.sampled_from(["vllm", "sglang", ""]),
+    model=st.none() | st.sampled_from(["A", "B", "m:B", "m: A", "m:"]) | names,
+    lora_path=st.none() | st.sampled_from(["A", "B"]) | names,
+)
+def test_the_gateways_table_of_adapter_seeds_is_the_rule(configured, adapters, api, model, lora_path):
+    """FleetView.request_key looks seeds up in adapter_seeds (built once per member record) rather
+    than building an identity per request: the same answer as request_identity."""
+    got = request_identity(configured, tuple(adapters), api, model, lora_path)
+    adapter = requested_adapter(api, model, lora_path)
+    seed = adapter_seeds(configured, adapters).get(adapter) if adapter is not None else None
+    assert seed == (None if got is configured else got.seed())
+
+
+def test_a_worker_that_loads_another_adapter_is_hashed_with_it_at_its_next_record():
+    view = fleet(("A",))
+    assert matched(view, "B") == 0 and view.request_key(view.workers["w1"], "B", None) == (BASE.seed(), B)
+    member = MemberRecord(url="http://h:1", model=BASE.model, revision=BASE.revision, block_tokens=B,
+                          adapters=("A", "B"), engine_api="vllm")  # fmt: skip
+    view.apply_snapshot({"w1": encode_record(member)}, {"w1": load_record(2)}, 0.1)
+    want = CacheIdentity(BASE.model, BASE.revision, "B").seed()
+    assert view.request_key(view.workers["w1"], "B", None) == (want, B)
 
 
 def test_the_engines_adapter_lists_are_read_as_each_engine_states_them():
