@@ -61,6 +61,9 @@ _INTERNAL_ERROR = {"error": {"message": "internal error", "type": "server_error"
 
 HotHandler = Callable[["HotRequest"], Awaitable[web.StreamResponse | Any]]
 Responder = Callable[[Any, int, str], web.StreamResponse]
+# Headers for an answer aiohttp's protocol gives before the app sees the request (a head its parser
+# refuses, a coding it cannot decode): the gateway names the request (X-Request-Id), as every answer
+RefusalHeaders = Callable[[web.BaseRequest], Mapping[str, str]]
 
 
 def _reason(status: int) -> str:
@@ -640,6 +643,8 @@ class _JsonParseErrors(RequestHandler):
     ERROR traceback per malformed request. Every other error keeps aiohttp's handling."""
 
     __slots__ = ()  # the same layout as RequestHandler: an instance of it can become one of these
+    # a server's own headers on these answers (a subclass per server sets it: see _refusals_named)
+    refusal_headers: RefusalHeaders | None = None
 
     def handle_error(
         self,
@@ -647,6 +652,18 @@ class _JsonParseErrors(RequestHandler):
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,
+    ) -> web.StreamResponse:
+        response = self._error_answer(request, status, exc, message)
+        named = type(self).refusal_headers
+        if named is not None:
+            try:
+                response.headers.update(named(request))
+            except Exception:  # the answer goes out anyway: a refusal must not become a crash
+                log.exception("naming the answer to a refused request failed")
+        return response
+
+    def _error_answer(
+        self, request: web.BaseRequest, status: int, exc: BaseException | None, message: str | None
     ) -> web.StreamResponse:
         if status != 400 or not isinstance(exc, HttpProcessingError):
             return super().handle_error(request, status, exc, message)
@@ -667,24 +684,41 @@ class _JsonParseErrors(RequestHandler):
         return response
 
 
-def _with_json_parse_errors(protocol: RequestHandler) -> RequestHandler:
+def _with_json_parse_errors(
+    protocol: RequestHandler, cls: type[_JsonParseErrors] = _JsonParseErrors
+) -> RequestHandler:
     """``protocol`` (a connection of an aiohttp web.Server) answering parser refusals as
-    :class:`_JsonParseErrors` does (see :func:`json_parse_error_connections`)."""
+    :class:`_JsonParseErrors` (or ``cls``, one of its subclasses) does (see
+    :func:`json_parse_error_connections`)."""
     # web.Server builds plain RequestHandlers and takes no class to build instead. The swap leans on
     # aiohttp's internals (aiohttp>=3.9,<4 in pyproject): should a later aiohttp build the class in
     # C or change its layout, the connection keeps aiohttp's plain-text 400 rather than failing
     # (tests/test_gateway_robustness.py notices)
     with contextlib.suppress(TypeError):
-        protocol.__class__ = _JsonParseErrors
+        protocol.__class__ = cls
     return protocol
 
 
-def json_parse_error_connections(runner: web.AppRunner) -> Callable[[], RequestHandler]:
+def _refusals_named(refusal_headers: RefusalHeaders | None) -> type[_JsonParseErrors]:
+    """The connection class whose error answers carry ``refusal_headers(request)``: a subclass of
+    :class:`_JsonParseErrors` per server (its layout stays RequestHandler's: no instance fields)."""
+    if refusal_headers is None:
+        return _JsonParseErrors
+    fields = {"__slots__": (), "refusal_headers": staticmethod(refusal_headers)}
+    return type("_NamedJsonParseErrors", (_JsonParseErrors,), fields)
+
+
+def json_parse_error_connections(
+    runner: web.AppRunner, refusal_headers: RefusalHeaders | None = None
+) -> Callable[[], RequestHandler]:
     """A connection factory serving ``runner``'s app (set the runner up first), each connection
-    :func:`_with_json_parse_errors`: the front's fallback, and the emulator's every connection."""
+    :func:`_with_json_parse_errors`: the front's fallback, and the emulator's every connection.
+    ``refusal_headers(request)``: headers added to the answers its protocol gives itself (a head
+    its parser refuses: 400; a br/zstd body: 415; an error no middleware answered: 500)."""
     server = runner.server
     assert server is not None, "set the runner up first"
-    return lambda: _with_json_parse_errors(server())
+    cls = _refusals_named(refusal_headers)
+    return lambda: _with_json_parse_errors(server(), cls)
 
 
 class HotFront:
@@ -773,11 +807,13 @@ async def serve_front(
     *,
     timeouts: ClientTimeouts,
     max_body_bytes: int,
+    refusal_headers: RefusalHeaders | None = None,
 ) -> tuple[asyncio.AbstractServer, HotFront]:
-    """Listen on ``host:port`` with the front; ``runner`` (set up) serves what the front hands over."""
+    """Listen on ``host:port`` with the front; ``runner`` (set up) serves what the front hands over
+    (``refusal_headers``: see :func:`json_parse_error_connections`)."""
     front = HotFront(
         handlers,
-        json_parse_error_connections(runner),
+        json_parse_error_connections(runner, refusal_headers),
         respond,
         timeouts=timeouts,
         max_body_bytes=max_body_bytes,
@@ -810,13 +846,23 @@ async def serving_front(
     *,
     timeouts: ClientTimeouts,
     max_body_bytes: int,
+    refusal_headers: RefusalHeaders | None = None,
 ) -> AsyncIterator[FrontServing]:
     """Serve ``app`` behind the front on ``host:port`` until the block ends: the front takes the
-    paths in ``handlers``, aiohttp (see :func:`fallback_runner`) everything else."""
+    paths in ``handlers``, aiohttp (see :func:`fallback_runner`) everything else; ``refusal_headers``
+    names the answers aiohttp's protocol gives before the app sees a request (see
+    :func:`json_parse_error_connections`)."""
     runner = await fallback_runner(app, timeouts)
     try:
         server, front = await serve_front(
-            runner, host, port, handlers, respond, timeouts=timeouts, max_body_bytes=max_body_bytes
+            runner,
+            host,
+            port,
+            handlers,
+            respond,
+            timeouts=timeouts,
+            max_body_bytes=max_body_bytes,
+            refusal_headers=refusal_headers,
         )
     except BaseException:
         await runner.cleanup()

@@ -1127,6 +1127,8 @@ async def listening(config: GatewayConfig) -> AsyncIterator[Listening]:
         gateway._body_error,
         timeouts=gateway.timeouts,
         max_body_bytes=config.max_body_bytes,
+        # the answers aiohttp's parser gives itself (a malformed head's 400) name the request too
+        refusal_headers=lambda request: {REQUEST_ID_HEADER: gateway._request_id(request)},
     ) as serving:
         yield Listening(server=serving.server, front=serving.front, gateway=gateway)
 
