@@ -168,11 +168,18 @@ def claimed(run_dir: Path | None) -> Iterator[None]:
     if run_dir is None:
         yield
         return
-    try:
-        with claim_run_dir(run_dir):
-            yield
-    except RunDirInUse as exc:
-        raise UsageError(f"--run-dir {exc}; give this run its own --run-dir") from None
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(claim_run_dir(run_dir))
+        except RunDirInUse as exc:
+            raise UsageError(f"--run-dir {exc}; give this run its own --run-dir") from None
+        except OSError as exc:
+            # its lock file cannot be opened (root's, left by a sudo run; a directory there): the
+            # checks before the run ask only whether the directory can be made and written. Only
+            # taking the lock is guarded: an OSError of the run itself is the run's.
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise UsageError(f"--run-dir {run_dir}: cannot use it ({where}{exc.strerror or exc})") from None
+        yield
 
 
 def fleet_failure(command: str, exc: ChildFailedError) -> str:
