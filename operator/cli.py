@@ -73,7 +73,10 @@ def run_crd(args: argparse.Namespace) -> int:
     path = Path(args.output)
     if not path.parent.is_dir():
         raise UsageError(f"--output: directory {str(path.parent)!r} does not exist")
-    path.write_text(text)
+    try:
+        path.write_text(text)
+    except OSError as exc:  # a directory of that name, a full disk, a device: one line, not a traceback
+        raise UsageError(f"--output: cannot write {path}: {exc.strerror or exc}") from None
     print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -82,9 +85,11 @@ def _documents(name: str) -> list[tuple[str, Any]]:
     """The file's non-empty documents, each with its place ("document 2"), counted as an editor
     counts ``---`` separators: an empty document keeps its number."""
     try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot read {name}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:  # kubectl reads manifests as UTF-8 too
+        raise UsageError(f"{name} is not UTF-8 text: byte {exc.start}: {exc.reason}") from None
     try:
         return [
             (f"document {number}", doc)
