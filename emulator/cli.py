@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from prefixfleet.cli import DefaultsHelpFormatter, check_positive, listen_error
 
 from .config import DEFAULT_MODEL, EmulatorConfig
-from .vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, VllmOptions
+from .vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, RUNTIME_LORA_ENV, VllmOptions
 from .vllm_protocol import parse_lora_module
 
 _DEFAULTS = EmulatorConfig()
@@ -220,6 +220,8 @@ def vllm_options_from_args(
         dev_mode = bool(int(raw))
     except ValueError:
         raise UsageError(f"{DEV_MODE_ENV} must be an integer (0 or 1), got {raw!r}") from None
+    # as vLLM's envs.py reads it: "1" or "true", any case
+    runtime_lora = environ.get(RUNTIME_LORA_ENV, "0").strip().lower() in ("1", "true")
     try:
         loras = tuple(parse_lora_module(item) for item in lora_modules or () if item)
     except ValueError as exc:
@@ -230,6 +232,7 @@ def vllm_options_from_args(
         dev_mode=dev_mode,
         enable_lora=enable_lora,
         lora_modules=loras,
+        runtime_lora_updating=runtime_lora,
     )
     problems = options.problems(config)
     if problems:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,7 @@ log = logging.getLogger("prefixfleet.emulator")
 
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 MAX_KNOWN_WORDS = 1_000_000  # /detokenize's memory of words seen by /tokenize
 
 
@@ -86,6 +88,8 @@ class VllmOptions:
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /reset_prefix_cache exists
     enable_lora: bool = False  # --enable-lora
     lora_modules: tuple[LoraModule, ...] = ()  # --lora-modules: adapters loaded at start
+    # VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter exist
+    runtime_lora_updating: bool = False
 
     def problems(self, config: EmulatorConfig) -> list[str]:
         out: list[str] = []
@@ -129,6 +133,12 @@ def vllm_engine(config: EmulatorConfig, options: VllmOptions) -> EngineRunner:
 
 OPTIONS_KEY = web.AppKey("vllm_options", VllmOptions)
 WORDS_KEY = web.AppKey("known_words", dict)
+# the adapters loaded now, by name: --lora-modules, then runtime loads and unloads
+LORAS_KEY = web.AppKey("lora_adapters", dict)
+
+
+def _loras(request: web.Request) -> tuple[LoraModule, ...]:
+    return tuple(request.app[LORAS_KEY].values())
 
 
 def _limits(config: EmulatorConfig) -> Limits:
@@ -180,8 +190,9 @@ async def version(_request: web.Request) -> web.Response:
 
 async def models(request: web.Request) -> web.Response:
     cfg = request.app[ENGINE_KEY].config
-    loras = request.app[OPTIONS_KEY].lora_modules
-    return web.json_response(model_list(cfg.model, cfg.model, max_model_len(cfg), unix_now(), loras))
+    return web.json_response(
+        model_list(cfg.model, cfg.model, max_model_len(cfg), unix_now(), _loras(request))
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -198,6 +209,42 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def _lora_body(request: web.Request) -> dict[str, Any]:
+    try:
+        obj = json.loads(await request.read())
+    except (ValueError, RecursionError):
+        raise VllmBadRequest("the body is not a JSON object", None) from None
+    if not isinstance(obj, dict):
+        raise VllmBadRequest("the body is not a JSON object", None)
+    return obj
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's POST /v1/load_lora_adapter (OpenAIServingModels.load_lora_adapter and its checks)."""
+    body = await _lora_body(request)
+    name, path = body.get("lora_name"), body.get("lora_path")
+    if not (isinstance(name, str) and name and isinstance(path, str) and path):
+        raise VllmBadRequest("Both 'lora_name' and 'lora_path' must be provided.", None)
+    if not request.app[OPTIONS_KEY].enable_lora:
+        raise VllmBadRequest("LoRA is not enabled: the engine runs without --enable-lora", None)
+    loras = request.app[LORAS_KEY]
+    if name in loras:
+        raise VllmBadRequest(f"The lora adapter '{name}' has already been loaded.", None)
+    loras[name] = LoraModule(name, path)
+    return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    """vLLM's POST /v1/unload_lora_adapter. What was cached under the adapter stays cached (vLLM's
+    block hashes keep its name: loaded again under that name, its blocks are hits again)."""
+    name = (await _lora_body(request)).get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise VllmBadRequest("'lora_name' needs to be provided to unload a LoRA adapter.", None)
+    if request.app[LORAS_KEY].pop(name, None) is None:
+        raise VllmBadRequest(f"The lora adapter '{name}' cannot be found.", None, 404)
+    return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+
 # -- tokenizer routes --------------------------------------------------------------------------
 
 
@@ -212,7 +259,7 @@ def _remember(words: dict[int, str], text: str, ids: list[int]) -> list[str]:
 async def tokenize_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request, TokenizeBody)
-    check_model(body.model, engine.config.model, request.app[OPTIONS_KEY].lora_modules)
+    check_model(body.model, engine.config.model, _loras(request))
     if body.prompt is not None:
         ids = list(tokenize(body.prompt))
         pieces = _remember(request.app[WORDS_KEY], body.prompt, ids)
@@ -231,7 +278,7 @@ async def tokenize_route(request: web.Request) -> web.Response:
 async def detokenize_route(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     body = await _body(request, DetokenizeBody)
-    check_model(body.model, engine.config.model, request.app[OPTIONS_KEY].lora_modules)
+    check_model(body.model, engine.config.model, _loras(request))
     words = request.app[WORDS_KEY]
     for t in body.tokens:
         if not 0 <= t < VOCAB_SIZE:
@@ -269,7 +316,7 @@ async def _prepared(
     engine = request.app[ENGINE_KEY]
     body = await _body(request, model)
     options = request.app[OPTIONS_KEY]
-    adapter = check_model(body.model, engine.config.model, options.lora_modules)
+    adapter = check_model(body.model, engine.config.model, _loras(request))
     call = build(body, _limits(engine.config))
     if adapter is not None:  # cached under the adapter; the answer names it, as vLLM's does
         call = dataclasses.replace(call, adapter=adapter)
@@ -363,6 +410,7 @@ def build_vllm_app(engine: EngineRunner, options: VllmOptions) -> web.Applicatio
     app = make_app(engine, _json_error, _http_error)
     expect = app[EXPECT_KEY]
     app[OPTIONS_KEY] = options
+    app[LORAS_KEY] = {lora.name: lora for lora in options.lora_modules}
     app[WORDS_KEY] = {tokenize(w)[0]: w for w in VOCABULARY}  # generated text detokenizes as it was
     r = app.router
     r.add_get("/health", health)
@@ -373,6 +421,9 @@ def build_vllm_app(engine: EngineRunner, options: VllmOptions) -> web.Applicatio
     r.add_post("/v1/chat/completions", chat_completions, expect_handler=expect)
     r.add_post("/tokenize", tokenize_route, expect_handler=expect)
     r.add_post("/detokenize", detokenize_route, expect_handler=expect)
+    if options.runtime_lora_updating:
+        r.add_post("/v1/load_lora_adapter", load_lora_adapter, expect_handler=expect)
+        r.add_post("/v1/unload_lora_adapter", unload_lora_adapter, expect_handler=expect)
     if options.dev_mode:
         r.add_post("/reset_prefix_cache", reset_prefix_cache, expect_handler=expect)
     return app

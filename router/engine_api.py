@@ -9,6 +9,7 @@ I/O; these functions decide over what it read.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import parse_qs
@@ -123,6 +124,42 @@ def sglang_adapter_names(lora_paths: object) -> list[object]:
         elif isinstance(entry, dict):
             names.append(entry.get("lora_name"))
     return names
+
+
+# Loading and unloading a LoRA adapter at run time: vLLM's routes (served when the engine runs with
+# VLLM_ALLOW_RUNTIME_LORA_UPDATING=True; bodies LoadLoRAAdapterRequest {lora_name, lora_path} and
+# UnloadLoRAAdapterRequest {lora_name}) and SGLang's (its LoadLoRAAdapterReqInput takes lora_name
+# too): True loads, False unloads.
+ADAPTER_ROUTES = {
+    "/v1/load_lora_adapter": True,
+    "/v1/unload_lora_adapter": False,
+    "/load_lora_adapter": True,
+    "/unload_lora_adapter": False,
+}
+
+
+def adapters_after(
+    api: str, path: str, status: int, body: bytes, served_models: tuple[str, ...], adapters: tuple[str, ...]
+) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The engine's served names and LoRA adapters after it answered ``status`` to ``body`` posted to
+    ``path``; None: unchanged (not an adapter route, not a 2xx answer, no ``lora_name`` string in the
+    body). A vLLM engine lists its adapters among its ``/v1/models`` ids, so the name joins (leaves)
+    its served names too; SGLang's served name stays its model's. The caller bounds the names
+    (``records.servable_names``)."""
+    load = ADAPTER_ROUTES.get(path)
+    if load is None or not 200 <= status < 300:
+        return None
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    name = obj.get("lora_name") if isinstance(obj, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    if load:
+        return ((*served_models, name) if api == VLLM else served_models), (*adapters, name)
+    served = tuple(n for n in served_models if n != name) if api == VLLM else served_models
+    return served, tuple(a for a in adapters if a != name)
 
 
 @dataclass(frozen=True, slots=True)

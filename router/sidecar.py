@@ -44,12 +44,14 @@ from .control import (
     fleet_control_token,
 )
 from .engine_api import (
+    ADAPTER_ROUTES,
     AUTO,
     VLLM,
     VLLM_FLUSH_BUSY,
     VLLM_FLUSH_PATH,
     VLLM_FLUSH_UNAVAILABLE,
     Probe,
+    adapters_after,
     is_sglang_info,
     mirror_block_tokens,
     pick_engine_api,
@@ -1151,6 +1153,13 @@ class Sidecar:
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()  # within the limit: body_deadline read it
         vllm_flush = self.s.engine.api == VLLM and request.path == VLLM_FLUSH_PATH
+        if request.path in ADAPTER_ROUTES:
+            # The engine loads or unloads the adapter even if the client leaves: seen through, so
+            # the member record names the adapters requests are hashed by (request_identity).
+            adapting = asyncio.create_task(self._adapter_change(request, body))
+            self._finishing.add(adapting)
+            adapting.add_done_callback(self._finishing.discard)
+            return await asyncio.shield(adapting)
         if request.path != "/flush_cache" and not vllm_flush:
             return await self._forward(request, body)
         # Once sent, the engine may empty its cache even if the client leaves (aiohttp then cancels
@@ -1159,6 +1168,20 @@ class Sidecar:
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
         return await asyncio.shield(task)
+
+    async def _adapter_change(self, request: web.Request, body: bytes) -> Answer:
+        """Forward a LoRA adapter load or unload; once the engine took it, the sidecar's adapters
+        (and, for vLLM, served names) follow, and the member record is published at once."""
+        response = await self._forward(request, body)
+        e = self.s.engine
+        after = adapters_after(e.api, request.path, response.status, body, e.served_models, e.adapters)
+        if after is not None:
+            served, adapters = servable_names(after[0]), servable_names(after[1])
+            if (served, adapters) != (e.served_models, e.adapters):
+                e.served_models, e.adapters = served, adapters
+                log.info("engine %s: LoRA adapters now %s", self.config.engine_url, list(adapters))
+                self.s.state_changed.set()  # registers again now, not at the next 2 s round
+        return response
 
     async def _flush_cache(self, request: web.Request, body: bytes) -> Answer:
         if self.s.engine.api != VLLM:

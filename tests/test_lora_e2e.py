@@ -16,6 +16,7 @@ import urllib.request
 
 import httpx
 import pytest
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import RedisServer, Spawner, free_port, prefixfleet_argv, wait_for_http, wait_until
 
 from prefixfleet.router.proxying import WORKER_HEADER
@@ -51,14 +52,23 @@ def matched_tokens(gateway: str) -> float:
     )
 
 
-def start(spawn: Spawner, redis: RedisServer) -> tuple[str, str]:
+LORA_MODULES = ("--lora-modules", "A=/loras/a", '{"name": "B", "path": "/loras/b"}')
+
+
+def start(
+    spawn: Spawner,
+    redis: RedisServer,
+    lora_flags: tuple[str, ...] = LORA_MODULES,
+    adapters: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[str, str]:
+    """Engine (its LoRA flags), sidecar and gateway, once the gateway sees ``adapters`` (default A, B)."""
     port = free_port()
     engine_argv = prefixfleet_argv(
         "emulator", "--port", str(port), "--time-scale", "20", "--api", "vllm", "--model", BASE,
-        "--enable-prompt-tokens-details", "--enable-lora", "--lora-modules", "A=/loras/a",
-        '{"name": "B", "path": "/loras/b"}',
+        "--enable-prompt-tokens-details", "--enable-lora", *lora_flags,
     )  # fmt: skip
-    spawn(engine_argv, name="engine")
+    spawn(engine_argv, name="engine", env=env)
     engine = f"http://127.0.0.1:{port}"
     port = free_port()
     sidecar_argv = prefixfleet_argv(
@@ -77,9 +87,10 @@ def start(spawn: Spawner, redis: RedisServer) -> tuple[str, str]:
     wait_for_http(f"{engine}/health")
     wait_for_http(f"{sidecar}/prefixfleet/status")
     wait_for_http(f"{gateway}/health")
+    want = ["A", "B"] if adapters is None else adapters
     wait_until(
         lambda: worker_in_view(gateway).get("adapters"), 30, "the gateway to see w1's adapters",
-        done=["A", "B"].__eq__,
+        done=lambda got: got == want,
     )  # fmt: skip
     return gateway, sidecar
 
@@ -118,3 +129,42 @@ def test_a_prompt_cached_under_adapter_a_is_no_predicted_hit_for_adapter_b(
     assert mirror["compared_requests"] == 4
     assert mirror["overpredicted_tokens"] == 0, mirror
     assert mirror["predicted_cached_tokens"] == mirror["engine_cached_tokens"] > 0, mirror
+
+
+def test_an_adapter_loaded_at_run_time_through_the_sidecar_is_hashed_under_its_name_at_once(
+    spawn: Spawner, redis_server: RedisServer
+) -> None:
+    """vLLM loads adapters at run time (VLLM_ALLOW_RUNTIME_LORA_UPDATING, POST /v1/load_lora_adapter,
+    an admin route of the sidecar): the sidecar's member record follows at once, so the new
+    adapter's requests are not predicted hits on the base model's blocks (before, the adapters were
+    read at the engine's start only)."""
+    runtime = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"}
+    gateway, sidecar = start(spawn, redis_server, (), [], env=runtime)
+    control = token_header(fleet_token_now(redis_server.url, FLEET))
+    with httpx.Client(timeout=30) as client:
+        assert complete(client, gateway, BASE) == 0
+        wait_until(lambda: worker_in_view(gateway).get("summary_blocks", 0), 30, "w1's summary of the prompt")
+        loaded = client.post(
+            f"{sidecar}/v1/load_lora_adapter",
+            json={"lora_name": "C", "lora_path": "/loras/c"},
+            headers=control,
+        )
+        assert loaded.status_code == 200, loaded.text
+        seen = wait_until(
+            lambda: worker_in_view(gateway),
+            30,
+            "w1's record to list C",
+            done=lambda w: w["adapters"] == ["C"],
+        )
+        assert seen["served_models"] == [BASE, "C"]
+        before = matched_tokens(gateway)
+        assert complete(client, gateway, "C") == 0  # a miss in the engine
+        assert matched_tokens(gateway) == before  # and predicted so
+        assert complete(client, gateway, BASE) > 0  # the base model's blocks are still there
+        unloaded = client.post(f"{sidecar}/v1/unload_lora_adapter", json={"lora_name": "C"}, headers=control)
+        assert unloaded.status_code == 200, unloaded.text
+        wait_until(
+            lambda: worker_in_view(gateway), 30, "w1's record to drop C", done=lambda w: w["adapters"] == []
+        )
+    mirror = get_json(f"{sidecar}/prefixfleet/status")["mirror"]
+    assert mirror["overpredicted_tokens"] == 0, mirror

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from prefixfleet.cli import build_parser
+from prefixfleet.emulator.cli import config_from_args, vllm_options_from_args
 from prefixfleet.emulator.config import EmulatorConfig
 from prefixfleet.emulator.protocol import Call
 from prefixfleet.emulator.vllm_api import VllmOptions
@@ -80,3 +82,14 @@ def test_a_request_naming_an_adapter_is_cached_under_it_and_an_unknown_name_is_a
 def test_unusable_lora_options_are_refused(options, said):
     problems = options.problems(EmulatorConfig(model="m"))
     assert any(said in p for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("value", "on"), [("true", True), ("1", True), ("TRUE ", True), ("0", False), ("", False)]
+)
+def test_runtime_lora_routes_exist_as_vllm_reads_its_environment(value, on):
+    args = build_parser("emulator").parse_args(["emulator", "--port", "0", "--api", "vllm", "--enable-lora"])
+    options = vllm_options_from_args(
+        args, config_from_args(args), {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": value}
+    )
+    assert options is not None and options.runtime_lora_updating is on

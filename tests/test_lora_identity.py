@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prefixfleet.router.blockhash import CacheIdentity, adapter_seeds, request_identity, requested_adapter
-from prefixfleet.router.engine_api import sglang_adapter_names, vllm_adapter_ids
+from prefixfleet.router.engine_api import adapters_after, sglang_adapter_names, vllm_adapter_ids
 from prefixfleet.router.exemplars import ExemplarStore
 from prefixfleet.router.mirror import AdapterNamespace, CacheMirror, namespace_adapter, namespace_salt
 from prefixfleet.router.radix import as_token_bytes
@@ -133,6 +133,23 @@ def test_the_engines_adapter_lists_are_read_as_each_engine_states_them():
     assert sglang_adapter_names(["sql=/a", "/loras/py"]) == ["sql", "/loras/py"]
     assert sglang_adapter_names([{"lora_id": "1", "lora_name": "sql", "lora_path": "/a"}]) == ["sql"]
     assert sglang_adapter_names(None) == [] and sglang_adapter_names(7) == []
+
+
+def test_an_adapter_loaded_or_unloaded_through_the_sidecar_changes_what_its_record_says():
+    load, unload = b'{"lora_name": "C", "lora_path": "/c"}', b'{"lora_name": "A"}'
+    served, adapters = ("m", "A"), ("A",)
+    # vLLM lists adapters among its /v1/models ids; SGLang's served name stays its model's
+    assert adapters_after("vllm", "/v1/load_lora_adapter", 200, load, served, adapters) == (
+        ("m", "A", "C"),
+        ("A", "C"),
+    )
+    assert adapters_after("sglang", "/load_lora_adapter", 200, load, ("m",), adapters) == (("m",), ("A", "C"))
+    assert adapters_after("vllm", "/v1/unload_lora_adapter", 200, unload, served, adapters) == (("m",), ())
+    # nothing changes for a refusal, another route, or a body without a name
+    assert adapters_after("vllm", "/v1/load_lora_adapter", 400, load, served, adapters) is None
+    assert adapters_after("vllm", "/v1/completions", 200, load, served, adapters) is None
+    assert adapters_after("vllm", "/v1/load_lora_adapter", 200, b"[1]", served, adapters) is None
+    assert adapters_after("vllm", "/v1/load_lora_adapter", 200, b"{bad", served, adapters) is None
 
 
 def test_requests_carry_their_first_prompts_lora_path():
