@@ -20,7 +20,10 @@ being warmed sends its own with each fetch from the source:
   reports the warmed tokens and, per hash, ``ok`` or why it failed.
 
 Cache identity is respected: a prefix is replayed only when the source serves the same model,
-revision and adapter (another identity names different blocks, so its cache would be useless here).
+revision and adapter (another identity names different blocks, so its cache would be useless here),
+and a prefix cached under a LoRA adapter a request named (``lora_adapter`` in the prefix answer)
+only where the engine has that adapter loaded; the request replayed is one that named it (kept
+requests are keyed by the mirror namespace: tenant salt and adapter).
 
 The autoscaler's side of the warm request is here too, shared by the operator and the local fleet:
 :func:`warm_sources` picks a holder for each hot subtree, :func:`warm_replica` sends the target one
