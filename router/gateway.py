@@ -733,7 +733,7 @@ class Gateway:
             tokens=parsed.token_bytes,
             num_tokens=parsed.num_tokens,
             now=wall,
-            namespace=parsed.tenant_salt,
+            namespace=self.view.route_namespace(workers, model, lora_path, parsed.tenant_salt),
             max_new_tokens=parsed.max_new_tokens,
         )
         try:

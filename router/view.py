@@ -28,6 +28,7 @@ from .blockhash import (
 )
 from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
+from .mirror import AdapterNamespace
 from .policies import ReplicaState
 from .records import LoadReport, MemberRecord, decode_load, decode_member
 from .served import workers_for_model
@@ -337,6 +338,23 @@ class FleetView:
         # blockhash.request_identity, tabulated per member record (adapter_seeds)
         seed = w.adapter_seeds(member).get(adapter) if adapter is not None else None
         return own if seed is None else (seed, own[1])
+
+    def route_namespace(
+        self, workers: Iterable[WorkerView], model: str | None, lora_path: str | None, tenant_salt: str | None
+    ) -> object:
+        """The namespace a policy that keeps its own prefix tree (``sglang_cache_aware``) files the
+        request under: its tenant salt, or, when it names a LoRA adapter one of ``workers`` has
+        loaded, that adapter with the salt (the mirror's :class:`~.mirror.AdapterNamespace`), so an
+        adapter's prompts are not taken for the base model's there either."""
+        if model is None and lora_path is None:
+            return tenant_salt
+        for w in workers:
+            member = w.member
+            if member is not None and member.adapters:
+                adapter = requested_adapter(member.engine_api, model, lora_path)
+                if adapter is not None and adapter in w.adapter_seeds(member):
+                    return AdapterNamespace(adapter, tenant_salt)
+        return tenant_salt
 
     def matched_tokens(
         self, w: WorkerView, hashes: list[int], block_tokens: int, wall_now: float, *, summary: bool = True

@@ -19,6 +19,7 @@ from prefixfleet.router.blockhash import CacheIdentity, adapter_seeds, request_i
 from prefixfleet.router.engine_api import adapters_after, sglang_adapter_names, vllm_adapter_ids
 from prefixfleet.router.exemplars import ExemplarStore
 from prefixfleet.router.mirror import AdapterNamespace, CacheMirror, namespace_adapter, namespace_salt
+from prefixfleet.router.policies import Decision, RouteRequest, make_policy
 from prefixfleet.router.radix import as_token_bytes
 from prefixfleet.router.records import MAX_SERVED_MODELS, MemberRecord, decode_member, encode_record
 from prefixfleet.router.requests import parse_inference_request
@@ -268,6 +269,22 @@ def test_the_gateways_own_sends_under_adapter_a_count_for_a_only():
     assert matched(view, "B") == 0 and matched(view, None) == 0
     # an adapter's send is not a former name of the worker's own cache
     assert list(w.overlay_keys) == []
+
+
+def test_a_policy_keeping_its_own_tree_files_an_adapters_prompt_apart_from_the_base_models():
+    view = fleet(("A",))
+    workers = view.routable(0.0)
+    assert view.route_namespace(workers, "A", None, "t") == AdapterNamespace("A", "t")
+    assert view.route_namespace(workers, BASE.model, None, "t") == "t"
+    assert view.route_namespace(workers, None, None, None) is None
+    assert view.route_namespace(workers, "not-loaded", None, None) is None
+    policy = make_policy("sglang_cache_aware")
+    as_a = RouteRequest(PROMPT, 40, 1.0, namespace=view.route_namespace(workers, "A", None, None))
+    policy.on_routed(as_a, Decision("w1", "low_match", 0))
+    # before, both requests were filed under no salt: the base request matched A's 40 tokens
+    as_base = view.route_namespace(workers, BASE.model, None, None)
+    assert policy.tree.prefix_match(PROMPT, None, as_base)[0] == 0
+    assert policy.tree.prefix_match(PROMPT, None, as_a.namespace)[0] == 40
 
 
 def test_a_tenant_salt_under_an_adapter_is_its_own_namespace():
