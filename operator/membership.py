@@ -2,7 +2,8 @@
 
 The operator owns membership (sidecars run with ``--no-self-register``): a replica is a member once
 its pod is Ready, with the URL of its sidecar and the routing state the autoscaler gave it
-(``prefixfleet.io/state`` annotation: ready | warming | draining). Records are the data plane's
+(``prefixfleet.io/state`` annotation: ready | warming | draining; ``draining`` whenever the
+reconcile is draining the pod, ``prefixfleet.io/draining-since``). Records are the data plane's
 ``MemberRecord`` in the ``pf:{fleet}:members`` hash (docs/redis.md). ``plan_membership`` compares
 the desired records with what the hash holds and returns the minimal HSET/HDEL.
 """
@@ -35,7 +36,10 @@ def desired_members(spec: FleetSpec, pods: Sequence[ObservedPod], now: float) ->
         url = pod_url(pod, spec.sidecar.port)
         if not pod.alive or not pod.ready or url is None:
             continue
-        state = pod.state if pod.state in WORKER_STATES else "ready"
+        # A pod being drained (draining-since, the reconcile's own mark) is draining whatever its
+        # state annotation says: the autoscaler's end of a warm-up removes that annotation, and the
+        # reconcile sets draining only once, so a pod drained while it warmed was published ready.
+        state = "draining" if pod.draining else pod.state if pod.state in WORKER_STATES else "ready"
         members[pod.name] = MemberRecord(
             url=url,
             state=state,
