@@ -71,7 +71,9 @@ from prefixfleet.operator.prometheus_source import PrometheusScope, PrometheusSo
 from prefixfleet.router.control import REREAD_INTERVAL_S, control_headers, fleet_control_token
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.prewarm import warm_replica
+from prefixfleet.router.records import LoadReport, decode_load
 from prefixfleet.router.redis_conn import redis_error_text
+from prefixfleet.router.summary import SummaryError
 
 LOCAL_NAMESPACE = "local"  # the namespace label local_prometheus gives a local fleet's series
 MIN_DRAIN_S = 2.0  # every gateway has refreshed its view (0.2 s polls) before the process goes
@@ -83,6 +85,9 @@ WARM_TIMEOUT_S = 120.0
 # silent sidecar costs HTTP_TIMEOUT_S, and four would hold a drain or warm-up back ~22 s.
 STATE_POST_ATTEMPTS = 4
 STATE_RETRY_S = 0.25
+# How long a drain whose `draining` timed out watches the replica's load record: a sidecar publishes
+# it every 0.25 s, and gateways stop routing to one whose record stops changing (router.view).
+HEARTBEAT_WATCH_S = 1.0
 
 
 def fleet_targets(fleet: LocalFleet) -> list[ScrapeTarget]:
@@ -267,6 +272,14 @@ def drain_goes_on(posted: StatePosted) -> bool:
     when it kept silent past the timeout: it holds connections, gateways' included, and nothing says
     it left rotation (a later round may choose it again; `stranded` undoes a draining that landed)."""
     return posted.ok or (posted.status is None and not posted.silent)
+
+
+def heartbeat_stopped(before: LoadReport | None, after: LoadReport | None) -> bool:
+    """Whether a sidecar no longer publishes its load record: gone (expired), or the same one
+    (``seq``) :data:`HEARTBEAT_WATCH_S` later. Gateways route nothing to such a replica (a hung or
+    stopped process), so a drain whose ``draining`` timed out may stop it (:func:`drain_goes_on`
+    otherwise keeps a silent one: it may be a slow one under traffic)."""
+    return after is None or (before is not None and after.seq == before.seq)
 
 
 def in_flight(status: Any) -> bool:
@@ -578,12 +591,16 @@ class LocalAutoscaler:
             posted = await self._post_state(http, redis, name, url, "draining", None)
             if may_have_landed(posted):  # the loop's own mark: undone by the ready below, gone with
                 self.left.add(name)  # it, or by a later round (`stranded`) if the drain stops here
-            if not drain_goes_on(posted):  # (said as an error by _post_state) it serves on; a later
-                return  # round may choose it again
+            # (said as an error by _post_state) it serves on; a later round may choose it again.
+            # Unless it kept silent and no longer heartbeats: hung, it serves nobody (and has
+            # nothing in flight worth waiting for)
+            hung = not drain_goes_on(posted) and posted.silent and await self._unheard(redis, name)
+            if not drain_goes_on(posted) and not hung:
+                return
             token = posted.token
             self._event("drain", name)
             started = time.monotonic()
-            while time.monotonic() - started < self.drain_timeout_s:
+            while not hung and time.monotonic() - started < self.drain_timeout_s:
                 await asyncio.sleep(0.25)
                 if time.monotonic() - started < MIN_DRAIN_S:
                     continue
@@ -613,6 +630,24 @@ class LocalAutoscaler:
             if replica not in self.fleet.replicas:  # gone (stopped, or reaped): no mark of ours left
                 self.left.discard(name)
         self._event("removed", name)
+
+    async def _unheard(self, redis: aioredis.Redis, name: str) -> bool:
+        """:func:`heartbeat_stopped` for ``name``, its load record read twice; False when Redis does
+        not say (then nothing is known: the replica is kept)."""
+        key = FleetKeys(self.fleet.spec.fleet_name).load(name)
+        try:
+            before = await redis.get(key)
+            await asyncio.sleep(HEARTBEAT_WATCH_S)
+            after = await redis.get(key)
+            stopped = heartbeat_stopped(
+                decode_load(before) if before is not None else None,
+                decode_load(after) if after is not None else None,
+            )
+        except (RedisError, OSError, SummaryError, ValueError):
+            return False
+        if stopped:
+            self._event("state", f"{name}: its sidecar keeps silent and publishes no load: stopping it")
+        return stopped
 
     async def _post_state(
         self,
