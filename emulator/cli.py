@@ -13,6 +13,7 @@ import sys
 from collections.abc import Mapping
 
 from prefixfleet.cli import DefaultsHelpFormatter, check_positive, listen_error
+from prefixfleet.router.slow_clients import ClientTimeouts
 
 from .config import DEFAULT_MODEL, EmulatorConfig
 from .vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, RUNTIME_LORA_ENV, VllmOptions
@@ -274,6 +275,10 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     vllm = vllm_options_from_args(args, config)
+    try:  # read again when the server starts, where a bad value was a traceback
+        ClientTimeouts.from_env()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
