@@ -93,6 +93,12 @@ class LoadReport:
     summary_version: int
     # engine latency no queued token explains (optional: 0 from sidecars that do not measure it)
     fixed_latency_s: float = 0.0
+    # Every request the worker got through its sidecar, whatever gateway sent it, as decayed rates
+    # (policies.DecayedRate over RATE_WINDOW_S) at ``ts``: arrivals per second, and uncached tokens
+    # per second they wrote to its cache. Optional: None from sidecars that predate them (and in
+    # records built by hand); gateways then count their own sends alone.
+    arrivals_per_s: float | None = None
+    write_tokens_per_s: float | None = None
     v: int = RECORD_VERSION
 
 
@@ -207,6 +213,22 @@ def decode_member(raw: str | bytes) -> MemberRecord:
     )
 
 
+# Far above any engine's (a replica serving a million requests or a billion new tokens a second),
+# below what would make a routing score's arithmetic lose its meaning.
+MAX_ARRIVALS_PER_S = 1e6
+MAX_WRITE_TOKENS_PER_S = 1e9
+
+
+def _optional_rate(obj: dict[str, Any], name: str, limit: float, what: str) -> float | None:
+    """An optional decayed rate: absent or null (a sidecar that predates it) reads as None."""
+    if obj.get(name) is None:
+        return None
+    rate = _seconds_or_rate(obj, name, what)
+    if rate > limit:
+        raise SummaryError(f"{what}: field {name!r} is {rate!r}, above {limit:g}")
+    return rate
+
+
 def decode_load(raw: str | bytes) -> LoadReport:
     what = "load record"
     obj = _load_json(raw, what)
@@ -226,6 +248,8 @@ def decode_load(raw: str | bytes) -> LoadReport:
         capacity_tokens=_typed(obj, "capacity_tokens", int, what),
         summary_version=_typed(obj, "summary_version", int, what),
         fixed_latency_s=_seconds_or_rate(obj, "fixed_latency_s", what, 0.0),
+        arrivals_per_s=_optional_rate(obj, "arrivals_per_s", MAX_ARRIVALS_PER_S, what),
+        write_tokens_per_s=_optional_rate(obj, "write_tokens_per_s", MAX_WRITE_TOKENS_PER_S, what),
     )
 
 

@@ -69,6 +69,7 @@ from .front import ClientStalled, FrontServing, serving_front
 from .keys import DEFAULT_FLEET, FleetKeys, deregister_worker
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S, LoadTracker
 from .mirror import Admission, CacheMirror, namespace_adapter, namespace_salt
+from .policies.base import RATE_WINDOW_S, DecayedRate
 from .prewarm import SIDECAR_KEY
 from .prewarm import add_routes as add_prewarm_routes
 from .proxying import (
@@ -396,6 +397,11 @@ class SidecarState:
     # path, or "other": bounded, never a client's made-up path)
     control_refused: dict[str, int] = field(default_factory=dict)
     state_changed: asyncio.Event = field(init=False)
+    # Every generation request the worker got (whatever gateway sent it) and the uncached tokens it
+    # wrote to the cache, as decayed rates on the monotonic clock: published in the load record,
+    # where each gateway's queue_aware reads the whole fleet's traffic instead of its own share.
+    arrivals: DecayedRate = field(default_factory=DecayedRate)
+    writes: DecayedRate = field(default_factory=DecayedRate)
 
     def __post_init__(self) -> None:
         self.state_changed = _LinkedEvent(self.wake)
@@ -828,6 +834,7 @@ class Sidecar:
 
     def load_report(self) -> LoadReport:
         load = self.s.load
+        mono = time.monotonic()
         return LoadReport(
             seq=self.s.load_seq,
             ts=time.time(),
@@ -837,12 +844,14 @@ class Sidecar:
             queued=load.queued,
             # the tracker's clock (arrivals are stamped with it): at the wall clock every request
             # without a first byte to wait for read as drained decades ago
-            pending_prefill_tokens=load.pending_prefill_tokens(time.monotonic()),
+            pending_prefill_tokens=load.pending_prefill_tokens(mono),
             prefill_tokens_per_s=round(load.prefill_tokens_per_s, 1),
             cached_tokens=self.s.mirror.tree.cached_tokens,
             capacity_tokens=self.s.mirror.tree.capacity_tokens,
             summary_version=self.s.summary_version,
             fixed_latency_s=round(load.fixed_latency_s, 4),
+            arrivals_per_s=round(self.s.arrivals.rate(mono, RATE_WINDOW_S), 4),
+            write_tokens_per_s=round(self.s.writes.rate(mono, RATE_WINDOW_S), 1),
         )
 
     async def publish_once(self, *, register: bool, periodic: bool = True) -> LoadReport:
@@ -1128,17 +1137,22 @@ class Sidecar:
             if engine.prefix_caching
             else None
         )
-        predicted = admission.matched_tokens if admission is not None else 0
+        predicted = mirrored = admission.matched_tokens if admission is not None else 0
         if engine.api == VLLM:
             # vLLM reports whole blocks short of the prompt's last token: a mirror match counted to
             # the token read as that many tokens evicted, and the mirror shed them at each repeat.
             unit = engine.match_unit or self.s.mirror.block_tokens
             predicted = vllm_visible_hit(predicted, parsed.num_tokens, unit)
+        now = time.monotonic()
         handle = self.s.load.admit(
-            parsed.uncached_tokens(predicted),
-            time.monotonic(),
-            timed=parsed.stream or parsed.max_new_tokens <= 1,
+            parsed.uncached_tokens(predicted), now, timed=parsed.stream or parsed.max_new_tokens <= 1
         )
+        # Written to the cache: the prompt past what the mirror held (in the mirror's terms, as the
+        # gateways' own count takes it: the prompt past the match they saw in its summary). Not the
+        # tokens the mirror's insert added: a prompt longer than the cache adds none to the mirror,
+        # yet the engine prefills it through its cache and evicts as much.
+        self.s.arrivals.add(1.0, now, RATE_WINDOW_S)
+        self.s.writes.add(max(parsed.num_tokens - mirrored, 0), now, RATE_WINDOW_S)
         self.load_changed()
         return parsed, admission, handle, predicted
 

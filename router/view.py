@@ -446,6 +446,10 @@ class FleetView:
                     # + the engine's fixed per-step latency, which a lone request waits too
                     wait_s=min(pending / rate + (load.fixed_latency_s if load else 0.0), MAX_WAIT_S),
                     healthy=True,
+                    # every gateway's traffic as its sidecar counted it (policies add own sends since)
+                    reported_arrivals_per_s=load.arrivals_per_s if load else None,
+                    reported_write_tokens_per_s=load.write_tokens_per_s if load else None,
+                    reported_at=load.ts if load else 0.0,
                 )
             )
         return rows

@@ -59,6 +59,39 @@ class ReplicaState:
     pending_prefill_tokens: int = 0  # uncached tokens still to prefill for queued/running requests
     wait_s: float = 0.0  # estimated wait before this request's prefill could start
     healthy: bool = True
+    # What the replica's sidecar counted of ALL its traffic, whatever gateway sent it, as of
+    # ``reported_at`` (wall seconds: its load record's ``ts``): a DecayedRate over RATE_WINDOW_S of
+    # its arrivals and of the uncached tokens they wrote to its cache. None: not reported (a static
+    # worker, a sidecar that predates them, the simulator); a policy then counts its own sends only.
+    reported_arrivals_per_s: float | None = None
+    reported_write_tokens_per_s: float | None = None
+    reported_at: float = 0.0
+
+
+# The window sidecars decay their published rates over, and queue_aware's default ``window_s``: one
+# number, so a gateway's own count and a sidecar's report of the same sends are like terms.
+RATE_WINDOW_S = 10.0
+
+
+class DecayedRate:
+    """An exponentially decayed sum, read as a rate per second over ``window_s``.
+
+    One type for every decayed rate of the routing layer: queue_aware's count of its own sends and
+    a sidecar's count of every request its worker gets (published in its load record), so the two
+    combine with the same semantics."""
+
+    __slots__ = ("t", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.t = 0.0
+
+    def add(self, amount: float, now: float, window_s: float) -> None:
+        self.value = self.rate(now, window_s) * window_s + amount
+        self.t = now
+
+    def rate(self, now: float, window_s: float) -> float:
+        return self.value * math.exp(-max(now - self.t, 0.0) / window_s) / window_s
 
 
 @dataclass(frozen=True, slots=True)

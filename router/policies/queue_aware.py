@@ -14,7 +14,7 @@ Each replica is scored by what choosing it costs:
   spirals: misses add work, work lengthens queues, long queues push requests off their holders);
 * for a full cache, the misses its eviction causes later: overflowing tokens × ``eviction_weight``
   × how recently the evicted content was likely used. An LRU cache that turns over in T seconds
-  (capacity ÷ the rate of uncached tokens the policy has sent it) evicts content last used about
+  (capacity ÷ the rate of uncached tokens written to it) evicts content last used about
   T ago, so each evicted token is charged ``eviction_weight`` × window/(window + T) of a prefill.
   A small cache churned by long prompts evicts prefixes its tenants are still using, and the charge
   keeps prefix groups from being copied onto it; a large cache that turns over in minutes evicts
@@ -29,6 +29,12 @@ Each replica is scored by what choosing it costs:
   against affinity_balanced's 0.5–1.2 ms at 15–29%. A prompt nobody holds any of is charged on
   all its overflow, as before: where it lands decides whose content it evicts (compare's hit rate).
 
+Both rates — a replica's arrivals and the uncached tokens written to it — are the whole fleet's
+when its sidecar reports them (``ReplicaState.reported_*``: every request its worker got, whatever
+gateway sent it) plus this gateway's own sends since that report; without a report, this policy's
+own sends alone. With G gateways each sees about 1/G of a replica's traffic, so counting only its
+own sends made the delay charge G times too small and caches look G times slower to turn over.
+
 Ties go to the replica already holding more of the prompt, then to the shorter queue, then by a
 hash of the request's time with the replica id (``base.tie_break``: not the first one listed).
 
@@ -40,10 +46,13 @@ replicated by the autoscaler instead, with prefill-only warm-up requests off the
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 
 from .base import (
+    RATE_WINDOW_S,
     CostModel,
+    DecayedRate,
     Decision,
     ReplicaId,
     ReplicaState,
@@ -54,22 +63,46 @@ from .base import (
     least,
 )
 
+# Own sends to one replica not yet covered by its sidecar's latest report, at most this many: sends
+# within one report's lag (a push follows every load change), so the bound is only reached when
+# reports stopped coming; then the oldest are forgotten and the count errs low, not without bound.
+MAX_UNREPORTED_SENDS = 4096
 
-class _Decayed:
-    """An exponentially decayed sum, read as a rate per second over ``window_s``."""
 
-    __slots__ = ("t", "value")
+class _SinceReport:
+    """This gateway's sends to one replica after the time of its sidecar's latest report.
+
+    The report counts every send that reached the sidecar by its ``ts``, this gateway's among them;
+    the ones after it are known here only. Rebuilt from the kept sends when a newer report is seen
+    (a few sends: those within one report's lag), so reading it costs what reading one rate does."""
+
+    __slots__ = ("arrivals", "reported_at", "sends", "writes")
 
     def __init__(self) -> None:
-        self.value = 0.0
-        self.t = 0.0
+        self.reported_at = -math.inf
+        self.sends: deque[tuple[float, float]] = deque(maxlen=MAX_UNREPORTED_SENDS)  # (time, uncached)
+        self.arrivals = DecayedRate()
+        self.writes = DecayedRate()
 
-    def add(self, amount: float, now: float, window_s: float) -> None:
-        self.value = self.rate(now, window_s) * window_s + amount
-        self.t = now
+    def sync(self, reported_at: float, window_s: float) -> None:
+        if reported_at <= self.reported_at:
+            return
+        self.reported_at = reported_at
+        sends = self.sends
+        while sends and sends[0][0] <= reported_at:
+            sends.popleft()
+        self.arrivals, self.writes = DecayedRate(), DecayedRate()
+        for t, uncached in sends:
+            self.arrivals.add(1.0, t, window_s)
+            self.writes.add(uncached, t, window_s)
 
-    def rate(self, now: float, window_s: float) -> float:
-        return self.value * math.exp(-max(now - self.t, 0.0) / window_s) / window_s
+    def add(self, t: float, uncached: float, window_s: float) -> None:
+        # Sent at or before the report's time: the report counts it (the rule the gateway's view
+        # uses for in-flight load, records.LoadReport.ts)
+        if t > self.reported_at:
+            self.sends.append((t, uncached))
+            self.arrivals.add(1.0, t, window_s)
+            self.writes.add(uncached, t, window_s)
 
 
 class QueueAware(RoutingPolicy):
@@ -82,7 +115,7 @@ class QueueAware(RoutingPolicy):
         externality: float = 0.0,
         delay_weight: float = 0.25,
         eviction_weight: float = 5.0,
-        window_s: float = 10.0,
+        window_s: float = RATE_WINDOW_S,
         congestion_weight: float = 3.0,
         max_congestion: float = 10.0,
     ) -> None:
@@ -102,19 +135,56 @@ class QueueAware(RoutingPolicy):
         self.window_s = window_s
         self.congestion_weight = congestion_weight
         self.max_congestion = max_congestion
-        self._arrivals: dict[ReplicaId, _Decayed] = {}
-        self._writes: dict[ReplicaId, _Decayed] = {}  # uncached tokens sent: what churns each cache
+        self._arrivals: dict[ReplicaId, DecayedRate] = {}
+        self._writes: dict[ReplicaId, DecayedRate] = {}  # uncached tokens sent: what churns each cache
+        # replicas whose sidecars report their rates: own sends since their latest report
+        self._since: dict[ReplicaId, _SinceReport] = {}
 
     # -- what the policy has learned from its own decisions -------------------------------------
 
     def arrival_rate(self, replica_id: ReplicaId, now: float) -> float:
+        """The rate of requests this policy itself has sent ``replica_id``."""
         d = self._arrivals.get(replica_id)
         return d.rate(now, self.window_s) if d else 0.0
 
+    def _since_report(self, r: ReplicaState) -> _SinceReport:
+        since = self._since.get(r.replica_id)
+        if since is None:
+            since = self._since[r.replica_id] = _SinceReport()
+        since.sync(r.reported_at, self.window_s)
+        return since
+
+    def _fleet_rate(self, reported: float, own_since: DecayedRate, r: ReplicaState, now: float) -> float:
+        """A replica's rate from every gateway: its sidecar's report, decayed from the report's time
+        to ``now``, plus this gateway's own sends since that time.
+
+        Why not max(own, reported): with G gateways in front of the fleet the report is about G
+        times this gateway's share, and max would drop every send made since the report (this
+        gateway's burst, or all the others'). Reported + own-since counts each send once: the report
+        holds all sends up to its time (this gateway's too), own-since the ones after it that this
+        gateway knows of. With one gateway it equals the policy's own count (the report then holds
+        exactly its sends); with G it misses only the other gateways' sends within the report's lag
+        (milliseconds with load pushes: far inside the window)."""
+        decay = math.exp(-max(now - r.reported_at, 0.0) / self.window_s)
+        return reported * decay + own_since.rate(now, self.window_s)
+
+    def replica_arrival_rate(self, r: ReplicaState, now: float) -> float:
+        """``r``'s recent arrival rate: from every gateway when its sidecar reports it, else the
+        rate of this policy's own sends (a static worker, an older sidecar, the simulator)."""
+        if r.reported_arrivals_per_s is None:
+            return self.arrival_rate(r.replica_id, now)
+        return self._fleet_rate(r.reported_arrivals_per_s, self._since_report(r).arrivals, r, now)
+
+    def write_rate(self, r: ReplicaState, now: float) -> float:
+        """Uncached tokens per second written to ``r``'s cache (reported, or this policy's own)."""
+        if r.reported_write_tokens_per_s is None:
+            d = self._writes.get(r.replica_id)
+            return d.rate(now, self.window_s) if d else 0.0
+        return self._fleet_rate(r.reported_write_tokens_per_s, self._since_report(r).writes, r, now)
+
     def turnover_s(self, r: ReplicaState, now: float) -> float:
-        """Seconds for the new tokens this policy sends ``r`` to fill its cache once (inf: none sent)."""
-        d = self._writes.get(r.replica_id)
-        rate = d.rate(now, self.window_s) if d else 0.0
+        """Seconds for the new tokens written to ``r`` to fill its cache once (inf: none written)."""
+        rate = self.write_rate(r, now)
         return r.capacity_tokens / rate if rate > 0 else math.inf
 
     def eviction_cost_per_token(self, r: ReplicaState, now: float) -> float:
@@ -148,7 +218,7 @@ class QueueAware(RoutingPolicy):
         """
         uncached = request.num_tokens - r.matched_tokens
         prefill = self.cost.prefill_s(request.num_tokens, r.matched_tokens)
-        lam = self.arrival_rate(r.replica_id, request.now)
+        lam = self.replica_arrival_rate(r, request.now)
         extra = self.delay_weight * lam * prefill * (r.wait_s + prefill / 2)
         factor = self.externality + self.congestion_weight * congestion
         extra += factor * uncached * self.cost.prefill_s_per_token
@@ -176,12 +246,16 @@ class QueueAware(RoutingPolicy):
     # -- feedback -------------------------------------------------------------------------------
 
     def on_routed(self, request: RouteRequest, decision: Decision) -> None:
-        arrivals = self._arrivals.setdefault(decision.replica_id, _Decayed())
+        arrivals = self._arrivals.setdefault(decision.replica_id, DecayedRate())
         arrivals.add(1.0, request.now, self.window_s)
-        writes = self._writes.setdefault(decision.replica_id, _Decayed())
+        writes = self._writes.setdefault(decision.replica_id, DecayedRate())
         uncached = max(request.num_tokens - decision.expected_matched_tokens, 0)
         writes.add(float(uncached), request.now, self.window_s)
+        since = self._since.get(decision.replica_id)
+        if since is not None:  # its sidecar reports: remember the send until a report covers it
+            since.add(request.now, float(uncached), self.window_s)
 
     def on_replica_removed(self, replica_id: ReplicaId) -> None:
         self._arrivals.pop(replica_id, None)
         self._writes.pop(replica_id, None)
+        self._since.pop(replica_id, None)
