@@ -7,7 +7,10 @@ per hashed node is:
 
 * **rate** — an exponentially decayed rate of the hit-counter increments between two observations,
   summed over the workers that report the node. A counter that went *down* was reset (the node was
-  evicted and cached again, or the sidecar restarted): its whole new value counts as the increment;
+  evicted and cached again, or the sidecar restarted): its whole new value counts as the increment.
+  A counter seen for the first time (a node entering a worker's top-K, a worker first observed)
+  counts whole only if the worker's last block set shows the node was cached since; otherwise only
+  its growth from then on counts (``_cached_since``);
 * **tokens** — the prefix length at the node (what a miss on it costs to recompute);
 * **holders** — the workers whose block set contains the node's hash (``Summary.has_block``), which
   includes workers that hold the prefix but do not rank it in their own top-K.
@@ -62,6 +65,8 @@ class HotState:
     hits: Mapping[tuple[str, int], int] = field(default_factory=dict)  # (worker, hash) -> counter
     rates: Mapping[int, float] = field(default_factory=dict)  # hash -> decayed requests/s
     tokens: Mapping[int, int] = field(default_factory=dict)  # hash -> prefix length
+    # worker -> its summary at its last observation: which hashes it held then (see hot_subtrees)
+    held: Mapping[str, Summary] = field(default_factory=dict)
 
 
 def hot_subtrees(
@@ -83,7 +88,8 @@ def hot_subtrees(
     while their sidecar could not reach Redis, or not yet written again after a Redis restart): their
     counters are kept, so that when their summaries are back the hits counted before are not counted
     again as new (a counter of an hour's hits read as one round's: a rate ~100 times too high). A
-    worker not among them is forgotten; None: every worker without a summary this round is.
+    worker not among them is forgotten; None: every worker without a summary this round is (when
+    it is back, its counters are a first sight: recorded, not counted).
     """
     if half_life_s <= 0:
         raise ValueError(f"half_life_s must be > 0, got {half_life_s}")
@@ -100,11 +106,14 @@ def hot_subtrees(
                 continue
             hits[key] = node.hits
             tokens[node.hash] = max(tokens.get(node.hash, 0), node.tokens)
+    held = dict(summaries)
     if previous is not None:
         for (worker, h), count in hits.items():
             before = previous.hits.get((worker, h))
-            # unseen before: the node appeared (or entered the top-K) since the last round
-            delta = count if before is None or count < before else count - before
+            if before is not None:
+                delta = count if count < before else count - before
+            else:
+                delta = count if _cached_since(previous.held.get(worker), h) else 0
             increments[h] = increments.get(h, 0) + delta
         # Counters of nodes a worker stopped ranking but still holds: kept, so a return to its
         # top-K is not counted twice. Gone from its cache means the counter restarts anyway. Those
@@ -117,6 +126,9 @@ def hot_subtrees(
                     hits[(worker, h)] = count
             elif workers is not None and worker in workers:
                 hits[(worker, h)] = count
+        for worker, then in previous.held.items():
+            if worker not in held and workers is not None and worker in workers:
+                held[worker] = then
 
     dt = now - previous.observed_s if previous is not None else 0.0
     rates: dict[int, float] = {}
@@ -149,7 +161,27 @@ def hot_subtrees(
         )
         for h in ranked
     ]
-    return observations, HotState(observed_s=now, hits=hits, rates=rates, tokens=tokens)
+    return observations, HotState(observed_s=now, hits=hits, rates=rates, tokens=tokens, held=held)
+
+
+def _cached_since(then: Summary | None, block_hash: int) -> bool:
+    """Whether a node that a worker publishes with no earlier counter of ours was cached there since
+    ``then``, the worker's summary at its last observation: if so its whole counter is new hits.
+
+    A summary's ``hits`` is the node's lifetime counter (no decay) and lists only the top K nodes, so
+    a counter seen for the first time covers an unknown past: a node held all along enters a
+    worker's top-K when it overtakes another, with every hit since it was cached. Counted as one
+    round's, a node with 1002 lifetime hits that gained 1 in 5 s read ~41 requests/s. Nothing in the
+    summary dates a counter's start (``last_access`` is the last hit only, and the simulator stamps
+    every node with the build time; ``version`` counts publications, not seconds), but the block
+    set does: a hash the worker did not hold at its last observation was cached since, so its
+    counter started then. Otherwise (held then, or a worker not observed before: a new pod's
+    first summary, a worker whose summary the caller did not keep) the counter is recorded and only
+    its growth counts, from the next round. That undercounts at most one round of one worker's
+    hits; counting the whole counter can overcount by hours of them. A truncated block set (capped)
+    cannot tell "not held", so it counts as held.
+    """
+    return then is not None and not then.truncated and not then.has_block(block_hash)
 
 
 def find_prefix(

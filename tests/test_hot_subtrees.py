@@ -80,6 +80,56 @@ def test_a_node_that_appears_later_counts_all_its_hits():
     assert [s.subtree_id for s in subs] == [subtree_id(2)]  # node 1 saw no traffic: rate 0, dropped
 
 
+def test_a_node_held_all_along_entering_the_top_k_counts_only_its_hits_after_that():
+    # a reviewer's case: node 1 was cached on "a" all along (in its block set) but out of its top-K.
+    # It enters with its lifetime counter, 1002, having gained 1 hit in the last 5 s; read as new
+    # hits (delta = count) that was ~41 requests/s (15 s half-life).
+    def fleet(hot: dict[int, tuple[int, int]]):
+        return {"a": summary("a", hot, blocks={1, 2})}
+
+    _, state = hot_subtrees(fleet({2: (800, 5000)}), None, now=0.0)
+    _, state = hot_subtrees(fleet({2: (800, 5010)}), state, now=5.0)
+    subs, state = hot_subtrees(fleet({2: (800, 5020), 1: (800, 1002)}), state, now=10.0)
+    assert subtree_id(1) not in by_id(subs)  # no hit counted yet: below the minimum rate
+    assert state.hits[("a", 1)] == 1002  # recorded: its growth counts from here
+    subs, _ = hot_subtrees(fleet({2: (800, 5030), 1: (800, 1003)}), state, now=15.0)
+    keep = 2 ** (-5.0 / 15.0)
+    assert by_id(subs)[subtree_id(1)].rate_rps == pytest.approx((1 - keep) * 1 / 5.0)
+
+
+def test_a_node_cached_since_the_last_round_counts_all_its_hits_even_after_an_eviction():
+    # node 1 was ranked, then evicted (gone from the block set: its counter is forgotten), then
+    # cached again and ranked with 30 hits: every one of them is since the last round
+    _, state = hot_subtrees({"a": summary("a", {1: (800, 500)})}, None, now=0.0, half_life_s=HL)
+    _, state = hot_subtrees({"a": summary("a", {}, blocks={7})}, state, now=10.0, half_life_s=HL)
+    subs, _ = hot_subtrees({"a": summary("a", {1: (800, 30)})}, state, now=20.0, half_life_s=HL)
+    assert subs[0].rate_rps == pytest.approx((1 - KEEP_10S) * 3.0)  # (the first round only recorded)
+
+
+def test_a_worker_seen_for_the_first_time_has_its_counters_recorded_not_counted():
+    # b joins the observed fleet with counters of unknown age (a pod whose first summary this is,
+    # or one whose summary a caller forgot): only what they grow by from here counts
+    _, state = hot_subtrees({"a": summary("a", {1: (800, 0)})}, None, now=0.0, half_life_s=HL)
+    both = {"a": summary("a", {1: (800, 10)}), "b": summary("b", {1: (800, 7000)})}
+    subs, state = hot_subtrees(both, state, now=10.0, half_life_s=HL)
+    assert subs[0].rate_rps == pytest.approx((1 - KEEP_10S) * 1.0)  # a's 10 hits alone
+    both = {"a": summary("a", {1: (800, 20)}), "b": summary("b", {1: (800, 7020)})}
+    subs, _ = hot_subtrees(both, state, now=20.0, half_life_s=HL)
+    assert subs[0].rate_rps == pytest.approx(KEEP_10S * (1 - KEEP_10S) * 1.0 + (1 - KEEP_10S) * 3.0)
+
+
+def test_a_truncated_block_set_cannot_say_a_node_is_new():
+    # a's last block set was capped: that it lacks node 1 does not mean a did not hold it
+    capped = make_summary(
+        worker="a", version=1, generated_at=0.0, block_tokens=16, identity_seed=0,
+        cached_tokens=0, capacity_tokens=1000, blocks={2}, hot=[HotNode(2, 800, 0, 0.0)], truncated=True,
+    )  # fmt: skip
+    _, state = hot_subtrees({"a": capped}, None, now=0.0, half_life_s=HL)
+    _, state = hot_subtrees({"a": capped}, state, now=10.0, half_life_s=HL)
+    subs, _ = hot_subtrees({"a": summary("a", {1: (800, 900)})}, state, now=20.0, half_life_s=HL)
+    assert subs == []
+
+
 def test_idle_subtrees_decay_and_are_forgotten():
     _, state = hot_subtrees({"a": summary("a", {1: (800, 0)})}, None, now=0.0, half_life_s=HL)
     subs, state = hot_subtrees({"a": summary("a", {1: (800, 100)})}, state, now=10.0, half_life_s=HL)
