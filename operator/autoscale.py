@@ -250,7 +250,6 @@ def plan_scale(
     """Decide replica count, pre-warming and scale-down victims for one control round."""
     memory = memory or PlannerMemory()
     remove = tuple(r.replica_id for r in observed.replicas if r.phase == "draining" and r.in_flight == 0)
-    draining = sum(1 for r in observed.replicas if r.phase == "draining")
     active = [r for r in observed.replicas if r.phase != "draining"]
     n = len(active)
     base = ScalePlan(desired_replicas=n, remove=remove, memory=memory)
@@ -287,8 +286,12 @@ def plan_scale(
             add=add,
             reason="fixed at maxReplicas" if add else "steady",
         )
-    if draining and n <= policy.min_replicas:
-        return base
+    # A replica draining while the others are at minReplicas does not hold the plan: the ready ones
+    # can still be saturated (it was removed when the fleet was calm), and a scale-up they need must
+    # not wait for the drain. Nothing below drains at or under minReplicas ("quiet, at
+    # minReplicas"), and the cooldown and stabilization period still hold between scale-ups and
+    # scale-downs. (Until here such a round returned "steady": two ready replicas waiting 8 s each
+    # got no replica while a third drained, where without it uniform added 2 and prefix_aware 1.)
     if policy.mode == "uniform":
         return _plan_uniform(observed, policy, memory, base, active)
     return _plan_prefix_aware(observed, policy, memory, base, active)

@@ -640,3 +640,37 @@ def test_starved_subtrees_wait_for_an_idle_replica_that_just_joined():
     # and once the newcomer is busy too (its arrival was not enough), another replica is added
     busy = replace(c, est_wait_s=0.5)
     assert plan_scale(obs([*holders, busy], subs), policy(lead_time_s=30)).add == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "added"), [("uniform", 2), ("prefix_aware", 1), ("prefix_aware_prewarm", 1)]
+)
+def test_a_replica_draining_at_min_replicas_does_not_hold_back_a_scale_up(mode, added):
+    # a reviewer's case: the fleet shrank to minReplicas (2) while calm, then load came back before
+    # the victim finished its requests. The two ready replicas wait 8 s each; the plan was "steady"
+    # (0 added) only because d was still draining.
+    pol = policy(mode=mode, min_replicas=2, max_replicas=6)
+    old = -600.0
+    busy = [
+        ReplicaObservation(
+            r, "ready", in_flight=8, queued=8, est_wait_s=8.0, created_s=old, prefill_load=0.95
+        )
+        for r in "ab"
+    ]
+    draining = ReplicaObservation("d", "draining", in_flight=3, created_s=old)
+    alone = plan_scale(obs(busy), pol)
+    plan = plan_scale(obs([*busy, draining]), pol)
+    assert (plan.add, plan.reason, plan.drain) == (alone.add, alone.reason, ()) and plan.add == added
+    assert plan.desired_replicas == 2 + added and plan.memory.last_scale_up_s == 100.0
+
+    # and no victim is picked the next round though the load has gone: the scale-up resets the
+    # quiet period (the stabilization holds), and with the drain finished (d removed) too
+    calm = [ReplicaObservation(r, "ready", created_s=old) for r in "ab"]
+    new = [ReplicaObservation(f"new{i}", "ready", created_s=100.0) for i in range(added)]
+    for fleet in ([*calm, *new, draining], [*calm, *new]):
+        after = plan_scale(obs(fleet, now=105.0), pol, plan.memory)
+        assert after.drain == () and after.add == 0, after.reason
+
+    # calm at minReplicas while d drains: nothing to do, for the reason it has without d
+    quiet = plan_scale(obs([*calm, draining]), pol)
+    assert quiet.is_noop and quiet.reason == plan_scale(obs(calm), pol).reason
