@@ -103,7 +103,10 @@ class LoadReport:
 
 
 def encode_record(record: MemberRecord | LoadReport) -> str:
-    return json.dumps(asdict(record), separators=(",", ":"))
+    # An optional field left unset (None) is written as absent, not null: a record without the
+    # newer fields keeps the wire format older readers and pinned tests know, and reads back alike.
+    fields = {name: value for name, value in asdict(record).items() if value is not None}
+    return json.dumps(fields, separators=(",", ":"))
 
 
 def _load_json(raw: str | bytes, what: str) -> dict[str, Any]:
