@@ -767,11 +767,20 @@ async def _target_pod(
     index = int(target[len("new-") :])
     while time.monotonic() < deadline:
         new = sorted((p for p in await _list_pods(ctx, ref) if p.alive and p.name not in known),
-                     key=lambda p: (p.created, p.name))  # fmt: skip
+                     key=_creation_order)  # fmt: skip
         if len(new) > index:
             return new[index].name
         await asyncio.sleep(0.2)
     return None
+
+
+def _creation_order(pod: ObservedPod) -> tuple[str, int, str]:
+    """The order the reconcile created replica pods in: by creation time, which has one-second
+    resolution, then by replica index (it creates the missing indexes in ascending order). By name
+    as text, ``x-replica-10`` came before ``x-replica-9``: a ``new-1`` resolved after ``new-0`` had
+    taken replica-9 named replica-9 again, and replica-10 was never held out of rotation nor warmed."""
+    index = pod.name.rpartition("-")[2]
+    return pod.created, int(index) if index.isascii() and index.isdigit() else -1, pod.name
 
 
 async def _wait_sidecar(
