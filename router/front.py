@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 from types import EllipsisType
-from typing import Any
+from typing import Any, TypeVar
 
 import httptools
 from aiohttp import http_exceptions, web
@@ -62,8 +62,9 @@ _INTERNAL_ERROR = {"error": {"message": "internal error", "type": "server_error"
 HotHandler = Callable[["HotRequest"], Awaitable[web.StreamResponse | Any]]
 Responder = Callable[[Any, int, str], web.StreamResponse]
 # Headers for an answer aiohttp's protocol gives before the app sees the request (a head its parser
-# refuses, a coding it cannot decode): the gateway names the request (X-Request-Id), as every answer
-RefusalHeaders = Callable[[web.BaseRequest], Mapping[str, str]]
+# refuses, a coding it cannot decode), and for the front's own 500 (a HotRequest): the gateway names
+# the request (X-Request-Id), as every answer
+RefusalHeaders = Callable[[Any], Mapping[str, str]]
 
 
 def _reason(status: int) -> str:
@@ -176,7 +177,18 @@ class HotStream:
 class HotRequest:
     """What the generation handlers read of a request (the subset of ``web.Request`` they use)."""
 
-    __slots__ = ("_body", "_conn", "headers", "method", "path", "raw_path", "response", "sent", "version")
+    __slots__ = (
+        "_body",
+        "_conn",
+        "headers",
+        "method",
+        "path",
+        "raw_path",
+        "request_id",
+        "response",
+        "sent",
+        "version",
+    )
 
     def __init__(
         self, conn: _FrontConnection, method: str, raw_path: str, headers: CIMultiDict[str], body: bytes
@@ -190,6 +202,8 @@ class HotRequest:
         self.version = (1, 1)
         self.sent = False  # an answer (whole or the head of a stream) went out
         self.response: HotStream | None = None
+        # the server's id for it, once asked (the gateway's: its 500 then names the one already used)
+        self.request_id: str | None = None
 
     @property
     def path_qs(self) -> str:
@@ -582,7 +596,8 @@ class _FrontConnection(asyncio.Protocol):
             log.exception("error handling %s %s", request.method, request.path)
             if not request.sent:
                 self.close_after = True
-                request.send_response(web.json_response(_INTERNAL_ERROR, status=500))
+                answer = web.json_response(_INTERNAL_ERROR, status=500)
+                request.send_response(_named(answer, self.front.refusal_headers, request))
             else:
                 self.close_after = True  # a stream cut mid-way: the client sees the connection end
         finally:
@@ -637,6 +652,19 @@ class _FrontConnection(asyncio.Protocol):
             protocol.data_received(buffer)
 
 
+_R = TypeVar("_R", bound=web.StreamResponse)
+
+
+def _named(response: _R, refusal_headers: RefusalHeaders | None, request: object) -> _R:
+    """``response`` (an answer the server gives itself) with ``refusal_headers(request)`` added."""
+    if refusal_headers is not None:
+        try:
+            response.headers.update(refusal_headers(request))
+        except Exception:  # the answer goes out anyway: a refusal must not become a crash
+            log.exception("naming the answer to a refused request failed")
+    return response
+
+
 class _JsonParseErrors(RequestHandler):
     """aiohttp's protocol, answering a request its parser refuses (a non-ASCII byte in the URL, a bad
     header…) with a 400 in the OpenAI error shape and one log line, instead of plain text and an
@@ -653,14 +681,7 @@ class _JsonParseErrors(RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        response = self._error_answer(request, status, exc, message)
-        named = type(self).refusal_headers
-        if named is not None:
-            try:
-                response.headers.update(named(request))
-            except Exception:  # the answer goes out anyway: a refusal must not become a crash
-                log.exception("naming the answer to a refused request failed")
-        return response
+        return _named(self._error_answer(request, status, exc, message), type(self).refusal_headers, request)
 
     def _error_answer(
         self, request: web.BaseRequest, status: int, exc: BaseException | None, message: str | None
@@ -732,8 +753,10 @@ class HotFront:
         *,
         timeouts: ClientTimeouts,
         max_body_bytes: int,
+        refusal_headers: RefusalHeaders | None = None,
     ) -> None:
         self.handlers = dict(handlers)
+        self.refusal_headers = refusal_headers  # on the front's own 500, as on aiohttp's refusals
         self.paths: Collection[str] = frozenset(self.handlers)
         self.fallback = fallback
         self.respond = respond
@@ -817,6 +840,7 @@ async def serve_front(
         respond,
         timeouts=timeouts,
         max_body_bytes=max_body_bytes,
+        refusal_headers=refusal_headers,
     )
     server = await asyncio.get_running_loop().create_server(
         front, host, port, reuse_address=True, backlog=128

@@ -614,12 +614,20 @@ class Gateway:
     def _request_id(self, request: AnyRequest) -> str:
         """The request's id: the client's, else a generated one. For an aiohttp-served request the
         one its middleware noted, so the middleware, the handler and a body error name the same id;
-        a front request is asked once (by :meth:`handle_generate`, which passes it on, or by the
-        front's 408)."""
+        a front request's is made once and kept on it (:meth:`handle_generate` passes it on; the
+        front's 408 and 500 name it)."""
         noted = _arrival.get()
         if noted is not None and noted.request is request:
             return noted.request_id
-        # a front request, or an Expect handler's 413 (it runs before the middlewares)
+        if isinstance(request, HotRequest):
+            # kept on the request: the front's own 500 after a handler failed names the id the
+            # handler had used (and sent upstream), not another generated one
+            if request.request_id is None:
+                request.request_id = request_id_for(
+                    request.headers, self.config.request_id_headers, request.path
+                )
+            return request.request_id
+        # an Expect handler's 413 (it runs before the middlewares)
         return request_id_for(request.headers, self.config.request_id_headers, request.path)
 
     def _upstream_headers(self, request: AnyRequest, rid: str) -> list[tuple[str, str]]:
@@ -1127,7 +1135,8 @@ async def listening(config: GatewayConfig) -> AsyncIterator[Listening]:
         gateway._body_error,
         timeouts=gateway.timeouts,
         max_body_bytes=config.max_body_bytes,
-        # the answers aiohttp's parser gives itself (a malformed head's 400) name the request too
+        # the answers aiohttp's parser gives itself (a malformed head's 400), and the front's own 500
+        # after a handler failed, name the request too
         refusal_headers=lambda request: {REQUEST_ID_HEADER: gateway._request_id(request)},
     ) as serving:
         yield Listening(server=serving.server, front=serving.front, gateway=gateway)
