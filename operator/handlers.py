@@ -149,6 +149,8 @@ class OperatorContext:
     # the deletions ("namespace/name/uid") whose Deleted Event was posted: kopf runs fleet_deleted
     # again while a timer of the fleet is still exiting; fleet_gone forgets one once the fleet is gone
     deletions_said: set[str] = field(default_factory=set)
+    # the children ("Kind/name") each deletion not yet said has removed, over its passes so far
+    deletions_removed: dict[str, set[str]] = field(default_factory=dict)
 
     @contextlib.asynccontextmanager
     async def using_redis(self, url: str) -> AsyncIterator[aioredis.Redis]:
@@ -326,8 +328,13 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
     ref = FleetRef(name=name, namespace=namespace, uid=body.metadata.uid or "")
     if (pending := ctx.rechecks.pop(f"{namespace}/{name}", None)) is not None:
         pending[1].cancel()
+    said = f"{namespace}/{name}/{ref.uid}"
     async with fleet_lock(ctx, f"{namespace}/{name}"):
-        removed = await asyncio.to_thread(delete_children, ctx.kube, ref)
+        # what every pass of this deletion removed: one that failed midway (kopf runs it again,
+        # a minute later) counts in the Event too, and a child deleted again in a later pass (a pod
+        # still terminating) once
+        removed = ctx.deletions_removed.setdefault(said, set())
+        await asyncio.to_thread(delete_children, ctx.kube, ref, removed)
         redis_url = await asyncio.to_thread(resolve_redis_url, ctx, namespace, dict(body.get("spec", {})))
         if redis_url:
             try:
@@ -347,10 +354,10 @@ async def fleet_deleted(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, *
     # TIMER_EXIT_POLL_S while a timer of the fleet is still exiting, and each such pass finds
     # nothing left ("removed 0 children" once per pass would flood the fleet's Events). By uid: a
     # fleet created again under the name is another deletion.
-    said = f"{namespace}/{name}/{ref.uid}"
     if said not in ctx.deletions_said:
-        kopf.info(body, reason="Deleted", message=f"removed {removed} children")
+        kopf.info(body, reason="Deleted", message=f"removed {len(removed)} children")
         ctx.deletions_said.add(said)
+    ctx.deletions_removed.pop(said, None)
 
 
 def _gone(type: str | None, **_: Any) -> bool:  # kopf names the watch event's type so
@@ -363,7 +370,9 @@ def fleet_gone(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is not None:
         meta = body.metadata
-        ctx.deletions_said.discard(f"{meta.namespace or 'default'}/{meta.name or ''}/{meta.uid or ''}")
+        said = f"{meta.namespace or 'default'}/{meta.name or ''}/{meta.uid or ''}"
+        ctx.deletions_said.discard(said)
+        ctx.deletions_removed.pop(said, None)
 
 
 def forget_fleet_series(ctx: OperatorContext, namespace: str, name: str) -> None:
@@ -937,12 +946,14 @@ async def write_membership(
         await pipe.execute()
 
 
-def delete_children(kube: Kube, ref: FleetRef) -> int:
+def delete_children(kube: Kube, ref: FleetRef, removed: set[str]) -> None:
     """Delete every child explicitly (owner references would let the garbage collector do it in a
-    real cluster; doing it here also works where there is none, and is idempotent)."""
-    removed = 0
+    real cluster; doing it here also works where there is none, and is idempotent). Each child the
+    API server deleted goes into ``removed`` ("Kind/name") as it goes, so a pass that raises midway
+    keeps what it did."""
     for pod in kube.list("Pod", ref.namespace, replica_selector(ref)):
-        removed += kube.delete("Pod", ref.namespace, pod["metadata"]["name"])
+        if kube.delete("Pod", ref.namespace, name := pod["metadata"]["name"]):
+            removed.add(f"Pod/{name}")
     for kind in ("Deployment", "Service", "ConfigMap"):
-        removed += kube.delete(kind, ref.namespace, router_name(ref))
-    return removed
+        if kube.delete(kind, ref.namespace, router_name(ref)):
+            removed.add(f"{kind}/{router_name(ref)}")
