@@ -397,6 +397,9 @@ class SidecarState:
     # path, or "other": bounded, never a client's made-up path)
     control_refused: dict[str, int] = field(default_factory=dict)
     state_changed: asyncio.Event = field(init=False)
+    # The member record must be written again now, though the state did not change (the engine's
+    # LoRA adapters did): the next round registers, and publishes no state notice.
+    record_changed: bool = False
     # Every generation request the worker got (whatever gateway sent it) and the uncached tokens it
     # wrote to the cache, as decayed rates on the monotonic clock: published in the load record,
     # where each gateway's queue_aware reads the whole fleet's traffic instead of its own share.
@@ -930,11 +933,13 @@ class Sidecar:
                 # with Redis down the cached one serves only for router.control.UNCONFIRMED_GRACE_S
                 await self.control.refresh()
             state_change = self.s.state_changed.is_set() or unpublished_state
+            record_change, self.s.record_changed = self.s.record_changed, False
             self.s.state_changed.clear()
             self.s.wake.clear()
             now = time.monotonic()
-            periodic = state_change or now - last_periodic >= interval or not self.s.redis_ok
-            register = periodic and (state_change or now - last_register >= 2.0 or not self.s.redis_ok)
+            prompt = state_change or record_change  # written in this round, not at the next interval
+            periodic = prompt or now - last_periodic >= interval or not self.s.redis_ok
+            register = periodic and (prompt or now - last_register >= 2.0 or not self.s.redis_ok)
             try:
                 # Between periodic rounds, push only if the queue differs from what gateways last saw
                 # (requests may have come and gone meanwhile; the periodic round refreshes the rest).
@@ -971,6 +976,7 @@ class Sidecar:
                 failed = True
             if failed:
                 unpublished_state = state_change
+                self.s.record_changed = self.s.record_changed or record_change  # written on the retry
                 wait, event = backoff, self.s.state_changed  # a new state change retries at once
                 backoff = min(backoff * 2, 2.0)
             else:
@@ -1194,7 +1200,9 @@ class Sidecar:
             if (served, adapters) != (e.served_models, e.adapters):
                 e.served_models, e.adapters = served, adapters
                 log.info("engine %s: LoRA adapters now %s", self.config.engine_url, list(adapters))
-                self.s.state_changed.set()  # registers again now, not at the next 2 s round
+                # registers again now, not at the next 2 s round; no state notice: the state is as it was
+                self.s.record_changed = True
+                self.s.wake.set()
         return response
 
     async def _flush_cache(self, request: web.Request, body: bytes) -> Answer:
