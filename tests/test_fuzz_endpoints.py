@@ -41,11 +41,12 @@ pytestmark = pytest.mark.timeout(180)
 
 MAX_BODY = 200_000
 MAX_PROMPT = 2_000
-# Body and idle/header timeout given to every service in this module. Above the hops' STALE_AFTER_IDLE_S
-# (2 s, router/upstream.py): a pooled connection a service closes for idleness has then been idle long
-# enough at the hop in front of it for a request that meets the close to be re-sent. At 1.5 s the burst
-# test below got a 503 in 2 of 6 runs (the gateway wrote to a connection the sidecar was closing, too
-# soon to count as stale, and the fleet's only worker then sat out as failed).
+# Body and idle/header timeout given to every service in this module. Each service advertises it
+# (Keep-Alive: timeout=3) and the hop in front retires a pooled connection after 3 - 1 s idle
+# (router/upstream.py reuse_limit_s, since 8dbc118), so no request is written to a connection being
+# closed for idleness. It was raised from 1.5 s before that (a652be8): the burst test below then got
+# a 503 in 2 of 6 runs (the gateway wrote to a connection the sidecar was closing, too soon to count
+# as stale and be re-sent); today 1.5 s would advertise timeout=1, and no connection would be reused.
 SLOW_S = 3.0
 PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 
