@@ -15,8 +15,10 @@ from collections.abc import Mapping
 from prefixfleet.cli import DefaultsHelpFormatter, check_positive, listen_error
 from prefixfleet.router.slow_clients import ClientTimeouts
 
+from .auth import key_problem
 from .config import DEFAULT_MODEL, EmulatorConfig
-from .vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, RUNTIME_LORA_ENV, VllmOptions
+from .sglang_options import SglangOptions, parse_lora_path
+from .vllm_api import API_KEY_ENV, DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, RUNTIME_LORA_ENV, VllmOptions
 from .vllm_protocol import parse_lora_module
 
 _DEFAULTS = EmulatorConfig()
@@ -130,7 +132,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--enable-lora",
         action="store_true",
-        help="as vLLM's flag (--api vllm only): serve LoRA adapters; requests naming one are cached apart",
+        help="as vLLM's and SGLang's flag: serve LoRA adapters; requests naming one are cached apart, "
+        "one naming an adapter not loaded is refused (SGLang) or a 404 (vLLM)",
+    )
+    p.add_argument(
+        "--lora-paths",
+        nargs="+",
+        default=None,
+        metavar="LORA",
+        help="as SGLang's flag (--api sglang; turns --enable-lora on): adapters loaded at start, each PATH "
+        '(its own name), NAME=PATH or JSON {"lora_name": ..., "lora_path": ..., "pinned": ...}; a request '
+        'names one by lora_path or by model "base:NAME" (no weights are read)',
     )
     p.add_argument(
         "--lora-modules",
@@ -140,6 +152,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="as vLLM's flag (--api vllm only, with --enable-lora): adapters loaded at start, each "
         'name=path or JSON {"name": ..., "path": ..., "base_model_name": ...}; /v1/models lists each '
         "with its parent, a request whose model names one is cached under it (no weights are read)",
+    )
+    p.add_argument(
+        "--api-key",
+        nargs="+",
+        default=None,
+        metavar="KEY",
+        help="as the engines' flag: requests must carry 'Authorization: Bearer KEY' (else 401 "
+        '{"error": "Unauthorized"}): with --api vllm on /v1/* (one of several keys; default: '
+        "VLLM_API_KEY), with --api sglang everywhere but /health* and /metrics* (one key). A flag shows in "
+        "ps: prefer VLLM_API_KEY where it applies",
     )
     p.add_argument(
         "--vocab-size",
@@ -203,11 +225,11 @@ def vllm_options_from_args(
     enable_lora = getattr(args, "enable_lora", False)
     lora_modules = getattr(args, "lora_modules", None)
     if api != "vllm":
+        if lora_modules is not None:
+            raise UsageError("--lora-modules is vLLM's flag; with --api sglang use --lora-paths")
         for flag, given in (
             ("--block-size", block_size is not None),
             ("--enable-prompt-tokens-details", details),
-            ("--enable-lora", enable_lora),
-            ("--lora-modules", lora_modules is not None),
         ):
             if given:
                 raise UsageError(f"{flag} is vLLM's flag: give it with --api vllm")
@@ -216,6 +238,11 @@ def vllm_options_from_args(
         raise UsageError(
             "--enable-cache-report is SGLang's flag; with --api vllm use --enable-prompt-tokens-details"
         )
+    if getattr(args, "lora_paths", None) is not None:
+        raise UsageError("--lora-paths is SGLang's flag; with --api vllm use --lora-modules")
+    # as vLLM's api_server: the flag's keys, else VLLM_API_KEY; empty ones dropped (no key: open)
+    api_keys = tuple(k for k in (getattr(args, "api_key", None) or [environ.get(API_KEY_ENV, "")]) if k)
+    _check_keys(api_keys)
     raw = environ.get(DEV_MODE_ENV, "0").strip() or "0"
     try:  # as vLLM's envs.py reads it: bool(int(value))
         dev_mode = bool(int(raw))
@@ -234,10 +261,44 @@ def vllm_options_from_args(
         enable_lora=enable_lora,
         lora_modules=loras,
         runtime_lora_updating=runtime_lora,
+        api_keys=api_keys,
     )
     problems = options.problems(config)
     if problems:
         raise UsageError(_as_flags(problems[0].replace("block_size", "--block-size"), args))
+    return options
+
+
+def _check_keys(keys: tuple[str, ...]) -> None:
+    from prefixfleet.cli import UsageError
+
+    for key in keys:
+        problem = key_problem(key)
+        if problem:
+            raise UsageError(problem)
+
+
+def sglang_options_from_args(args: argparse.Namespace) -> SglangOptions | None:
+    """The SGLang face's options (None: the process serves vLLM's API, whose flags are checked by
+    :func:`vllm_options_from_args`)."""
+    from prefixfleet.cli import UsageError
+
+    if getattr(args, "api", "sglang") == "vllm":
+        return None
+    keys = [k for k in getattr(args, "api_key", None) or () if k]  # SGLang: an empty key is no key
+    if len(keys) > 1:
+        raise UsageError("--api-key takes one key with --api sglang (SGLang's flag is a single key)")
+    _check_keys(tuple(keys))
+    try:
+        loras = tuple(parse_lora_path(item) for item in getattr(args, "lora_paths", None) or ())
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    options = SglangOptions(
+        enable_lora=getattr(args, "enable_lora", False), lora_paths=loras, api_key=keys[0] if keys else None
+    )
+    problems = options.problems()
+    if problems:
+        raise UsageError(problems[0])
     return options
 
 
@@ -252,14 +313,20 @@ def _as_flags(problem: str, args: argparse.Namespace) -> str:
     return re.sub(rf"\b({'|'.join(flags)})\b", lambda m: "--" + m.group(1).replace("_", "-"), problem)
 
 
-async def serve(config: EmulatorConfig, host: str, port: int, vllm: VllmOptions | None = None) -> None:
+async def serve(
+    config: EmulatorConfig,
+    host: str,
+    port: int,
+    vllm: VllmOptions | None = None,
+    sglang: SglangOptions | None = None,
+) -> None:
     from .server import EmulatorServer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = EmulatorServer(config, host, port, vllm)
+    server = EmulatorServer(config, host, port, vllm, sglang)
     await server.start()
     # One parseable line for supervisors that start us with --port 0.
     print(f"prefixfleet emulator {config.model} listening on {server.url}", file=sys.stderr, flush=True)
@@ -275,6 +342,7 @@ def run(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     vllm = vllm_options_from_args(args, config)
+    sglang = sglang_options_from_args(args)
     try:  # read again when the server starts, where a bad value was a traceback
         ClientTimeouts.from_env()
     except ValueError as exc:
@@ -284,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        asyncio.run(serve(config, args.host, args.port, vllm))
+        asyncio.run(serve(config, args.host, args.port, vllm, sglang))
     except OSError as exc:
         problem = listen_error(args.host, args.port, exc)
         problem = problem or f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}"

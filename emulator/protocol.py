@@ -66,16 +66,20 @@ class Call:
     cache_salts: tuple[str | None, ...] = ()
     # the LoRA adapter the request names (vLLM face: its model is an adapter's name); None: the base
     adapter: str | None = None
+    # the SGLang face's adapters, one per prompt (a batch's lora_path may name one each); () for none
+    adapters: tuple[str | None, ...] = ()
 
     def cache_salt(self, index: int) -> str | None:
         return self.cache_salts[index] if self.cache_salts else None
 
     def namespace(self, index: int) -> object:
         """The radix namespace prompt ``index`` is cached under: its salt, and the adapter when one
-        is named (vLLM's block hashes take the LoRA name and the salt as extra keys: a prompt
-        cached under one adapter is a miss under another and under the base model)."""
+        is named (vLLM's block hashes take the LoRA name and the salt as extra keys, SGLang's radix
+        cache the adapter and the salt: a prompt cached under one adapter is a miss under another
+        and under the base model)."""
         salt = self.cache_salt(index)
-        return salt if self.adapter is None else (self.adapter, salt)
+        adapter = self.adapters[index] if self.adapters else self.adapter
+        return salt if adapter is None else (adapter, salt)
 
 
 def error_body(message: str, param: str | None, status: int) -> dict[str, object]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 
 from aiohttp import web
@@ -22,9 +23,12 @@ from prefixfleet.router.addresses import base_url
 from prefixfleet.router.front import fallback_runner, json_parse_error_connections
 from prefixfleet.router.slow_clients import ClientTimeouts
 
+from .auth import api_key_middleware, sglang_guarded
 from .config import EmulatorConfig
 from .metrics import CONTENT_TYPE, EngineMetrics
 from .protocol import (
+    BadRequest,
+    Call,
     Limits,
     chat_chunk,
     chat_response,
@@ -51,11 +55,21 @@ from .serving import (
     sse_response,
     submit,
 )
+from .sglang_options import (
+    LoraRef,
+    SglangOptions,
+    check_adapters,
+    requested_adapters,
+    server_info_loras,
+)
 from .vllm_api import VllmOptions, build_vllm_app, vllm_engine
 
 log = logging.getLogger("prefixfleet.emulator")
 
 SERVER_INFO_KEY = web.AppKey("server_info", dict)
+SGLANG_OPTIONS_KEY = web.AppKey("sglang_options", SglangOptions)
+# the adapters loaded now, by name: --lora-paths, then /load_lora_adapter and /unload_lora_adapter
+SGLANG_LORAS_KEY = web.AppKey("sglang_lora_adapters", dict)
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 
 
@@ -78,12 +92,23 @@ def _limits(engine: EngineRunner) -> Limits:
     )
 
 
+def _with_adapters(request: web.Request, body: object, call: Call, *, openai: bool) -> Call:
+    """The call with the LoRA adapter each prompt names, when the engine serves LoRA (else SGLang
+    ignores ``lora_path``, and so does the emulator); an adapter not loaded is SGLang's 400."""
+    if not request.app[SGLANG_OPTIONS_KEY].enable_lora or not isinstance(body, dict):
+        return call
+    adapters, param = requested_adapters(body, len(call.prompts), call.batch, openai=openai)
+    check_adapters(adapters, list(request.app[SGLANG_LORAS_KEY]), param)
+    return call if not any(adapters) else dataclasses.replace(call, adapters=adapters)
+
+
 # -- SGLang native -------------------------------------------------------------------------------
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    call = parse_generate(await read_json(request), _limits(engine))
+    body = await read_json(request)
+    call = _with_adapters(request, body, parse_generate(body, _limits(engine)), openai=False)
     handles = submit(engine, call)
     try:
         if not call.stream:
@@ -145,7 +170,7 @@ async def health_generate(request: web.Request) -> web.Response:
     return web.Response(text="")
 
 
-def _server_info_static(cfg: EmulatorConfig) -> dict[str, object]:
+def _server_info_static(cfg: EmulatorConfig, options: SglangOptions) -> dict[str, object]:
     # Field names follow SGLang's server args so tools that read them keep working.
     return {
         "model_path": cfg.model,
@@ -164,6 +189,8 @@ def _server_info_static(cfg: EmulatorConfig) -> dict[str, object]:
         "schedule_policy": "fcfs",
         "disable_radix_cache": False,
         "enable_cache_report": cfg.enable_cache_report,
+        "enable_lora": options.enable_lora,
+        "lora_paths": server_info_loras(options.lora_paths) if options.lora_paths else None,
         "is_embedding": False,
         "version": f"prefixfleet-emulator-{prefixfleet_version}",
         "prefixfleet_version": prefixfleet_version,
@@ -242,28 +269,86 @@ async def metrics(request: web.Request) -> web.Response:
 # -- OpenAI-compatible ---------------------------------------------------------------------------
 
 
+def _model_card(name: str, root: str, parent: str | None, max_model_len: int | None) -> dict[str, object]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "prefixfleet",
+        "root": root,
+        "parent": parent,
+        "max_model_len": max_model_len,
+    }
+
+
 async def list_models(request: web.Request) -> web.Response:
     cfg = request.app[ENGINE_KEY].config
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": cfg.model,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "prefixfleet",
-                    "root": cfg.model,
-                    "max_model_len": int(cfg.max_prompt_tokens or 0) + cfg.max_new_tokens_limit,
-                }
-            ],
-        }
-    )
+    cards = [
+        _model_card(cfg.model, cfg.model, None, int(cfg.max_prompt_tokens or 0) + cfg.max_new_tokens_limit)
+    ]
+    if request.app[SGLANG_OPTIONS_KEY].enable_lora:  # as SGLang's available_models: each adapter after
+        loras: dict[str, LoraRef] = request.app[SGLANG_LORAS_KEY]
+        cards += [_model_card(r.name, r.path, cfg.model, None) for r in loras.values()]
+    return web.json_response({"object": "list", "data": cards})
+
+
+async def _object_body(request: web.Request) -> dict[str, object]:
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object", "body")
+    return body
+
+
+def _loaded(loras: dict[str, LoraRef]) -> str:
+    return f"Loaded LoRAs: odict_keys({list(loras)!r})"  # SGLang's words: its registry's keys
+
+
+def _lora_update(success: bool, error: str | None, loras: dict[str, LoraRef]) -> web.Response:
+    """SGLang's LoRAUpdateResult: 200 on success, else 400, with the adapters loaded now."""
+    loaded = {name: ref.path for name, ref in loras.items()}
+    body = {"success": success, "error_message": error, "loaded_adapters": loaded}
+    return web.json_response(body, status=200 if success else 400)
+
+
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    """SGLang's POST /load_lora_adapter {lora_name, lora_path, pinned}. No weights are read."""
+    body = await _object_body(request)
+    name, path, pinned = body.get("lora_name"), body.get("lora_path"), body.get("pinned", False)
+    if not (isinstance(name, str) and name and isinstance(path, str) and path):
+        raise BadRequest("lora_name and lora_path must be non-empty strings", "lora_name")
+    if not isinstance(pinned, bool):
+        raise BadRequest("pinned must be true or false", "pinned")
+    loras: dict[str, LoraRef] = request.app[SGLANG_LORAS_KEY]
+    if not request.app[SGLANG_OPTIONS_KEY].enable_lora:
+        return _lora_update(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", loras)
+    if name in loras:
+        return _lora_update(
+            False, f"LoRA with name {name} already exists. Loaded LoRAs: odict_keys({list(loras)!r})", loras
+        )
+    loras[name] = LoraRef(name, path, pinned)
+    return _lora_update(True, None, loras)
+
+
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    """SGLang's POST /unload_lora_adapter {lora_name}. What was cached under it stays cached (loaded
+    again under that name, SGLang mints a new id: the emulator keys by name, so those are hits)."""
+    name = (await _object_body(request)).get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest("lora_name must be a non-empty string", "lora_name")
+    loras: dict[str, LoraRef] = request.app[SGLANG_LORAS_KEY]
+    if not request.app[SGLANG_OPTIONS_KEY].enable_lora:
+        return _lora_update(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", loras)
+    if loras.pop(name, None) is None:
+        return _lora_update(
+            False, f"LoRA with name {name} does not exist. Loaded LoRAs: odict_keys({list(loras)!r})", loras
+        )
+    return _lora_update(True, None, loras)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    call = parse_completion(await read_json(request), _limits(engine))
+    body = await read_json(request)
+    call = _with_adapters(request, body, parse_completion(body, _limits(engine)), openai=True)
     model, created, report = engine.config.model, unix_now(), engine.config.enable_cache_report
     handles = submit(engine, call)
     response_id = "cmpl-" + handles[0].rid
@@ -302,7 +387,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
-    call = parse_chat(await read_json(request), _limits(engine))
+    body = await read_json(request)
+    call = _with_adapters(request, body, parse_chat(body, _limits(engine)), openai=True)
     model, created, report = engine.config.model, unix_now(), engine.config.enable_cache_report
     handles = submit(engine, call)
     handle = handles[0]
@@ -341,10 +427,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 # -- assembly ------------------------------------------------------------------------------------
 
 
-def build_app(engine: EngineRunner) -> web.Application:
-    app = make_app(engine, _json_error, _http_error)
+def build_app(engine: EngineRunner, options: SglangOptions | None = None) -> web.Application:
+    options = options or SglangOptions()
+    problems = options.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    auth = api_key_middleware((options.api_key,), sglang_guarded) if options.api_key else None
+    app = make_app(engine, _json_error, _http_error, auth)
     expect = app[EXPECT_KEY]
-    app[SERVER_INFO_KEY] = _server_info_static(engine.config)
+    app[SERVER_INFO_KEY] = _server_info_static(engine.config, options)
+    app[SGLANG_OPTIONS_KEY] = options
+    app[SGLANG_LORAS_KEY] = {lora.name: lora for lora in options.lora_paths}
     r = app.router
     r.add_get("/health", health)
     r.add_get("/health_generate", health_generate)
@@ -360,21 +453,30 @@ def build_app(engine: EngineRunner) -> web.Application:
     r.add_post("/v1/chat/completions", chat_completions, expect_handler=expect)
     r.add_route("GET", "/flush_cache", flush_cache)
     r.add_route("POST", "/flush_cache", flush_cache, expect_handler=expect)
+    r.add_post("/load_lora_adapter", load_lora_adapter, expect_handler=expect)
+    r.add_post("/unload_lora_adapter", unload_lora_adapter, expect_handler=expect)
     return app
 
 
 class EmulatorServer:
     """One emulated engine serving HTTP; ``port=0`` picks a free port (see :attr:`url`).
 
-    ``vllm``: serve vLLM's API (:mod:`.vllm_api`) with these options instead of SGLang's."""
+    ``vllm``: serve vLLM's API (:mod:`.vllm_api`) with these options instead of SGLang's; ``sglang``:
+    the SGLang face's options (LoRA adapters, API key)."""
 
     def __init__(
-        self, config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0, vllm: VllmOptions | None = None
+        self,
+        config: EmulatorConfig,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        vllm: VllmOptions | None = None,
+        sglang: SglangOptions | None = None,
     ) -> None:
         self.config = config
         self.host = host
         self.port = port
         self.vllm = vllm
+        self.sglang = sglang or SglangOptions()
         if vllm is None:
             self.engine = EngineRunner(config, EngineMetrics(config.model))
         else:
@@ -392,7 +494,11 @@ class EmulatorServer:
         # whatever fails from here (the client limits' environment, the socket) stops the engine
         try:
             # engine.stop() ends streaming handlers first, so cleanup need not wait aiohttp's 60 s
-            app = build_app(self.engine) if self.vllm is None else build_vllm_app(self.engine, self.vllm)
+            app = (
+                build_app(self.engine, self.sglang)
+                if self.vllm is None
+                else build_vllm_app(self.engine, self.vllm)
+            )
             runner = await fallback_runner(app, ClientTimeouts.from_env(), shutdown_timeout_s=5.0)
             # each connection answers a request aiohttp's parser refuses (a br or zstd body: 415; a
             # malformed head: 400) in JSON with one log line, as the gateway's and sidecar's do,
@@ -432,7 +538,11 @@ class EmulatorServer:
 
 
 async def start_emulator(
-    config: EmulatorConfig, host: str = "127.0.0.1", port: int = 0, vllm: VllmOptions | None = None
+    config: EmulatorConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    vllm: VllmOptions | None = None,
+    sglang: SglangOptions | None = None,
 ) -> EmulatorServer:
     """Start an emulator in this event loop; stop it with ``await server.stop()``."""
-    return await EmulatorServer(config, host, port, vllm).start()
+    return await EmulatorServer(config, host, port, vllm, sglang).start()

@@ -68,9 +68,13 @@ def errors_middleware(json_error: JsonError, http_error: HttpError) -> Any:
     return errors
 
 
-def make_app(engine: EngineRunner, json_error: JsonError, http_error: HttpError) -> web.Application:
+def make_app(
+    engine: EngineRunner, json_error: JsonError, http_error: HttpError, auth: Any = None
+) -> web.Application:
     """The application without routes: error middleware, body guards, the engine under ENGINE_KEY.
-    Add routes with ``expect_handler=app[EXPECT_KEY]`` on POSTs."""
+    Add routes with ``expect_handler=app[EXPECT_KEY]`` on POSTs. ``auth``: the face's API-key
+    middleware (:mod:`.auth`), innermost, so a refused request's body was read within the guards'
+    limits and the 401 reaches a client still sending it."""
     timeouts = ClientTimeouts.from_env()
 
     def body_error(_request: web.Request, status: int, message: str) -> web.Response:
@@ -84,7 +88,11 @@ def make_app(engine: EngineRunner, json_error: JsonError, http_error: HttpError)
     # (docs/emulator.md, differences).
     guards = body_guards(timeouts, body_error)
     app = web.Application(
-        middlewares=[errors_middleware(json_error, http_error), *guards.middlewares],
+        middlewares=[
+            errors_middleware(json_error, http_error),
+            *guards.middlewares,
+            *([auth] if auth else []),
+        ],
         client_max_size=engine.config.max_body_bytes,
     )
     app[ENGINE_KEY] = engine

@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +25,7 @@ from aiohttp import web
 from prefixfleet import __version__ as prefixfleet_version
 from prefixfleet.tokenizer import tokenize
 
+from .auth import api_key_middleware, vllm_guarded
 from .config import EmulatorConfig
 from .metrics import CONTENT_TYPE
 from .protocol import BadRequest, Call, unix_now
@@ -76,6 +77,7 @@ log = logging.getLogger("prefixfleet.emulator")
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's key when --api-key is not given
 MAX_KNOWN_WORDS = 1_000_000  # /detokenize's memory of words seen by /tokenize
 
 
@@ -90,6 +92,8 @@ class VllmOptions:
     lora_modules: tuple[LoraModule, ...] = ()  # --lora-modules: adapters loaded at start
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter exist
     runtime_lora_updating: bool = False
+    # --api-key (else VLLM_API_KEY): /v1/* need one of them as a bearer token; kept out of repr (logs)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def problems(self, config: EmulatorConfig) -> list[str]:
         out: list[str] = []
@@ -407,7 +411,8 @@ async def _stream(
 
 
 def build_vllm_app(engine: EngineRunner, options: VllmOptions) -> web.Application:
-    app = make_app(engine, _json_error, _http_error)
+    auth = api_key_middleware(options.api_keys, vllm_guarded) if options.api_keys else None
+    app = make_app(engine, _json_error, _http_error, auth)
     expect = app[EXPECT_KEY]
     app[OPTIONS_KEY] = options
     app[LORAS_KEY] = {lora.name: lora for lora in options.lora_modules}
