@@ -269,7 +269,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reusable = False  # the last response ended cleanly on a keep-alive connection
-        self.idle_since = 0.0
+        self.idle_since = 0.0  # time.monotonic() when its last answer ended (the server's idle clock)
         self.retire_at = 0.0  # pooled: reused only before this (time.monotonic(); UpstreamPool._release)
         self.hinted_s: float | None = None  # the server's Keep-Alive timeout, once an answer said it
         self._hint = ""  # that header's value as sent (the same on every answer: parsed once)
@@ -437,6 +437,10 @@ class _Connection(asyncio.Protocol):
         self._parser = None
         self.served += 1
         self.reusable = self._keep_alive and not self.closed
+        if self.reusable:
+            # the server's idle clock starts at its answer's end, not when the hop that relays the
+            # answer gives the connection back (a slow client can hold that up for seconds)
+            self.idle_since = time.monotonic()
         if response is not None:
             response._finish()
 
@@ -609,8 +613,7 @@ class UpstreamPool:
         if self._closed or len(idle) >= self.max_idle or limit <= 0:
             conn.abort()  # limit 0: the server closes idle connections too soon to reuse one safely
             return
-        now = conn.idle_since = time.monotonic()
-        conn.retire_at = now + limit
+        conn.retire_at = conn.idle_since + limit  # idle since its last answer ended (_complete)
         idle.append(conn)
 
     def close(self) -> None:
