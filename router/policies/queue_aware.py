@@ -74,7 +74,8 @@ class _SinceReport:
 
     The report counts every send that reached the sidecar by its ``ts``, this gateway's among them;
     the ones after it are known here only. Rebuilt from the kept sends when a newer report is seen
-    (a few sends: those within one report's lag), so reading it costs what reading one rate does."""
+    (a few sends: those within one report's lag), so reading it costs what reading one rate does.
+    Counted over the sidecar's window, RATE_WINDOW_S, as the report it is added to."""
 
     __slots__ = ("arrivals", "reported_at", "sends", "writes")
 
@@ -84,7 +85,7 @@ class _SinceReport:
         self.arrivals = DecayedRate()
         self.writes = DecayedRate()
 
-    def sync(self, reported_at: float, window_s: float) -> None:
+    def sync(self, reported_at: float) -> None:
         if reported_at <= self.reported_at:
             return
         self.reported_at = reported_at
@@ -93,16 +94,16 @@ class _SinceReport:
             sends.popleft()
         self.arrivals, self.writes = DecayedRate(), DecayedRate()
         for t, uncached in sends:
-            self.arrivals.add(1.0, t, window_s)
-            self.writes.add(uncached, t, window_s)
+            self.arrivals.add(1.0, t, RATE_WINDOW_S)
+            self.writes.add(uncached, t, RATE_WINDOW_S)
 
-    def add(self, t: float, uncached: float, window_s: float) -> None:
+    def add(self, t: float, uncached: float) -> None:
         # Sent at or before the report's time: the report counts it (the rule the gateway's view
         # uses for in-flight load, records.LoadReport.ts)
         if t > self.reported_at:
             self.sends.append((t, uncached))
-            self.arrivals.add(1.0, t, window_s)
-            self.writes.add(uncached, t, window_s)
+            self.arrivals.add(1.0, t, RATE_WINDOW_S)
+            self.writes.add(uncached, t, RATE_WINDOW_S)
 
 
 class QueueAware(RoutingPolicy):
@@ -151,7 +152,7 @@ class QueueAware(RoutingPolicy):
         since = self._since.get(r.replica_id)
         if since is None:
             since = self._since[r.replica_id] = _SinceReport()
-        since.sync(r.reported_at, self.window_s)
+        since.sync(r.reported_at)
         return since
 
     def _fleet_rate(self, reported: float, own_since: DecayedRate, r: ReplicaState, now: float) -> float:
@@ -164,9 +165,14 @@ class QueueAware(RoutingPolicy):
         holds all sends up to its time (this gateway's too), own-since the ones after it that this
         gateway knows of. With one gateway it equals the policy's own count (the report then holds
         exactly its sends); with G it misses only the other gateways' sends within the report's lag
-        (milliseconds with load pushes: far inside the window)."""
-        decay = math.exp(-max(now - r.reported_at, 0.0) / self.window_s)
-        return reported * decay + own_since.rate(now, self.window_s)
+        (milliseconds with load pushes: far inside the window).
+
+        Both terms are over the sidecar's window (RATE_WINDOW_S) whatever ``window_s`` is: the
+        report is a rate over that window, and decaying it and adding own sends over another one
+        gave neither window's rate (one gateway, 10 req/s for 10 s, read 3 s after a report 3 s
+        old: window_s 30 read 1.11x and window_s 3 0.68x what the sidecar counted)."""
+        decay = math.exp(-max(now - r.reported_at, 0.0) / RATE_WINDOW_S)
+        return reported * decay + own_since.rate(now, RATE_WINDOW_S)
 
     def replica_arrival_rate(self, r: ReplicaState, now: float) -> float:
         """``r``'s recent arrival rate: from every gateway when its sidecar reports it, else the
@@ -253,7 +259,7 @@ class QueueAware(RoutingPolicy):
         writes.add(float(uncached), request.now, self.window_s)
         since = self._since.get(decision.replica_id)
         if since is not None:  # its sidecar reports: remember the send until a report covers it
-            since.add(request.now, float(uncached), self.window_s)
+            since.add(request.now, float(uncached))
 
     def on_replica_removed(self, replica_id: ReplicaId) -> None:
         self._arrivals.pop(replica_id, None)
