@@ -287,13 +287,16 @@ async def autoscale_forget(body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> N
     ctx: OperatorContext | None = getattr(memo, "ctx", None)
     if ctx is None:
         return
+    stale: dict[str, Any] = {}
     if _stored_decision(body.status):
-        # no round runs to keep it current: a decision left there would read as today's. (A round
-        # that was under way as autoscaling went off may write it again: that patch's event is
-        # this handler again, which removes it again.)
-        await asyncio.to_thread(
-            ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, {"autoscaler": {"decision": None}}
-        )
+        stale["autoscaler"] = {"decision": None}
+    if (body.status or {}).get("hitRate") is not None:
+        stale["hitRate"] = None  # written by the rounds only (fleet_hit_rate)
+    if stale:
+        # no round runs to keep them current: a decision or hit rate left there would read as
+        # today's. (A round that was under way as autoscaling went off may write them again: that
+        # patch's event is this handler again, which removes them again.)
+        await asyncio.to_thread(ctx.kube.patch_status, "PrefixCacheFleet", namespace, name, stale)
     if auto.unmarked.get(key) != uid:
         # A warming mark left by an operator that died mid warm-up: with no rounds for this fleet
         # nothing else removes it, and the pod would be published as warming (no traffic) for ever.
@@ -428,6 +431,10 @@ async def autoscale_round(
     hot = hot_prefixes_status(subtrees)
     if hot != ((fleet.get("status") or {}).get("hotPrefixes") or []):
         status["hotPrefixes"] = hot
+    # the Hit rate column of kubectl get pcf; unchanged while no replica has a rate yet (the scrape's
+    # first round after a start), removed (None) while the fleet prefills nothing
+    if reading.rates and (hit := fleet_hit_rate(reading.rates)) != (fleet.get("status") or {}).get("hitRate"):
+        status["hitRate"] = hit
     m = auto.metrics
     if plan.add or plan.drain:
         if plan.drain:
@@ -482,6 +489,19 @@ async def autoscale_round(
         if started and not plan.add:
             kopf.event(fleet, type="Normal", reason="Prewarming", message=plan.reason)
     return plan
+
+
+def fleet_hit_rate(rates: Mapping[str, EngineRates]) -> float | None:
+    """``status.hitRate``: the share of the replicas' prompt tokens their engines found cached over
+    the rate window (token-weighted, as the CRD says), to two places so the status is not rewritten
+    for noise; None when no replica prefilled a token. Clamped to [0, 1]: Prometheus extrapolates
+    each rate on its own and may put cached above prompt, and the schema refuses the whole status
+    patch for a value above 1."""
+    prompt = sum(max(r.prompt_tokens_per_s, 0.0) for r in rates.values())
+    if prompt <= 0.0:
+        return None
+    cached = sum(max(r.cached_tokens_per_s, 0.0) for r in rates.values())
+    return round(min(cached / prompt, 1.0), 2)
 
 
 def restored_state(
