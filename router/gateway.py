@@ -734,7 +734,7 @@ class Gateway:
         workers = [w for w in self.view.routable(now, parsed.model) if w.worker_id not in excluded]
         if not workers:
             return None
-        model, lora_path = parsed.model, parsed.lora_path
+        model, lora_path = parsed.adapter_model, parsed.lora_path  # what names a LoRA adapter
         hashes = self.view.request_hashes(parsed.token_bytes, parsed.tenant_salt, workers, model, lora_path)
         rows = self.view.replica_states(workers, hashes, parsed.num_tokens, wall, model, lora_path)
         route = RouteRequest(

@@ -62,6 +62,13 @@ class InferenceRequest:
     lora_path: str | None = None
     other_prompts_tokens: int = 0  # the tokens of a batch's prompts after its first
 
+    @property
+    def adapter_model(self) -> str | None:
+        """The ``model`` field as an engine reads it to name a LoRA adapter
+        (``blockhash.requested_adapter``): None on ``/generate``, whose SGLang ``GenerateReqInput``
+        has no such field (it names an adapter by ``lora_path`` alone; ``model`` still routes)."""
+        return None if self.path == "/generate" else self.model
+
     def uncached_tokens(self, matched_tokens: int) -> int:
         """The prefill this request is predicted to cost when its first prompt matches
         ``matched_tokens``: the engine prefills every prompt of a batch, and the others (cached

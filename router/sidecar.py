@@ -1167,7 +1167,7 @@ class Sidecar:
         names when the engine has that adapter loaded (CacheMirror.request_namespace)."""
         e = self.s.engine
         return self.s.mirror.request_namespace(
-            parsed.tenant_salt, e.adapters, e.api, parsed.model, parsed.lora_path
+            parsed.tenant_salt, e.adapters, e.api, parsed.adapter_model, parsed.lora_path
         )
 
     async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
