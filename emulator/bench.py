@@ -161,6 +161,29 @@ async def _closed_loop(
     }
 
 
+# (heading, key in a run's report, width) of each column of the http table
+_COLUMNS = (
+    ("time-scale", "time_scale", 10),
+    ("req/s", "requests_per_s", 8),
+    ("wall e2e ms", "wall_e2e_ms_mean", 12),
+    ("model/ts ms", "modelled_e2e_ms_mean_scaled", 12),
+    ("overhead p50 ms", "client_overhead_ms_p50", 16),
+    ("errors", "errors", 7),
+)
+
+
+def http_table(runs: list[dict[str, object]]) -> list[str]:
+    """The http runs as printed lines. A run whose requests all failed has no latency (None in the
+    JSON): shown as "-" (the format of a None was a TypeError, after the whole run)."""
+    lines = [" ".join(f"{heading:>{width}}" for heading, _key, width in _COLUMNS)]
+    for r in runs:
+        cells = ("-" if r[key] is None else r[key] for _heading, key, _width in _COLUMNS)
+        lines.append(
+            " ".join(f"{cell:>{width}}" for cell, (_h, _k, width) in zip(cells, _COLUMNS, strict=True))
+        )
+    return lines
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "emulator-bench",
@@ -192,6 +215,13 @@ def run(args: argparse.Namespace) -> int:
     ):
         if value < least:
             raise UsageError(f"{flag} must be at least {least}, got {value}")
+    limit = EmulatorConfig().max_new_tokens_limit  # the emulators it starts run with default flags
+    if args.max_new_tokens > limit:
+        # else every request is refused (400) and the table had no latency to print: a traceback
+        raise UsageError(
+            f"--max-new-tokens must be at most {limit} (the emulator's --max-new-tokens-limit), "
+            f"got {args.max_new_tokens}"
+        )
     for time_scale in args.time_scale:
         check_range("--time-scale", time_scale, TIME_SCALE_RANGE)
     json_path = output_file(args.json, "--json")
@@ -223,15 +253,7 @@ def run(args: argparse.Namespace) -> int:
             print("prefixfleet emulator-bench: stopped by SIGTERM; its emulator was stopped", file=sys.stderr)
             raise SystemExit(143) from None
     print()
-    print(
-        f"{'time-scale':>10} {'req/s':>8} {'wall e2e ms':>12} {'model/ts ms':>12} "
-        f"{'overhead p50 ms':>16} {'errors':>7}"
-    )
-    for r in runs:
-        print(
-            f"{r['time_scale']:>10} {r['requests_per_s']:>8} {r['wall_e2e_ms_mean']:>12} "
-            f"{r['modelled_e2e_ms_mean_scaled']:>12} {r['client_overhead_ms_p50']:>16} {r['errors']:>7}"
-        )
+    print("\n".join(http_table(runs)))
     if json_path:
         write_json(json_path, {"model": model, "http": runs})
         print(f"\nwrote {json_path}")
