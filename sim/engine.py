@@ -54,6 +54,7 @@ from prefixfleet.emulator.text import generated_tokens, generated_words, generat
 from prefixfleet.router.blockhash import DEFAULT_BLOCK_TOKENS
 from prefixfleet.router.loadtrack import LoadTracker
 from prefixfleet.router.policies import CostModel, ReplicaState, RouteRequest
+from prefixfleet.router.policies.base import RATE_WINDOW_S, DecayedRate
 from prefixfleet.router.radix import (
     TOKEN_BYTES,
     CacheFullError,
@@ -73,6 +74,7 @@ _EMULATOR_ONLY = (
     "forward_delay_s",
     "share_sends",
     "share_delay_s",
+    "report_rates",
 )
 
 
@@ -136,6 +138,11 @@ class ServiceConfig:
     # share_delay_s after them
     share_sends: bool = False
     share_delay_s: float = 0.0
+    # emulator only: each sidecar counts its worker's arrivals and the uncached tokens they write to
+    # its cache (every gateway's: policies.base.DecayedRate over RATE_WINDOW_S, as router/sidecar.py
+    # does) and publishes both rates in its load records, which queue_aware reads as the whole
+    # fleet's traffic plus its own sends since (False: no rates reported, each gateway counts its own)
+    report_rates: bool = False
 
     def __post_init__(self) -> None:
         if self.service not in SERVICE_MODELS:
@@ -588,6 +595,9 @@ class _LoadRecord:
     pending_prefill_tokens: int = 0
     prefill_tokens_per_s: float = 1.0
     fixed_latency_s: float = 0.0
+    # the sidecar's decayed rates at ``ts`` (ServiceConfig.report_rates; None: not reported)
+    arrivals_per_s: float | None = None
+    write_tokens_per_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -699,6 +709,9 @@ class EmulatedReplica(ReplicaModel):
         self._overlays: dict[int, _Overlay] = {}
         self._notices: list[tuple[float, float, int, bytes]] = []  # (seen at, sent at, gateway, prompt)
         self._forwarded: list[tuple[float, int, Job, _Send]] = []  # heap: (reaches the sidecar at, ...)
+        # the sidecar's counts of every request it forwards, whatever gateway sent it (report_rates)
+        self._arrivals = DecayedRate()
+        self._writes = DecayedRate()
 
     def sidecar_tree(self) -> RadixTree:
         return self.mirror
@@ -735,6 +748,9 @@ class EmulatedReplica(ReplicaModel):
             queued=rec.queued + len(unreported),
             pending_prefill_tokens=pending,
             wait_s=pending / rec.prefill_tokens_per_s + rec.fixed_latency_s,
+            reported_arrivals_per_s=rec.arrivals_per_s,
+            reported_write_tokens_per_s=rec.write_tokens_per_s,
+            reported_at=rec.ts if rec.arrivals_per_s is not None else 0.0,
         )
 
     def _matched_tokens(self, request: RouteRequest, gateway: int) -> int:
@@ -790,6 +806,9 @@ class EmulatedReplica(ReplicaModel):
             self.engine.submit(EngineRequest(rid, job.tokens, job.output_left, output, now))
             predicted = self._mirror_admit(job.tokens, now)
             handle = self.load.admit(job.total - predicted, now, timed=True)
+            if self.config.report_rates:  # as the sidecar counts them: the prompt past its mirror's match
+                self._arrivals.add(1.0, now, RATE_WINDOW_S)
+                self._writes.add(max(job.total - predicted, 0), now, RATE_WINDOW_S)
             self._jobs[rid] = (job, handle, send)
             job.start_s = now
             self._load_changed(now)
@@ -857,6 +876,9 @@ class EmulatedReplica(ReplicaModel):
             prefill_tokens_per_s=load.prefill_tokens_per_s,
             fixed_latency_s=load.fixed_latency_s,
         )
+        if self.config.report_rates:
+            record.arrivals_per_s = self._arrivals.rate(now, RATE_WINDOW_S)
+            record.write_tokens_per_s = self._writes.rate(now, RATE_WINDOW_S)
         self._push_at, self._last_push = None, now
         self._in_transit.append((now + self.config.report_delay_s, record))
 

@@ -434,6 +434,8 @@ LIVE_VIEW_TIMING: dict[str, Any] = {
     # (router/gateway.py _SHARE_COALESCE_S): seen on average ~5 ms + ~2 ms of delivery later
     "share_sends": True,
     "share_delay_s": 0.007,
+    # sidecars publish their worker's arrival and cache-write rates in each load record (3eb11bf)
+    "report_rates": True,
 }
 
 
