@@ -84,6 +84,9 @@ def test_a_request_names_its_adapter_by_base_colon_name_or_lora_path():
         "lora_path",
     )
     assert requested_adapters({"model": "A"}, 1, False, openai=True) == ((None,), "lora_path")
+    # /generate's GenerateReqInput has no model field: base:A there names nothing (as the router
+    # hashes it, router/requests.py adapter_model)
+    assert requested_adapters({"model": "m:A"}, 1, False, openai=False) == ((None,), "lora_path")
     assert requested_adapters({"lora_path": ["A", None]}, 2, True, openai=False) == (("A", None), "lora_path")
     # a number; a list of another length than the batch; a non-string entry; a list for one prompt
     for bad, prompts, batch in ((5, 1, False), (["A"], 2, True), (["A", 1], 2, True), (["A"], 1, False)):
