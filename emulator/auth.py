@@ -4,8 +4,9 @@ answer to one that does not (pure checks; the aiohttp middleware is a thin shell
 As the real engines do it (their sources, read 2026-12-02):
 
 * vLLM (``AuthenticationMiddleware``, ``vllm/entrypoints/openai/server_utils.py``): with
-  ``--api-key`` (one or more keys; else ``VLLM_API_KEY``) every request whose path starts with
-  ``/v1`` must carry one of the keys; ``/health``, ``/metrics``, ``/tokenize`` ... stay open.
+  ``--api-key`` (one or more keys; vLLM also reads ``VLLM_API_KEY``, the emulator does not: see
+  emulator/cli.py) every request whose path starts with ``/v1`` must carry one of the keys;
+  ``/health``, ``/metrics``, ``/tokenize`` ... stay open.
 * SGLang (``add_api_key_middleware``, ``python/sglang/srt/utils``): with ``--api-key`` every path but
   those starting with ``/health`` or ``/metrics`` needs the key.
 

@@ -18,7 +18,7 @@ from prefixfleet.router.slow_clients import ClientTimeouts
 from .auth import key_problem
 from .config import DEFAULT_MODEL, EmulatorConfig
 from .sglang_options import SglangOptions, parse_lora_path
-from .vllm_api import API_KEY_ENV, DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, RUNTIME_LORA_ENV, VllmOptions
+from .vllm_api import DEFAULT_BLOCK_SIZE, DEV_MODE_ENV, RUNTIME_LORA_ENV, VllmOptions
 from .vllm_protocol import parse_lora_module
 
 _DEFAULTS = EmulatorConfig()
@@ -159,9 +159,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         metavar="KEY",
         help="as the engines' flag: requests must carry 'Authorization: Bearer KEY' (else 401 "
-        '{"error": "Unauthorized"}): with --api vllm on /v1/* (one of several keys; default: '
-        "VLLM_API_KEY), with --api sglang everywhere but /health* and /metrics* (one key). A flag shows in "
-        "ps: prefer VLLM_API_KEY where it applies",
+        '{"error": "Unauthorized"}): with --api vllm on /v1/* (one of several keys), with --api sglang '
+        "everywhere but /health* and /metrics* (one key). Unlike vLLM, VLLM_API_KEY is not read (a "
+        "client's VLLM_API_KEY in the shell would key every emulator 'prefixfleet up' starts); in a pod "
+        "give --api-key $(VAR), which Kubernetes expands from the container's env",
     )
     p.add_argument(
         "--vocab-size",
@@ -240,8 +241,10 @@ def vllm_options_from_args(
         )
     if getattr(args, "lora_paths", None) is not None:
         raise UsageError("--lora-paths is SGLang's flag; with --api vllm use --lora-modules")
-    # as vLLM's api_server: the flag's keys, else VLLM_API_KEY; empty ones dropped (no key: open)
-    api_keys = tuple(k for k in (getattr(args, "api_key", None) or [environ.get(API_KEY_ENV, "")]) if k)
+    # The flag only: vLLM also reads VLLM_API_KEY, but that is often a client's setting in a shell, and
+    # every emulator `prefixfleet up` starts inherits the shell's environment: it would key them all
+    # while their sidecars carry no key. Empty keys are dropped, as vLLM drops them (no key: open).
+    api_keys = tuple(k for k in getattr(args, "api_key", None) or () if k)
     _check_keys(api_keys)
     raw = environ.get(DEV_MODE_ENV, "0").strip() or "0"
     try:  # as vLLM's envs.py reads it: bool(int(value))

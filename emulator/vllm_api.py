@@ -77,7 +77,6 @@ log = logging.getLogger("prefixfleet.emulator")
 DEFAULT_BLOCK_SIZE = 16  # vLLM's CacheConfig.DEFAULT_BLOCK_SIZE
 DEV_MODE_ENV = "VLLM_SERVER_DEV_MODE"
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
-API_KEY_ENV = "VLLM_API_KEY"  # vLLM's key when --api-key is not given
 MAX_KNOWN_WORDS = 1_000_000  # /detokenize's memory of words seen by /tokenize
 
 
@@ -92,7 +91,7 @@ class VllmOptions:
     lora_modules: tuple[LoraModule, ...] = ()  # --lora-modules: adapters loaded at start
     # VLLM_ALLOW_RUNTIME_LORA_UPDATING: /v1/load_lora_adapter and /v1/unload_lora_adapter exist
     runtime_lora_updating: bool = False
-    # --api-key (else VLLM_API_KEY): /v1/* need one of them as a bearer token; kept out of repr (logs)
+    # --api-key: /v1/* need one of them as a bearer token; kept out of repr (so out of logs)
     api_keys: tuple[str, ...] = field(default=(), repr=False)
 
     def problems(self, config: EmulatorConfig) -> list[str]:

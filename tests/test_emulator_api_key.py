@@ -1,10 +1,10 @@
 """The emulator's ``--api-key``, as vLLM's and SGLang's (emulator/auth.py).
 
 Specification (their sources, see docs/emulator.md): with a key, vLLM refuses every ``/v1*`` request
-whose ``Authorization`` is not ``Bearer <one of its keys>`` (``--api-key`` takes several, else
-``VLLM_API_KEY``) and leaves other paths open; SGLang refuses every path but ``/health*`` and
-``/metrics*`` (one key). Both skip OPTIONS, take the scheme in any case, and answer 401
-``{"error": "Unauthorized"}``. A key no header can carry is refused at start. So the sidecar's
+whose ``Authorization`` is not ``Bearer <one of its keys>`` (``--api-key`` takes several; unlike
+vLLM the emulator does not read ``VLLM_API_KEY``) and leaves other paths open; SGLang refuses every
+path but ``/health*`` and ``/metrics*`` (one key). Both skip OPTIONS, take the scheme in any case,
+and answer 401 ``{"error": "Unauthorized"}``. A key no header can carry is refused at start. So the sidecar's
 engine key (PREFIXFLEET_ENGINE_API_KEY) is tested against an engine that refuses: with it the
 sidecar learns the engine through its probes; a client's own header passes unchanged.
 Before: the emulator had no ``--api-key`` (an unrecognised argument) and refused nothing.
@@ -71,11 +71,12 @@ def test_which_requests_need_the_key_on_each_face():
 def test_the_flag_and_the_environment_as_each_engine_reads_them():
     args = parsed("--api", "vllm", "--api-key", "a", "b")
     assert vllm_options_from_args(args, config_from_args(args), {}).api_keys == ("a", "b")
+    # vLLM reads VLLM_API_KEY too; the emulator does not: a client's VLLM_API_KEY in the shell would
+    # key every emulator `prefixfleet up` starts, whose sidecars carry no key
     args = parsed("--api", "vllm")
-    assert vllm_options_from_args(args, config_from_args(args), {"VLLM_API_KEY": "e"}).api_keys == ("e",)
-    assert vllm_options_from_args(args, config_from_args(args), {"VLLM_API_KEY": ""}).api_keys == ()
-    args = parsed("--api", "vllm", "--api-key", "a")  # the flag wins over the environment, as in vLLM
-    assert vllm_options_from_args(args, config_from_args(args), {"VLLM_API_KEY": "e"}).api_keys == ("a",)
+    assert vllm_options_from_args(args, config_from_args(args), {"VLLM_API_KEY": "e"}).api_keys == ()
+    args = parsed("--api", "vllm", "--api-key", "a", "")  # an empty key is dropped, as vLLM drops it
+    assert vllm_options_from_args(args, config_from_args(args), {}).api_keys == ("a",)
     assert sglang_options_from_args(parsed("--api-key", "k")) == SglangOptions(api_key="k")
     assert "k" not in repr(sglang_options_from_args(parsed("--api-key", "k")))  # kept out of logs
     assert sglang_options_from_args(parsed("--api-key", "")).api_key is None  # SGLang: no key
@@ -83,9 +84,9 @@ def test_the_flag_and_the_environment_as_each_engine_reads_them():
         sglang_options_from_args(parsed("--api-key", "a", "b"))
     with pytest.raises(UsageError, match="--api-key has a control character"):
         sglang_options_from_args(parsed("--api-key", "k\n"))
-    args = parsed("--api", "vllm")
+    args = parsed("--api", "vllm", "--api-key", "a", "k\n")
     with pytest.raises(UsageError, match="--api-key has a control character"):
-        vllm_options_from_args(args, config_from_args(args), {"VLLM_API_KEY": "k\n"})
+        vllm_options_from_args(args, config_from_args(args), {})
 
 
 @contextlib.asynccontextmanager
