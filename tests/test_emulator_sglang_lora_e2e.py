@@ -7,13 +7,15 @@ and the gateway lists them; a ``/generate`` naming adapter A by ``lora_path`` is
 the same prompt under B or the base model is a miss in the engine and predicted none by the gateway
 and the sidecar's mirror (no overpredicted tokens), while A's repeat is predicted and found a hit;
 ``model: "base:A"`` on ``/v1/completions`` names A too. An adapter the engine has not loaded is its
-400. The vLLM counterpart is tests/test_lora_e2e.py.
+400; loaded at run time through the sidecar (SGLang's ``/load_lora_adapter``, an admin route) it
+joins the worker's record. The vLLM counterpart is tests/test_lora_e2e.py.
 """
 
 from __future__ import annotations
 
 import httpx
 import pytest
+from control_fixtures import fleet_token_now, token_header
 from fleet_fixtures import RedisServer, Spawner, free_port, prefixfleet_argv, wait_for_http, wait_until
 from test_lora_e2e import get_json, matched_tokens, worker_in_view
 
@@ -96,6 +98,17 @@ def test_a_prompt_cached_under_sglang_adapter_a_is_no_predicted_hit_for_b(
         refused = client.post(f"{gateway}/generate", json={"text": PROMPT, "lora_path": "C"})
         assert refused.status_code == 400, refused.text
         assert "The following requested LoRA adapters are not loaded: C" in refused.text
+        control = token_header(fleet_token_now(redis_server.url, FLEET))
+        body = {"lora_name": "C", "lora_path": "/loras/c"}
+        loaded = client.post(f"{sidecar}/load_lora_adapter", json=body, headers=control)
+        assert loaded.status_code == 200 and loaded.json()["success"] is True, loaded.text
+        wait_until(
+            lambda: worker_in_view(gateway),
+            30,
+            "w1's record to list C",
+            done=lambda w: w["adapters"] == ["A", "B", "C"],
+        )
+        assert generate(client, gateway, "C", "six") == 0  # C's own cache: PROMPT is no hit there
     mirror = get_json(f"{sidecar}/prefixfleet/status")["mirror"]
     assert mirror["overpredicted_tokens"] == 0, mirror
     assert mirror["predicted_cached_tokens"] == mirror["engine_cached_tokens"] > 0, mirror
