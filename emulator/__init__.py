@@ -10,6 +10,14 @@ Programmatic use::
 
 from .config import DEFAULT_MODEL, EmulatorConfig
 from .server import EmulatorServer, start_emulator
+from .sglang_options import SglangOptions
 from .vllm_api import VllmOptions
 
-__all__ = ["DEFAULT_MODEL", "EmulatorConfig", "EmulatorServer", "VllmOptions", "start_emulator"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "EmulatorConfig",
+    "EmulatorServer",
+    "SglangOptions",
+    "VllmOptions",
+    "start_emulator",
+]

@@ -21,10 +21,9 @@ import pytest
 from fleet_fixtures import eventually, standalone_sidecar
 
 from prefixfleet.cli import UsageError, build_parser
-from prefixfleet.emulator import EmulatorConfig, EmulatorServer, VllmOptions
+from prefixfleet.emulator import EmulatorConfig, EmulatorServer, SglangOptions, VllmOptions
 from prefixfleet.emulator.auth import authorized, sglang_guarded, vllm_guarded
 from prefixfleet.emulator.cli import config_from_args, sglang_options_from_args, vllm_options_from_args
-from prefixfleet.emulator.sglang_options import SglangOptions
 from prefixfleet.router import sidecar as sidecar_module
 from prefixfleet.router.engine_api import SGLANG, VLLM
 from prefixfleet.router.sidecar import ENGINE_API_KEY_ENV
