@@ -6,6 +6,11 @@ its pod is Ready, with the URL of its sidecar and the routing state the autoscal
 reconcile is draining the pod, ``prefixfleet.io/draining-since``). Records are the data plane's
 ``MemberRecord`` in the ``pf:{fleet}:members`` hash (docs/redis.md). ``plan_membership`` compares
 the desired records with what the hash holds and returns the minimal HSET/HDEL.
+
+The records carry no engine facts (``served_models``, ``adapters``, ``engine_api``): the operator
+never asks the engine. Each sidecar writes them to its own ``engine:{pod}`` key, which gateways
+merge into its record (``records.with_engine``) and the operator never writes, so rewriting a record
+here cannot erase them.
 """
 
 from __future__ import annotations

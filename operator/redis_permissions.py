@@ -69,6 +69,7 @@ def fleet_commands(keys: FleetKeys, worker: str) -> tuple[FleetCommand, ...]:
     """Every command the operator, the sidecars (``--no-self-register``) and the gateways run on the
     fleet's Redis besides PING, with the keys and channels they run it on (docs/redis.md)."""
     members, load, summary = keys.members, keys.load(worker), keys.summary(worker)
+    engine = keys.engine(worker)
     operator, sidecars, gateways = "the operator", "the sidecars", "the gateways"
     control, token = keys.control, "the control token"
 
@@ -85,11 +86,13 @@ def fleet_commands(keys: FleetKeys, worker: str) -> tuple[FleetCommand, ...]:
         FleetCommand(("DEL", members), f"{operator}: deleting the fleet", key(members)),
         FleetCommand(("GET", load), f"{operator}: drains", key(load)),
         FleetCommand(("MGET", load), f"{gateways} and the autoscaler: load records", key(load)),
+        FleetCommand(("MGET", engine), f"{gateways}: engine records", key(engine)),
         FleetCommand(("MGET", summary), f"{gateways} and the autoscaler: cache summaries", key(summary)),
         FleetCommand(("SET", load, "{}", "PX", "10000"), f"{sidecars}: load records", key(load)),
         FleetCommand(("SET", summary, "", "PX", "10000"), f"{sidecars}: cache summaries", key(summary)),
+        FleetCommand(("SET", engine, "{}", "PX", "10000"), f"{sidecars}: engine records", key(engine)),
         FleetCommand(("PEXPIRE", summary, "10000"), f"{sidecars}: cache summaries", key(summary)),
-        FleetCommand(("DEL", load, summary), f"{sidecars}: leaving", key(load, summary)),
+        FleetCommand(("DEL", load, summary, engine), f"{sidecars}: leaving", key(load, summary, engine)),
         FleetCommand(("PUBLISH", keys.loads, ""), f"{sidecars}: load pushes", channel(keys.loads)),
         FleetCommand(("SET", control, "", "NX"), f"{operator} and {sidecars}: {token}", key(control)),
         FleetCommand(("GET", control), f"{operator} and {sidecars}: {token}", key(control)),

@@ -19,7 +19,7 @@ import math
 import statistics
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -279,7 +279,8 @@ class Gateway:
         self._read_timeout_s = read_timeout_from_env()  # a bad value fails here, at start
         self._origins: dict[str, tuple[Origin, str]] = {}
         self._ranked_versions: tuple[tuple[str, int, float], ...] | None = None
-        # the members the last refresh read, and their load keys (read with the members hash)
+        # the members the last refresh read, and their load keys then their engine keys (read with
+        # the members hash)
         self._known_members: tuple[tuple[str, ...], list[str]] = ((), [])
         self.redis: aioredis.Redis | None = None
         self.redis_ok = True
@@ -349,6 +350,18 @@ class Gateway:
 
     # -- fleet view maintenance ------------------------------------------------------------------
 
+    def _record_keys(self, ids: Sequence[str]) -> list[str]:
+        """The load keys of ``ids``, then their engine keys: one MGET reads both."""
+        return [self.keys.load(w) for w in ids] + [self.keys.engine(w) for w in ids]
+
+    @staticmethod
+    def _loads_and_engines(
+        ids: Sequence[str], values: Sequence[bytes | None]
+    ) -> tuple[dict[str, bytes | None], dict[str, bytes | None]]:
+        """The answer of an MGET of ``_record_keys(ids)``, split by worker into load and engine records."""
+        n = len(ids)
+        return dict(zip(ids, values[:n], strict=True)), dict(zip(ids, values[n:], strict=True))
+
     async def refresh_once(self) -> None:
         assert self.redis is not None
         pipe = self.redis.pipeline(transaction=False)
@@ -356,22 +369,29 @@ class Gateway:
         pipe.pubsub_numsub(self.keys.sends)  # same round trip: is any peer listening to our sends?
         # and the load records of the members the last refresh saw: one round trip, not two (redis-py
         # spends ~0.5 ms of CPU on one here, five times a second); a member new since is read after
-        known, load_keys = self._known_members
+        # With each load record, in the same MGET, its engine record (written by --no-self-register
+        # sidecars, whose member record the operator writes without their engine's adapters).
+        known, record_keys = self._known_members
         if known:
-            pipe.mget(load_keys)
-        members, listeners, *known_loads = await pipe.execute()
+            pipe.mget(record_keys)
+        members, listeners, *known_records = await pipe.execute()
         self._note_send_listeners(listeners)
         members_s, invalid = split_member_fields(members)
         for _, name in invalid:  # e.g. not UTF-8: it failed every refresh, freezing the whole view
             self._warn(f"ignoring member {name!r} of {self.keys.members}: not a valid worker id")
         ids = tuple(members_s)
-        loads = dict(zip(known, known_loads[0], strict=True)) if known else {}
+        loads, engines = self._loads_and_engines(known, known_records[0]) if known else ({}, {})
         new = [w for w in ids if w not in loads]
         if new:
-            loads.update(zip(new, await self.redis.mget([self.keys.load(w) for w in new]), strict=True))
+            fetched = await self.redis.mget(self._record_keys(new))
+            more_loads, more_engines = self._loads_and_engines(new, fetched)
+            loads.update(more_loads)
+            engines.update(more_engines)
         if ids != known:
-            self._known_members = (ids, [self.keys.load(w) for w in ids])
-        result = self.view.apply_snapshot(members_s, {w: loads[w] for w in ids}, time.monotonic())
+            self._known_members = (ids, self._record_keys(ids))
+        result = self.view.apply_snapshot(
+            members_s, {w: loads[w] for w in ids}, time.monotonic(), {w: engines[w] for w in ids}
+        )
         for message in result.warnings:
             self._warn(message)
         if result.need_summaries:

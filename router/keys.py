@@ -52,6 +52,12 @@ class FleetKeys:
         """STRING (load JSON, small, frequent, TTL'd): the worker's heartbeat."""
         return f"{self.prefix}load:{worker_id}"
 
+    def engine(self, worker_id: str) -> str:
+        """STRING (engine JSON, small, TTL'd): what the worker's engine states about itself (its
+        served model names, LoRA adapters, API), written by a sidecar run with ``--no-self-register``,
+        whose member record the operator writes without them (records.EngineRecord)."""
+        return f"{self.prefix}engine:{worker_id}"
+
     @property
     def loads(self) -> str:
         """Pub/sub channel: every load record as it is written, ``"<worker>\\n<load JSON>"``."""
@@ -81,7 +87,7 @@ class FleetKeys:
 async def deregister_worker(
     redis: aioredis.Redis, keys: FleetKeys, worker_id: str, *, member: bool = True
 ) -> None:
-    """Take ``worker_id`` out of the fleet: its member entry, load record and summary, then ``left
+    """Take ``worker_id`` out of the fleet: its member entry, load, engine record and summary, then ``left
     <id>`` on the events channel (gateways drop it at their next refresh, within 0.2 s).
 
     A sidecar does this on a clean shutdown; the local fleet's reaper does it for one killed hard.
@@ -91,6 +97,6 @@ async def deregister_worker(
     pipe = redis.pipeline(transaction=False)
     if member:
         pipe.hdel(keys.members, worker_id)
-    pipe.delete(keys.load(worker_id), keys.summary(worker_id))
+    pipe.delete(keys.load(worker_id), keys.summary(worker_id), keys.engine(worker_id))
     pipe.publish(keys.events, f"left {worker_id}")
     await pipe.execute()

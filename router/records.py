@@ -9,7 +9,7 @@ import math
 import re
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeGuard
 
 from .little_endian import pack_le, unpack_le
@@ -77,6 +77,19 @@ class MemberRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineRecord:
+    """``engine:{worker}`` value: the member record's engine fields (their meaning is there), written
+    by a sidecar run with ``--no-self-register``. The operator writes that worker's member record
+    from the fleet's spec and cannot know them; gateways read them from here (:func:`with_engine`),
+    and the operator, never writing this key, cannot erase them when it rewrites the record."""
+
+    served_models: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
+    engine_api: str = ""
+    v: int = RECORD_VERSION
+
+
+@dataclass(frozen=True, slots=True)
 class LoadReport:
     """``load:{worker}`` value, published every interval; its ``seq`` advancing is the heartbeat."""
 
@@ -102,7 +115,7 @@ class LoadReport:
     v: int = RECORD_VERSION
 
 
-def encode_record(record: MemberRecord | LoadReport) -> str:
+def encode_record(record: MemberRecord | LoadReport | EngineRecord) -> str:
     # An optional field left unset (None) is written as absent, not null: a record without the
     # newer fields keeps the wire format older readers and pinned tests know, and reads back alike.
     fields = {name: value for name, value in asdict(record).items() if value is not None}
@@ -213,6 +226,27 @@ def decode_member(raw: str | bytes) -> MemberRecord:
         served_models=_model_names(obj, "served_models", what),
         adapters=_model_names(obj, "adapters", what),
         engine_api=_engine_api(obj, what),
+    )
+
+
+def decode_engine(raw: str | bytes) -> EngineRecord:
+    what = "engine record"
+    obj = _load_json(raw, what)
+    return EngineRecord(
+        served_models=_model_names(obj, "served_models", what),
+        adapters=_model_names(obj, "adapters", what),
+        engine_api=_engine_api(obj, what),
+    )
+
+
+def with_engine(member: MemberRecord, engine: EngineRecord | None) -> MemberRecord:
+    """``member`` as gateways route on it: a record that states none of the engine fields (the
+    operator's) takes them from its sidecar's engine record; one that states any (a self-registering
+    sidecar's) is its sidecar's own word and stays as it is."""
+    if engine is None or member.served_models or member.adapters or member.engine_api:
+        return member
+    return replace(
+        member, served_models=engine.served_models, adapters=engine.adapters, engine_api=engine.engine_api
     )
 
 

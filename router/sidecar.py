@@ -102,6 +102,7 @@ from .proxying import (
 from .radix import CacheFullError, as_token_bytes
 from .records import (
     MAX_RECORD_INT,
+    EngineRecord,
     LoadReport,
     MemberRecord,
     encode_load_push,
@@ -835,6 +836,10 @@ class Sidecar:
             engine_api=e.api,
         )
 
+    def engine_record(self) -> EngineRecord:
+        e = self.s.engine
+        return EngineRecord(served_models=e.served_models, adapters=e.adapters, engine_api=e.api)
+
     def load_report(self) -> LoadReport:
         load = self.s.load
         mono = time.monotonic()
@@ -893,6 +898,10 @@ class Sidecar:
             pipe.publish(self.keys.loads, encode_load_push(self.s.worker_id, load))
         if register and self.config.self_register:
             pipe.hset(self.keys.members, self.s.worker_id, encode_record(self.member_record()))
+        elif register:
+            # The operator writes this worker's member record without what only the engine says
+            # (its LoRA adapters, its API, the names it serves): gateways take those from here.
+            pipe.set(self.keys.engine(self.s.worker_id), encode_record(self.engine_record()), px=ttl_ms)
         results = await pipe.execute()
         if refreshed and not results[0]:
             # The key is gone though Redis stayed up (evicted under maxmemory: volatile-* policies

@@ -30,7 +30,7 @@ from .keys import DEFAULT_FLEET, FleetKeys
 from .loadtrack import DEFAULT_PREFILL_TOKENS_PER_S
 from .mirror import AdapterNamespace
 from .policies import ReplicaState
-from .records import LoadReport, MemberRecord, decode_load, decode_member
+from .records import LoadReport, MemberRecord, decode_engine, decode_load, decode_member, with_engine
 from .served import workers_for_model
 from .summary import Summary, SummaryError, decode_summary
 
@@ -162,8 +162,10 @@ class FleetView:
         members: Mapping[str, bytes | str],
         loads: Mapping[str, bytes | str | None],
         now: float,
+        engines: Mapping[str, bytes | str | None] | None = None,
     ) -> SnapshotResult:
-        """Merge one read of the members hash and the members' load records."""
+        """Merge one read of the members hash and the members' load records (and their engine
+        records: those of sidecars whose member record the operator writes, ``records.with_engine``)."""
         warnings: list[str] = []
         need: list[str] = []
         removed: list[str] = []
@@ -183,6 +185,12 @@ class FleetView:
             except SummaryError as exc:
                 warnings.append(f"ignoring member {wid!r} of {self.keys.members}: {exc}")
                 continue
+            raw_engine = engines.get(wid) if engines is not None else None
+            if raw_engine is not None:
+                try:
+                    member = with_engine(member, decode_engine(raw_engine))
+                except SummaryError as exc:  # routed as its member record says alone
+                    warnings.append(f"ignoring engine record of {wid!r} ({self.keys.engine(wid)}): {exc}")
             seen.add(wid)
             w = self.workers.get(wid)
             if w is None or w.static:
