@@ -40,6 +40,7 @@ VLLM_FLUSH_BUSY = (
     "reset_running_requests=true"
 )
 CACHE_CONFIG_METRIC = "vllm:cache_config_info"
+REFUSED = (401, 403)  # an engine's answers to a request without its API key (or with another)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +69,18 @@ def pick_engine_api(server_info: Probe, models: Probe | None) -> str | None:
     answering 200 with a JSON object is SGLang; else ``/v1/models`` answering 200 is vLLM (``models``
     is None when it was not asked, the first probe having decided). An engine that answers both but
     neither way (a stand-in serving only the generation routes) is spoken to as SGLang, the
-    sidecar's behaviour before it knew vLLM. None: the engine did not answer; ask again later."""
+    sidecar's behaviour before it knew vLLM. None: the engine did not answer; ask again later.
+
+    An engine run with an API key refuses the sidecar's probes when the sidecar has no key (or
+    another): vLLM's key guards its ``/v1`` routes only (a 401 there; ``/get_server_info``, not
+    one of its routes, stays a 404), SGLang's guards ``/get_server_info`` too. So a ``/v1/models``
+    refused (401/403) beside a ``/get_server_info`` not refused is a keyed vLLM."""
     if is_sglang_info(server_info):
         return SGLANG
     if server_info.status is None or models is None or models.status is None:
         return None
+    if models.status in REFUSED and server_info.status not in REFUSED:
+        return VLLM
     return VLLM if models.status == 200 else SGLANG
 
 
@@ -225,13 +233,29 @@ def vllm_cache_config(metrics_text: str) -> VllmCache:
     return VllmCache(block_sizes.pop(), units.pop(), min(capacities) if capacities else None, caching)
 
 
+def sglang_visible_hit(matched_tokens: int, prompt_tokens: int) -> int:
+    """The cached tokens SGLang reports for a prompt of ``prompt_tokens`` of which its radix cache
+    holds ``matched_tokens``: to the token, but never the prompt's last token, which it computes for
+    the logits (sglang/srt/managers/schedule_batch.py ``Req.init_next_round_input``: the match is of
+    the prompt's first ``max_prefix_len = input_len - 1`` tokens), so an exact repeat reports N - 1."""
+    return max(min(matched_tokens, prompt_tokens - 1), 0)
+
+
 def vllm_visible_hit(matched_tokens: int, prompt_tokens: int, match_unit: int) -> int:
     """The cached tokens vLLM reports for a prompt of ``prompt_tokens`` of which its cache holds
     ``matched_tokens``: whole ``match_unit`` blocks only, and never the prompt's last token, which it
     recomputes for the logits (vllm/v1/core/kv_cache_manager.py get_computed_blocks:
-    ``max_cache_hit_length = request.num_tokens - 1``)."""
-    usable = max(min(matched_tokens, prompt_tokens - 1), 0)
-    return usable // match_unit * match_unit
+    ``max_cache_hit_length = request.num_tokens - 1``), as SGLang."""
+    return sglang_visible_hit(matched_tokens, prompt_tokens) // match_unit * match_unit
+
+
+def engine_visible_hit(api: str, matched_tokens: int, prompt_tokens: int, match_unit: int) -> int:
+    """The cached tokens an engine speaking ``api`` reports for a prompt its cache (as mirrored)
+    holds ``matched_tokens`` of: what a sidecar predicts, so that its mirror's correction compares
+    like with like. An API not known yet is taken as SGLang's (the last-token rule both share)."""
+    if api == VLLM:
+        return vllm_visible_hit(matched_tokens, prompt_tokens, match_unit)
+    return sglang_visible_hit(matched_tokens, prompt_tokens)
 
 
 def mirror_block_tokens(given: int | None, api: str, match_unit: int | None) -> int:
