@@ -52,6 +52,7 @@ from .engine_api import (
     VLLM_FLUSH_UNAVAILABLE,
     Probe,
     adapters_after,
+    engine_visible_hit,
     is_sglang_info,
     mirror_block_tokens,
     pick_engine_api,
@@ -61,7 +62,6 @@ from .engine_api import (
     vllm_model_ids,
     vllm_resets_running,
     vllm_served_model,
-    vllm_visible_hit,
 )
 from .engine_routes import engine_route_is_open, refused_route_label
 from .exemplars import DEFAULT_EXEMPLAR_BYTES, ExemplarStore
@@ -1153,11 +1153,10 @@ class Sidecar:
             else None
         )
         predicted = mirrored = admission.matched_tokens if admission is not None else 0
-        if engine.api == VLLM:
-            # vLLM reports whole blocks short of the prompt's last token: a mirror match counted to
-            # the token read as that many tokens evicted, and the mirror shed them at each repeat.
-            unit = engine.match_unit or self.s.mirror.block_tokens
-            predicted = vllm_visible_hit(predicted, parsed.num_tokens, unit)
+        # Each engine reports its hit short of the prompt's last token (vLLM in whole blocks too): a
+        # mirror match counted to the token read as that many tokens evicted at each repeat.
+        unit = engine.match_unit or self.s.mirror.block_tokens
+        predicted = engine_visible_hit(engine.api, predicted, parsed.num_tokens, unit)
         now = time.monotonic()
         handle = self.s.load.admit(
             parsed.uncached_tokens(predicted), now, timed=parsed.stream or parsed.max_new_tokens <= 1

@@ -61,14 +61,8 @@ async def sidecar_before(engine: EmulatorServer, **settings: Any) -> AsyncIterat
         yield f"http://127.0.0.1:{served.port}", served.sidecar
 
 
-# The sidecar's call site (router/sidecar.py Sidecar._track) applies vLLM's rule only; it is to call
-# engine_visible_hit for every API. Until it imports it, this end-to-end check is expected to fail
-# (overpredicted_tokens 1, 2, 3 on repeats); once it does, the mark is off and the test must pass.
-@pytest.mark.xfail(
-    not hasattr(sidecar_module, "engine_visible_hit"),
-    reason="router/sidecar.py predicts SGLang hits unadjusted until _track calls engine_visible_hit",
-    strict=True,
-)
+# SGLang reuses a prompt to its last token, not through it: a repeat reports N-1 cached tokens, and
+# the sidecar's prediction must say the same or the mirror sheds a token at each repeat.
 async def test_sglang_repeats_are_predicted_as_reported_and_the_mirror_keeps_them() -> None:
     async with contextlib.AsyncExitStack() as stack:
         engine = await stack.enter_async_context(EmulatorServer(EmulatorConfig(time_scale=1000.0)))
