@@ -1,7 +1,8 @@
 """The fleet's control token: who may drive a sidecar's control routes and reach the engine's admin routes.
 
 A sidecar listens on its pod's IP, so every pod of the cluster can reach it. Its control routes change
-what the replica does (``POST /prefixfleet/state``, ``POST /prefixfleet/warm``) or give out what its
+what the replica does (``POST /prefixfleet/state``, ``POST /prefixfleet/warm``,
+``POST /prefixfleet/reset_rates``) or give out what its
 clients sent (``GET /prefixfleet/prefix/{hash}`` answers with a kept request body, prompt included), and
 the engine behind it has admin routes (SGLang's ``/flush_cache``, vLLM's ``/reset_prefix_cache``...).
 Those need the fleet's control token in the ``X-Prefixfleet-Token`` header.
@@ -40,7 +41,13 @@ CONTROL_TOKEN_ENV = "PREFIXFLEET_CONTROL_TOKEN"
 # /prefixfleet/status and /metrics stay open: read-only figures (what it publishes to Redis anyway,
 # and the engine's metrics), read by drain checks, probes and Prometheus, which hold no token.
 CONTROL_ROUTES = frozenset(
-    {"/prefixfleet/state", "/prefixfleet/warm", "/prefixfleet/prefix/{hash}", "/prefixfleet/hot"}
+    {
+        "/prefixfleet/state",
+        "/prefixfleet/warm",
+        "/prefixfleet/prefix/{hash}",
+        "/prefixfleet/hot",
+        "/prefixfleet/reset_rates",
+    }
 )
 # A cached token is checked against only while its reading is younger than this; an older one is read
 # again first (concurrent checks share the read). So a rotation (the key deleted) holds within a

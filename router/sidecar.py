@@ -467,6 +467,7 @@ class Sidecar:
         app[SIDECAR_KEY] = self
         expect = guards.expect_handler
         app.router.add_post("/prefixfleet/state", self.handle_set_state, expect_handler=expect)
+        app.router.add_post("/prefixfleet/reset_rates", self.handle_reset_rates, expect_handler=expect)
         app.router.add_get("/prefixfleet/status", self.handle_status)
         app.router.add_get("/prefixfleet/hot", self.handle_hot)
         add_prewarm_routes(app, expect)
@@ -1092,6 +1093,17 @@ class Sidecar:
         engine = await fetch_engine_metrics(self.session, self.config.engine_url, self.engine_headers)
         body = exposition(engine, self.metrics)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_reset_rates(self, _request: web.Request) -> web.Response:
+        """Forget the worker's traffic rates (arrivals, cache writes), as if no request had come. For a
+        benchmark replaying runs one after another on one fleet (``prefixfleet up`` between policies):
+        a run must not start with the run before's rates. Not part of a cache flush: a flush on a live
+        engine does not stop its traffic."""
+        # in Redis from the next periodic round (publish_interval_s), which the caller waits for
+        self.s.arrivals, self.s.writes = DecayedRate(), DecayedRate()
+        return web.json_response(
+            {"worker_id": self.s.worker_id, "arrivals_per_s": 0.0, "write_tokens_per_s": 0.0}
+        )
 
     async def handle_status(self, _request: web.Request) -> web.Response:
         report = self.load_report()

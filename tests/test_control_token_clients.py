@@ -151,12 +151,14 @@ async def test_a_warm_up_whose_token_cannot_be_read_fails_with_a_warning_naming_
 
 
 class FlushRecorder:
-    """A stand-in sidecar: answers ``POST /flush_cache`` 200 and keeps the token each one carried."""
+    """A stand-in sidecar: answers ``POST /flush_cache`` 200 and keeps the token each one carried
+    (and answers the reset's ``POST /prefixfleet/reset_rates`` 200)."""
 
     def __init__(self) -> None:
         self.tokens: list[str | None] = []
         app = web.Application()
         app.router.add_post("/flush_cache", self.flush)
+        app.router.add_post("/prefixfleet/reset_rates", lambda _request: web.json_response({}))
         self.server = TestServer(app, host="127.0.0.1")
 
     async def flush(self, request: web.Request) -> web.Response:

@@ -58,6 +58,7 @@ CONTROL_ROUTES = [
     ("POST", "/prefixfleet/warm", {"source": "http://127.0.0.1:1", "hashes": [], "hold_traffic": False}),
     ("GET", "/prefixfleet/prefix/0123456789abcdef", None),  # not held: a 404 once past the guard
     ("GET", "/prefixfleet/hot", None),
+    ("POST", "/prefixfleet/reset_rates", None),
 ]
 
 
@@ -319,6 +320,7 @@ async def test_control_routes_need_the_fleets_token_and_refusals_are_counted(
         "/prefixfleet/warm": 2,
         "/prefixfleet/prefix/{hash}": 2,
         "/prefixfleet/hot": 2,
+        "/prefixfleet/reset_rates": 2,
         OTHER_ROUTE: 2,  # not one label per made-up path
     }
     assert not [p for p in seen.paths() if p.startswith("/made-up")]  # refused before the engine

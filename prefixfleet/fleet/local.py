@@ -43,6 +43,7 @@ from prefixfleet.router.gateway import GatewayConfig
 from prefixfleet.router.keys import FleetKeys
 from prefixfleet.router.policies import CostModel, make_policy
 from prefixfleet.router.radix import as_token_bytes
+from prefixfleet.router.records import LoadReport, SummaryError, decode_load
 from prefixfleet.router.redis_conn import connect_redis
 from prefixfleet.router.sidecar import SidecarConfig
 from prefixfleet.router.view import OVERLAY_SUMMARY_SLACK_S
@@ -63,6 +64,13 @@ VLLM_BLOCK_TOKENS = DEFAULT_BLOCK_SIZE
 # between policies through it (the sidecar's /flush_cache). Safe here: every process listens on
 # 127.0.0.1. (The operator leaves it off: docs/operator.md.)
 VLLM_DEV_MODE_ENV = {DEV_MODE_ENV: "1"}
+
+
+# The sidecar's control route that forgets its traffic rates (router/sidecar.py handle_reset_rates)
+RESET_RATES_PATH = "/prefixfleet/reset_rates"
+# Rates this small read as none (one request reads 0.1/s in a 10 s window, decayed to this in ~46 s)
+QUIET_ARRIVALS_PER_S = 0.001
+QUIET_WRITE_TOKENS_PER_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +360,7 @@ class LocalFleet:
                     await asyncio.sleep(0.1)
 
     async def reset(self) -> None:
-        """A cold fleet: no gateway, empty engine caches and sidecar mirrors.
+        """A cold fleet: no gateway, empty engine caches and sidecar mirrors, no traffic rates.
 
         The flush goes through each sidecar when there is one: the sidecar forwards it to its engine
         and, on success, empties its own mirror and republishes its (now empty) summary.
@@ -365,7 +373,68 @@ class LocalFleet:
         # an engine without a sidecar ignores the header; a sidecar refuses an admin route without it
         async with aiohttp.ClientSession(headers=await self.control_headers()) as session:
             check = self.sup.check_alive
-            await asyncio.gather(*(_flush(session, child, url, check) for child, url in targets))
+            await asyncio.gather(
+                *(_post_until_ok(session, child, url, "/flush_cache", check) for child, url in targets)
+            )
+            # The sidecars outlive the flush, and with them the arrival and cache-write rates they
+            # publish (queue_aware reads them): forgotten too, or the next policy starts with this one's.
+            sidecars = [(r.sidecar, r.sidecar_url) for r in self.replicas if r.sidecar and r.sidecar_url]
+            await asyncio.gather(
+                *(_post_until_ok(session, child, url, RESET_RATES_PATH, check) for child, url in sidecars)
+            )
+        await self._wait_for_quiet_rates([r for r in self.replicas if r.sidecar and r.sidecar_url])
+
+    async def _wait_for_quiet_rates(self, replicas: Sequence[Replica], timeout_s: float = 10.0) -> None:
+        """Until the load record of each replica in Redis (what a starting gateway reads) carries no
+        traffic rate: a sidecar writes its record every publish_interval_s (0.25 s)."""
+        keys = FleetKeys(self.spec.fleet_name)
+        client = connect_redis(self.redis_url, timeout_s=2.0)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                raws = [await client.get(keys.load(r.worker_id)) for r in replicas]
+                # a missing record holds no rate to read; a dead replica is the reaper's (or check_alive's)
+                loud = [
+                    (r, raw)
+                    for r, raw in zip(replicas, raws, strict=True)
+                    if raw is not None
+                    and r.sidecar is not None
+                    and r.sidecar.running
+                    and not _quiet_record(raw)
+                ]
+                if not loud:
+                    return
+                self.sup.check_alive()
+                if time.monotonic() >= deadline:
+                    replica, raw = loud[0]
+                    assert replica.sidecar is not None
+                    raise ChildFailedError(
+                        replica.sidecar.name,
+                        f"{replica.sidecar_url} still published traffic rates {timeout_s:g} s after "
+                        f"{RESET_RATES_PATH}: {raw!r}",
+                        replica.sidecar.log_tail(),
+                        replica.sidecar.log_path,
+                    )
+                await asyncio.sleep(0.05)
+        except (RedisError, OSError):
+            self.sup.check_alive()  # a dead Redis is named, with its log
+            raise
+        finally:
+            await client.aclose()
+
+
+def rates_are_quiet(report: LoadReport) -> bool:
+    """Whether a load record carries no traffic rate a gateway would act on (none published: quiet)."""
+    return (report.arrivals_per_s or 0.0) <= QUIET_ARRIVALS_PER_S and (
+        report.write_tokens_per_s or 0.0
+    ) <= QUIET_WRITE_TOKENS_PER_S
+
+
+def _quiet_record(raw: bytes | str) -> bool:
+    try:
+        return rates_are_quiet(decode_load(raw))
+    except SummaryError:
+        return False  # not a record a gateway would use either, but named if it stays
 
 
 async def _gateway_worker_count(session: aiohttp.ClientSession, url: str) -> int | None:
@@ -386,13 +455,14 @@ async def _gateway_worker_count(session: aiohttp.ClientSession, url: str) -> int
     return None
 
 
-async def _flush(
-    session: aiohttp.ClientSession, child: Child, url: str, check_alive: Callable[[], None]
+async def _post_until_ok(
+    session: aiohttp.ClientSession, child: Child, url: str, path: str, check_alive: Callable[[], None]
 ) -> None:
-    """Empty the cache of ``child`` (a sidecar, or an engine without one) at ``url``."""
+    """POST ``path`` to ``child`` (a sidecar, or an engine without one) at ``url`` until it answers 200:
+    ``/flush_cache`` empties its cache."""
     for _ in range(100):  # an engine refuses (400) while requests are still running
         try:
-            async with session.post(f"{url}/flush_cache", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            async with session.post(f"{url}{path}", timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status == 200:
                     return
         except (aiohttp.ClientError, TimeoutError):
@@ -404,7 +474,7 @@ async def _flush(
             return
         await asyncio.sleep(0.1)
     raise ChildFailedError(
-        child.name, f"{url} kept refusing /flush_cache for 10 s", child.log_tail(), child.log_path
+        child.name, f"{url} kept refusing {path} for 10 s", child.log_tail(), child.log_path
     )
 
 
