@@ -1331,7 +1331,9 @@ def plan_status(
     if want == 0:
         ready_cond = (True, "ScaledToZero", "spec.replicas is 0")
     elif all_ready and router_ok:
-        ready_cond = (True, "AllReplicasReady", f"{len(current_ready)}/{want} replicas ready, router ready")
+        # with router.replicas 0 no router is run: say so rather than claim one is ready
+        router_part = "router ready" if spec.router.replicas else "no router requested"
+        ready_cond = (True, "AllReplicasReady", f"{len(current_ready)}/{want} replicas ready, {router_part}")
     elif not router_ok:
         ready_cond = (False, "RouterNotReady", f"{len(ready)}/{want} replicas ready, no router replica ready")
     else:
