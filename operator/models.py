@@ -612,8 +612,9 @@ class EngineSpec(CamelModel):
         default=None,
         description="The engine's API key, from a Secret: the sidecar gets it as PREFIXFLEET_ENGINE_API_KEY"
         " (for its own requests to the engine), the engine as VLLM_API_KEY (vllm) or --api-key"
-        " $(PREFIXFLEET_ENGINE_API_KEY) (sglang); the emulator checks no key (only its sidecar gets"
-        " it). Clients then send Authorization: Bearer <key>.",
+        " $(PREFIXFLEET_ENGINE_API_KEY) (sglang); the emulator is given no key (only its sidecar gets"
+        " it: the operator does not pass the emulator's own --api-key). Clients then send"
+        " Authorization: Bearer <key>.",
     )
     pod_template: EnginePodTemplate | None = Field(
         default=None,

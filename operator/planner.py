@@ -517,7 +517,8 @@ def _engine_key_env(spec: FleetSpec, name: str = ENGINE_API_KEY_ENV) -> list[JSO
 def _engine_key_wiring(spec: FleetSpec) -> tuple[list[JSON], list[str]]:
     """The engine container's env and extra args that key it: vLLM reads VLLM_API_KEY; SGLang takes
     only --api-key, given as $(VAR), which Kubernetes expands from the container's env (the pod spec
-    names the variable, not the key). The emulator checks no key: nothing."""
+    names the variable, not the key). The emulator is given nothing: it has --api-key (both faces)
+    since 9b84c0f, but the operator does not pass it, so an emulator fleet's engine takes any request."""
     kind = spec.engine.kind
     if spec.engine.api_key_secret_ref is None or kind == "emulator":
         return [], []
