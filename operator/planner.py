@@ -79,6 +79,7 @@ ANNOTATION_UNREADY_SEEN = "prefixfleet.io/unready-seen"
 # pod that may be loading its model on a guess.
 READY_BEFORE_MARGIN_S = 10.0
 ENGINE_CONTAINER = "engine"
+SIDECAR_CONTAINER = "sidecar"
 # A drain lasts at least this long even when the sidecar reports no request in flight, so every
 # gateway has refreshed its membership view (they poll every 0.2 s by default) before deletion.
 MIN_DRAIN_S = 2.0
@@ -168,6 +169,9 @@ class ObservedPod:
     created: str = ""  # creationTimestamp (RFC 3339 sorts chronologically)
     pod_ip: str | None = None
     port_map: Mapping[int, int] = field(default_factory=dict)
+    # the port its own sidecar container declares (its "http" port): during a rolling update that
+    # changes spec.sidecar.port, a pod on the old template still listens on the old one
+    sidecar_port: int | None = None
     deletion_cost: int = 0
     state: str = "ready"
     draining_since: str = ""  # set by the operator when it drains the pod before removing it
@@ -377,6 +381,7 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         created=meta.get("creationTimestamp") or "",
         pod_ip=status.get("podIP"),
         port_map=port_map,
+        sidecar_port=_sidecar_port(body),
         deletion_cost=cost,
         state=annotations.get(ANNOTATION_STATE, "ready"),
         draining_since=annotations.get(ANNOTATION_DRAINING_SINCE, ""),
@@ -389,6 +394,22 @@ def observe_pod(body: Mapping[str, Any]) -> ObservedPod:
         unschedulable=unschedulable,
         labels=observe_labels(body),
     )
+
+
+def _sidecar_port(body: Mapping[str, Any]) -> int | None:
+    """The containerPort named "http" of the pod's sidecar container, if its spec has one."""
+    containers = (body.get("spec") or {}).get("containers") or []
+    sidecar = next(
+        (c for c in containers if isinstance(c, Mapping) and c.get("name") == SIDECAR_CONTAINER), {}
+    )
+    for port in sidecar.get("ports") or []:
+        if (
+            isinstance(port, Mapping)
+            and port.get("name") == "http"
+            and isinstance(port.get("containerPort"), int)
+        ):
+            return int(port["containerPort"])
+    return None
 
 
 def _unready_seen(mark: str, ready_changed: str, ready: bool) -> str:
@@ -412,9 +433,11 @@ def replica_selector(fleet: FleetRef) -> str:
 
 
 def pod_url(pod: ObservedPod, port: int) -> str | None:
-    """Where a pod's container port is reachable (honours the port-map annotation)."""
+    """Where a pod's sidecar is reachable: at the port its own pod spec declares, else ``port``
+    (spec.sidecar.port); honours the port-map annotation."""
     if not pod.pod_ip:
         return None
+    port = pod.sidecar_port or port
     return base_url(pod.pod_ip, pod.port_map.get(port, port))
 
 
@@ -760,7 +783,7 @@ def replica_template(fleet: FleetRef, spec: FleetSpec, default_redis_url: str) -
                 ),
             },
             {
-                "name": "sidecar",
+                "name": SIDECAR_CONTAINER,
                 "image": sidecar.image,
                 "command": ["prefixfleet", "router", "sidecar"],
                 "args": sidecar_args,
