@@ -169,8 +169,9 @@ async def restart_redis(sup: Supervisor, endpoint: RedisEndpoint) -> RedisEndpoi
 
 
 async def _fleet_recovered(local: LocalFleet, client: aioredis.Redis, since_s: float) -> dict[str, bool]:
-    """Which parts are back ``since_s`` after the restart: member records, summaries in Redis, and
-    every gateway reading Redis again with each worker routable on a summary written since."""
+    """Which parts are back ``since_s`` after the new server was started: member records, summaries
+    in Redis, and every gateway reading Redis again with each worker routable on a summary written
+    since."""
     keys = FleetKeys(local.spec.fleet_name)
     want = [r.worker_id for r in local.replicas]
     out = {"membership": False, "summaries": False, "gateways": False}
@@ -232,13 +233,16 @@ async def redis_outage(
             await local.sup.stop(endpoint.child)
             events["stopped"] = clock.now()
             await clock.until(events["stopped"] + outage_s)
+            # Sidecars reconnect as soon as the new server answers, which on a loaded machine can be
+            # a while before its readiness is seen here: a summary written in that gap is fresh.
+            events["restarting"] = clock.now()
             await restart_redis(local.sup, endpoint)
             events["restarted"] = clock.now()
             # a deadline in seconds, not a count of polls: each poll's Redis and HTTP reads take
             # longer on a loaded machine, and a count of 600 "0.1 s" polls then ran for minutes
             give_up = events["restarted"] + recovery_wait_s
             while True:
-                status = await _fleet_recovered(local, client, clock.now() - events["restarted"])
+                status = await _fleet_recovered(local, client, clock.now() - events["restarting"])
                 for what, done in status.items():
                     if done and what not in recovered:
                         recovered[what] = round(clock.now() - events["restarted"], 3)
