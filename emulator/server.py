@@ -303,6 +303,9 @@ def _loaded(loras: dict[str, LoraRef]) -> str:
     return f"Loaded LoRAs: odict_keys({list(loras)!r})"  # SGLang's words: its registry's keys
 
 
+LORA_NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."  # SGLang's words
+
+
 def _lora_update(success: bool, error: str | None, loras: dict[str, LoraRef]) -> web.Response:
     """SGLang's LoRAUpdateResult: 200 on success, else 400, with the adapters loaded now."""
     loaded = {name: ref.path for name, ref in loras.items()}
@@ -320,11 +323,9 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
         raise BadRequest("pinned must be true or false", "pinned")
     loras: dict[str, LoraRef] = request.app[SGLANG_LORAS_KEY]
     if not request.app[SGLANG_OPTIONS_KEY].enable_lora:
-        return _lora_update(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", loras)
+        return _lora_update(False, LORA_NOT_ENABLED, loras)
     if name in loras:
-        return _lora_update(
-            False, f"LoRA with name {name} already exists. Loaded LoRAs: odict_keys({list(loras)!r})", loras
-        )
+        return _lora_update(False, f"LoRA with name {name} already exists. {_loaded(loras)}", loras)
     loras[name] = LoraRef(name, path, pinned)
     return _lora_update(True, None, loras)
 
@@ -337,11 +338,9 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
         raise BadRequest("lora_name must be a non-empty string", "lora_name")
     loras: dict[str, LoraRef] = request.app[SGLANG_LORAS_KEY]
     if not request.app[SGLANG_OPTIONS_KEY].enable_lora:
-        return _lora_update(False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA.", loras)
+        return _lora_update(False, LORA_NOT_ENABLED, loras)
     if loras.pop(name, None) is None:
-        return _lora_update(
-            False, f"LoRA with name {name} does not exist. Loaded LoRAs: odict_keys({list(loras)!r})", loras
-        )
+        return _lora_update(False, f"LoRA with name {name} does not exist. {_loaded(loras)}", loras)
     return _lora_update(True, None, loras)
 
 
