@@ -431,9 +431,11 @@ async def autoscale_round(
     hot = hot_prefixes_status(subtrees)
     if hot != ((fleet.get("status") or {}).get("hotPrefixes") or []):
         status["hotPrefixes"] = hot
-    # the Hit rate column of kubectl get pcf; unchanged while no replica has a rate yet (the scrape's
-    # first round after a start), removed (None) while the fleet prefills nothing
-    if reading.rates and (hit := fleet_hit_rate(reading.rates)) != (fleet.get("status") or {}).get("hitRate"):
+    # the Hit rate column of kubectl get pcf; unchanged while the replicas answer but have no rate yet
+    # (the scrape's first round after a start), removed (None) while the fleet prefills nothing or no
+    # engine answers (source none: the last rate would read as today's)
+    hit = fleet_hit_rate(reading.rates)
+    if (reading.rates or reading.source == "none") and hit != (fleet.get("status") or {}).get("hitRate"):
         status["hitRate"] = hit
     m = auto.metrics
     if plan.add or plan.drain:

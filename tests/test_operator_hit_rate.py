@@ -58,6 +58,7 @@ class Fleet:
     def __init__(self, kube: Kube, redis_url: str) -> None:  # noqa: F811
         self.kube = kube
         self.counters = {pod: (0, 0) for pod in PODS}
+        self.down = False  # every sidecar's /metrics answers 503
         posting.settings_var.set(kopf.OperatorSettings())
         posting.event_queue_var.set(asyncio.Queue())
         posting.event_queue_loop_var.set(asyncio.get_running_loop())
@@ -71,6 +72,8 @@ class Fleet:
         ports = {40000 + i: pod for i, pod in enumerate(PODS)}
 
         def sidecar(request: httpx.Request) -> httpx.Response:
+            if self.down:
+                return httpx.Response(503)
             return httpx.Response(200, text=exposition(*self.counters[ports[request.url.port or 0]]))
 
         self.auto = AutoscaleContext(
@@ -114,6 +117,21 @@ async def test_the_rounds_write_the_fleets_token_weighted_hit_rate(fleet: Fleet)
     assert await fleet.round() is None  # no prompt tokens since: no hit rate to show
     fleet.counters = {PODS[0]: (4000, 3700), PODS[1]: (1000, 500)}
     assert await fleet.round() == 1.0
+
+
+async def test_no_engine_answering_removes_the_hit_rate(fleet: Fleet) -> None:
+    # kept only while the replicas answer but have no rate yet (the first scrape after a start): when
+    # none answers (engineMetrics source none) the last rate would read as today's for as long
+    await fleet.round()
+    fleet.counters = {PODS[0]: (1000, 600), PODS[1]: (1000, 600)}
+    assert await fleet.round() == 0.6
+    fleet.down = True
+    assert await fleet.round() is None
+    assert (fleet.body().get("status") or {})["engineMetrics"]["source"] == "none"
+    fleet.down = False
+    assert await fleet.round() is None  # answering again: the first scrape has no rate yet
+    fleet.counters = {PODS[0]: (2000, 1500), PODS[1]: (1000, 600)}
+    assert await fleet.round() == 0.9  # (1500 - 600) / (2000 - 1000)
 
 
 async def test_autoscaling_switched_off_removes_the_hit_rate(fleet: Fleet) -> None:
