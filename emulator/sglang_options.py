@@ -22,10 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prefixfleet.router.blockhash import requested_adapter
+from prefixfleet.router.engine_api import SGLANG  # the API whose adapter rule applies
 
 from .protocol import BadRequest
-
-SGLANG = "sglang"  # prefixfleet.router.engine_api.SGLANG: the API whose adapter rule applies
 
 
 @dataclass(frozen=True, slots=True)
