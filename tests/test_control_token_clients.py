@@ -158,11 +158,14 @@ class FlushRecorder:
         self.tokens: list[str | None] = []
         app = web.Application()
         app.router.add_post("/flush_cache", self.flush)
-        app.router.add_post("/prefixfleet/reset_rates", lambda _request: web.json_response({}))
+        app.router.add_post("/prefixfleet/reset_rates", self.reset_rates)
         self.server = TestServer(app, host="127.0.0.1")
 
     async def flush(self, request: web.Request) -> web.Response:
         self.tokens.append(request.headers.get(CONTROL_HEADER))
+        return web.json_response({})
+
+    async def reset_rates(self, _request: web.Request) -> web.Response:
         return web.json_response({})
 
 
