@@ -68,9 +68,6 @@ VLLM_DEV_MODE_ENV = {DEV_MODE_ENV: "1"}
 
 # The sidecar's control route that forgets its traffic rates (router/sidecar.py handle_reset_rates)
 RESET_RATES_PATH = "/prefixfleet/reset_rates"
-# Rates this small read as none (one request reads 0.1/s in a 10 s window, decayed to this in ~46 s)
-QUIET_ARRIVALS_PER_S = 0.001
-QUIET_WRITE_TOKENS_PER_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,7 +389,7 @@ class LocalFleet:
         deadline = time.monotonic() + timeout_s
         try:
             while True:
-                raws = [await client.get(keys.load(r.worker_id)) for r in replicas]
+                raws = await client.mget([keys.load(r.worker_id) for r in replicas]) if replicas else []
                 # a missing record holds no rate to read; a dead replica is the reaper's (or check_alive's)
                 loud = [
                     (r, raw)
@@ -424,10 +421,8 @@ class LocalFleet:
 
 
 def rates_are_quiet(report: LoadReport) -> bool:
-    """Whether a load record carries no traffic rate a gateway would act on (none published: quiet)."""
-    return (report.arrivals_per_s or 0.0) <= QUIET_ARRIVALS_PER_S and (
-        report.write_tokens_per_s or 0.0
-    ) <= QUIET_WRITE_TOKENS_PER_S
+    """Whether a load record carries no traffic rate (none published, or the zeros a reset leaves)."""
+    return not report.arrivals_per_s and not report.write_tokens_per_s
 
 
 def _quiet_record(raw: bytes | str) -> bool:
