@@ -106,7 +106,7 @@ def _lax(adapter: TypeAdapter[_T], value: object, name: str, kind: str) -> _T:
         raise BadRequest(f"{name} must be {kind}, got {shown(value)} ({reason})", name) from None
 
 
-def _obj(body: object) -> Mapping[str, object]:
+def json_object(body: object) -> Mapping[str, object]:
     if not isinstance(body, Mapping):
         raise BadRequest("the request body must be a JSON object", "body")
     return body
@@ -290,7 +290,7 @@ def _stream_usage(body: Mapping[str, object]) -> bool:
 
 
 def parse_generate(body: object, limits: Limits) -> Call:
-    body = _obj(body)
+    body = json_object(body)
     _refuse_nulls(body, _NOT_NULL_GENERATE)
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
@@ -395,7 +395,7 @@ def _common_openai(body: Mapping[str, object]) -> tuple[bool, bool, str | None]:
 
 
 def parse_completion(body: object, limits: Limits) -> Call:
-    body = _obj(body)
+    body = json_object(body)
     _refuse_nulls(body, _NOT_NULL_COMPLETION)
     prompt = body.get("prompt")
     if prompt is None:
@@ -489,7 +489,7 @@ def _check_messages(messages: list[object]) -> None:
 
 
 def parse_chat(body: object, limits: Limits) -> Call:
-    body = _obj(body)
+    body = json_object(body)
     _refuse_nulls(body, _NOT_NULL_CHAT)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -36,6 +37,7 @@ from .protocol import (
     completion_response,
     error_body,
     generate_object,
+    json_object,
     parse_chat,
     parse_completion,
     parse_generate,
@@ -292,11 +294,8 @@ async def list_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": cards})
 
 
-async def _object_body(request: web.Request) -> dict[str, object]:
-    body = await read_json(request)
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object", "body")
-    return body
+async def _object_body(request: web.Request) -> Mapping[str, object]:
+    return json_object(await read_json(request))
 
 
 def _loaded(loras: dict[str, LoraRef]) -> str:
