@@ -473,6 +473,8 @@ class EmulatorServer:
         self.config = config
         self.host = host
         self.port = port
+        if vllm is not None and sglang is not None:
+            raise ValueError("an emulator serves one API: give vllm or sglang options, not both")
         self.vllm = vllm
         self.sglang = sglang or SglangOptions()
         if vllm is None:

@@ -169,3 +169,9 @@ async def test_the_sidecar_without_the_key_does_not_learn_a_keyed_emulator(monke
             await eventually(lambda: car._refused_warned, 20, "the sidecar to see its probes refused")
             # refused: the engine's model and capacity stay unknown
             assert (car.s.engine.model, car.s.engine.capacity_tokens) == ("", None)
+
+
+def test_an_emulator_given_both_apis_options_is_refused() -> None:
+    # one server speaks one API: SGLang options beside vLLM ones would be silently ignored
+    with pytest.raises(ValueError, match="one API"):
+        EmulatorServer(EmulatorConfig(), vllm=VllmOptions(), sglang=SglangOptions(api_key="k"))
