@@ -61,6 +61,7 @@ from .sglang_options import (
     LoraRef,
     SglangOptions,
     check_adapters,
+    registry_keys,
     requested_adapters,
     server_info_loras,
 )
@@ -299,7 +300,7 @@ async def _object_body(request: web.Request) -> Mapping[str, object]:
 
 
 def _loaded(loras: dict[str, LoraRef]) -> str:
-    return f"Loaded LoRAs: odict_keys({list(loras)!r})"  # SGLang's words: its registry's keys
+    return f"Loaded LoRAs: {registry_keys(list(loras))}"  # SGLang's words
 
 
 LORA_NOT_ENABLED = "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."  # SGLang's words

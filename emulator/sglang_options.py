@@ -121,9 +121,14 @@ def requested_adapters(
     return from_field, "lora_path"
 
 
+def registry_keys(loaded: Sequence[str]) -> str:
+    """The adapters loaded, as SGLang's messages print its registry's keys (an OrderedDict's)."""
+    return f"odict_keys({list(loaded)!r})"
+
+
 def not_loaded_message(name: str, loaded: Sequence[str]) -> str:
     """SGLang's refusal of an adapter it has not loaded (LoRARegistry.acquire), its words."""
-    loaded_keys = f"odict_keys({list(loaded)!r})"  # its registry's keys, as SGLang prints them
+    loaded_keys = registry_keys(loaded)
     return f"The following requested LoRA adapters are not loaded: {name}\nLoaded adapters: {loaded_keys}."
 
 
